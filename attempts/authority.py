@@ -1,0 +1,75 @@
+"""Authority: what a tenant may do with a tool now, and the never-wider rule for linked attempts.
+
+Observing (a lookup) is always allowed; acting (sending) only under the authority that holds now.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from attempts.models import Attempt, Grant
+
+
+class NotGranted(Exception):
+    """The tenant, tool, scope or policy version is not granted now."""
+
+    def __init__(self, message: str, *, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True, slots=True)
+class Authority:
+    policy_version: str
+    scopes: list[str]
+
+
+def active_grant(tenant: str, tool_name: str) -> Grant | None:
+    return Grant.objects.filter(tenant_id=tenant, tool_id=tool_name, active=True).first()
+
+
+def authority_for_intent(
+    grant: Grant | None, *, policy_version: str | None, scopes: list[str] | None
+) -> Authority:
+    """The authority an intent is recorded under, or NotGranted saying why not.
+
+    An omitted policy version or scope list means "the grant as it stands now".
+    """
+    if grant is None:
+        raise NotGranted("no active grant for this tenant and tool", code="tool_not_granted")
+    if policy_version is not None and policy_version != grant.policy_version:
+        raise NotGranted(
+            f"policy version {policy_version!r} is not the current one "
+            f"({grant.policy_version!r})",
+            code="policy_version_mismatch",
+        )
+    allowed = set(grant.allowed_scopes)
+    wanted = list(grant.allowed_scopes) if scopes is None else scopes
+    extra = sorted(set(wanted) - allowed)
+    if extra:
+        raise NotGranted(f"scopes not granted: {', '.join(extra)}", code="scope_not_granted")
+    return Authority(policy_version=grant.policy_version, scopes=sorted(set(wanted)))
+
+
+def authority_holds(attempt: Attempt, grant: Grant | None = None) -> tuple[bool, str]:
+    """Whether the attempt may still be sent under today's authority, and if not, why."""
+    grant = grant if grant is not None else active_grant(attempt.tenant_id, attempt.tool_name)
+    if grant is None:
+        return False, "grant revoked or inactive"
+    if grant.policy_version != attempt.policy_version:
+        return False, (
+            f"policy version changed from {attempt.policy_version!r} to {grant.policy_version!r}"
+        )
+    missing = sorted(set(attempt.credential_scope) - set(grant.allowed_scopes))
+    if missing:
+        return False, f"scopes no longer granted: {', '.join(missing)}"
+    return True, ""
+
+
+def linked_authority(original: Attempt) -> Authority:
+    """Today's authority for a linked attempt: never wider than the original's nor the grant's."""
+    grant = active_grant(original.tenant_id, original.tool_name)
+    if grant is None:
+        raise NotGranted("no active grant: a linked attempt cannot be created", code="revoked")
+    scopes = sorted(set(original.credential_scope) & set(grant.allowed_scopes))
+    return Authority(policy_version=grant.policy_version, scopes=scopes)

@@ -1,0 +1,47 @@
+"""System checks: configuration that would break the ledger's promises is reported at start-up."""
+
+from django.conf import settings
+from django.core.checks import Error, Warning, register
+from django.db import DatabaseError
+
+
+@register()
+def check_owner_configured(app_configs=None, **kwargs):
+    """UNKNOWN and MANUAL_REVIEW work must always land on a person."""
+    from attempts.models import OwnershipRule
+
+    if settings.LEDGER["DEFAULT_OWNER"]:
+        return []
+    try:
+        has_rule = OwnershipRule.objects.filter(owner__is_active=True).exists()
+    except DatabaseError:
+        return []  # not migrated yet: nothing to judge
+    if has_rule:
+        return []
+    return [
+        Warning(
+            "No owner is configured for UNKNOWN and MANUAL_REVIEW work.",
+            hint="Add an ownership rule in the admin, or set LEDGERWEB_DEFAULT_OWNER to a username.",
+            id="attempts.W001",
+        )
+    ]
+
+
+@register()
+def check_sqlite_durability(app_configs=None, **kwargs):
+    """The embedded database must run with durable commits."""
+    from django.db import connection
+
+    if connection.vendor != "sqlite":
+        return []
+    options = settings.DATABASES["default"].get("OPTIONS", {})
+    init = options.get("init_command", "").replace(" ", "").lower()
+    errors = []
+    if "synchronous=full" not in init or "journal_mode=wal" not in init:
+        errors.append(
+            Error(
+                "SQLite must run in WAL mode with synchronous=FULL.",
+                id="attempts.E001",
+            )
+        )
+    return errors

@@ -1,0 +1,789 @@
+"""The write-ahead API: everything an agent, the worker or a person does to the ledger.
+
+Agents call it in-process or through ``attempts.api``; the dashboard and the reconciler call it
+too. Each function is one short write transaction built on ``attempts.states``. The safe order of
+protocol section 4 is ``run_tool_call``: record, claim, send, attach the id, confirm, and a lost
+answer becomes UNKNOWN, never success and never failure.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import IntegrityError
+from django.db.models import F
+from django.utils import timezone
+
+from attempts import authority, states
+from attempts.canonical import InvalidArguments, normalize_args
+from attempts.models import (
+    ROLE_RANK,
+    Attempt,
+    AttemptEvent,
+    Membership,
+    Role,
+    State,
+    Tenant,
+    Tool,
+)
+from attempts.states import Actor, write_transaction
+
+log = logging.getLogger("ledgerweb.ledger")
+
+MAX_TEXT = {"task_id": 200, "tool_name": 100, "idempotency_key": 255, "tenant": 64}
+
+
+class LedgerError(Exception):
+    """Base of the ledger's refusals. ``code`` is stable and shown to API clients."""
+
+    code = "ledger_error"
+    status = 409
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code:
+            self.code = code
+
+
+class InvalidIntent(LedgerError):
+    code = "invalid_field"
+    status = 422
+
+
+class NotGranted(LedgerError):
+    code = "not_granted"
+    status = 403
+
+
+class NotAllowed(LedgerError):
+    """The person's role in this tenant does not allow the action."""
+
+    code = "forbidden"
+    status = 403
+
+
+class AttemptNotFound(LedgerError):
+    code = "not_found"
+    status = 404
+
+
+class IdempotencyConflict(LedgerError):
+    code = "idempotency_conflict"
+    status = 409
+
+    def __init__(self, message: str, existing: Attempt) -> None:
+        super().__init__(message)
+        self.existing = existing
+
+
+class StateConflict(LedgerError):
+    """The attempt is not in a state that allows this (or it changed under us)."""
+
+    code = "state_conflict"
+    status = 409
+
+    def __init__(self, message: str, *, code: str | None = None, attempt: Attempt | None = None):
+        super().__init__(message, code=code)
+        self.attempt = attempt
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def get_attempt(attempt_id: str, *, tenants: set[str] | None = None) -> Attempt:
+    """The attempt by public id, optionally only within ``tenants`` (404 for anyone else's)."""
+    qs = Attempt.objects.all()
+    if tenants is not None:
+        qs = qs.for_tenants(tenants)
+    try:
+        return qs.get(attempt_id=attempt_id)
+    except Attempt.DoesNotExist:
+        raise AttemptNotFound(f"no attempt {attempt_id!r}") from None
+
+
+def _reload(attempt: Attempt | str, tenants: set[str] | None = None) -> Attempt:
+    attempt_id = attempt if isinstance(attempt, str) else attempt.attempt_id
+    return get_attempt(attempt_id, tenants=tenants)
+
+
+def _text(name: str, value: Any, *, required: bool = True) -> str:
+    if value is None and not required:
+        return ""
+    if not isinstance(value, str):
+        raise InvalidIntent(f"{name} must be a string")
+    value = value.strip()
+    if required and not value:
+        raise InvalidIntent(f"{name} must not be empty")
+    limit = MAX_TEXT.get(name, 500)
+    if len(value) > limit:
+        raise InvalidIntent(f"{name} is longer than {limit} characters")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# The agent's path
+
+
+def record_intent(
+    *,
+    tenant: str,
+    task_id: str,
+    tool_name: str,
+    idempotency_key: str,
+    args: Any,
+    actor: Actor,
+    policy_version: str | None = None,
+    credential_scope: list[str] | None = None,
+) -> tuple[Attempt, bool]:
+    """Record the intent durably before anything is sent. Returns (attempt, created).
+
+    Same key and same args hash (and tenant and tool) returns the existing attempt, whatever its
+    state; anything else under that key raises IdempotencyConflict and overwrites nothing.
+    """
+    tenant = _text("tenant", tenant)
+    task_id = _text("task_id", task_id)
+    tool_name = _text("tool_name", tool_name)
+    idempotency_key = _text("idempotency_key", idempotency_key)
+    if policy_version is not None:
+        policy_version = _text("policy_version", policy_version)
+    if credential_scope is not None and (
+        not isinstance(credential_scope, list)
+        or not all(isinstance(s, str) and s for s in credential_scope)
+    ):
+        raise InvalidIntent("credential_scope must be a list of non-empty strings")
+    try:
+        normalized = normalize_args(args)
+    except InvalidArguments as exc:
+        raise InvalidIntent(str(exc), code=exc.code) from None
+
+    tool = Tool.objects.filter(name=tool_name).only("name", "active").first()
+    if tool is None or not tool.active:
+        raise InvalidIntent(f"unknown tool {tool_name!r}", code="unknown_tool")
+    if not Tenant.objects.filter(slug=tenant).exists():
+        raise NotGranted(f"unknown tenant {tenant!r}", code="tenant_not_granted")
+
+    existing = Attempt.objects.filter(idempotency_key=idempotency_key).first()
+    if existing is not None:
+        return _same_intent_or_conflict(existing, tenant, tool_name, normalized.args_hash), False
+
+    try:
+        auth = authority.authority_for_intent(
+            authority.active_grant(tenant, tool_name),
+            policy_version=policy_version,
+            scopes=credential_scope,
+        )
+    except authority.NotGranted as exc:
+        raise NotGranted(str(exc), code=exc.code) from None
+
+    try:
+        with write_transaction():
+            attempt = states.create(
+                state=State.INTENT_RECORDED,
+                actor=actor,
+                tenant_id=tenant,
+                task_id=task_id,
+                tool_name=tool_name,
+                idempotency_key=idempotency_key,
+                args=normalized.value,
+                args_hash=normalized.args_hash,
+                policy_version=auth.policy_version,
+                credential_scope=auth.scopes,
+            )
+    except IntegrityError:
+        # Another process recorded the same key between our check and our insert.
+        existing = Attempt.objects.filter(idempotency_key=idempotency_key).first()
+        if existing is None:
+            raise
+        return _same_intent_or_conflict(existing, tenant, tool_name, normalized.args_hash), False
+    return attempt, True
+
+
+def _same_intent_or_conflict(
+    existing: Attempt, tenant: str, tool_name: str, args_hash: str
+) -> Attempt:
+    if (existing.tenant_id, existing.tool_name, existing.args_hash) == (
+        tenant,
+        tool_name,
+        args_hash,
+    ):
+        return existing
+    differs = [
+        name
+        for name, mine, theirs in (
+            ("tenant", tenant, existing.tenant_id),
+            ("tool_name", tool_name, existing.tool_name),
+            ("args_hash", args_hash, existing.args_hash),
+        )
+        if mine != theirs
+    ]
+    raise IdempotencyConflict(
+        f"idempotency key {existing.idempotency_key!r} is already recorded with a different "
+        f"{', '.join(differs)}; nothing was changed",
+        existing,
+    )
+
+
+def claim_dispatch(attempt: Attempt | str, *, actor: Actor, tenants: set[str] | None = None):
+    """Claim the send (INTENT_RECORDED or FAILED_RETRYABLE -> DISPATCHED), committed before any
+    byte leaves. Returns (attempt, claimed); only the caller that got ``claimed`` may send.
+
+    UNKNOWN is never claimable here: only reconciliation resends it, after a lookup.
+    """
+    with write_transaction():
+        current = _reload(attempt, tenants)
+        if current.state not in (State.INTENT_RECORDED, State.FAILED_RETRYABLE):
+            return current, False
+        holds, why = authority.authority_holds(current)
+        if not holds:
+            raise StateConflict(
+                f"authority changed since the intent was recorded: {why}",
+                code="authority_changed",
+                attempt=current,
+            )
+        states.move(current, State.DISPATCHED, actor=actor, increments={"send_count": 1})
+        return current, True
+
+
+def attach_provider_request(
+    attempt: Attempt | str,
+    provider_request_id: str,
+    *,
+    actor: Actor,
+    tenants: set[str] | None = None,
+) -> Attempt:
+    """Persist the provider's request id the moment it is known. The same id again is a no-op;
+    a different one is refused."""
+    provider_request_id = _text("provider_request_id", provider_request_id)
+    with write_transaction():
+        current = _reload(attempt, tenants)
+        if current.provider_request_id == provider_request_id:
+            return current
+        if current.provider_request_id:
+            raise StateConflict(
+                f"attempt already has provider request id {current.provider_request_id!r}",
+                code="provider_request_conflict",
+                attempt=current,
+            )
+        if current.state == State.INTENT_RECORDED:
+            raise StateConflict(
+                "nothing was dispatched yet: claim the dispatch before sending",
+                code="not_dispatched",
+                attempt=current,
+            )
+        return states.move(
+            current,
+            None,
+            actor=actor,
+            action="attempt.provider_request_attached",
+            fields={"provider_request_id": provider_request_id},
+        )
+
+
+def confirm(
+    attempt: Attempt | str,
+    *,
+    result_ref: str,
+    actor: Actor,
+    provider_request_id: str | None = None,
+    evidence: dict[str, Any] | None = None,
+    tenants: set[str] | None = None,
+) -> Attempt:
+    """DISPATCHED or UNKNOWN -> OUTCOME_CONFIRMED with a durable result reference.
+
+    Confirming again with the same reference is success and writes nothing.
+    """
+    result_ref = _text("result_ref", result_ref)
+    if provider_request_id is not None:
+        provider_request_id = _text("provider_request_id", provider_request_id)
+    with write_transaction():
+        current = _reload(attempt, tenants)
+        if current.state == State.OUTCOME_CONFIRMED:
+            if current.result_ref == result_ref and provider_request_id in (
+                None,
+                current.provider_request_id,
+            ):
+                return current
+            raise StateConflict(
+                "attempt is already confirmed with a different result", attempt=current
+            )
+        if current.state not in (State.DISPATCHED, State.UNKNOWN):
+            raise StateConflict(
+                f"cannot confirm an attempt in {current.state}", attempt=current
+            )
+        fields: dict[str, Any] = {"result_ref": result_ref, "review_reason": ""}
+        if provider_request_id:
+            if current.provider_request_id and current.provider_request_id != provider_request_id:
+                raise StateConflict(
+                    f"attempt already has provider request id {current.provider_request_id!r}",
+                    code="provider_request_conflict",
+                    attempt=current,
+                )
+            fields["provider_request_id"] = provider_request_id
+        return states.move(
+            current,
+            State.OUTCOME_CONFIRMED,
+            actor=actor,
+            fields=fields,
+            details=evidence or {},
+        )
+
+
+def fail(
+    attempt: Attempt | str,
+    *,
+    reason: str,
+    retryable: bool,
+    actor: Actor,
+    tenants: set[str] | None = None,
+) -> Attempt:
+    """The provider definitively refused: DISPATCHED -> FAILED_RETRYABLE or FAILED; an intent
+    abandoned before sending -> FAILED; retries exhausted, FAILED_RETRYABLE -> FAILED."""
+    reason = _text("reason", reason)
+    if not isinstance(retryable, bool):
+        raise InvalidIntent("retryable must be true or false")
+    target = State.FAILED_RETRYABLE if retryable else State.FAILED
+    with write_transaction():
+        current = _reload(attempt, tenants)
+        if current.state == target:
+            return current
+        allowed = {
+            State.DISPATCHED: (State.FAILED_RETRYABLE, State.FAILED),
+            State.INTENT_RECORDED: (State.FAILED,),
+            State.FAILED_RETRYABLE: (State.FAILED,),
+        }.get(current.state, ())
+        if target not in allowed:
+            raise StateConflict(
+                f"cannot mark an attempt in {current.state} as {target}", attempt=current
+            )
+        return states.move(current, target, actor=actor, reason=reason)
+
+
+def mark_unknown(
+    attempt: Attempt | str,
+    *,
+    reason: str,
+    actor: Actor,
+    details: dict[str, Any] | None = None,
+    tenants: set[str] | None = None,
+) -> Attempt:
+    """DISPATCHED -> UNKNOWN: a timeout or lost answer. Repeating it is a no-op."""
+    reason = _text("reason", reason)
+    with write_transaction():
+        current = _reload(attempt, tenants)
+        if current.state == State.UNKNOWN:
+            return current
+        if current.state != State.DISPATCHED:
+            raise StateConflict(
+                f"only a dispatched attempt can become UNKNOWN (this one is {current.state})",
+                attempt=current,
+            )
+        return states.move(current, State.UNKNOWN, actor=actor, reason=reason, details=details)
+
+
+# ---------------------------------------------------------------------------------------------
+# The safe order around one provider call
+
+
+class ProviderTimeout(Exception):
+    """Raised by a send function: no answer in time. The effect may have happened."""
+
+
+class ProviderLostResponse(Exception):
+    """Raised by a send function: the connection broke before the answer. May have happened."""
+
+
+class ProviderRefused(Exception):
+    """Raised by a send function: the provider definitively did not perform the effect."""
+
+    def __init__(self, reason: str, *, retryable: bool) -> None:
+        super().__init__(reason)
+        self.retryable = retryable
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    """What a send function returns. ``result_ref`` is a durable receipt; without one the attempt
+    stays DISPATCHED until reconciliation confirms it by lookup."""
+
+    provider_request_id: str | None = None
+    result_ref: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CallOutcome:
+    attempt: Attempt
+    sent: bool
+
+
+def run_tool_call(
+    *,
+    tenant: str,
+    task_id: str,
+    tool_name: str,
+    idempotency_key: str,
+    args: Any,
+    send: Callable[[Attempt], SendResult],
+    actor: Actor,
+    policy_version: str | None = None,
+    credential_scope: list[str] | None = None,
+) -> CallOutcome:
+    """Run one side effect in the safe order of protocol section 4.
+
+    ``send`` receives the attempt (its ``idempotency_key`` and ``args_hash`` go to the provider)
+    and is called only by the process that won the claim.
+    """
+    attempt, _ = record_intent(
+        tenant=tenant,
+        task_id=task_id,
+        tool_name=tool_name,
+        idempotency_key=idempotency_key,
+        args=args,
+        actor=actor,
+        policy_version=policy_version,
+        credential_scope=credential_scope,
+    )
+    attempt, claimed = claim_dispatch(attempt, actor=actor)
+    if not claimed:
+        return CallOutcome(attempt, sent=False)
+    try:
+        result = send(attempt)
+    except ProviderRefused as exc:
+        return CallOutcome(
+            fail(attempt, reason=str(exc) or "refused", retryable=exc.retryable, actor=actor),
+            sent=True,
+        )
+    except (ProviderTimeout, ProviderLostResponse, TimeoutError, ConnectionError, OSError) as exc:
+        reason = f"{type(exc).__name__}: {exc}".strip().rstrip(":")
+        return CallOutcome(mark_unknown(attempt, reason=reason, actor=actor), sent=True)
+    except BaseException as exc:
+        # The send may have happened: the outcome is unknown, and the error is the caller's.
+        mark_unknown(attempt, reason=f"send raised {type(exc).__name__}: {exc}", actor=actor)
+        raise
+    if result.provider_request_id:
+        attempt = attach_provider_request(attempt, result.provider_request_id, actor=actor)
+    if result.result_ref:
+        attempt = confirm(attempt, result_ref=result.result_ref, actor=actor)
+    return CallOutcome(attempt, sent=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# People: roles, ownership, notes, outcomes and linked attempts
+
+
+def role_in(user: Any, tenant: str) -> str | None:
+    if not user.is_authenticated or not user.is_active:
+        return None
+    if user.is_superuser:
+        return Role.ADMIN
+    return (
+        Membership.objects.filter(user=user, tenant_id=tenant).values_list("role", flat=True).first()
+    )
+
+
+def require_role(user: Any, attempt: Attempt, minimum: str) -> None:
+    role = role_in(user, attempt.tenant_id)
+    if role is None or ROLE_RANK[role] < ROLE_RANK[minimum]:
+        raise NotAllowed(f"this needs the {minimum} role in tenant {attempt.tenant_id}")
+
+
+def _expect_version(current: Attempt, expected_version: int | None) -> None:
+    if expected_version is not None and current.version != expected_version:
+        raise StateConflict(
+            "someone else changed this attempt while you were looking at it; "
+            "reload to see what happened",
+            code="concurrent_change",
+            attempt=current,
+        )
+
+
+def assign(
+    attempt: Attempt | str,
+    *,
+    user: Any,
+    owner: Any | None,
+    expected_version: int | None = None,
+) -> Attempt:
+    """Give the attempt to ``owner`` (None: unassign). Operators and above."""
+    with write_transaction():
+        current = _reload(attempt)
+        require_role(user, current, Role.OPERATOR)
+        _expect_version(current, expected_version)
+        if owner is not None and role_in(owner, current.tenant_id) is None:
+            raise NotAllowed(f"{owner.get_username()} is not a member of {current.tenant_id}")
+        if owner is None and current.state == State.MANUAL_REVIEW:
+            raise StateConflict("an attempt in MANUAL_REVIEW must always have an owner")
+        new_id = owner.pk if owner is not None else None
+        if current.owner_id == new_id:
+            return current
+        return states.move(
+            current,
+            None,
+            actor=Actor.user(user),
+            action="attempt.owner_changed" if owner is not None else "attempt.unassigned",
+            fields={"owner_id": new_id},
+            details={"previous_owner_id": current.owner_id},
+        )
+
+
+def add_note(attempt: Attempt | str, *, user: Any, text: str) -> AttemptEvent:
+    text = _text("note", text)
+    if len(text) > 5000:
+        raise InvalidIntent("a note is at most 5000 characters")
+    with write_transaction():
+        current = _reload(attempt)
+        require_role(user, current, Role.OPERATOR)
+        return states.append_event(
+            current,
+            action="attempt.note",
+            actor=Actor.user(user),
+            from_state=current.state,
+            to_state=current.state,
+            reason=text,
+        )
+
+
+def review_confirm(
+    attempt: Attempt | str,
+    *,
+    user: Any,
+    result_ref: str,
+    evidence: str,
+    expected_version: int | None = None,
+) -> Attempt:
+    """A reviewer confirms the effect happened, with evidence (MANUAL_REVIEW or UNKNOWN)."""
+    result_ref = _text("result_ref", result_ref)
+    evidence = _text("evidence", evidence)
+    with write_transaction():
+        current = _reload(attempt)
+        require_role(user, current, Role.REVIEWER)
+        if current.state == State.OUTCOME_CONFIRMED and current.result_ref == result_ref:
+            return current
+        _expect_version(current, expected_version)
+        if current.state not in (State.MANUAL_REVIEW, State.UNKNOWN) or current.awaiting_approval:
+            raise StateConflict(f"cannot confirm an attempt in {current.state}", attempt=current)
+        return states.move(
+            current,
+            State.OUTCOME_CONFIRMED,
+            actor=Actor.user(user),
+            action="attempt.review_confirmed",
+            reason=evidence,
+            fields={"result_ref": result_ref},
+        )
+
+
+def review_fail(
+    attempt: Attempt | str, *, user: Any, reason: str, expected_version: int | None = None
+) -> Attempt:
+    """A reviewer declares the effect not done (or rejects a linked attempt), with a reason."""
+    reason = _text("reason", reason)
+    with write_transaction():
+        current = _reload(attempt)
+        require_role(user, current, Role.REVIEWER)
+        if current.state == State.FAILED:
+            return current
+        _expect_version(current, expected_version)
+        if current.state not in (State.MANUAL_REVIEW, State.UNKNOWN):
+            raise StateConflict(f"cannot fail an attempt in {current.state}", attempt=current)
+        return states.move(
+            current,
+            State.FAILED,
+            actor=Actor.user(user),
+            action="attempt.review_failed",
+            reason=reason,
+            fields={"awaiting_approval": False},
+        )
+
+
+def _next_link_key(original: Attempt) -> str:
+    root_key = original.idempotency_key.split("~r", 1)[0]
+    n = Attempt.objects.filter(idempotency_key__startswith=root_key + "~r").count() + 1
+    return f"{root_key}~r{n}"
+
+
+def linked_preview(original: Attempt) -> dict[str, Any]:
+    """Exactly what a linked attempt for ``original`` would record and send, under today's
+    authority: shown to a reviewer before approval."""
+    try:
+        auth = authority.linked_authority(original)
+    except authority.NotGranted as exc:
+        raise NotGranted(str(exc), code=exc.code) from None
+    tool = Tool.objects.filter(name=original.tool_name).first()
+    return {
+        "tenant": original.tenant_id,
+        "tool_name": original.tool_name,
+        "task_id": original.task_id,
+        "idempotency_key": _next_link_key(original),
+        "args": original.args,
+        "args_hash": original.args_hash,
+        "policy_version": auth.policy_version,
+        "credential_scope": auth.scopes,
+        "critical": bool(tool and tool.critical),
+        "approvals_needed": 2 if tool and tool.critical else 1,
+    }
+
+
+def create_linked_attempt(
+    original: Attempt, *, actor: Actor, reason: str, review_reason: str = "authority_changed"
+) -> Attempt:
+    """Supersede ``original`` (INTENT_RECORDED or UNKNOWN) by a linked attempt under today's
+    authority that waits in MANUAL_REVIEW for a reviewer's approval. One transaction."""
+    with write_transaction():
+        current = _reload(original)
+        if current.state not in (State.INTENT_RECORDED, State.UNKNOWN):
+            raise StateConflict(
+                f"a linked attempt supersedes INTENT_RECORDED or UNKNOWN, not {current.state}",
+                attempt=current,
+            )
+        if current.version != original.version:
+            raise StateConflict("attempt changed concurrently", code="concurrent_change")
+        preview = linked_preview(current)
+        child = states.create(
+            state=State.MANUAL_REVIEW,
+            actor=actor,
+            reason=reason,
+            tenant_id=current.tenant_id,
+            task_id=current.task_id,
+            tool_name=current.tool_name,
+            idempotency_key=preview["idempotency_key"],
+            args=current.args,
+            args_hash=current.args_hash,
+            policy_version=preview["policy_version"],
+            credential_scope=preview["credential_scope"],
+            parent=current,
+            awaiting_approval=True,
+            review_reason=review_reason,
+        )
+        states.move(
+            current,
+            State.RECONCILED,
+            actor=actor,
+            reason=reason,
+            details={"linked_attempt_id": child.attempt_id},
+        )
+        original.__dict__.update(current.__dict__)
+        return child
+
+
+def _approvals_so_far(attempt: Attempt) -> set[str]:
+    """Distinct reviewers who approved since the attempt last changed state."""
+    last_move = (
+        attempt.events.exclude(from_state=F("to_state"))
+        .order_by("-id")
+        .values_list("id", flat=True)
+        .first()
+    )
+    return set(
+        attempt.events.filter(action="attempt.approval", id__gt=last_move or 0).values_list(
+            "actor", flat=True
+        )
+    )
+
+
+def _approve(current: Attempt, user: Any, kind: str) -> tuple[bool, int]:
+    """Record one reviewer's approval; returns (enough approvals now, approvals needed)."""
+    require_role(user, current, Role.REVIEWER)
+    tool = Tool.objects.filter(name=current.tool_name).first()
+    needed = 2 if tool is not None and tool.critical else 1
+    approved_by = _approvals_so_far(current)
+    if user.get_username() in approved_by:
+        raise StateConflict(
+            "you already approved this; a second, different reviewer must approve it",
+            code="needs_second_reviewer",
+            attempt=current,
+        )
+    if len(approved_by) + 1 < needed:
+        states.append_event(
+            current,
+            action="attempt.approval",
+            actor=Actor.user(user),
+            from_state=current.state,
+            to_state=current.state,
+            details={"kind": kind, "approvals": len(approved_by) + 1, "needed": needed},
+        )
+        return False, needed
+    return True, needed
+
+
+def approve_linked_retry(
+    attempt: Attempt | str, *, user: Any, expected_version: int | None = None
+) -> Attempt | None:
+    """A reviewer approves a linked retry of an attempt in MANUAL_REVIEW: the original becomes
+    RECONCILED and the new attempt is recorded (INTENT_RECORDED, due now) in the same
+    transaction. Critical tools need two distinct reviewers: the first approval is recorded and
+    None is returned."""
+    with write_transaction():
+        current = _reload(attempt)
+        require_role(user, current, Role.REVIEWER)
+        _expect_version(current, expected_version)
+        if current.state != State.MANUAL_REVIEW or current.awaiting_approval:
+            raise StateConflict(
+                f"a linked retry is approved from MANUAL_REVIEW, not {current.state}",
+                attempt=current,
+            )
+        enough, needed = _approve(current, user, "linked_retry")
+        if not enough:
+            return None
+        preview = linked_preview(current)
+        now = timezone.now()
+        child = states.create(
+            state=State.INTENT_RECORDED,
+            actor=Actor.user(user),
+            reason="linked retry approved",
+            details={"approvals_needed": needed},
+            tenant_id=current.tenant_id,
+            task_id=current.task_id,
+            tool_name=current.tool_name,
+            idempotency_key=preview["idempotency_key"],
+            args=current.args,
+            args_hash=current.args_hash,
+            policy_version=preview["policy_version"],
+            credential_scope=preview["credential_scope"],
+            parent=current,
+            next_check_at=now,
+            now=now,
+        )
+        states.move(
+            current,
+            State.RECONCILED,
+            actor=Actor.user(user),
+            action="attempt.linked_retry_approved",
+            details={"linked_attempt_id": child.attempt_id},
+        )
+        return child
+
+
+def approve_linked_attempt(
+    attempt: Attempt | str, *, user: Any, expected_version: int | None = None
+) -> Attempt:
+    """A reviewer approves a linked attempt that waits in MANUAL_REVIEW: it becomes
+    INTENT_RECORDED, due now, and recovery sends it. Critical tools need two reviewers (the
+    attempt stays put after the first approval)."""
+    with write_transaction():
+        current = _reload(attempt)
+        require_role(user, current, Role.REVIEWER)
+        _expect_version(current, expected_version)
+        if current.state != State.MANUAL_REVIEW or not current.awaiting_approval:
+            raise StateConflict("this attempt is not waiting for approval", attempt=current)
+        holds, why = authority.authority_holds(current)
+        if not holds:
+            raise StateConflict(
+                f"authority changed again since this linked attempt was prepared: {why}",
+                code="authority_changed",
+                attempt=current,
+            )
+        enough, _ = _approve(current, user, "linked_attempt")
+        if not enough:
+            return current
+        return states.move(
+            current,
+            State.INTENT_RECORDED,
+            actor=Actor.user(user),
+            action="attempt.approved",
+            fields={"awaiting_approval": False, "review_reason": ""},
+            next_check_at=timezone.now(),
+        )

@@ -1,0 +1,296 @@
+"""The ledger's records: attempts, their append-only chained history, and who may do what.
+
+Only ``attempts.states`` changes ``Attempt.state``; everything else asks it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AbstractBaseUser
+
+
+class State(models.TextChoices):
+    INTENT_RECORDED = "INTENT_RECORDED", "Intent recorded"
+    DISPATCHED = "DISPATCHED", "Dispatched"
+    OUTCOME_CONFIRMED = "OUTCOME_CONFIRMED", "Outcome confirmed"
+    FAILED_RETRYABLE = "FAILED_RETRYABLE", "Failed (retryable)"
+    UNKNOWN = "UNKNOWN", "Unknown"
+    MANUAL_REVIEW = "MANUAL_REVIEW", "Manual review"
+    FAILED = "FAILED", "Failed"
+    RECONCILED = "RECONCILED", "Reconciled"
+
+
+TERMINAL_STATES = frozenset({State.OUTCOME_CONFIRMED, State.FAILED, State.RECONCILED})
+# States the recovery worker looks at when their next check is due.
+RECOVERABLE_STATES = (
+    State.INTENT_RECORDED,
+    State.DISPATCHED,
+    State.UNKNOWN,
+    State.FAILED_RETRYABLE,
+)
+ATTENTION_STATES = (State.UNKNOWN, State.MANUAL_REVIEW)
+
+
+class EffectClass(models.TextChoices):
+    IDEMPOTENT = "idempotent", "Idempotent (provider honours the key, has a lookup)"
+    RECONCILABLE = "reconcilable", "Reconcilable (lookup only)"
+    MANUAL = "manual", "Manual (no key, no lookup)"
+
+
+class Role(models.TextChoices):
+    VIEWER = "viewer", "Viewer"
+    OPERATOR = "operator", "Operator"
+    REVIEWER = "reviewer", "Reviewer"
+    ADMIN = "admin", "Admin"
+
+
+ROLE_RANK = {Role.VIEWER: 0, Role.OPERATOR: 1, Role.REVIEWER: 2, Role.ADMIN: 3}
+
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+
+
+def new_attempt_id() -> str:
+    """A ULID-style id: 48 bits of milliseconds then 80 random bits, so ids sort by creation."""
+    value = (int(time.time() * 1000) << 80) | int.from_bytes(os.urandom(10), "big")
+    chars = []
+    for _ in range(26):
+        chars.append(_CROCKFORD[value & 31])
+        value >>= 5
+    return "att_" + "".join(reversed(chars))
+
+
+class Tenant(models.Model):
+    """Whose authority an effect runs under. The slug is the key agents send."""
+
+    slug = models.SlugField(primary_key=True, max_length=64)
+    name = models.CharField(max_length=200)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Membership(models.Model):
+    """A person's role in one tenant. Every dashboard query is scoped through these."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="ledger_memberships"
+    )
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.VIEWER)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "tenant"], name="membership_unique_user_tenant")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} is {self.role} in {self.tenant_id}"
+
+
+class Tool(models.Model):
+    """A tool agents may call, its effect class, and how to reach its provider.
+
+    ``adapter`` is ``http`` for the generic HTTP provider protocol, or a dotted path to a custom
+    adapter class (see ``reconciliation/providers``).
+    """
+
+    name = models.CharField(primary_key=True, max_length=100)
+    description = models.CharField(max_length=300, blank=True)
+    effect_class = models.CharField(max_length=16, choices=EffectClass.choices)
+    critical = models.BooleanField(
+        default=False,
+        help_text="Payments, deletions, messages, deployments: never retried without a person, "
+        "and a linked retry needs two distinct reviewers.",
+    )
+    adapter = models.CharField(max_length=200, default="http")
+    dispatch_url = models.URLField(max_length=500, blank=True)
+    lookup_url = models.URLField(max_length=500, blank=True)
+    timeout_seconds = models.FloatField(default=10.0)
+    max_sends = models.PositiveSmallIntegerField(
+        null=True, blank=True, help_text="Overrides LEDGER['MAX_SENDS'] for this tool."
+    )
+    active = models.BooleanField(default=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Grant(models.Model):
+    """What a tenant may do with a tool now: the authority intents are recorded and sent under."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="grants")
+    tool = models.ForeignKey(Tool, on_delete=models.PROTECT, related_name="grants")
+    policy_version = models.CharField(max_length=64)
+    allowed_scopes = models.JSONField(default=list, blank=True)
+    active = models.BooleanField(default=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "tool"], name="grant_unique_tenant_tool")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}/{self.tool_id}@{self.policy_version}"
+
+
+class OwnershipRule(models.Model):
+    """Who owns attention work: tenant and tool glob patterns to a person. Lowest priority wins."""
+
+    tenant_pattern = models.CharField(max_length=100, default="*")
+    tool_pattern = models.CharField(max_length=100, default="*")
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT)
+    priority = models.PositiveIntegerField(default=100)
+
+    class Meta:
+        ordering = ["priority", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_pattern}/{self.tool_pattern} -> {self.owner}"
+
+
+class AttemptQuerySet(models.QuerySet):
+    def for_user(self, user: AbstractBaseUser) -> AttemptQuerySet:
+        """The one place tenant scoping happens for people: views, exports and counts use it."""
+        if not user.is_authenticated:
+            return self.none()
+        if user.is_superuser:
+            return self
+        return self.filter(tenant__memberships__user=user)
+
+    def for_tenants(self, tenants: list[str] | set[str]) -> AttemptQuerySet:
+        """Tenant scoping for agent tokens."""
+        return self.filter(tenant_id__in=list(tenants))
+
+    def due(self, now) -> AttemptQuerySet:
+        return self.filter(state__in=RECOVERABLE_STATES, next_check_at__lte=now)
+
+
+class Attempt(models.Model):
+    """One attempt at one logical side effect (protocol section 2)."""
+
+    attempt_id = models.CharField(max_length=32, unique=True, default=new_attempt_id, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="attempts")
+    task_id = models.CharField(max_length=200)
+    tool_name = models.CharField(max_length=100)
+    args = models.JSONField()
+    args_hash = models.CharField(max_length=64)
+    idempotency_key = models.CharField(max_length=255, unique=True)
+    state = models.CharField(max_length=20, choices=State.choices, editable=False)
+    version = models.PositiveIntegerField(default=1, editable=False)
+    provider_request_id = models.CharField(max_length=255, blank=True, default="")
+    result_ref = models.CharField(max_length=500, blank=True, default="")
+    policy_version = models.CharField(max_length=64, blank=True, default="")
+    credential_scope = models.JSONField(default=list, blank=True)
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="children"
+    )
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="owned_attempts",
+    )
+    # Why a person is needed (payload_mismatch, not_found, max_age, authority_changed, ...).
+    review_reason = models.CharField(max_length=64, blank=True, default="")
+    # A linked attempt waiting in MANUAL_REVIEW for a reviewer's approval before it may be sent.
+    awaiting_approval = models.BooleanField(default=False)
+    send_count = models.PositiveIntegerField(default=0)
+    lookup_count = models.PositiveIntegerField(default=0)
+    # When recovery should next look at this attempt; NULL once it rests or is terminal.
+    next_check_at = models.DateTimeField(null=True, blank=True)
+    # Reconciler lease; the fencing token is ``version``.
+    lease_owner = models.CharField(max_length=100, blank=True, default="")
+    lease_until = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    objects = AttemptQuerySet.as_manager()
+
+    class Meta:
+        indexes = [
+            # Recovery's scan: due in-flight work only (terminal rows are not in the index).
+            models.Index(
+                fields=["next_check_at"],
+                name="attempt_due_idx",
+                condition=Q(next_check_at__isnull=False),
+            ),
+            # Queues, newest or oldest first, optionally per tenant.
+            models.Index(fields=["state", "created_at", "id"], name="attempt_state_age_idx"),
+            models.Index(
+                fields=["tenant", "state", "created_at", "id"], name="attempt_tenant_state_idx"
+            ),
+            models.Index(fields=["owner", "state"], name="attempt_owner_state_idx"),
+            models.Index(fields=["task_id"], name="attempt_task_idx"),
+            models.Index(fields=["provider_request_id"], name="attempt_provider_req_idx"),
+            models.Index(fields=["args_hash"], name="attempt_args_hash_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.attempt_id} {self.tool_name} {self.state}"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+
+class ActorKind(models.TextChoices):
+    AGENT = "agent", "Agent"
+    WORKER = "worker", "Reconciliation worker"
+    USER = "user", "Person"
+    SYSTEM = "system", "System"
+
+
+class AttemptEvent(models.Model):
+    """One entry of an attempt's history. Append-only (database triggers refuse UPDATE/DELETE),
+    and chained: ``hash`` covers this event's canonical encoding and ``prev_hash``, the hash of the
+    event before it in the whole ledger, so any edit, deletion, insertion or reordering shows.
+    """
+
+    attempt = models.ForeignKey(Attempt, on_delete=models.PROTECT, related_name="events")
+    action = models.CharField(max_length=64)
+    actor_kind = models.CharField(max_length=16, choices=ActorKind.choices)
+    actor = models.CharField(max_length=150)
+    from_state = models.CharField(max_length=20, blank=True, default="")
+    to_state = models.CharField(max_length=20, blank=True, default="")
+    reason = models.TextField(blank=True, default="")
+    details = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField()
+    prev_hash = models.CharField(max_length=64)
+    hash = models.CharField(max_length=64, unique=True)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["attempt", "id"], name="event_attempt_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.attempt_id} {self.action} {self.from_state}->{self.to_state}"
+
+
+class AgentToken(models.Model):
+    """A bearer token for one agent identity, allowed a set of tenants. Only its hash is kept."""
+
+    name = models.CharField(max_length=100, unique=True)
+    token_hash = models.CharField(max_length=64, unique=True, editable=False)
+    prefix = models.CharField(max_length=16, editable=False)
+    tenants = models.ManyToManyField(Tenant, related_name="agent_tokens")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"

@@ -1,0 +1,311 @@
+"""The state machine: the table of legal moves, and the only code that writes ``Attempt.state``.
+
+Every move is a compare-and-set on (attempt, expected state, version) and appends one chained
+history event in the same transaction. Callers wrap their work in ``write_transaction()``, which
+takes the ledger's write lock first (``BEGIN IMMEDIATE`` on SQLite, an advisory transaction lock
+on PostgreSQL) so the history chain has a single head and row locks are always taken after it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from attempts import audit
+from attempts.canonical import canonical_bytes
+from attempts.models import ATTENTION_STATES, ActorKind, Attempt, AttemptEvent, State
+
+S = State
+LEGAL_MOVES: dict[str, frozenset[str]] = {
+    S.INTENT_RECORDED: frozenset({S.DISPATCHED, S.FAILED, S.RECONCILED}),
+    S.DISPATCHED: frozenset(
+        {S.OUTCOME_CONFIRMED, S.FAILED_RETRYABLE, S.FAILED, S.UNKNOWN, S.MANUAL_REVIEW}
+    ),
+    S.FAILED_RETRYABLE: frozenset({S.DISPATCHED, S.FAILED}),
+    S.UNKNOWN: frozenset(
+        {S.OUTCOME_CONFIRMED, S.DISPATCHED, S.FAILED, S.MANUAL_REVIEW, S.RECONCILED}
+    ),
+    S.MANUAL_REVIEW: frozenset({S.OUTCOME_CONFIRMED, S.FAILED, S.RECONCILED, S.INTENT_RECORDED}),
+    S.OUTCOME_CONFIRMED: frozenset(),
+    S.FAILED: frozenset(),
+    S.RECONCILED: frozenset(),
+}
+# States a new attempt may be created in.
+INITIAL_STATES = frozenset({S.INTENT_RECORDED, S.MANUAL_REVIEW})
+
+# Advisory lock key for the ledger's write lock on PostgreSQL ("ledgerwb" as an int64).
+_PG_LOCK_KEY = int.from_bytes(b"ledgerwb", "big") & 0x7FFF_FFFF_FFFF_FFFF
+
+
+class TransitionError(Exception):
+    """A move that cannot be made. Nothing was changed."""
+
+    code = "illegal_move"
+
+
+class IllegalMove(TransitionError):
+    def __init__(self, attempt: Attempt, to_state: str) -> None:
+        super().__init__(
+            f"attempt {attempt.attempt_id} cannot move from {attempt.state} to {to_state}"
+        )
+        self.attempt = attempt
+        self.to_state = to_state
+
+
+class StaleAttempt(TransitionError):
+    """Another process changed the attempt first (the compare-and-set found a newer version)."""
+
+    code = "concurrent_change"
+
+    def __init__(self, attempt: Attempt) -> None:
+        super().__init__(
+            f"attempt {attempt.attempt_id} was changed by someone else "
+            f"(expected {attempt.state} at version {attempt.version}); reload and retry"
+        )
+        self.attempt = attempt
+
+
+@dataclass(frozen=True, slots=True)
+class Actor:
+    """Who or what acts: recorded on every event."""
+
+    kind: str
+    name: str
+    user_id: int | None = None
+
+    @classmethod
+    def agent(cls, name: str) -> Actor:
+        return cls(ActorKind.AGENT, name)
+
+    @classmethod
+    def worker(cls, name: str) -> Actor:
+        return cls(ActorKind.WORKER, name)
+
+    @classmethod
+    def user(cls, user: Any) -> Actor:
+        return cls(ActorKind.USER, user.get_username(), user.pk)
+
+    @classmethod
+    def system(cls, name: str = "ledgerweb") -> Actor:
+        return cls(ActorKind.SYSTEM, name)
+
+
+def lock_ledger() -> None:
+    """Take the ledger write lock for the current transaction (a no-op outside PostgreSQL,
+    where SQLite's ``BEGIN IMMEDIATE`` already holds the database write lock)."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_PG_LOCK_KEY])
+
+
+@contextlib.contextmanager
+def write_transaction() -> Iterator[None]:
+    """A transaction for ledger writes, holding the write lock from its first statement."""
+    with transaction.atomic():
+        lock_ledger()
+        yield
+
+
+def _require_write_transaction() -> None:
+    if not connection.in_atomic_block:
+        raise RuntimeError("ledger writes must run inside states.write_transaction()")
+
+
+def default_next_check(to_state: str, now: dt.datetime) -> dt.datetime | None:
+    """When recovery should look at an attempt that has just entered ``to_state``."""
+    ledger = settings.LEDGER
+    if to_state in (S.INTENT_RECORDED, S.DISPATCHED, S.FAILED_RETRYABLE):
+        return now + dt.timedelta(seconds=ledger["STALE_AFTER"])
+    if to_state == S.UNKNOWN:
+        return now + dt.timedelta(seconds=ledger["BACKOFF_BASE"])
+    return None
+
+
+def _jsonable(details: dict[str, Any]) -> dict[str, Any]:
+    canonical_bytes(details)  # refuses what the chain could not hash reproducibly
+    return details
+
+
+def append_event(
+    attempt: Attempt,
+    *,
+    action: str,
+    actor: Actor,
+    from_state: str = "",
+    to_state: str = "",
+    reason: str = "",
+    details: dict[str, Any] | None = None,
+    now: dt.datetime | None = None,
+) -> AttemptEvent:
+    """Append one chained event to the attempt's history (inside a write transaction)."""
+    _require_write_transaction()
+    lock_ledger()
+    now = now or timezone.now()
+    details = _jsonable(details or {})
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT hash FROM {AttemptEvent._meta.db_table} ORDER BY id DESC LIMIT 1"  # noqa: S608
+        )
+        row = cursor.fetchone()
+    prev_hash = row[0] if row else audit.GENESIS
+    payload = audit.event_payload(
+        attempt_id=attempt.attempt_id,
+        action=action,
+        actor_kind=actor.kind,
+        actor=actor.name,
+        from_state=from_state,
+        to_state=to_state,
+        reason=reason,
+        details=details,
+        created_at=now,
+        prev_hash=prev_hash,
+    )
+    event = AttemptEvent(
+        attempt=attempt,
+        action=action,
+        actor_kind=actor.kind,
+        actor=actor.name,
+        from_state=from_state,
+        to_state=to_state,
+        reason=reason,
+        details=details,
+        created_at=now,
+        prev_hash=prev_hash,
+        hash=audit.payload_hash(payload),
+    )
+    event.save(force_insert=True)
+    return event
+
+
+def _owner_on_attention(attempt: Attempt, to_state: str, fields: dict[str, Any]) -> None:
+    """An attempt entering UNKNOWN or MANUAL_REVIEW gets an owner at that moment."""
+    if to_state in ATTENTION_STATES and attempt.owner_id is None and "owner_id" not in fields:
+        from attempts.owners import owner_id_for
+
+        owner_id = owner_id_for(attempt.tenant_id, attempt.tool_name)
+        if owner_id is not None:
+            fields["owner_id"] = owner_id
+
+
+def create(
+    *,
+    state: str,
+    actor: Actor,
+    reason: str = "",
+    details: dict[str, Any] | None = None,
+    now: dt.datetime | None = None,
+    **fields: Any,
+) -> Attempt:
+    """Create a new attempt in an initial state, with its first event."""
+    if state not in INITIAL_STATES:
+        raise TransitionError(f"an attempt cannot be created in {state}")
+    _require_write_transaction()
+    lock_ledger()
+    now = now or timezone.now()
+    attempt = Attempt(state=state, created_at=now, updated_at=now, **fields)
+    if "next_check_at" not in fields:
+        attempt.next_check_at = default_next_check(state, now)
+    extra: dict[str, Any] = {}
+    _owner_on_attention(attempt, state, extra)
+    if "owner_id" in extra:
+        attempt.owner_id = extra["owner_id"]
+    attempt.save(force_insert=True)
+    record = {
+        "tenant": attempt.tenant_id,
+        "task_id": attempt.task_id,
+        "tool_name": attempt.tool_name,
+        "idempotency_key": attempt.idempotency_key,
+        "args_hash": attempt.args_hash,
+        "policy_version": attempt.policy_version,
+        "credential_scope": attempt.credential_scope,
+        "parent_attempt_id": attempt.parent.attempt_id if attempt.parent_id else None,
+    }
+    if attempt.owner_id:
+        record["owner_id"] = attempt.owner_id
+    append_event(
+        attempt,
+        action="attempt.created",
+        actor=actor,
+        to_state=state,
+        reason=reason,
+        details={**record, **(details or {})},
+        now=now,
+    )
+    return attempt
+
+
+def move(
+    attempt: Attempt,
+    to_state: str | None,
+    *,
+    actor: Actor,
+    action: str | None = None,
+    reason: str = "",
+    details: dict[str, Any] | None = None,
+    fields: dict[str, Any] | None = None,
+    increments: dict[str, int] | None = None,
+    next_check_at: dt.datetime | None | type[Ellipsis] = ...,
+    now: dt.datetime | None = None,
+) -> Attempt:
+    """Apply one change to ``attempt`` as a compare-and-set on its (state, version).
+
+    ``to_state`` None (or equal to the current state) changes fields only (owner, provider id).
+    Raises IllegalMove for a move not in LEGAL_MOVES and StaleAttempt when another process got
+    there first; in both cases nothing is written. On success ``attempt`` is updated in place.
+    """
+    _require_write_transaction()
+    lock_ledger()
+    now = now or timezone.now()
+    from_state = attempt.state
+    changing_state = to_state is not None and to_state != from_state
+    if changing_state and to_state not in LEGAL_MOVES[from_state]:
+        raise IllegalMove(attempt, to_state)
+    fields = dict(fields or {})
+    if "state" in fields or "version" in fields:
+        raise TransitionError("state and version are set by the state machine only")
+    updates: dict[str, Any] = {**fields, "updated_at": now, "version": F("version") + 1}
+    if changing_state:
+        updates["state"] = to_state
+        _owner_on_attention(attempt, to_state, fields)
+        updates.update(fields)
+        if next_check_at is ...:
+            next_check_at = default_next_check(to_state, now)
+    if next_check_at is not ...:
+        updates["next_check_at"] = next_check_at
+    for name, amount in (increments or {}).items():
+        updates[name] = F(name) + amount
+    changed = Attempt.objects.filter(
+        pk=attempt.pk, state=from_state, version=attempt.version
+    ).update(**updates)
+    if changed != 1:
+        raise StaleAttempt(attempt)
+    # Mirror the update in memory without another query.
+    for name, value in updates.items():
+        if name not in ("version", *(increments or {})):
+            setattr(attempt, name, value)
+    attempt.version += 1
+    for name, amount in (increments or {}).items():
+        setattr(attempt, name, getattr(attempt, name) + amount)
+    event_details = dict(details or {})
+    for name in ("owner_id", "provider_request_id", "result_ref", "review_reason"):
+        if name in fields:
+            event_details.setdefault(name, fields[name])
+    append_event(
+        attempt,
+        action=action or (f"attempt.{to_state.lower()}" if changing_state else "attempt.updated"),
+        actor=actor,
+        from_state=from_state,
+        to_state=to_state if changing_state else from_state,
+        reason=reason,
+        details=event_details,
+        now=now,
+    )
+    return attempt

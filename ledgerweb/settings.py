@@ -1,0 +1,227 @@
+"""Settings for ledgerweb, read from the environment (see README, "Configuration").
+
+The embedded default is a SQLite file under ``LEDGERWEB_DATA_DIR`` in WAL mode with
+``synchronous=FULL`` and immediate transactions; ``DATABASE_URL`` selects PostgreSQL.
+"""
+
+import secrets
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.csp import CSP
+
+from ledgerweb.env import env_bool, env_int, env_list, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DATA_DIR = Path(env_str("LEDGERWEB_DATA_DIR", str(BASE_DIR / "var"))).resolve()
+
+DEBUG = env_bool("LEDGERWEB_DEBUG", False)
+HTTPS = env_bool("LEDGERWEB_HTTPS", False)
+
+
+def _secret_key() -> str:
+    """The configured key, or one generated once and kept (mode 0600) in the data folder."""
+    configured = env_str("LEDGERWEB_SECRET_KEY")
+    if configured:
+        if len(configured) < 50:
+            raise ImproperlyConfigured("LEDGERWEB_SECRET_KEY must be at least 50 characters long")
+        return configured
+    key_file = DATA_DIR / "secret_key"
+    try:
+        return key_file.read_text().strip()
+    except FileNotFoundError:
+        DATA_DIR.mkdir(parents=True, exist_ok=True)
+        key = secrets.token_urlsafe(64)
+        key_file.touch(mode=0o600)
+        key_file.write_text(key)
+        return key
+
+
+SECRET_KEY = _secret_key()
+ALLOWED_HOSTS = env_list("LEDGERWEB_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env_list("LEDGERWEB_CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "django_htmx",
+    "attempts",
+    "reconciliation",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.auth.middleware.LoginRequiredMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django.middleware.csp.ContentSecurityPolicyMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "ledgerweb.urls"
+WSGI_APPLICATION = "ledgerweb.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "django.template.context_processors.csp",
+            ],
+        },
+    },
+]
+
+
+def _databases() -> dict:
+    url = env_str("DATABASE_URL")
+    if url:
+        try:
+            config = dj_database_url.parse(url, conn_max_age=env_int("LEDGERWEB_DB_CONN_MAX_AGE", 60))
+        except Exception as exc:  # dj_database_url raises several types for a bad URL
+            raise ImproperlyConfigured(f"DATABASE_URL is not a valid database URL: {exc}") from None
+        if config["ENGINE"] != "django.db.backends.postgresql":
+            raise ImproperlyConfigured(
+                "DATABASE_URL must be a postgres:// URL (SQLite is configured with "
+                "LEDGERWEB_DATA_DIR instead)"
+            )
+        # Durability is the product: never run the ledger with synchronous_commit off.
+        config.setdefault("OPTIONS", {})["options"] = "-c synchronous_commit=on"
+        config["TEST"] = {"NAME": env_str("LEDGERWEB_TEST_DB_NAME", "test_ledgerweb")}
+        return {"default": config}
+    busy_ms = env_int("LEDGERWEB_SQLITE_BUSY_TIMEOUT_MS", 30000, minimum=0)
+    return {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": env_str("LEDGERWEB_SQLITE_PATH", str(DATA_DIR / "ledger.sqlite3")),
+            "OPTIONS": {
+                # WAL for concurrent readers, FULL so a commit survives power loss before the next
+                # step acts on it, IMMEDIATE so a write transaction takes the lock at BEGIN and a
+                # read-then-write can never fail half-way with SQLITE_BUSY.
+                "init_command": (
+                    "PRAGMA journal_mode=WAL;"
+                    "PRAGMA synchronous=FULL;"
+                    f"PRAGMA busy_timeout={busy_ms};"
+                    "PRAGMA foreign_keys=ON"
+                ),
+                "transaction_mode": "IMMEDIATE",
+                "timeout": busy_ms / 1000,
+            },
+            "TEST": {"NAME": env_str("LEDGERWEB_TEST_SQLITE_PATH", str(DATA_DIR / "test_ledger.sqlite3"))},
+        }
+    }
+
+
+DATABASES = _databases()
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "overview"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = Path(env_str("LEDGERWEB_STATIC_ROOT", str(DATA_DIR / "staticfiles")))
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": (
+            "django.contrib.staticfiles.storage.StaticFilesStorage"
+            if DEBUG
+            else "whitenoise.storage.CompressedManifestStaticFilesStorage"
+        )
+    },
+}
+WHITENOISE_USE_FINDERS = DEBUG
+
+# Security. Cookies are Secure and HSTS is on when the deployment says it is behind HTTPS.
+SECURE_CSP = {
+    "default-src": [CSP.SELF],
+    "script-src": [CSP.SELF, CSP.NONCE],
+    "style-src": [CSP.SELF, CSP.NONCE],
+    "img-src": [CSP.SELF, "data:"],
+    "connect-src": [CSP.SELF],
+    "frame-ancestors": [CSP.NONE],
+    "form-action": [CSP.SELF],
+    "base-uri": [CSP.NONE],
+    "object-src": [CSP.NONE],
+}
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+CSRF_COOKIE_HTTPONLY = False  # htmx reads the token from the page, not the cookie
+SESSION_COOKIE_SECURE = HTTPS
+CSRF_COOKIE_SECURE = HTTPS
+SECURE_SSL_REDIRECT = HTTPS and env_bool("LEDGERWEB_SSL_REDIRECT", True)
+SECURE_HSTS_SECONDS = env_int("LEDGERWEB_HSTS_SECONDS", 31536000 if HTTPS else 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = HTTPS
+SECURE_HSTS_PRELOAD = HTTPS
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if HTTPS else None
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("LEDGERWEB_MAX_BODY_BYTES", 1024 * 1024, minimum=1024)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "structured": {
+            "format": "%(asctime)s %(levelname)s %(name)s %(message)s",
+        }
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "structured"}},
+    "root": {"handlers": ["console"], "level": env_str("LEDGERWEB_LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}
+
+# The ledger's own knobs (seconds unless named otherwise).
+LEDGER = {
+    # Largest accepted normalized argument document, in bytes of canonical JSON.
+    "MAX_ARGS_BYTES": env_int("LEDGERWEB_MAX_ARGS_BYTES", 64 * 1024, minimum=64),
+    # An INTENT_RECORDED or DISPATCHED attempt older than this is stale: recovery looks at it.
+    # Must be longer than any provider timeout.
+    "STALE_AFTER": env_int("LEDGERWEB_STALE_AFTER", 120, minimum=1),
+    # How long an UNKNOWN attempt may keep being looked up before a person must decide.
+    "UNKNOWN_MAX_AGE": env_int("LEDGERWEB_UNKNOWN_MAX_AGE", 24 * 3600, minimum=1),
+    # Backoff between lookups of an UNKNOWN attempt: base * 2**n, capped, with full jitter.
+    "BACKOFF_BASE": env_int("LEDGERWEB_BACKOFF_BASE", 5, minimum=0),
+    "BACKOFF_CAP": env_int("LEDGERWEB_BACKOFF_CAP", 3600, minimum=1),
+    # How many times one attempt may be sent (first send included) before it is FAILED.
+    "MAX_SENDS": env_int("LEDGERWEB_MAX_SENDS", 5, minimum=1),
+    # Field names whose values the dashboard shows redacted.
+    "REDACT_FIELDS": env_list(
+        "LEDGERWEB_REDACT_FIELDS",
+        ["password", "secret", "token", "api_key", "card_number", "cvc", "authorization"],
+    ),
+    # Username that owns attention work when no ownership rule matches.
+    "DEFAULT_OWNER": env_str("LEDGERWEB_DEFAULT_OWNER", ""),
+    # Fault injection (crash points) is only possible in non-production settings.
+    "FAULTS_ALLOWED": env_bool("LEDGERWEB_FAULTS_ALLOWED", not HTTPS),
+}

@@ -1,0 +1,18 @@
+"""Worker bookkeeping. The ledger itself lives in ``attempts``."""
+
+from django.db import models
+
+
+class WorkerHeartbeat(models.Model):
+    """One row per reconcile worker: /healthz reads how fresh the newest one is."""
+
+    worker_id = models.CharField(max_length=100, unique=True)
+    hostname = models.CharField(max_length=200)
+    pid = models.PositiveIntegerField()
+    started_at = models.DateTimeField()
+    last_seen = models.DateTimeField(db_index=True)
+    settled_total = models.PositiveBigIntegerField(default=0)
+    lookups_total = models.PositiveBigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return self.worker_id

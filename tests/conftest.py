@@ -1,0 +1,102 @@
+"""Shared fixtures: a small world of tenants, tools, grants and named people, so that every test
+checks authorization by default (an operator, reviewers, an admin, and an outsider who belongs
+to another tenant)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import connection
+
+from attempts.models import EffectClass, Grant, Membership, OwnershipRule, Role, Tenant, Tool
+from attempts.states import Actor
+
+REPO = Path(__file__).resolve().parent.parent
+PASSWORD = "correct-horse-battery-staple"
+
+
+@dataclass
+class World:
+    acme: Tenant
+    globex: Tenant
+    viewer: User
+    operator: User
+    reviewer: User
+    reviewer2: User
+    admin: User
+    outsider: User
+    triage: User
+    agent: Actor
+
+
+def _user(name: str, **extra) -> User:
+    return User.objects.create_user(name, f"{name}@example.test", PASSWORD, **extra)
+
+
+@pytest.fixture
+def world(db) -> World:
+    return make_world()
+
+
+def make_world() -> World:
+    acme = Tenant.objects.create(slug="acme", name="Acme Corp")
+    globex = Tenant.objects.create(slug="globex", name="Globex")
+    tools = [
+        Tool(name="send_invoice_email", effect_class=EffectClass.IDEMPOTENT, critical=True),
+        Tool(name="open_ticket", effect_class=EffectClass.RECONCILABLE),
+        Tool(name="charge_card", effect_class=EffectClass.RECONCILABLE, critical=True),
+        Tool(name="deploy_service", effect_class=EffectClass.MANUAL, critical=True),
+        Tool(name="update_crm", effect_class=EffectClass.IDEMPOTENT),
+    ]
+    Tool.objects.bulk_create(tools)
+    for tenant in (acme, globex):
+        for tool in tools:
+            Grant.objects.create(
+                tenant=tenant,
+                tool=tool,
+                policy_version="v1",
+                allowed_scopes=[f"{tool.name}:write", f"{tool.name}:read"],
+            )
+    people = {
+        "viewer": Role.VIEWER,
+        "operator": Role.OPERATOR,
+        "reviewer": Role.REVIEWER,
+        "reviewer2": Role.REVIEWER,
+        "admin": Role.ADMIN,
+        "triage": Role.OPERATOR,
+    }
+    users = {}
+    for name, role in people.items():
+        users[name] = _user(name)
+        Membership.objects.create(user=users[name], tenant=acme, role=role)
+    users["outsider"] = _user("outsider")
+    Membership.objects.create(user=users["outsider"], tenant=globex, role=Role.ADMIN)
+    OwnershipRule.objects.create(owner=users["triage"], tenant_pattern="acme", priority=10)
+    OwnershipRule.objects.create(owner=users["outsider"], tenant_pattern="globex", priority=10)
+    return World(acme=acme, globex=globex, agent=Actor.agent("test-agent"), **users)
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """Environment for a child process that must use the same (test) database as this test."""
+    env = dict(os.environ)
+    settings_dict = connection.settings_dict
+    if connection.vendor == "sqlite":
+        env.pop("DATABASE_URL", None)
+        env["LEDGERWEB_SQLITE_PATH"] = str(settings_dict["NAME"])
+    else:
+        env["DATABASE_URL"] = (
+            f"postgres://{settings_dict['USER'] or 'postgres'}@{settings_dict['HOST'] or '127.0.0.1'}"
+            f":{settings_dict['PORT'] or 5432}/{settings_dict['NAME']}"
+        )
+    env["DJANGO_SETTINGS_MODULE"] = "ledgerweb.settings"
+    env["PYTHONPATH"] = str(REPO)
+    env.update(extra)
+    return env
+
+
+PYTHON = sys.executable
