@@ -6,4 +6,6 @@ class AttemptsConfig(AppConfig):
     verbose_name = "Ledger"
 
     def ready(self) -> None:
-        from attempts import checks  # noqa: F401  (registers system checks)
+        from attempts import checks, faults  # noqa: F401  (checks registers system checks)
+
+        faults.check_environment()  # fault injection asked for in production: refuse to start

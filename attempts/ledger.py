@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from attempts import authority, states
 from attempts.canonical import InvalidArguments, normalize_args
+from attempts.faults import crash_point, mutation
 from attempts.models import (
     ROLE_RANK,
     Attempt,
@@ -312,9 +313,7 @@ def confirm(
                 "attempt is already confirmed with a different result", attempt=current
             )
         if current.state not in (State.DISPATCHED, State.UNKNOWN):
-            raise StateConflict(
-                f"cannot confirm an attempt in {current.state}", attempt=current
-            )
+            raise StateConflict(f"cannot confirm an attempt in {current.state}", attempt=current)
         fields: dict[str, Any] = {"result_ref": result_ref, "review_reason": ""}
         if provider_request_id:
             if current.provider_request_id and current.provider_request_id != provider_request_id:
@@ -447,9 +446,13 @@ def run_tool_call(
         policy_version=policy_version,
         credential_scope=credential_scope,
     )
+    crash_point("intent_committed")
+    if mutation("claim_after_send"):  # crashtest's self-test: the unsafe order, on purpose
+        return _send_then_claim(attempt, send, actor)
     attempt, claimed = claim_dispatch(attempt, actor=actor)
     if not claimed:
         return CallOutcome(attempt, sent=False)
+    crash_point("dispatch_claimed")
     try:
         result = send(attempt)
     except ProviderRefused as exc:
@@ -464,6 +467,23 @@ def run_tool_call(
         # The send may have happened: the outcome is unknown, and the error is the caller's.
         mark_unknown(attempt, reason=f"send raised {type(exc).__name__}: {exc}", actor=actor)
         raise
+    crash_point("response_received")
+    if result.provider_request_id:
+        attempt = attach_provider_request(attempt, result.provider_request_id, actor=actor)
+        crash_point("request_id_attached")
+    if result.result_ref:
+        attempt = confirm(attempt, result_ref=result.result_ref, actor=actor)
+    return CallOutcome(attempt, sent=True)
+
+
+def _send_then_claim(attempt: Attempt, send: Callable[[Attempt], SendResult], actor: Actor):
+    """The ``claim_after_send`` mutation: a deliberately broken write path (send, then claim),
+    only reachable with fault injection on. crashtest must catch it."""
+    if attempt.state not in (State.INTENT_RECORDED, State.FAILED_RETRYABLE):
+        return CallOutcome(attempt, sent=False)
+    result = send(attempt)
+    crash_point("response_received")
+    attempt, _ = claim_dispatch(attempt, actor=actor)
     if result.provider_request_id:
         attempt = attach_provider_request(attempt, result.provider_request_id, actor=actor)
     if result.result_ref:
@@ -481,7 +501,9 @@ def role_in(user: Any, tenant: str) -> str | None:
     if user.is_superuser:
         return Role.ADMIN
     return (
-        Membership.objects.filter(user=user, tenant_id=tenant).values_list("role", flat=True).first()
+        Membership.objects.filter(user=user, tenant_id=tenant)
+        .values_list("role", flat=True)
+        .first()
     )
 
 

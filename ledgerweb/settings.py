@@ -225,3 +225,8 @@ LEDGER = {
     # Fault injection (crash points) is only possible in non-production settings.
     "FAULTS_ALLOWED": env_bool("LEDGERWEB_FAULTS_ALLOWED", not HTTPS),
 }
+if HTTPS and LEDGER["FAULTS_ALLOWED"]:
+    raise ImproperlyConfigured(
+        "LEDGERWEB_FAULTS_ALLOWED cannot be on in production (LEDGERWEB_HTTPS=1): crash points "
+        "and mutations exist for crashtest only"
+    )
