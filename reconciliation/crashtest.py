@@ -375,10 +375,14 @@ class ChildResult:
         return ""
 
     def started(self) -> list[int]:
-        return [int(line.split()[1]) for line in self.stdout.splitlines() if line.startswith("started ")]
+        return [
+            int(line.split()[1]) for line in self.stdout.splitlines() if line.startswith("started ")
+        ]
 
     def done(self) -> list[int]:
-        return [int(line.split()[1]) for line in self.stdout.splitlines() if line.startswith("done ")]
+        return [
+            int(line.split()[1]) for line in self.stdout.splitlines() if line.startswith("done ")
+        ]
 
     def tail(self) -> str:
         lines = (self.stderr or self.stdout).strip().splitlines()
@@ -462,7 +466,9 @@ class Scene:
         for tool, (effect_class, _critical) in TOOLS.items():
             Tool.objects.using(self.alias).filter(name=tool).update(
                 dispatch_url=self.provider.url(tool, "send"),
-                lookup_url="" if effect_class == EffectClass.MANUAL else self.provider.url(tool, "lookup"),
+                lookup_url=""
+                if effect_class == EffectClass.MANUAL
+                else self.provider.url(tool, "lookup"),
             )
             # Only idempotent tools honour the key at the provider: a second send of anything
             # else is a second effect, counted by the provider.
@@ -471,8 +477,13 @@ class Scene:
             )
         for grant in Grant.objects.using(self.alias).all():
             self.grant_history.append(
-                (dt.datetime(2000, 1, 1, tzinfo=dt.UTC), grant.tenant_id, grant.tool_id,
-                 grant.policy_version, list(grant.allowed_scopes))
+                (
+                    dt.datetime(2000, 1, 1, tzinfo=dt.UTC),
+                    grant.tenant_id,
+                    grant.tool_id,
+                    grant.policy_version,
+                    list(grant.allowed_scopes),
+                )
             )
 
     def close(self) -> None:
@@ -566,13 +577,14 @@ class Scene:
 
     def wait_until_due(self) -> None:
         """Sleep until every in-flight attempt is due for recovery (stale after one second)."""
-        latest = (
-            Attempt.objects.using(self.alias)
-            .filter(state__in=IN_FLIGHT, next_check_at__isnull=False)
-            .order_by("-next_check_at")
-            .values_list("next_check_at", flat=True)
-            .first()
-        )
+        moments = [
+            max(m for m in pair if m is not None)
+            for pair in Attempt.objects.using(self.alias)
+            .filter(state__in=IN_FLIGHT)
+            .values_list("next_check_at", "lease_until")
+            if any(m is not None for m in pair)
+        ]
+        latest = max(moments, default=None)
         if latest is not None:
             delay = (latest - timezone.now()).total_seconds() + 0.05
             if delay > 0:
@@ -592,7 +604,9 @@ class Scene:
         self.compare(first, self.snapshot(), "two runs at once")
 
     # --- provider and grants ---------------------------------------------------------------
-    def change_grant(self, tenant: str, tool: str, *, policy_version: str, scopes: list[str]) -> None:
+    def change_grant(
+        self, tenant: str, tool: str, *, policy_version: str, scopes: list[str]
+    ) -> None:
         now = timezone.now()
         Grant.objects.using(self.alias).filter(tenant_id=tenant, tool_id=tool).update(
             policy_version=policy_version, allowed_scopes=scopes, updated_at=now
@@ -612,7 +626,13 @@ class Scene:
             AttemptEvent.objects.using(self.alias).values_list("attempt__attempt_id", flat=True)
         )
         attempts = {
-            a.attempt_id: (a.state, a.version, counts[a.attempt_id], a.provider_request_id, a.result_ref)
+            a.attempt_id: (
+                a.state,
+                a.version,
+                counts[a.attempt_id],
+                a.provider_request_id,
+                a.result_ref,
+            )
             for a in Attempt.objects.using(self.alias).all()
         }
         by_key = Counter(effect_key(e) for e in self.provider.effects())
@@ -693,8 +713,10 @@ def check_once(scene: Scene, check: Check, effects: list[dict[str, Any]]) -> Non
             )
         sender = effect.get("ledger_attempt_id")
         if sender and sender != attempt.attempt_id:
-            check.fail(f"effect {effect.get('id')} under {key!r} was sent by {sender}, "
-                       f"not by its attempt {attempt.attempt_id}")
+            check.fail(
+                f"effect {effect.get('id')} under {key!r} was sent by {sender}, "
+                f"not by its attempt {attempt.attempt_id}"
+            )
     for (tool, logical), performed in sorted(per_logical.items()):
         if len(performed) > 1:
             ids = ", ".join(str(e.get("id")) for e in performed)
@@ -810,15 +832,21 @@ def check_authority(scene: Scene, check: Check, effects: list[dict[str, Any]]) -
                 )
             extra = set(attempt.credential_scope) - set(parent.credential_scope)
             if extra:
-                check.fail(f"linked {attempt.attempt_id} widened scope beyond its parent: {sorted(extra)}")
+                check.fail(
+                    f"linked {attempt.attempt_id} widened scope beyond its parent: {sorted(extra)}"
+                )
         grant = scene.grant_at(attempt.tenant_id, attempt.tool_name, attempt.created_at)
         if grant is not None:
             extra = set(attempt.credential_scope) - set(grant[1])
             if extra:
-                check.fail(f"{attempt.attempt_id} holds scopes its grant never gave: {sorted(extra)}")
+                check.fail(
+                    f"{attempt.attempt_id} holds scopes its grant never gave: {sorted(extra)}"
+                )
     by_id = {a.attempt_id: a for a in attempts}
-    sends = AttemptEvent.objects.using(scene.alias).filter(to_state=State.DISPATCHED).exclude(
-        from_state=State.DISPATCHED
+    sends = (
+        AttemptEvent.objects.using(scene.alias)
+        .filter(to_state=State.DISPATCHED)
+        .exclude(from_state=State.DISPATCHED)
     )
     for event in sends.select_related("attempt"):
         attempt = by_id[event.attempt.attempt_id]
@@ -849,11 +877,12 @@ def check_authority(scene: Scene, check: Check, effects: list[dict[str, Any]]) -
 def check_owned(scene: Scene, check: Check, moment: str) -> None:
     """5. UNKNOWN and MANUAL_REVIEW attempts have an active owner who belongs to their tenant,
     and UNKNOWN ones are queued for another look (a next check time)."""
-    members = set(
-        Membership.objects.using(scene.alias).values_list("tenant_id", "user_id")
-    )
+    members = set(Membership.objects.using(scene.alias).values_list("tenant_id", "user_id"))
     active = set(
-        get_user_model().objects.db_manager(scene.alias).filter(is_active=True).values_list("id", flat=True)
+        get_user_model()
+        .objects.db_manager(scene.alias)
+        .filter(is_active=True)
+        .values_list("id", flat=True)
     )
     for attempt in Attempt.objects.using(scene.alias).filter(state__in=ATTENTION_STATES):
         if attempt.owner_id is None:
@@ -919,7 +948,7 @@ class Harness:
         progress: Callable[[str], None],
         mutation: str = "",
         keep: bool = False,
-        recovery_command: tuple[str, ...] = ("reconcile", "--once"),
+        recovery_command: tuple[str, ...] = ("reconcile", "--once", "--lease-seconds", "5"),
     ) -> None:
         self.run_id = f"{time.strftime('%Y%m%d%H%M%S')}_{secrets.token_hex(3)}"
         self.run_dir = Path(settings.DATA_DIR) / "crashtest" / self.run_id
@@ -931,6 +960,7 @@ class Harness:
         self.recovery_command = recovery_command
         self.databases: list[ScratchDatabase] = []
         self.started = time.monotonic()
+        self.failed = False
 
     @property
     def vendor(self) -> str:
@@ -948,7 +978,11 @@ class Harness:
         env.update(template.child_env)
         done = subprocess.run(
             [PYTHON, str(MANAGE), "migrate", "--no-input", "-v", "0"],
-            cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
         )
         if done.returncode != 0:
             raise HarnessError(f"migrating the scratch database failed: {done.stderr[-2000:]}")
@@ -1018,7 +1052,9 @@ def seed_world(alias: str) -> None:
                 policy_version="v1",
                 allowed_scopes=[f"{name}:read", f"{name}:write"],
             )
-    owner = get_user_model().objects.db_manager(alias).create_user(OWNER, f"{OWNER}@example.invalid")
+    owner = (
+        get_user_model().objects.db_manager(alias).create_user(OWNER, f"{OWNER}@example.invalid")
+    )
     for slug in TENANTS:
         Membership.objects.using(alias).create(user=owner, tenant_id=slug, role=Role.REVIEWER)
     OwnershipRule.objects.using(alias).create(owner=owner, tenant_pattern="*", tool_pattern="*")
@@ -1027,7 +1063,10 @@ def seed_world(alias: str) -> None:
 def case_a(scene: Scene) -> None:
     """Killed after the intent commit: nothing was sent; recovery finds a stale intent."""
     scene.agents(
-        *({"calls": [_call(tool, f"a:{tool}", 1)], "crash_at": "intent_committed"} for tool in CASE_TOOLS)
+        *(
+            {"calls": [_call(tool, f"a:{tool}", 1)], "crash_at": "intent_committed"}
+            for tool in CASE_TOOLS
+        )
     )
     scene.checkpoint_owned("after the kills")
     scene.recovery_round()
@@ -1062,7 +1101,14 @@ def case_d(scene: Scene) -> None:
     specs = []
     for tool in CASE_TOOLS:
         call = [_call(tool, f"d:{tool}", 4)]
-        specs.append({"calls": call, "not_before": not_before, "crash_at": "response_received", "name": "worker-1"})
+        specs.append(
+            {
+                "calls": call,
+                "not_before": not_before,
+                "crash_at": "response_received",
+                "name": "worker-1",
+            }
+        )
         specs.append({"calls": call, "not_before": not_before, "name": "worker-2"})
     scene.agents(*specs)
     scene.checkpoint_owned("after the race")
@@ -1075,14 +1121,20 @@ def case_e(scene: Scene) -> None:
     for mode in ("hang_before_effect", "drop_after_effect"):
         scene.provider.control(
             tools={
-                tool: {"send_mode": mode, "hang_seconds": TOOL_TIMEOUT + 1,
-                       "honour_keys": TOOLS[tool][0] == EffectClass.IDEMPOTENT}
+                tool: {
+                    "send_mode": mode,
+                    "hang_seconds": TOOL_TIMEOUT + 1,
+                    "honour_keys": TOOLS[tool][0] == EffectClass.IDEMPOTENT,
+                }
                 for tool in CASE_TOOLS
             }
         )
         scene.agents(*({"calls": [_call(tool, f"e:{mode}:{tool}", 5)]} for tool in CASE_TOOLS))
     scene.provider.control(
-        tools={tool: {"send_mode": "ok", "honour_keys": TOOLS[tool][0] == EffectClass.IDEMPOTENT} for tool in CASE_TOOLS}
+        tools={
+            tool: {"send_mode": "ok", "honour_keys": TOOLS[tool][0] == EffectClass.IDEMPOTENT}
+            for tool in CASE_TOOLS
+        }
     )
     unknown = Attempt.objects.using(scene.alias).filter(state=State.UNKNOWN).count()
     if unknown != 2 * len(CASE_TOOLS):
@@ -1111,7 +1163,9 @@ def case_f(scene: Scene) -> None:
             f"the provider performed {after - before} effect(s) while every lookup timed out: "
             "something was resent without a lookup answer"
         )
-    for attempt in Attempt.objects.using(scene.alias).filter(state__in=SETTLED | {State.RECONCILED}):
+    for attempt in Attempt.objects.using(scene.alias).filter(
+        state__in=SETTLED | {State.RECONCILED}
+    ):
         if attempt.state != State.MANUAL_REVIEW:
             scene.checks["settled"].fail(
                 f"{attempt.attempt_id} was settled as {attempt.state} while every lookup timed out"
@@ -1136,17 +1190,262 @@ def harness_run(**kwargs: Any) -> Iterator[Harness]:
     failed = True
     try:
         yield harness
-        failed = getattr(harness, "failed", False)
+        failed = harness.failed
     finally:
         harness.cleanup(failed=failed)
 
 
-__all__ = [
-    "CASES",
-    "INVARIANTS",
-    "CaseReport",
-    "Harness",
-    "HarnessError",
-    "harness_run",
-    "random",
-]
+# ---------------------------------------------------------------------------------------------
+# Random kill fuzzing
+
+AGENT_POINTS = (
+    "intent_committed",
+    "dispatch_claimed",
+    "request_sent",
+    "response_received",
+    "request_id_attached",
+)
+RECONCILER_POINTS = ("reconcile_claimed", "reconcile_looked_up", "reconcile_resent")
+PROVIDER_FAULTS = (
+    "drop_after_effect",
+    "hang_after_effect",
+    "hang_before_effect",
+    "error_5xx",
+    "refuse_retryable",
+    "refuse",
+)
+FUZZ_LANES = 2
+
+
+def _agent_fault(rng: random.Random) -> dict[str, Any]:
+    """A random way for the next agent process to die (or not)."""
+    roll = rng.random()
+    if roll < 0.15:
+        return {}
+    if roll < 0.6:
+        return {"crash_at": rng.choice(AGENT_POINTS), "crash_after": rng.randint(1, 4)}
+    return {"timer_ms": rng.randint(0, 250)}
+
+
+def _resume_at(result: ChildResult, position: int, end: int, rng: random.Random) -> int:
+    """Where a restarted agent carries on: after the last finished call, repeating the one it
+    was killed in (same key, as a restarted agent would) half of the time."""
+    if not result.killed:
+        return end
+    started, done = result.started(), result.done()
+    if not started:
+        return position
+    interrupted = started[-1]
+    if done and done[-1] == interrupted:
+        return interrupted + 1
+    return interrupted if rng.random() < 0.5 else interrupted + 1
+
+
+def run_fuzz(harness: Harness, *, calls: int, seed: int) -> dict[str, Any]:
+    """Random kills over ``calls`` tool calls across effect classes and both tenants, with random
+    provider faults and random reconciler kills on the way; then recovery and every invariant."""
+    rng = random.Random(seed)
+    started = time.monotonic()
+    harness.say(f"fuzz: {calls} tool calls, seed {seed} (replay with --fuzz {calls} --seed {seed})")
+    scene = harness.scene("fuzz")
+    tools = list(TOOLS)
+    plan = [
+        _call(rng.choice(tools), f"fz{seed}:{i}", i, tenant=rng.choice(TENANTS))
+        for i in range(calls)
+    ]
+    lanes = [plan[i::FUZZ_LANES] for i in range(FUZZ_LANES)]
+    positions = [0] * FUZZ_LANES
+    agent_runs = provider_faults = reconciler_runs = rounds = 0
+    error = ""
+    figures: dict[str, Any] = {}
+    try:
+        scene.open()
+        while any(pos < len(lane) for pos, lane in zip(positions, lanes, strict=True)):
+            rounds += 1
+            if rng.random() < 0.2:
+                tool = rng.choice(tools)
+                mode = rng.choice(PROVIDER_FAULTS)
+                scene.provider.control(
+                    tools={
+                        tool: {
+                            "send_mode": mode,
+                            "remaining_faults": 1,
+                            "hang_seconds": TOOL_TIMEOUT + 0.5,
+                        }
+                    }
+                )
+                provider_faults += 1
+            specs = []
+            active = [i for i in range(FUZZ_LANES) if positions[i] < len(lanes[i])]
+            for i in active:
+                specs.append(
+                    {
+                        "calls": lanes[i],
+                        "start": positions[i],
+                        "name": f"fuzz-agent-{i}",
+                        **_agent_fault(rng),
+                    }
+                )
+            results = scene.agents(*specs)
+            agent_runs += len(results)
+            for i, result in zip(active, results, strict=True):
+                positions[i] = _resume_at(result, positions[i], len(lanes[i]), rng)
+            if rounds % 4 == 0:
+                # A reconciler on the way, killed at a random point or by timer (or not at all).
+                roll = rng.random()
+                fault = (
+                    {"crash_at": rng.choice(RECONCILER_POINTS)}
+                    if roll < 0.4
+                    else {"timer_ms": rng.randint(0, 600)}
+                    if roll < 0.8
+                    else {}
+                )
+                scene.recover(**fault)
+                reconciler_runs += 1
+            if rounds % 10 == 0:
+                done = sum(positions)
+                harness.say(
+                    f"fuzz: {done}/{calls} calls, {agent_runs} agent runs, "
+                    f"{sum(scene.kills.values())} kills"
+                )
+        harness.say("fuzz: all calls made; recovering")
+        scene.provider.reset()
+        for tool, (effect_class, _critical) in TOOLS.items():
+            scene.provider.control(
+                tools={tool: {"honour_keys": effect_class == EffectClass.IDEMPOTENT}}
+            )
+        scene.recovery_round()
+        for _ in range(5):
+            if not Attempt.objects.using(scene.alias).filter(state__in=IN_FLIGHT).exists():
+                break
+            scene.wait_until_due()
+            scene.recover()
+        scene.verify()
+        figures = _fuzz_figures(scene)
+        figures["stats"] = scene.stats()
+    except HarnessError as exc:
+        error = str(exc)
+    finally:
+        scene.close()
+    passed = not error and all(c.passed for c in scene.checks.values())
+    seconds = time.monotonic() - started
+    harness.say(f"fuzz: {'PASS' if passed else 'FAIL'} in {seconds:.1f}s")
+    return {
+        "passed": passed,
+        "error": error,
+        "seed": seed,
+        "calls": calls,
+        "agent_runs": agent_runs,
+        "reconciler_runs_with_faults": reconciler_runs,
+        "provider_faults": provider_faults,
+        "kills": dict(sorted(scene.kills.items())),
+        "seconds": round(seconds, 1),
+        **figures,
+        "invariants": {
+            name: {"passed": check.passed, "evidence": check.evidence}
+            for name, check in scene.checks.items()
+        },
+    }
+
+
+def _fuzz_figures(scene: Scene) -> dict[str, int]:
+    """The headline numbers: duplicate non-idempotent effects, effects without a ledger row,
+    attempts left unsettled outside MANUAL_REVIEW."""
+    effects = scene.provider.effects()
+    attempts = _attempts(scene)
+    by_key = {a.idempotency_key: a for a in attempts}
+    per_logical: Counter[tuple[str, str]] = Counter(
+        (str(e.get("tool")), root_key(effect_key(e))) for e in effects
+    )
+    non_idempotent = {n for n, (c, _) in TOOLS.items() if c != EffectClass.IDEMPOTENT}
+    children: dict[int, list[Attempt]] = defaultdict(list)
+    for attempt in attempts:
+        if attempt.parent_id:
+            children[attempt.parent_id].append(attempt)
+    unsettled = 0
+    for attempt in attempts:
+        final = _final_of(attempt, children) if attempt.state == State.RECONCILED else attempt
+        if final is None or final.state not in SETTLED:
+            unsettled += 1
+    return {
+        "attempts": len(attempts),
+        "effects": len(effects),
+        "duplicate_non_idempotent_effects": sum(
+            n - 1 for (tool, _), n in per_logical.items() if n > 1 and tool in non_idempotent
+        ),
+        "duplicate_effects_any_class": sum(n - 1 for n in per_logical.values() if n > 1),
+        "effects_without_ledger_row": sum(1 for e in effects if effect_key(e) not in by_key),
+        "unsettled_outside_manual_review": unsettled,
+        "manual_review": sum(1 for a in attempts if a.state == State.MANUAL_REVIEW),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# The report
+
+SHORT = {
+    "once": "once",
+    "settled": "settled",
+    "visible": "visible",
+    "authority": "authority",
+    "owned": "owned",
+    "recovery": "recovery",
+}
+
+
+def render_table(
+    reports: list[CaseReport], fuzz: dict[str, Any] | None, *, vendor: str, seconds: float
+) -> str:
+    """Cases by invariants, PASS/FAIL, then the evidence behind every failure."""
+    names = [name for name, _ in INVARIANTS]
+    lines = [
+        f"crashtest on {vendor}: {len(reports)} case(s) x {len(names)} invariants"
+        + (f" + fuzz {fuzz['calls']}" if fuzz else "")
+        + f", {seconds:.1f}s",
+        "",
+    ]
+    header = f"{'case':<5}" + "".join(f"{SHORT[n]:<11}" for n in names) + "time"
+    lines.append(header)
+    failures: list[str] = []
+    rows: list[tuple[str, dict[str, Any], float, str]] = [
+        (r.case, {n: c.passed for n, c in r.checks.items()}, r.seconds, r.error) for r in reports
+    ]
+    if fuzz:
+        rows.append(
+            (
+                "fuzz",
+                {n: v["passed"] for n, v in fuzz["invariants"].items()},
+                fuzz["seconds"],
+                fuzz["error"],
+            )
+        )
+    for case, passed, took, error in rows:
+        cells = "".join(f"{('PASS' if passed[n] and not error else 'FAIL'):<11}" for n in names)
+        lines.append(f"{case:<5}{cells}{took:.1f}s")
+        if error:
+            failures.append(f"case {case}: could not run: {error}")
+    for report in reports:
+        for name, check in report.checks.items():
+            failures += [f"case {report.case} / {name}: {e}" for e in check.evidence]
+    if fuzz:
+        for name, value in fuzz["invariants"].items():
+            failures += [f"fuzz / {name}: {e}" for e in value["evidence"]]
+    lines.append("")
+    for number, (name, text) in enumerate(INVARIANTS, 1):
+        lines.append(f"  {SHORT[name]:<10} {number}. {text}")
+    if fuzz and "effects" in fuzz:
+        lines += [
+            "",
+            f"fuzz: seed {fuzz['seed']}, {fuzz['calls']} calls, {fuzz['attempts']} attempts, "
+            f"{fuzz['effects']} effects, {fuzz['agent_runs']} agent runs, "
+            f"kills {sum(fuzz['kills'].values())} {fuzz['kills']}",
+            f"  duplicate non-idempotent effects: {fuzz['duplicate_non_idempotent_effects']}, "
+            f"effects without a ledger row: {fuzz['effects_without_ledger_row']}, "
+            f"unsettled outside MANUAL_REVIEW: {fuzz['unsettled_outside_manual_review']} "
+            f"(MANUAL_REVIEW: {fuzz['manual_review']})",
+        ]
+    all_passed = all(r.passed for r in reports) and (fuzz is None or fuzz["passed"])
+    if failures:
+        lines += ["", "Evidence:"] + [f"  - {f}" for f in failures]
+    lines += ["", "RESULT: " + ("PASS" if all_passed else "FAIL")]
+    return "\n".join(lines)

@@ -37,6 +37,7 @@ from django.utils import timezone
 from attempts import authority, ledger, states
 from attempts.models import Attempt, EffectClass, State
 from attempts.states import Actor, TransitionError, write_transaction
+from reconciliation.faults import crash_point, mutation
 from reconciliation.models import WorkerHeartbeat
 from reconciliation.providers.base import (
     Adapter,
@@ -221,6 +222,8 @@ class Reconciler:
                 room = 2 * self.concurrency - len(in_flight)
                 if not exhausted and not stop.is_set() and room >= self.concurrency:
                     batch = self.claim(cutoff=cutoff, limit=min(self.batch_size, room), lease=lease)
+                    if batch:
+                        crash_point("reconcile_claimed")
                     summary.claimed += len(batch)
                     if not batch:
                         exhausted = True
@@ -311,6 +314,8 @@ class Reconciler:
             )
         if attempt.state != State.UNKNOWN:
             return None
+        if mutation("blind_retry"):  # crashtest's self-test: resend without a lookup, on purpose
+            return self._prepare_send(attempt, adapter, summary)
         if not adapter.can_look_up:
             self._to_review(
                 attempt, "manual_class", "manual class: no lookup, a person must decide", summary
@@ -382,6 +387,8 @@ class Reconciler:
 
     def _apply(self, finished: list[tuple[_Job, Any]], summary: Summary) -> list[_Job]:
         jobs: list[_Job] = []
+        for job, _ in finished:
+            crash_point("reconcile_looked_up" if job.kind == "lookup" else "reconcile_resent")
         with write_transaction():
             for job, result in finished:
                 if job.kind == "lookup":
@@ -555,6 +562,7 @@ class Reconciler:
                     attempt,
                     None,
                     action="attempt.provider_request_attached",
+                    reason="the provider answered with its request id",
                     fields={"provider_request_id": answer.provider_request_id},
                     keep_lease=True,
                 )
