@@ -48,6 +48,7 @@ MUTATIONS: dict[str, str] = {
 log = logging.getLogger("ledgerweb.faults")
 _lock = threading.Lock()
 _hits = 0
+_timer_armed = False
 
 
 def register_point(name: str, where: str) -> None:
@@ -127,14 +128,20 @@ def mutation(name: str) -> bool:
 
 
 def arm_kill_timer() -> float | None:
-    """Start the random-kill timer if ``LEDGERWEB_CRASH_TIMER_MS`` asks for one.
+    """Start the random-kill timer if ``LEDGERWEB_CRASH_TIMER_MS`` asks for one (once per
+    process; the agent arms it before its first call, the reconciler at the start of a pass).
 
     A daemon thread sleeps that long and then SIGKILLs the process, wherever its main thread is.
     Returns the delay in seconds, or None when no timer was asked for.
     """
+    global _timer_armed
     raw = os.environ.get(ENV_CRASH_TIMER_MS)
     if not raw or not _enabled():
         return None
+    with _lock:
+        if _timer_armed:
+            return None
+        _timer_armed = True
     delay = int(raw) / 1000
 
     def fire() -> None:

@@ -369,10 +369,13 @@ class ChildResult:
 
     @property
     def fault(self) -> str:
+        """Where the process died: ``role:point``, ``role:timer`` or ``role:SIGKILL``."""
         for line in self.stderr.splitlines():
-            if line.startswith("ledgerweb-fault:"):
-                return line.split(":", 1)[1].strip()
-        return ""
+            if line.startswith("ledgerweb-fault: crash point "):
+                return f"{self.role}:{line.split()[3]}"
+            if line.startswith("ledgerweb-fault: kill timer"):
+                return f"{self.role}:timer"
+        return f"{self.role}:SIGKILL"
 
     def started(self) -> list[int]:
         return [
@@ -555,7 +558,7 @@ class Scene:
         results = [child.wait() for child in started]
         for result in results:
             if result.killed:
-                self.kills[result.fault.split(" (")[0] or "SIGKILL"] += 1
+                self.kills[result.fault] += 1
             elif result.returncode != 0:
                 raise HarnessError(f"an agent failed ({result.returncode}): {result.tail()}")
         return results
@@ -566,7 +569,7 @@ class Scene:
         results = [child.wait() for child in started]
         for result in results:
             if result.killed:
-                self.kills[result.fault.split(" (")[0] or "SIGKILL"] += 1
+                self.kills[result.fault] += 1
             else:
                 self.recovery_results.append(result)
                 if result.returncode != 0:
@@ -1227,9 +1230,16 @@ def _agent_fault(rng: random.Random) -> dict[str, Any]:
     return {"timer_ms": rng.randint(0, 250)}
 
 
-def _resume_at(result: ChildResult, position: int, end: int, rng: random.Random) -> int:
+def _resume_at(
+    result: ChildResult,
+    position: int,
+    end: int,
+    rng: random.Random,
+    recorded: Callable[[int], bool],
+) -> int:
     """Where a restarted agent carries on: after the last finished call, repeating the one it
-    was killed in (same key, as a restarted agent would) half of the time."""
+    was killed in (same key, as a restarted agent would) half of the time, and always when its
+    intent never reached the ledger (so every planned call gets its attempt)."""
     if not result.killed:
         return end
     started, done = result.started(), result.done()
@@ -1238,7 +1248,9 @@ def _resume_at(result: ChildResult, position: int, end: int, rng: random.Random)
     interrupted = started[-1]
     if done and done[-1] == interrupted:
         return interrupted + 1
-    return interrupted if rng.random() < 0.5 else interrupted + 1
+    if not recorded(interrupted) or rng.random() < 0.5:
+        return interrupted
+    return interrupted + 1
 
 
 def run_fuzz(harness: Harness, *, calls: int, seed: int) -> dict[str, Any]:
@@ -1289,7 +1301,13 @@ def run_fuzz(harness: Harness, *, calls: int, seed: int) -> dict[str, Any]:
             results = scene.agents(*specs)
             agent_runs += len(results)
             for i, result in zip(active, results, strict=True):
-                positions[i] = _resume_at(result, positions[i], len(lanes[i]), rng)
+                lane = lanes[i]
+
+                def recorded(index: int, lane: list[dict[str, Any]] = lane) -> bool:
+                    key = lane[index]["idempotency_key"]
+                    return Attempt.objects.using(scene.alias).filter(idempotency_key=key).exists()
+
+                positions[i] = _resume_at(result, positions[i], len(lane), rng, recorded)
             if rounds % 4 == 0:
                 # A reconciler on the way, killed at a random point or by timer (or not at all).
                 roll = rng.random()

@@ -37,7 +37,7 @@ from django.utils import timezone
 from attempts import authority, ledger, states
 from attempts.models import Attempt, EffectClass, State
 from attempts.states import Actor, TransitionError, write_transaction
-from reconciliation.faults import crash_point, mutation
+from reconciliation.faults import arm_kill_timer, crash_point, mutation
 from reconciliation.models import WorkerHeartbeat
 from reconciliation.providers.base import (
     Adapter,
@@ -211,6 +211,7 @@ class Reconciler:
     def run_pass(self, *, stop: threading.Event | None = None) -> Summary:
         """Settle everything due now (once each), then return what was done."""
         stop = stop or threading.Event()
+        arm_kill_timer()  # crashtest's random kill; inert unless fault injection is on
         summary = Summary()
         cutoff = timezone.now()
         registry = Registry.load()
