@@ -3,6 +3,7 @@ invariants of protocol section 7 hold. A deployment gate: exits non-zero on any 
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 import sys
@@ -20,7 +21,7 @@ def _cases(value: str) -> list[str]:
     chosen = [c.strip().upper() for c in value.split(",") if c.strip()]
     unknown = [c for c in chosen if c not in crashtest.CASES]
     if unknown or not chosen:
-        raise ValueError(f"cases are letters among {', '.join(crashtest.CASES)}")
+        raise argparse.ArgumentTypeError(f"cases are letters among {', '.join(crashtest.CASES)}")
     return chosen
 
 
@@ -39,8 +40,7 @@ class Command(BaseCommand):
             "--cases",
             type=_cases,
             default=list(crashtest.CASES),
-            help="Which cases to run, e.g. A,C,F (default: all). --cases none is not allowed; "
-            "use --fuzz N --no-cases for fuzzing only.",
+            help="Which cases to run, e.g. A,C,F (default: all). For fuzzing only: --no-cases --fuzz N.",
         )
         parser.add_argument("--no-cases", action="store_true", help="Skip cases A-F.")
         parser.add_argument(

@@ -1,0 +1,110 @@
+"""``manage.py crashtest`` end to end, as the deployment gate runs it: real agents, reconcilers
+and provider processes on a scratch database of the current vendor (SQLite file, or a scratch
+database on the PostgreSQL server of DATABASE_URL).
+
+The mutation tests are the harness's own test: a deliberately broken ledger (dispatch claimed
+after sending) or reconciler (a blind retry) must make crashtest fail, naming the invariant.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from typing import Any
+
+import pytest
+
+from tests.conftest import PYTHON, REPO
+
+pytestmark = pytest.mark.slow
+
+
+def crashtest(*args: str, **env: str) -> tuple[int, Any, str]:
+    environment = {**os.environ, "PYTHONPATH": str(REPO), **env}
+    done = subprocess.run(
+        [PYTHON, "manage.py", "crashtest", "--quiet", *args],
+        cwd=REPO,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    try:
+        report = json.loads(done.stdout) if "--json" in args else done.stdout
+    except ValueError:
+        report = None
+    return done.returncode, report, done.stderr
+
+
+def failed_invariants(report: dict[str, Any], case: str) -> dict[str, list[str]]:
+    [found] = [c for c in report["cases"] if c["case"] == case]
+    return {n: v["evidence"] for n, v in found["invariants"].items() if not v["passed"]}
+
+
+def test_case_d_passes_every_invariant() -> None:
+    code, report, stderr = crashtest("--cases", "D", "--json")
+    assert code == 0, stderr
+    assert report["passed"] is True
+    [case] = report["cases"]
+    assert case["case"] == "D"
+    assert set(case["invariants"]) == {
+        "once",
+        "settled",
+        "visible",
+        "authority",
+        "owned",
+        "recovery",
+    }
+    assert all(v["passed"] for v in case["invariants"].values())
+    assert case["stats"]["recovery_runs"] == 4  # once, again, and twice at once
+
+
+def test_claiming_the_dispatch_after_sending_is_caught() -> None:
+    code, report, stderr = crashtest("--cases", "D", "--json", "--mutation", "claim_after_send")
+    assert code == 1, stderr
+    assert report["passed"] is False
+    evidence = failed_invariants(report, "D")
+    assert "once" in evidence
+    assert any("performed 2 times" in line for line in evidence["once"])
+
+
+def test_a_blind_retry_in_the_reconciler_is_caught() -> None:
+    code, report, stderr = crashtest("--cases", "F", "--json", "--mutation", "blind_retry")
+    assert code == 1, stderr
+    evidence = failed_invariants(report, "F")
+    assert any("while every lookup timed out" in line for line in evidence["once"])
+
+
+def test_fuzz_reports_its_seed_and_zero_violations() -> None:
+    code, report, stderr = crashtest("--no-cases", "--fuzz", "12", "--seed", "7", "--json")
+    assert code == 0, stderr
+    fuzz = report["fuzz"]
+    assert fuzz["seed"] == 7 and fuzz["calls"] == 12
+    assert fuzz["attempts"] >= 12
+    assert fuzz["duplicate_non_idempotent_effects"] == 0
+    assert fuzz["effects_without_ledger_row"] == 0
+    assert fuzz["unsettled_outside_manual_review"] == 0
+
+
+def test_the_table_names_cases_and_invariants() -> None:
+    code, table, stderr = crashtest("--cases", "A")
+    assert code == 0, stderr
+    assert "case once       settled    visible    authority  owned      recovery" in table
+    assert table.strip().endswith("RESULT: PASS")
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (("--cases", "Z"), {}, "cases are letters"),
+        (("--fuzz", "-1"), {}, "--fuzz must be 0 or more"),
+        (("--no-cases",), {}, "--no-cases needs --fuzz N"),
+        (("--cases", "A"), {"LEDGERWEB_HTTPS": "1"}, "forbids"),
+    ],
+)
+def test_bad_use_is_a_clear_error(args: tuple[str, ...], env: dict[str, str], message: str) -> None:
+    code, _, stderr = crashtest(*args, **env)
+    assert code != 0
+    assert message in stderr
+    assert "Traceback" not in stderr
