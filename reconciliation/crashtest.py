@@ -456,7 +456,6 @@ class Scene:
         # (time, tenant, tool, policy_version, scopes): the grants in force from that moment.
         self.grant_history: list[tuple[dt.datetime, str, str, str, list[str]]] = []
         self.checks: dict[str, Check] = {name: Check() for name, _ in INVARIANTS}
-        self.notes: list[str] = []
 
     @property
     def alias(self) -> str:
@@ -1063,37 +1062,71 @@ def seed_world(alias: str) -> None:
     OwnershipRule.objects.using(alias).create(owner=owner, tenant_pattern="*", tool_pattern="*")
 
 
+def _expect_killed(results: list[ChildResult], point: str) -> None:
+    """A case proves nothing unless its agents really died where the case says."""
+    wrong = [r.fault if r.killed else f"exit {r.returncode}" for r in results]
+    wrong = [w for w in wrong if w != f"agent:{point}"]
+    if wrong:
+        raise HarnessError(f"agents were to be killed at {point}, but: {', '.join(wrong)}")
+
+
+def _kill_a_reconciler(scene: Scene, point: str) -> None:
+    """One recovery worker dies at ``point`` before recovery proper begins; its leases lapse."""
+    scene.wait_until_due()
+    [result] = scene.recover(crash_at=point)
+    if result.fault != f"reconcile:{point}":
+        raise HarnessError(
+            f"the reconciler was to be killed at {point}, but: "
+            f"{result.fault if result.killed else f'exit {result.returncode}'}"
+        )
+
+
 def case_a(scene: Scene) -> None:
-    """Killed after the intent commit: nothing was sent; recovery finds a stale intent."""
-    scene.agents(
+    """Killed after the intent commit: nothing was sent; recovery finds a stale intent (and the
+    first worker to resend it dies after the provider answered, before committing)."""
+    results = scene.agents(
         *(
             {"calls": [_call(tool, f"a:{tool}", 1)], "crash_at": "intent_committed"}
             for tool in CASE_TOOLS
         )
     )
+    _expect_killed(results, "intent_committed")
     scene.checkpoint_owned("after the kills")
+    _kill_a_reconciler(scene, "reconcile_resent")
     scene.recovery_round()
 
 
 def case_b(scene: Scene) -> None:
-    """Killed after the dispatch claim (before the send, and after the request was sent)."""
+    """Killed after the dispatch claim (before the send, and after the request was sent); the
+    first recovery worker dies after its lookups answered, before deciding."""
     specs = []
     for point in ("dispatch_claimed", "request_sent"):
         for tool in CASE_TOOLS:
             specs.append({"calls": [_call(tool, f"b:{point}:{tool}", 2)], "crash_at": point})
-    scene.agents(*specs)
+    results = scene.agents(*specs)
+    for point in ("dispatch_claimed", "request_sent"):
+        _expect_killed(
+            [r for r, spec in zip(results, specs, strict=True) if spec["crash_at"] == point], point
+        )
     scene.checkpoint_owned("after the kills")
+    _kill_a_reconciler(scene, "reconcile_looked_up")
     scene.recovery_round()
 
 
 def case_c(scene: Scene) -> None:
-    """Killed after the provider's response, before the outcome (and the request id) commit."""
+    """Killed after the provider's response, before the outcome (and the request id) commit; the
+    first recovery worker dies right after claiming its batch."""
     specs = []
     for point in ("response_received", "request_id_attached"):
         for tool in CASE_TOOLS:
             specs.append({"calls": [_call(tool, f"c:{point}:{tool}", 3)], "crash_at": point})
-    scene.agents(*specs)
+    results = scene.agents(*specs)
+    for point in ("response_received", "request_id_attached"):
+        _expect_killed(
+            [r for r, spec in zip(results, specs, strict=True) if spec["crash_at"] == point], point
+        )
     scene.checkpoint_owned("after the kills")
+    _kill_a_reconciler(scene, "reconcile_claimed")
     scene.recovery_round()
 
 
@@ -1141,7 +1174,7 @@ def case_e(scene: Scene) -> None:
     )
     unknown = Attempt.objects.using(scene.alias).filter(state=State.UNKNOWN).count()
     if unknown != 2 * len(CASE_TOOLS):
-        scene.notes.append(f"expected {2 * len(CASE_TOOLS)} UNKNOWN attempts, found {unknown}")
+        raise HarnessError(f"{2 * len(CASE_TOOLS)} attempts were to be UNKNOWN, {unknown} are")
     scene.checkpoint_owned("while UNKNOWN")
     for tool in CASE_TOOLS:
         scene.change_grant("acme", tool, policy_version="v2", scopes=[f"{tool}:write"])
@@ -1155,11 +1188,21 @@ def case_f(scene: Scene) -> None:
     for point in ("dispatch_claimed", "request_sent"):
         for tool in CASE_TOOLS:
             specs.append({"calls": [_call(tool, f"f:{point}:{tool}", 6)], "crash_at": point})
-    scene.agents(*specs)
+    results = scene.agents(*specs)
+    for point in ("dispatch_claimed", "request_sent"):
+        _expect_killed(
+            [r for r, spec in zip(results, specs, strict=True) if spec["crash_at"] == point], point
+        )
     before = scene.provider.summary().get("total")
     scene.provider.control(lookup_mode="hang", hang_seconds=TOOL_TIMEOUT + 2)
     scene.recovery_round()
     scene.checkpoint_owned("while lookups time out")
+    looked = Attempt.objects.using(scene.alias).filter(state=State.UNKNOWN, lookup_count__gt=0)
+    if looked.count() != 2 * (len(CASE_TOOLS) - 1):
+        raise HarnessError(
+            f"{2 * (len(CASE_TOOLS) - 1)} attempts were to stay UNKNOWN after timed-out lookups, "
+            f"{looked.count()} did"
+        )
     after = scene.provider.summary().get("total")
     if after != before:
         scene.checks["once"].fail(
