@@ -103,10 +103,12 @@ def run_plan(
     *,
     agent_name: str,
     start: int = 0,
+    count: int | None = None,
     not_before: float | None = None,
     out=sys.stdout,
 ) -> int:
-    """Perform ``calls[start:]`` one by one, printing ``started i`` and ``done i STATE`` lines.
+    """Perform ``calls[start:start + count]`` (all from ``start`` when ``count`` is None) one by
+    one, printing ``started i`` and ``done i STATE`` lines.
 
     ``not_before`` (a Unix time) lets several agents begin the same call at the same moment.
     Returns how many calls were performed.
@@ -116,7 +118,8 @@ def run_plan(
         time.sleep(max(0.0, not_before - time.time()))
     arm_kill_timer()
     done = 0
-    for index in range(start, len(calls)):
+    end = len(calls) if count is None else min(len(calls), start + count)
+    for index in range(start, end):
         call = calls[index]
         print(f"started {index}", file=out, flush=True)
         try:

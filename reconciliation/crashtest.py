@@ -523,6 +523,7 @@ class Scene:
         calls: list[dict[str, Any]],
         *,
         start: int = 0,
+        count: int | None = None,
         crash_at: str | None = None,
         crash_after: int = 1,
         timer_ms: int | None = None,
@@ -533,6 +534,8 @@ class Scene:
         plan = self.folder / f"{self.counter:04d}-plan.json"
         plan.write_text(json.dumps(calls))
         command = ["crashtest_agent", str(plan), "--start", str(start), "--name", name]
+        if count is not None:
+            command += ["--count", str(count)]
         if not_before is not None:
             command += ["--not-before", f"{not_before:.3f}"]
         fault_env: dict[str, str] = {}
@@ -1270,7 +1273,7 @@ def _agent_fault(rng: random.Random) -> dict[str, Any]:
         return {}
     if roll < 0.6:
         return {"crash_at": rng.choice(AGENT_POINTS), "crash_after": rng.randint(1, 4)}
-    return {"timer_ms": rng.randint(0, 250)}
+    return {"timer_ms": rng.randint(0, 150)}
 
 
 def _resume_at(
@@ -1332,11 +1335,13 @@ def run_fuzz(harness: Harness, *, calls: int, seed: int) -> dict[str, Any]:
                 provider_faults += 1
             specs = []
             active = [i for i in range(FUZZ_LANES) if positions[i] < len(lanes[i])]
+            chunks = {i: rng.randint(1, 6) for i in active}
             for i in active:
                 specs.append(
                     {
                         "calls": lanes[i],
                         "start": positions[i],
+                        "count": chunks[i],
                         "name": f"fuzz-agent-{i}",
                         **_agent_fault(rng),
                     }
@@ -1350,7 +1355,8 @@ def run_fuzz(harness: Harness, *, calls: int, seed: int) -> dict[str, Any]:
                     key = lane[index]["idempotency_key"]
                     return Attempt.objects.using(scene.alias).filter(idempotency_key=key).exists()
 
-                positions[i] = _resume_at(result, positions[i], len(lane), rng, recorded)
+                end = min(len(lane), positions[i] + chunks[i])
+                positions[i] = _resume_at(result, positions[i], end, rng, recorded)
             if rounds % 4 == 0:
                 # A reconciler on the way, killed at a random point or by timer (or not at all).
                 roll = rng.random()

@@ -21,6 +21,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("plan", type=Path, help="JSON file: a list of tool calls")
         parser.add_argument("--start", type=int, default=0, help="index of the first call to do")
+        parser.add_argument("--count", type=int, default=None, help="how many calls (default all)")
         parser.add_argument("--name", default="crashtest-agent", help="agent name in history")
         parser.add_argument(
             "--not-before", type=float, default=None, help="Unix time to begin at (races)"
@@ -34,10 +35,13 @@ class Command(BaseCommand):
             raise CommandError(f"cannot read the plan {options['plan']}: {exc}") from None
         if not 0 <= options["start"] <= len(calls):
             raise CommandError(f"--start must be between 0 and {len(calls)}")
+        if options["count"] is not None and options["count"] < 0:
+            raise CommandError("--count must be 0 or more")
         run_plan(
             calls,
             agent_name=options["name"],
             start=options["start"],
+            count=options["count"],
             not_before=options["not_before"],
             out=sys.stdout,
         )
