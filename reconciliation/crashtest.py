@@ -171,15 +171,18 @@ class DatabaseFactory:
         import psycopg
 
         assert self.pg is not None
-        return psycopg.connect(
-            host=self.pg["HOST"] or "127.0.0.1",
-            port=self.pg["PORT"] or 5432,
-            user=self.pg["USER"] or "postgres",
-            password=self.pg["PASSWORD"] or None,
-            dbname=self.pg["NAME"] or "postgres",
-            autocommit=True,
-            connect_timeout=10,
-        )
+        try:
+            return psycopg.connect(
+                host=self.pg["HOST"] or "127.0.0.1",
+                port=self.pg["PORT"] or 5432,
+                user=self.pg["USER"] or "postgres",
+                password=self.pg["PASSWORD"] or None,
+                dbname=self.pg["NAME"] or "postgres",
+                autocommit=True,
+                connect_timeout=10,
+            )
+        except psycopg.Error as exc:
+            raise HarnessError(f"cannot reach the PostgreSQL server: {exc}".strip()) from None
 
     def _pg_url(self, name: str) -> str:
         assert self.pg is not None
@@ -217,11 +220,15 @@ class DatabaseFactory:
                 target.close()
             env = {"LEDGERWEB_SQLITE_PATH": str(path)}
             return ScratchDatabase(alias, label, env, _sqlite_config(path), lambda: None)
+        import psycopg
+
         name = f"crashtest_{self.run_id}_{label}".lower()
         with self._admin() as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
             clause = f' TEMPLATE "crashtest_{self.run_id}_{template}"'.lower() if template else ""
-            admin.execute(f'CREATE DATABASE "{name}"{clause}')
+            try:
+                admin.execute(f'CREATE DATABASE "{name}"{clause}')
+            except psycopg.Error as exc:
+                raise HarnessError(f"cannot create the scratch database {name}: {exc}") from None
         self.created.append(name)
         env = {"DATABASE_URL": self._pg_url(name)}
         return ScratchDatabase(alias, label, env, self._pg_config(name), self._pg_drop(name))
@@ -957,8 +964,8 @@ class Harness:
     ) -> None:
         self.run_id = f"{time.strftime('%Y%m%d%H%M%S')}_{secrets.token_hex(3)}"
         self.run_dir = Path(settings.DATA_DIR) / "crashtest" / self.run_id
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         self.factory = DatabaseFactory(self.run_dir, server_url, self.run_id)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
         self.progress = progress
         self.mutation = mutation
         self.keep = keep
