@@ -463,6 +463,8 @@ class Scene:
         # (time, tenant, tool, policy_version, scopes): the grants in force from that moment.
         self.grant_history: list[tuple[dt.datetime, str, str, str, list[str]]] = []
         self.checks: dict[str, Check] = {name: Check() for name, _ in INVARIANTS}
+        # Faults the case was to inject but did not: the case then proves less, and fails.
+        self.unmet: list[str] = []
 
     @property
     def alias(self) -> str:
@@ -930,10 +932,11 @@ class CaseReport:
     stats: dict[str, Any]
     seconds: float
     error: str = ""
+    unmet: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
-        return not self.error and all(c.passed for c in self.checks.values())
+        return not self.error and not self.unmet and all(c.passed for c in self.checks.values())
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -941,6 +944,7 @@ class CaseReport:
             "title": self.title,
             "passed": self.passed,
             "error": self.error,
+            "faults_not_reached": self.unmet,
             "seconds": round(self.seconds, 2),
             "invariants": {
                 name: {"passed": check.passed, "evidence": check.evidence}
@@ -1037,12 +1041,15 @@ class Harness:
             error = str(exc)
         finally:
             scene.close()
-        report = CaseReport(case, title, scene.checks, stats, time.monotonic() - started, error)
+        report = CaseReport(
+            case, title, scene.checks, stats, time.monotonic() - started, error, scene.unmet
+        )
         failed = [name for name, c in report.checks.items() if not c.passed]
         self.say(
             f"case {case}: {'PASS' if report.passed else 'FAIL'} in {report.seconds:.1f}s"
             + (f" (failed: {', '.join(failed)})" if failed else "")
             + (f" (error: {error})" if error else "")
+            + (f" (fault not reached: {'; '.join(scene.unmet)})" if scene.unmet else "")
         )
         return report
 
@@ -1072,12 +1079,12 @@ def seed_world(alias: str) -> None:
     OwnershipRule.objects.using(alias).create(owner=owner, tenant_pattern="*", tool_pattern="*")
 
 
-def _expect_killed(results: list[ChildResult], point: str) -> None:
-    """A case proves nothing unless its agents really died where the case says."""
+def _expect_killed(scene: Scene, results: list[ChildResult], point: str) -> None:
+    """A case proves little unless its agents really died where the case says."""
     wrong = [r.fault if r.killed else f"exit {r.returncode}" for r in results]
     wrong = [w for w in wrong if w != f"agent:{point}"]
     if wrong:
-        raise HarnessError(f"agents were to be killed at {point}, but: {', '.join(wrong)}")
+        scene.unmet.append(f"agents were to be killed at {point}, but: {', '.join(wrong)}")
 
 
 def _kill_a_reconciler(scene: Scene, point: str) -> None:
@@ -1085,7 +1092,7 @@ def _kill_a_reconciler(scene: Scene, point: str) -> None:
     scene.wait_until_due()
     [result] = scene.recover(crash_at=point)
     if result.fault != f"reconcile:{point}":
-        raise HarnessError(
+        scene.unmet.append(
             f"the reconciler was to be killed at {point}, but: "
             f"{result.fault if result.killed else f'exit {result.returncode}'}"
         )
@@ -1100,7 +1107,7 @@ def case_a(scene: Scene) -> None:
             for tool in CASE_TOOLS
         )
     )
-    _expect_killed(results, "intent_committed")
+    _expect_killed(scene, results, "intent_committed")
     scene.checkpoint_owned("after the kills")
     _kill_a_reconciler(scene, "reconcile_resent")
     scene.recovery_round()
@@ -1116,7 +1123,9 @@ def case_b(scene: Scene) -> None:
     results = scene.agents(*specs)
     for point in ("dispatch_claimed", "request_sent"):
         _expect_killed(
-            [r for r, spec in zip(results, specs, strict=True) if spec["crash_at"] == point], point
+            scene,
+            [r for r, spec in zip(results, specs, strict=True) if spec["crash_at"] == point],
+            point,
         )
     scene.checkpoint_owned("after the kills")
     _kill_a_reconciler(scene, "reconcile_looked_up")
@@ -1133,7 +1142,9 @@ def case_c(scene: Scene) -> None:
     results = scene.agents(*specs)
     for point in ("response_received", "request_id_attached"):
         _expect_killed(
-            [r for r, spec in zip(results, specs, strict=True) if spec["crash_at"] == point], point
+            scene,
+            [r for r, spec in zip(results, specs, strict=True) if spec["crash_at"] == point],
+            point,
         )
     scene.checkpoint_owned("after the kills")
     _kill_a_reconciler(scene, "reconcile_claimed")
@@ -1184,7 +1195,7 @@ def case_e(scene: Scene) -> None:
     )
     unknown = Attempt.objects.using(scene.alias).filter(state=State.UNKNOWN).count()
     if unknown != 2 * len(CASE_TOOLS):
-        raise HarnessError(f"{2 * len(CASE_TOOLS)} attempts were to be UNKNOWN, {unknown} are")
+        scene.unmet.append(f"{2 * len(CASE_TOOLS)} attempts were to be UNKNOWN, {unknown} are")
     scene.checkpoint_owned("while UNKNOWN")
     for tool in CASE_TOOLS:
         scene.change_grant("acme", tool, policy_version="v2", scopes=[f"{tool}:write"])
@@ -1201,7 +1212,9 @@ def case_f(scene: Scene) -> None:
     results = scene.agents(*specs)
     for point in ("dispatch_claimed", "request_sent"):
         _expect_killed(
-            [r for r, spec in zip(results, specs, strict=True) if spec["crash_at"] == point], point
+            scene,
+            [r for r, spec in zip(results, specs, strict=True) if spec["crash_at"] == point],
+            point,
         )
     before = scene.provider.summary().get("total")
     scene.provider.control(lookup_mode="hang", hang_seconds=TOOL_TIMEOUT + 2)
@@ -1209,7 +1222,7 @@ def case_f(scene: Scene) -> None:
     scene.checkpoint_owned("while lookups time out")
     looked = Attempt.objects.using(scene.alias).filter(state=State.UNKNOWN, lookup_count__gt=0)
     if looked.count() != 2 * (len(CASE_TOOLS) - 1):
-        raise HarnessError(
+        scene.unmet.append(
             f"{2 * (len(CASE_TOOLS) - 1)} attempts were to stay UNKNOWN after timed-out lookups, "
             f"{looked.count()} did"
         )
@@ -1481,8 +1494,9 @@ def render_table(
     header = f"{'case':<5}" + "".join(f"{SHORT[n]:<11}" for n in names) + "time"
     lines.append(header)
     failures: list[str] = []
-    rows: list[tuple[str, dict[str, Any], float, str]] = [
-        (r.case, {n: c.passed for n, c in r.checks.items()}, r.seconds, r.error) for r in reports
+    rows: list[tuple[str, dict[str, Any], float, str, bool]] = [
+        (r.case, {n: c.passed for n, c in r.checks.items()}, r.seconds, r.error, bool(r.unmet))
+        for r in reports
     ]
     if fuzz:
         rows.append(
@@ -1491,14 +1505,18 @@ def render_table(
                 {n: v["passed"] for n, v in fuzz["invariants"].items()},
                 fuzz["seconds"],
                 fuzz["error"],
+                False,
             )
         )
-    for case, passed, took, error in rows:
+    for case, passed, took, error, unmet in rows:
         cells = "".join(f"{('PASS' if passed[n] and not error else 'FAIL'):<11}" for n in names)
-        lines.append(f"{case:<5}{cells}{took:.1f}s")
+        lines.append(
+            f"{case:<5}{cells}{took:.1f}s" + ("  FAIL: fault not reached" if unmet else "")
+        )
         if error:
             failures.append(f"case {case}: could not run: {error}")
     for report in reports:
+        failures += [f"case {report.case}: fault not reached: {u}" for u in report.unmet]
         for name, check in report.checks.items():
             failures += [f"case {report.case} / {name}: {e}" for e in check.evidence]
     if fuzz:

@@ -61,12 +61,17 @@ def test_case_d_passes_every_invariant() -> None:
 
 
 def test_claiming_the_dispatch_after_sending_is_caught() -> None:
-    code, report, stderr = crashtest("--cases", "D", "--json", "--mutation", "claim_after_send")
+    # Case C kills the agent after the provider answered: with the claim after the send, the
+    # ledger still says "nothing was sent" and recovery sends a second time.
+    code, report, stderr = crashtest("--cases", "C", "--json", "--mutation", "claim_after_send")
     assert code == 1, stderr
     assert report["passed"] is False
-    evidence = failed_invariants(report, "D")
+    evidence = failed_invariants(report, "C")
     assert "once" in evidence
     assert any("performed 2 times" in line for line in evidence["once"])
+    # The broken path never reaches the request-id point: the report says so too.
+    [case] = report["cases"]
+    assert any("request_id_attached" in line for line in case["faults_not_reached"])
 
 
 def test_a_blind_retry_in_the_reconciler_is_caught() -> None:
@@ -101,6 +106,8 @@ def test_the_table_names_cases_and_invariants() -> None:
         (("--fuzz", "-1"), {}, "--fuzz must be 0 or more"),
         (("--no-cases",), {}, "--no-cases needs --fuzz N"),
         (("--cases", "A"), {"LEDGERWEB_HTTPS": "1"}, "forbids"),
+        (("--database-url", "mysql://a@localhost/x"), {}, "must be a postgres:// URL"),
+        (("--database-url", "postgres://nobody@127.0.0.1:1/x"), {}, "cannot reach the PostgreSQL"),
     ],
 )
 def test_bad_use_is_a_clear_error(args: tuple[str, ...], env: dict[str, str], message: str) -> None:
