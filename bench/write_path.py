@@ -146,7 +146,16 @@ def raw_calls(db_path: Path, n: int, prefix: str) -> float:
             " lookup_count, next_check_at, lease_owner, created_at, updated_at)"
             " VALUES (?, 'acme', ?, 'update_crm', ?, ?, ?, 'INTENT_RECORDED', 1, '', '', 'v1',"
             " '[\"crm\"]', '', 0, 0, 0, ?, '', ?, ?)",
-            (attempt_id, f"task-{i}", canonical.decode(), args_hash, f"{prefix}-{i}", now, now, now),
+            (
+                attempt_id,
+                f"task-{i}",
+                canonical.decode(),
+                args_hash,
+                f"{prefix}-{i}",
+                now,
+                now,
+                now,
+            ),
         )
         details = {"idempotency_key": f"{prefix}-{i}", "args_hash": args_hash}
         event(cur.lastrowid, attempt_id, "attempt.created", "", "INTENT_RECORDED", details, now)
@@ -164,7 +173,9 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=2000, help="tool calls per round")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of each")
     args = parser.parse_args()
-    workdir = Path(tempfile.mkdtemp(prefix="lw-bench-", dir=REPO / "var" if (REPO / "var").exists() else None))
+    workdir = Path(
+        tempfile.mkdtemp(prefix="lw-bench-", dir=REPO / "var" if (REPO / "var").exists() else None)
+    )
     try:
         db_path = workdir / "bench.sqlite3"
         setup_django(db_path)
@@ -176,10 +187,14 @@ def main() -> None:
             api_times.append(api_calls(args.calls, f"api{r}"))
         api, raw = statistics.median(api_times), statistics.median(raw_times)
         print(f"write path: {args.calls} tool calls x {args.rounds} rounds, 4 durable commits each")
-        print(f"  raw sqlite3 : {raw:7.3f} s  {args.calls / raw:8.1f} calls/s  "
-              f"{raw / args.calls * 1e3:6.2f} ms/call")
-        print(f"  ledger API  : {api:7.3f} s  {args.calls / api:8.1f} calls/s  "
-              f"{api / args.calls * 1e3:6.2f} ms/call")
+        print(
+            f"  raw sqlite3 : {raw:7.3f} s  {args.calls / raw:8.1f} calls/s  "
+            f"{raw / args.calls * 1e3:6.2f} ms/call"
+        )
+        print(
+            f"  ledger API  : {api:7.3f} s  {args.calls / api:8.1f} calls/s  "
+            f"{api / args.calls * 1e3:6.2f} ms/call"
+        )
         print(f"  ratio API/raw: {api / raw:.2f}x (target <= 2.0x)")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
