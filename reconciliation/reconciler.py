@@ -586,7 +586,7 @@ class Reconciler:
         attempt: Attempt,
         to_state: str | None,
         *,
-        reason: str,
+        reason: str = "",
         action: str | None = None,
         details: dict[str, Any] | None = None,
         fields: dict[str, Any] | None = None,

@@ -92,6 +92,12 @@ class DemoProvider:
             tool.save()
 
 
+@pytest.fixture(autouse=True)
+def fast_password_hashing(settings) -> None:
+    """The world's named users are created per test; slow hashing adds nothing here."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 @pytest.fixture
 def demo(tmp_path: Path) -> Iterator[DemoProvider]:
     provider = DemoProvider(tmp_path)
