@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from attempts import ledger
@@ -142,3 +143,37 @@ def dispatched(world, tool: str, key: str, args: dict[str, Any] | None = None) -
 def unknown(world, tool: str, key: str, args: dict[str, Any] | None = None) -> Attempt:
     attempt = dispatched(world, tool, key, args)
     return ledger.mark_unknown(attempt, reason="agent timed out", actor=world.agent)
+
+
+# ------------------------------------------------------------------------------ committed data
+# Tests whose data other processes must see use transactional_db, whose teardown empties every
+# table. History is append-only in the database itself (triggers refuse DELETE and TRUNCATE), so
+# these fixtures lift the triggers for that flush only and put them back right after it.
+
+
+def _history_triggers(enable: bool) -> None:
+    from importlib import import_module
+
+    migration = import_module("attempts.migrations.0002_event_append_only")
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            action = "ENABLE" if enable else "DISABLE"
+            cursor.execute(f"ALTER TABLE {migration.TABLE} {action} TRIGGER USER")
+        else:
+            for sql in migration.SQLITE_FORWARD if enable else migration.SQLITE_BACKWARD:
+                cursor.execute(sql)
+
+
+@pytest.fixture
+def _restore_history_triggers(django_db_setup, django_db_blocker) -> Iterator[None]:
+    yield
+    with django_db_blocker.unblock():
+        _history_triggers(enable=True)
+
+
+@pytest.fixture
+def committed_db(_restore_history_triggers, transactional_db, settings) -> Iterator[None]:
+    """Committed data visible to child processes; emptied (history included) afterwards."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    yield
+    _history_triggers(enable=False)
