@@ -13,7 +13,6 @@ from typing import Any
 from urllib.parse import urlencode
 
 import pytest
-from django.db import connection
 from django.utils import timezone
 
 from attempts import ledger
@@ -93,12 +92,6 @@ class DemoProvider:
             tool.save()
 
 
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings) -> None:
-    """The world's named users are created per test; slow hashing adds nothing here."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 @pytest.fixture
 def demo(tmp_path: Path) -> Iterator[DemoProvider]:
     provider = DemoProvider(tmp_path)
@@ -144,36 +137,3 @@ def unknown(world, tool: str, key: str, args: dict[str, Any] | None = None) -> A
     attempt = dispatched(world, tool, key, args)
     return ledger.mark_unknown(attempt, reason="agent timed out", actor=world.agent)
 
-
-# ------------------------------------------------------------------------------ committed data
-# Tests whose data other processes must see use transactional_db, whose teardown empties every
-# table. History is append-only in the database itself (triggers refuse DELETE and TRUNCATE), so
-# these fixtures lift the triggers for that flush only and put them back right after it.
-
-
-def _history_triggers(enable: bool) -> None:
-    from importlib import import_module
-
-    migration = import_module("attempts.migrations.0002_event_append_only")
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            action = "ENABLE" if enable else "DISABLE"
-            cursor.execute(f"ALTER TABLE {migration.TABLE} {action} TRIGGER USER")
-        else:
-            for sql in migration.SQLITE_FORWARD if enable else migration.SQLITE_BACKWARD:
-                cursor.execute(sql)
-
-
-@pytest.fixture
-def _restore_history_triggers(django_db_setup, django_db_blocker) -> Iterator[None]:
-    yield
-    with django_db_blocker.unblock():
-        _history_triggers(enable=True)
-
-
-@pytest.fixture
-def committed_db(_restore_history_triggers, transactional_db, settings) -> Iterator[None]:
-    """Committed data visible to child processes; emptied (history included) afterwards."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-    yield
-    _history_triggers(enable=False)

@@ -58,7 +58,7 @@ def _reconcile_process(worker: str, *extra: str) -> subprocess.Popen[str]:
 
 
 @pytest.mark.slow
-def test_three_workers_at_once_settle_every_attempt_exactly_once(committed_db, demo) -> None:
+def test_three_workers_at_once_settle_every_attempt_exactly_once(transactional_db, demo) -> None:
     make_world()
     demo.configure_tools(timeout=10)
     _bulk_unknown(ATTEMPTS, demo)
@@ -156,7 +156,7 @@ def test_a_leased_attempt_is_not_claimed_until_its_lease_expires(wired, demo) ->
     assert Attempt.objects.get(pk=attempt.pk).state == State.OUTCOME_CONFIRMED
 
 
-def test_sigterm_stops_the_loop_cleanly_after_in_flight_work(committed_db, demo) -> None:
+def test_sigterm_stops_the_loop_cleanly_after_in_flight_work(transactional_db, demo) -> None:
     world = make_world()
     demo.configure_tools(timeout=10)
     attempts = [make_due(unknown(world, "open_ticket", f"t:{i}", {"i": i})) for i in range(4)]
