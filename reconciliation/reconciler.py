@@ -22,7 +22,9 @@ import logging
 import os
 import random
 import socket
+import sys
 import threading
+import time
 import uuid
 from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -43,7 +45,6 @@ from reconciliation.providers.base import (
     Call,
     LookupAnswer,
     LookupStatus,
-    ProviderError,
     SendAnswer,
     SendStatus,
 )
@@ -53,6 +54,18 @@ log = logging.getLogger("ledgerweb.reconciler")
 
 # How long a claim lasts at least; longer when a tool's timeout asks for it.
 MIN_LEASE_SECONDS = 60.0
+
+
+# Lookups and sends run in pool threads that mostly wait on sockets, and the main thread is the
+# only database writer. Under CPython's default 5 ms switch interval each SQL statement of the
+# writer can wait that long for the GIL behind a thread parsing an HTTP answer, so a worker process
+# asks for a shorter one.
+WORKER_SWITCH_INTERVAL = 0.0005
+
+
+def tune_worker_process() -> None:
+    """Process-wide settings for a dedicated reconcile worker process (see above)."""
+    sys.setswitchinterval(WORKER_SWITCH_INTERVAL)
 
 
 def new_worker_id() -> str:
@@ -143,6 +156,10 @@ def _run_job(job: _Job) -> LookupAnswer | _SendResult:
 class Reconciler:
     """Claims due attempts and settles them by the decision table of protocol section 6."""
 
+    # Finished answers are written together: at most this many, or after this many seconds.
+    FLUSH_SIZE = 100
+    FLUSH_AFTER = 0.05
+
     def __init__(
         self,
         *,
@@ -168,8 +185,10 @@ class Reconciler:
         if self.lease_seconds is not None:
             return dt.timedelta(seconds=self.lease_seconds)
         timeouts = [t.timeout_seconds for name in tool_names if (t := registry.tool(name))]
-        # A lookup, a send and its confirming lookup, plus time waiting for a pool thread.
-        return dt.timedelta(seconds=max(MIN_LEASE_SECONDS, 4 * max(timeouts, default=0)))
+        # A lookup, a send and its confirming lookup, after waiting behind a claimed batch that
+        # may all time out.
+        rounds = 3 + self.batch_size / self.concurrency
+        return dt.timedelta(seconds=max(MIN_LEASE_SECONDS, rounds * max(timeouts, default=0)))
 
     def claim(self, *, cutoff: dt.datetime, limit: int, lease: dt.timedelta) -> list[Attempt]:
         """Claim up to ``limit`` attempts due at ``cutoff`` whose lease is free.
@@ -186,54 +205,86 @@ class Reconciler:
             candidates = Attempt.objects.due(cutoff).filter(free).order_by("next_check_at", "id")
             if connection.vendor == "postgresql":
                 candidates = candidates.select_for_update(skip_locked=True)
-            for pk, version in candidates.values_list("pk", "version")[:limit]:
-                changed = (
-                    Attempt.objects.filter(pk=pk, version=version)
-                    .filter(free)
-                    .update(
-                        lease_owner=self.worker_id,
-                        lease_until=now + lease,
-                        version=F("version") + 1,
-                    )
-                )
-                if changed == 1:
-                    claimed.append(pk)
+            rows = list(candidates.values_list("pk", "version")[:limit])
+            if rows:
+                claimed = self._claim_rows(rows, now=now, lease_until=now + lease)
             return list(
                 Attempt.objects.filter(pk__in=claimed, lease_owner=self.worker_id).order_by(
                     "next_check_at", "id"
                 )
             )
 
+    def _claim_rows(
+        self, rows: list[tuple[int, int]], *, now: dt.datetime, lease_until: dt.datetime
+    ) -> list[int]:
+        """One conditional UPDATE per candidate; a row counts as claimed only if exactly one
+        row changed. (Plain SQL: this runs for every attempt and the ORM would dominate it.)"""
+        ops = connection.ops
+        table = ops.quote_name(Attempt._meta.db_table)
+        sql = (
+            f"UPDATE {table} SET lease_owner = %s, lease_until = %s, version = version + 1 "  # noqa: S608
+            "WHERE id = %s AND version = %s AND (lease_until IS NULL OR lease_until < %s)"
+        )
+        owner = self.worker_id
+        until = ops.adapt_datetimefield_value(lease_until)
+        at = ops.adapt_datetimefield_value(now)
+        claimed = []
+        with connection.cursor() as cursor:
+            for pk, version in rows:
+                cursor.execute(sql, [owner, until, pk, version, at])
+                if cursor.rowcount == 1:
+                    claimed.append(pk)
+        return claimed
+
     # -----------------------------------------------------------------------------------------
     # One pass
 
     def run_pass(self, *, stop: threading.Event | None = None) -> Summary:
-        """Settle everything due now (once each), then return what was done."""
+        """Settle everything due now (once each), then return what was done.
+
+        Claimed attempts go to the pool at once; finished answers are written in groups (up to
+        ``FLUSH_SIZE`` answers, or whatever finished within ``FLUSH_AFTER`` seconds), so a slow
+        commit is paid once per group rather than once per attempt.
+        """
         stop = stop or threading.Event()
         summary = Summary()
         cutoff = timezone.now()
         registry = Registry.load()
         lease = self._lease_for(registry, registry.tool_names)
         in_flight: dict[Future, _Job] = {}
+        finished: list[tuple[_Job, Any]] = []
+        first_finished_at = 0.0
         exhausted = False
         with ThreadPoolExecutor(self.concurrency, thread_name_prefix="reconcile") as pool:
             while True:
-                room = 2 * self.concurrency - len(in_flight)
-                if not exhausted and not stop.is_set() and room >= self.concurrency:
-                    batch = self.claim(cutoff=cutoff, limit=min(self.batch_size, room), lease=lease)
+                if not exhausted and not stop.is_set() and len(in_flight) <= self.batch_size // 2:
+                    batch = self.claim(cutoff=cutoff, limit=self.batch_size, lease=lease)
                     summary.claimed += len(batch)
-                    if not batch:
-                        exhausted = True
+                    exhausted = not batch
                     for job in self._prepare(batch, registry, summary):
                         in_flight[pool.submit(_run_job, job)] = job
-                if not in_flight:
+                if not in_flight and not finished:
                     if exhausted or stop.is_set():
                         break
                     continue
-                done, _ = wait(list(in_flight), return_when=FIRST_COMPLETED)
-                finished = [(in_flight.pop(future), future.result()) for future in done]
-                for job in self._apply(finished, summary):
-                    in_flight[pool.submit(_run_job, job)] = job
+                if in_flight:
+                    timeout = None
+                    if finished:
+                        timeout = max(
+                            0.0, self.FLUSH_AFTER - (time.monotonic() - first_finished_at)
+                        )
+                    done, _ = wait(list(in_flight), timeout=timeout, return_when=FIRST_COMPLETED)
+                    if done and not finished:
+                        first_finished_at = time.monotonic()
+                    finished += [(in_flight.pop(future), future.result()) for future in done]
+                if finished and (
+                    not in_flight
+                    or len(finished) >= self.FLUSH_SIZE
+                    or time.monotonic() - first_finished_at >= self.FLUSH_AFTER
+                ):
+                    for job in self._apply(finished, summary):
+                        in_flight[pool.submit(_run_job, job)] = job
+                    finished = []
         return summary
 
     def run_once(self, *, stop: threading.Event | None = None) -> Summary:
@@ -268,13 +319,21 @@ class Reconciler:
 
     def _prepare(self, batch: list[Attempt], registry: Registry, summary: Summary) -> list[_Job]:
         jobs: list[_Job] = []
-        if not batch:
-            return jobs
-        with write_transaction():
-            for attempt in batch:
-                job = self._guarded(summary, self._prepare_one, attempt, registry, summary)
-                if job is not None:
-                    jobs.append(job)
+        needs_write = []
+        for attempt in batch:
+            adapter, problems = registry.usable(attempt.tool_name)
+            if attempt.state == State.UNKNOWN and adapter is not None and not problems:
+                if adapter.can_look_up:
+                    # The common case writes nothing before its lookup.
+                    jobs.append(_Job("lookup", attempt, adapter, Call.of(attempt)))
+                    continue
+            needs_write.append(attempt)
+        if needs_write:
+            with write_transaction():
+                for attempt in needs_write:
+                    job = self._guarded(summary, self._prepare_one, attempt, registry, summary)
+                    if job is not None:
+                        jobs.append(job)
         return jobs
 
     def _guarded(self, summary: Summary, step, attempt: Attempt, *args: Any) -> Any:
@@ -293,11 +352,7 @@ class Reconciler:
             return None
 
     def _prepare_one(self, attempt: Attempt, registry: Registry, summary: Summary) -> _Job | None:
-        try:
-            adapter = registry.get(attempt.tool_name)
-            problems = adapter.check()
-        except ProviderError as exc:
-            adapter, problems = None, [str(exc)]
+        adapter, problems = registry.usable(attempt.tool_name)
         if adapter is None or problems:
             return self._blocked(attempt, "; ".join(problems), summary)
         if attempt.state in (State.INTENT_RECORDED, State.FAILED_RETRYABLE):
