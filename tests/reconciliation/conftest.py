@@ -136,4 +136,3 @@ def dispatched(world, tool: str, key: str, args: dict[str, Any] | None = None) -
 def unknown(world, tool: str, key: str, args: dict[str, Any] | None = None) -> Attempt:
     attempt = dispatched(world, tool, key, args)
     return ledger.mark_unknown(attempt, reason="agent timed out", actor=world.agent)
-

@@ -105,7 +105,9 @@ def test_not_found_idempotent_authority_holds_is_sent_again_with_the_same_key(wi
     assert effect["ledger_attempt_id"] == attempt.attempt_id
     assert effect["ledger_args_hash"] == attempt.args_hash
     assert attempt.provider_request_id == effect["id"]
-    assert [e.details["lookup"]["answer"] for e in attempt.events.all() if "lookup" in e.details] == [
+    assert [
+        e.details["lookup"]["answer"] for e in attempt.events.all() if "lookup" in e.details
+    ] == [
         "not_found",
         "found",
     ]
