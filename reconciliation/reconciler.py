@@ -336,9 +336,17 @@ class Reconciler:
                         jobs.append(job)
         return jobs
 
-    def _guarded(self, summary: Summary, step, attempt: Attempt, *args: Any) -> Any:
-        """Run one attempt's step in a savepoint: a lost race leaves that attempt alone."""
+    def _guarded(
+        self, summary: Summary, step, attempt: Attempt, *args: Any, savepoint: bool = True
+    ) -> Any:
+        """Run one attempt's step so that a lost race leaves that attempt alone.
+
+        Steps of several writes run in a savepoint. A step that is a single ``states.move`` may
+        skip it: a lost compare-and-set raises before anything is written.
+        """
         try:
+            if not savepoint:
+                return step(attempt, *args)
             with transaction.atomic():
                 return step(attempt, *args)
         except (TransitionError, ledger.StateConflict) as exc:
@@ -346,6 +354,8 @@ class Reconciler:
             log.info("attempt %s changed under us: %s", attempt.attempt_id, exc)
             return None
         except IntegrityError:
+            if not savepoint:
+                raise
             # Leave this attempt for the next pass; one bad row must not stall the batch.
             summary.outcomes["errors"] += 1
             log.exception("attempt %s could not be settled", attempt.attempt_id)
@@ -390,7 +400,9 @@ class Reconciler:
             None,
             action="attempt.recovery_blocked",
             reason=f"tool is not usable for recovery: {why}",
-            next_check_at=self._next_check(attempt.lookup_count),
+            # A configuration problem waits for a person (reconciliation.W001 reports it): look
+            # again after the longest backoff rather than writing history every few seconds.
+            next_check_at=timezone.now() + dt.timedelta(seconds=settings.LEDGER["BACKOFF_CAP"]),
         )
         summary.outcomes["blocked"] += 1
         return None
@@ -446,7 +458,11 @@ class Reconciler:
                     if result.confirmation is not None:
                         summary.lookups += 1
                     step = self._after_send
-                follow_up = self._guarded(summary, step, job.attempt, job, result, summary)
+                # Answers settled by one move need no savepoint (see _guarded).
+                single_move = job.kind == "lookup" and result.status != LookupStatus.NOT_FOUND
+                follow_up = self._guarded(
+                    summary, step, job.attempt, job, result, summary, savepoint=not single_move
+                )
                 if follow_up is not None:
                     jobs.append(follow_up)
         return jobs
