@@ -13,7 +13,7 @@ It prints wall times, throughput, the speed-up over serial (per attempt, and dir
 size when the serial baseline covered that size) and the 5,000 / 1,000 cost ratio (linear cost
 means about 5). Target: at least 8x faster than serial, linear cost.
 
-Usage: .venv/bin/python bench/reconcile.py [--concurrency 32] [--serial 1000] [--sizes 1000 5000]
+Usage: .venv/bin/python bench/reconcile.py [--concurrency 16] [--serial 1000] [--sizes 1000 5000]
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ def _run_group(ids: list[int], *, concurrency: int, batch_size: int) -> tuple[fl
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--serial", type=int, default=1000, help="attempts in the serial baseline")
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 5000])
     parser.add_argument("--latency-ms", type=float, default=20.0)
