@@ -27,6 +27,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
@@ -293,7 +294,9 @@ class Reconciler:
         self.heartbeat(summary)
         return summary
 
-    def heartbeat(self, summary: Summary | None = None, *, started_at: dt.datetime | None = None):
+    def heartbeat(
+        self, summary: Summary | None = None, *, started_at: dt.datetime | None = None
+    ) -> None:
         """Record that this worker is alive (``/healthz`` reads the freshest heartbeat)."""
         now = timezone.now()
         summary = summary or Summary()
@@ -337,7 +340,12 @@ class Reconciler:
         return jobs
 
     def _guarded(
-        self, summary: Summary, step, attempt: Attempt, *args: Any, savepoint: bool = True
+        self,
+        summary: Summary,
+        step: Callable[..., Any],
+        attempt: Attempt,
+        *args: Any,
+        savepoint: bool = True,
     ) -> Any:
         """Run one attempt's step so that a lost race leaves that attempt alone.
 

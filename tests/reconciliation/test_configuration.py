@@ -286,3 +286,25 @@ def test_check_reports_a_deployment_without_any_owner(world, settings) -> None:
     assert "attempts.W001" in _ids()
     settings.LEDGER = {**settings.LEDGER, "DEFAULT_OWNER": "admin"}
     assert "attempts.W001" not in _ids()
+
+
+class AmbiguousAdapter(RecordingAdapter):
+    """A provider whose lookup answers something that is neither found nor not found."""
+
+    def lookup(self, call: Call) -> LookupAnswer:
+        return LookupAnswer(LookupStatus.AMBIGUOUS, detail="two partial matches")
+
+
+def test_an_ambiguous_answer_keeps_the_attempt_unknown(world) -> None:
+    Tool.objects.filter(name="update_crm").update(
+        adapter="tests.reconciliation.test_configuration.AmbiguousAdapter"
+    )
+    attempt = make_due(unknown(world, "update_crm", "c:amb", {"a": 1}))
+
+    summary = Reconciler(worker_id="t").run_pass()
+
+    attempt.refresh_from_db()
+    assert attempt.state == "UNKNOWN"
+    assert attempt.send_count == 1
+    assert attempt.events.last().details["lookup"]["answer"] == "ambiguous"
+    assert summary.outcomes["still_unknown"] == 1

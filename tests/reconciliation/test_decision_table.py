@@ -438,3 +438,17 @@ def test_provider_unreachable_on_resend_is_a_retryable_refusal(wired, demo) -> N
     assert attempt.state == State.FAILED_RETRYABLE
     send = [e.details["send"] for e in attempt.events.all() if "send" in e.details][0]
     assert send["answer"] == "refused" and send["retryable"] is True
+
+
+def test_several_effects_under_one_key_go_to_review(wired, demo) -> None:
+    """A provider that did not honour the key performed the effect twice: a person must know."""
+    attempt = make_due(unknown(wired, "open_ticket", "t:dup", ARGS))
+    demo.control(tools={"open_ticket": {"honour_keys": False}})
+    demo.inject("open_ticket", "t:dup", ARGS)
+    demo.inject("open_ticket", "t:dup", ARGS)
+
+    reconcile()
+
+    attempt = reload(attempt)
+    assert (attempt.state, attempt.review_reason) == (State.MANUAL_REVIEW, "duplicate_effects")
+    assert lookup_events(attempt)[0]["count"] == 2
