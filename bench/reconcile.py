@@ -203,6 +203,11 @@ def main() -> None:
             if size == args.serial:
                 line += f" (direct, same n: {serial_s / wall:.1f}x)"
             print(line + f"  lookups={summary['lookups']}")
+            floor = size * args.latency_ms / 1000
+            print(
+                f"    vs the ideal serial floor (n x latency = {floor:.1f}s, zero overhead): "
+                f"{floor / wall:.1f}x"
+            )
         sizes = sorted(walls)
         if len(sizes) >= 2:
             small, large = sizes[0], sizes[-1]
