@@ -452,3 +452,25 @@ def test_several_effects_under_one_key_go_to_review(wired, demo) -> None:
     attempt = reload(attempt)
     assert (attempt.state, attempt.review_reason) == (State.MANUAL_REVIEW, "duplicate_effects")
     assert lookup_events(attempt)[0]["count"] == 2
+
+
+def test_critical_not_found_is_sent_only_after_two_reviewers_approve_a_linked_retry(
+    wired, demo
+) -> None:
+    attempt = make_due(unknown(wired, "send_invoice_email", "inv:4eyes", ARGS))
+    reconcile()
+    attempt = reload(attempt)
+    assert attempt.state == State.MANUAL_REVIEW
+
+    assert ledger.approve_linked_retry(attempt, user=wired.reviewer) is None  # one of two
+    reconcile()
+    assert demo.summary()["total"] == 0
+    child = ledger.approve_linked_retry(attempt, user=wired.reviewer2)
+    reconcile()
+
+    child = reload(child)
+    assert child.state == State.OUTCOME_CONFIRMED
+    assert child.parent_id == attempt.pk
+    [effect] = demo.effects()
+    assert effect["idempotency_key"] == child.idempotency_key
+    assert reload(attempt).state == State.RECONCILED
