@@ -22,9 +22,12 @@ import logging
 import os
 import random
 import socket
+import sys
 import threading
+import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,7 +47,6 @@ from reconciliation.providers.base import (
     Call,
     LookupAnswer,
     LookupStatus,
-    ProviderError,
     SendAnswer,
     SendStatus,
 )
@@ -54,6 +56,18 @@ log = logging.getLogger("ledgerweb.reconciler")
 
 # How long a claim lasts at least; longer when a tool's timeout asks for it.
 MIN_LEASE_SECONDS = 60.0
+
+
+# Lookups and sends run in pool threads that mostly wait on sockets, and the main thread is the
+# only database writer. Under CPython's default 5 ms switch interval each SQL statement of the
+# writer can wait that long for the GIL behind a thread parsing an HTTP answer, so a worker process
+# asks for a shorter one.
+WORKER_SWITCH_INTERVAL = 0.0005
+
+
+def tune_worker_process() -> None:
+    """Process-wide settings for a dedicated reconcile worker process (see above)."""
+    sys.setswitchinterval(WORKER_SWITCH_INTERVAL)
 
 
 def new_worker_id() -> str:
@@ -144,6 +158,10 @@ def _run_job(job: _Job) -> LookupAnswer | _SendResult:
 class Reconciler:
     """Claims due attempts and settles them by the decision table of protocol section 6."""
 
+    # Finished answers are written together: at most this many, or after this many seconds.
+    FLUSH_SIZE = 100
+    FLUSH_AFTER = 0.05
+
     def __init__(
         self,
         *,
@@ -169,8 +187,10 @@ class Reconciler:
         if self.lease_seconds is not None:
             return dt.timedelta(seconds=self.lease_seconds)
         timeouts = [t.timeout_seconds for name in tool_names if (t := registry.tool(name))]
-        # A lookup, a send and its confirming lookup, plus time waiting for a pool thread.
-        return dt.timedelta(seconds=max(MIN_LEASE_SECONDS, 4 * max(timeouts, default=0)))
+        # A lookup, a send and its confirming lookup, after waiting behind a claimed batch that
+        # may all time out.
+        rounds = 3 + self.batch_size / self.concurrency
+        return dt.timedelta(seconds=max(MIN_LEASE_SECONDS, rounds * max(timeouts, default=0)))
 
     def claim(self, *, cutoff: dt.datetime, limit: int, lease: dt.timedelta) -> list[Attempt]:
         """Claim up to ``limit`` attempts due at ``cutoff`` whose lease is free.
@@ -187,29 +207,47 @@ class Reconciler:
             candidates = Attempt.objects.due(cutoff).filter(free).order_by("next_check_at", "id")
             if connection.vendor == "postgresql":
                 candidates = candidates.select_for_update(skip_locked=True)
-            for pk, version in candidates.values_list("pk", "version")[:limit]:
-                changed = (
-                    Attempt.objects.filter(pk=pk, version=version)
-                    .filter(free)
-                    .update(
-                        lease_owner=self.worker_id,
-                        lease_until=now + lease,
-                        version=F("version") + 1,
-                    )
-                )
-                if changed == 1:
-                    claimed.append(pk)
+            rows = list(candidates.values_list("pk", "version")[:limit])
+            if rows:
+                claimed = self._claim_rows(rows, now=now, lease_until=now + lease)
             return list(
                 Attempt.objects.filter(pk__in=claimed, lease_owner=self.worker_id).order_by(
                     "next_check_at", "id"
                 )
             )
 
+    def _claim_rows(
+        self, rows: list[tuple[int, int]], *, now: dt.datetime, lease_until: dt.datetime
+    ) -> list[int]:
+        """One conditional UPDATE per candidate; a row counts as claimed only if exactly one
+        row changed. (Plain SQL: this runs for every attempt and the ORM would dominate it.)"""
+        ops = connection.ops
+        table = ops.quote_name(Attempt._meta.db_table)
+        sql = (
+            f"UPDATE {table} SET lease_owner = %s, lease_until = %s, version = version + 1 "  # noqa: S608
+            "WHERE id = %s AND version = %s AND (lease_until IS NULL OR lease_until < %s)"
+        )
+        owner = self.worker_id
+        until = ops.adapt_datetimefield_value(lease_until)
+        at = ops.adapt_datetimefield_value(now)
+        claimed = []
+        with connection.cursor() as cursor:
+            for pk, version in rows:
+                cursor.execute(sql, [owner, until, pk, version, at])
+                if cursor.rowcount == 1:
+                    claimed.append(pk)
+        return claimed
+
     # -----------------------------------------------------------------------------------------
     # One pass
 
     def run_pass(self, *, stop: threading.Event | None = None) -> Summary:
-        """Settle everything due now (once each), then return what was done."""
+        """Settle everything due now (once each), then return what was done.
+
+        Claimed attempts go to the pool at once; finished answers are written in groups (up to
+        ``FLUSH_SIZE`` answers, or whatever finished within ``FLUSH_AFTER`` seconds), so a slow
+        commit is paid once per group rather than once per attempt.
+        """
         stop = stop or threading.Event()
         arm_kill_timer()  # crashtest's random kill; inert unless fault injection is on
         summary = Summary()
@@ -217,27 +255,41 @@ class Reconciler:
         registry = Registry.load()
         lease = self._lease_for(registry, registry.tool_names)
         in_flight: dict[Future, _Job] = {}
+        finished: list[tuple[_Job, Any]] = []
+        first_finished_at = 0.0
         exhausted = False
         with ThreadPoolExecutor(self.concurrency, thread_name_prefix="reconcile") as pool:
             while True:
-                room = 2 * self.concurrency - len(in_flight)
-                if not exhausted and not stop.is_set() and room >= self.concurrency:
-                    batch = self.claim(cutoff=cutoff, limit=min(self.batch_size, room), lease=lease)
+                if not exhausted and not stop.is_set() and len(in_flight) <= self.batch_size // 2:
+                    batch = self.claim(cutoff=cutoff, limit=self.batch_size, lease=lease)
                     if batch:
                         crash_point("reconcile_claimed")
                     summary.claimed += len(batch)
-                    if not batch:
-                        exhausted = True
+                    exhausted = not batch
                     for job in self._prepare(batch, registry, summary):
                         in_flight[pool.submit(_run_job, job)] = job
-                if not in_flight:
+                if not in_flight and not finished:
                     if exhausted or stop.is_set():
                         break
                     continue
-                done, _ = wait(list(in_flight), return_when=FIRST_COMPLETED)
-                finished = [(in_flight.pop(future), future.result()) for future in done]
-                for job in self._apply(finished, summary):
-                    in_flight[pool.submit(_run_job, job)] = job
+                if in_flight:
+                    timeout = None
+                    if finished:
+                        timeout = max(
+                            0.0, self.FLUSH_AFTER - (time.monotonic() - first_finished_at)
+                        )
+                    done, _ = wait(list(in_flight), timeout=timeout, return_when=FIRST_COMPLETED)
+                    if done and not finished:
+                        first_finished_at = time.monotonic()
+                    finished += [(in_flight.pop(future), future.result()) for future in done]
+                if finished and (
+                    not in_flight
+                    or len(finished) >= self.FLUSH_SIZE
+                    or time.monotonic() - first_finished_at >= self.FLUSH_AFTER
+                ):
+                    for job in self._apply(finished, summary):
+                        in_flight[pool.submit(_run_job, job)] = job
+                    finished = []
         return summary
 
     def run_once(self, *, stop: threading.Event | None = None) -> Summary:
@@ -246,7 +298,9 @@ class Reconciler:
         self.heartbeat(summary)
         return summary
 
-    def heartbeat(self, summary: Summary | None = None, *, started_at: dt.datetime | None = None):
+    def heartbeat(
+        self, summary: Summary | None = None, *, started_at: dt.datetime | None = None
+    ) -> None:
         """Record that this worker is alive (``/healthz`` reads the freshest heartbeat)."""
         now = timezone.now()
         summary = summary or Summary()
@@ -272,18 +326,39 @@ class Reconciler:
 
     def _prepare(self, batch: list[Attempt], registry: Registry, summary: Summary) -> list[_Job]:
         jobs: list[_Job] = []
-        if not batch:
-            return jobs
-        with write_transaction():
-            for attempt in batch:
-                job = self._guarded(summary, self._prepare_one, attempt, registry, summary)
-                if job is not None:
-                    jobs.append(job)
+        needs_write = []
+        for attempt in batch:
+            adapter, problems = registry.usable(attempt.tool_name)
+            if attempt.state == State.UNKNOWN and adapter is not None and not problems:
+                if adapter.can_look_up:
+                    # The common case writes nothing before its lookup.
+                    jobs.append(_Job("lookup", attempt, adapter, Call.of(attempt)))
+                    continue
+            needs_write.append(attempt)
+        if needs_write:
+            with write_transaction():
+                for attempt in needs_write:
+                    job = self._guarded(summary, self._prepare_one, attempt, registry, summary)
+                    if job is not None:
+                        jobs.append(job)
         return jobs
 
-    def _guarded(self, summary: Summary, step, attempt: Attempt, *args: Any) -> Any:
-        """Run one attempt's step in a savepoint: a lost race leaves that attempt alone."""
+    def _guarded(
+        self,
+        summary: Summary,
+        step: Callable[..., Any],
+        attempt: Attempt,
+        *args: Any,
+        savepoint: bool = True,
+    ) -> Any:
+        """Run one attempt's step so that a lost race leaves that attempt alone.
+
+        Steps of several writes run in a savepoint. A step that is a single ``states.move`` may
+        skip it: a lost compare-and-set raises before anything is written.
+        """
         try:
+            if not savepoint:
+                return step(attempt, *args)
             with transaction.atomic():
                 return step(attempt, *args)
         except (TransitionError, ledger.StateConflict) as exc:
@@ -291,17 +366,15 @@ class Reconciler:
             log.info("attempt %s changed under us: %s", attempt.attempt_id, exc)
             return None
         except IntegrityError:
+            if not savepoint:
+                raise
             # Leave this attempt for the next pass; one bad row must not stall the batch.
             summary.outcomes["errors"] += 1
             log.exception("attempt %s could not be settled", attempt.attempt_id)
             return None
 
     def _prepare_one(self, attempt: Attempt, registry: Registry, summary: Summary) -> _Job | None:
-        try:
-            adapter = registry.get(attempt.tool_name)
-            problems = adapter.check()
-        except ProviderError as exc:
-            adapter, problems = None, [str(exc)]
+        adapter, problems = registry.usable(attempt.tool_name)
         if adapter is None or problems:
             return self._blocked(attempt, "; ".join(problems), summary)
         if attempt.state in (State.INTENT_RECORDED, State.FAILED_RETRYABLE):
@@ -341,7 +414,9 @@ class Reconciler:
             None,
             action="attempt.recovery_blocked",
             reason=f"tool is not usable for recovery: {why}",
-            next_check_at=self._next_check(attempt.lookup_count),
+            # A configuration problem waits for a person (reconciliation.W001 reports it): look
+            # again after the longest backoff rather than writing history every few seconds.
+            next_check_at=timezone.now() + dt.timedelta(seconds=settings.LEDGER["BACKOFF_CAP"]),
         )
         summary.outcomes["blocked"] += 1
         return None
@@ -399,7 +474,11 @@ class Reconciler:
                     if result.confirmation is not None:
                         summary.lookups += 1
                     step = self._after_send
-                follow_up = self._guarded(summary, step, job.attempt, job, result, summary)
+                # Answers settled by one move need no savepoint (see _guarded).
+                single_move = job.kind == "lookup" and result.status != LookupStatus.NOT_FOUND
+                follow_up = self._guarded(
+                    summary, step, job.attempt, job, result, summary, savepoint=not single_move
+                )
                 if follow_up is not None:
                     jobs.append(follow_up)
         return jobs
@@ -563,7 +642,6 @@ class Reconciler:
                     attempt,
                     None,
                     action="attempt.provider_request_attached",
-                    reason="the provider answered with its request id",
                     fields={"provider_request_id": answer.provider_request_id},
                     keep_lease=True,
                 )
@@ -595,7 +673,7 @@ class Reconciler:
         attempt: Attempt,
         to_state: str | None,
         *,
-        reason: str,
+        reason: str = "",
         action: str | None = None,
         details: dict[str, Any] | None = None,
         fields: dict[str, Any] | None = None,

@@ -68,7 +68,10 @@ def _request(
 ) -> _Answer:
     """One HTTP exchange on a fresh connection. Raises _Unsent when nothing was sent, and
     OSError / http.client.HTTPException when the exchange broke after that."""
-    parts = _split(url)
+    try:
+        parts = _split(url)
+    except ValueError as exc:
+        raise _Unsent(str(exc)) from exc
     connection_class = (
         http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     )
@@ -155,7 +158,7 @@ class GenericHttpAdapter(Adapter):
         except _Unsent as exc:
             # Nothing left this machine, so nothing can have happened: safe to send again.
             return SendAnswer(SendStatus.REFUSED, retryable=True, detail=f"not sent: {exc}")
-        except (OSError, http.client.HTTPException, ValueError) as exc:
+        except (OSError, http.client.HTTPException) as exc:
             return SendAnswer(SendStatus.UNCERTAIN, detail=_error_text(exc))
         body = answer.json()
         if 200 <= answer.status < 300:
@@ -195,7 +198,7 @@ class GenericHttpAdapter(Adapter):
                 headers={"Accept": "application/json"},
                 timeout=self.timeout,
             )
-        except (_Unsent, OSError, http.client.HTTPException, ValueError) as exc:
+        except (_Unsent, OSError, http.client.HTTPException) as exc:
             return LookupAnswer(
                 LookupStatus.UNAVAILABLE,
                 detail=_error_text(exc.__cause__ if isinstance(exc, _Unsent) else exc),

@@ -44,6 +44,7 @@ class Registry:
     def __init__(self, tools: list[Tool]) -> None:
         self._tools = {tool.name: tool for tool in tools}
         self._adapters: dict[str, Adapter] = {}
+        self._usable: dict[str, tuple[Adapter | None, list[str]]] = {}
 
     @classmethod
     def load(cls) -> Registry:
@@ -64,3 +65,13 @@ class Registry:
                 raise ProviderError(f"tool {tool_name!r} is not configured")
             self._adapters[tool_name] = adapter_for(tool)
         return self._adapters[tool_name]
+
+    def usable(self, tool_name: str) -> tuple[Adapter | None, list[str]]:
+        """The adapter and its configuration problems (checked once per registry)."""
+        if tool_name not in self._usable:
+            try:
+                adapter = self.get(tool_name)
+                self._usable[tool_name] = (adapter, adapter.check())
+            except ProviderError as exc:
+                self._usable[tool_name] = (None, [str(exc)])
+        return self._usable[tool_name]

@@ -105,7 +105,9 @@ def test_not_found_idempotent_authority_holds_is_sent_again_with_the_same_key(wi
     assert effect["ledger_attempt_id"] == attempt.attempt_id
     assert effect["ledger_args_hash"] == attempt.args_hash
     assert attempt.provider_request_id == effect["id"]
-    assert [e.details["lookup"]["answer"] for e in attempt.events.all() if "lookup" in e.details] == [
+    assert [
+        e.details["lookup"]["answer"] for e in attempt.events.all() if "lookup" in e.details
+    ] == [
         "not_found",
         "found",
     ]
@@ -436,3 +438,39 @@ def test_provider_unreachable_on_resend_is_a_retryable_refusal(wired, demo) -> N
     assert attempt.state == State.FAILED_RETRYABLE
     send = [e.details["send"] for e in attempt.events.all() if "send" in e.details][0]
     assert send["answer"] == "refused" and send["retryable"] is True
+
+
+def test_several_effects_under_one_key_go_to_review(wired, demo) -> None:
+    """A provider that did not honour the key performed the effect twice: a person must know."""
+    attempt = make_due(unknown(wired, "open_ticket", "t:dup", ARGS))
+    demo.control(tools={"open_ticket": {"honour_keys": False}})
+    demo.inject("open_ticket", "t:dup", ARGS)
+    demo.inject("open_ticket", "t:dup", ARGS)
+
+    reconcile()
+
+    attempt = reload(attempt)
+    assert (attempt.state, attempt.review_reason) == (State.MANUAL_REVIEW, "duplicate_effects")
+    assert lookup_events(attempt)[0]["count"] == 2
+
+
+def test_critical_not_found_is_sent_only_after_two_reviewers_approve_a_linked_retry(
+    wired, demo
+) -> None:
+    attempt = make_due(unknown(wired, "send_invoice_email", "inv:4eyes", ARGS))
+    reconcile()
+    attempt = reload(attempt)
+    assert attempt.state == State.MANUAL_REVIEW
+
+    assert ledger.approve_linked_retry(attempt, user=wired.reviewer) is None  # one of two
+    reconcile()
+    assert demo.summary()["total"] == 0
+    child = ledger.approve_linked_retry(attempt, user=wired.reviewer2)
+    reconcile()
+
+    child = reload(child)
+    assert child.state == State.OUTCOME_CONFIRMED
+    assert child.parent_id == attempt.pk
+    [effect] = demo.effects()
+    assert effect["idempotency_key"] == child.idempotency_key
+    assert reload(attempt).state == State.RECONCILED

@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -118,13 +119,17 @@ class Command(BaseCommand):
         except ValidationError as exc:
             problems = "; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items())
             raise CommandError(f"{where}: {problems}") from None
+        for name in ("dispatch_url", "lookup_url"):
+            url = getattr(tool, name)
+            if url and urlsplit(url).scheme not in ("http", "https"):
+                raise CommandError(f"{where}: {name} must be an http(s) URL")
         try:
             problems = adapter_for(tool).check()
         except ProviderError as exc:
             raise CommandError(f"{where}: {exc}") from None
-        if problems:
-            raise CommandError(f"{where}: {'; '.join(problems)}")
         tool.save()
         flags = ", critical" if tool.critical else ""
         action = "created" if created else "updated"
-        return f"{action} {tool.name} ({tool.effect_class}{flags}, adapter {tool.adapter})"
+        line = f"{action} {tool.name} ({tool.effect_class}{flags}, adapter {tool.adapter})"
+        # Loadable but not yet usable by recovery (e.g. no lookup URL yet): say so, plainly.
+        return line + "".join(f"\n  warning: {problem}" for problem in problems)

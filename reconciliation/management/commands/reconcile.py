@@ -11,7 +11,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, close_old_connections
 
-from reconciliation.reconciler import Reconciler, Summary
+from reconciliation.reconciler import Reconciler, Summary, tune_worker_process
 
 
 def _positive_int(value: str) -> int:
@@ -80,6 +80,7 @@ class Command(BaseCommand):
             batch_size=options["batch_size"],
             lease_seconds=options["lease_seconds"],
         )
+        tune_worker_process()
         stop = threading.Event()
         previous = {
             sig: signal.signal(sig, lambda *_: stop.set())
