@@ -4,27 +4,24 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+
     initial = True
 
-    dependencies = []
+    dependencies = [
+    ]
 
     operations = [
         migrations.CreateModel(
-            name="WorkerHeartbeat",
+            name='WorkerHeartbeat',
             fields=[
-                (
-                    "id",
-                    models.BigAutoField(
-                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
-                    ),
-                ),
-                ("worker_id", models.CharField(max_length=100, unique=True)),
-                ("hostname", models.CharField(max_length=200)),
-                ("pid", models.PositiveIntegerField()),
-                ("started_at", models.DateTimeField()),
-                ("last_seen", models.DateTimeField(db_index=True)),
-                ("settled_total", models.PositiveBigIntegerField(default=0)),
-                ("lookups_total", models.PositiveBigIntegerField(default=0)),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('worker_id', models.CharField(max_length=100, unique=True)),
+                ('hostname', models.CharField(max_length=200)),
+                ('pid', models.PositiveIntegerField()),
+                ('started_at', models.DateTimeField()),
+                ('last_seen', models.DateTimeField(db_index=True)),
+                ('settled_total', models.PositiveBigIntegerField(default=0)),
+                ('lookups_total', models.PositiveBigIntegerField(default=0)),
             ],
         ),
     ]
