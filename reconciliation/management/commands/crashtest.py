@@ -116,7 +116,7 @@ class Command(BaseCommand):
                 harness.prepare()
                 if not options["no_cases"]:
                     for case in options["cases"]:
-                        reports.append(harness.run_case(case))
+                        reports.append(crashtest.run_case(harness, case))
                 if options["fuzz"]:
                     fuzz = crashtest.run_fuzz(harness, calls=options["fuzz"], seed=seed)
                 harness.failed = not all(r.passed for r in reports) or bool(

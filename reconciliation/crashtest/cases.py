@@ -1,0 +1,237 @@
+"""Cases A-F of protocol section 8: real agents and reconcilers killed at named points, then
+recovery once, again, and twice at once."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from attempts.models import Attempt, EffectClass, State
+from reconciliation.crashtest.harness import (
+    CASE_TOOLS,
+    SETTLED,
+    TOOL_TIMEOUT,
+    TOOLS,
+    CaseReport,
+    ChildResult,
+    Harness,
+    HarnessError,
+    Scene,
+)
+from reconciliation.crashtest.invariants import checkpoint_owned, verify
+
+
+def tool_call(tool: str, key: str, n: int, tenant: str = "acme") -> dict[str, Any]:
+    """One planned call for the crashtest agent (its key names the logical effect)."""
+    return {
+        "tenant": tenant,
+        "task_id": f"task-{key}",
+        "tool_name": tool,
+        "idempotency_key": key,
+        "args": {"ref": key, "n": n, "note": "crashtest ✓"},
+    }
+
+
+def _expect_killed(scene: Scene, results: list[ChildResult], point: str) -> None:
+    """A case proves little unless its agents really died where the case says."""
+    wrong = [r.fault if r.killed else f"exit {r.returncode}" for r in results]
+    wrong = [w for w in wrong if w != f"agent:{point}"]
+    if wrong:
+        scene.unmet.append(f"agents were to be killed at {point}, but: {', '.join(wrong)}")
+
+
+def _kill_a_reconciler(scene: Scene, point: str) -> None:
+    """One recovery worker dies at ``point`` before recovery proper begins; its leases lapse."""
+    scene.wait_until_due()
+    [result] = scene.recover(crash_at=point)
+    if result.fault != f"reconcile:{point}":
+        scene.unmet.append(
+            f"the reconciler was to be killed at {point}, but: "
+            f"{result.fault if result.killed else f'exit {result.returncode}'}"
+        )
+
+
+def case_a(scene: Scene) -> None:
+    """Killed after the intent commit: nothing was sent; recovery finds a stale intent (and the
+    first worker to resend it dies after the provider answered, before committing)."""
+    results = scene.agents(
+        *(
+            {"calls": [tool_call(tool, f"a:{tool}", 1)], "crash_at": "intent_committed"}
+            for tool in CASE_TOOLS
+        )
+    )
+    _expect_killed(scene, results, "intent_committed")
+    checkpoint_owned(scene, "after the kills")
+    _kill_a_reconciler(scene, "reconcile_resent")
+    scene.recovery_round()
+
+
+def case_b(scene: Scene) -> None:
+    """Killed after the dispatch claim (before the send, and after the request was sent); the
+    first recovery worker dies after its lookups answered, before deciding."""
+    specs = []
+    for point in ("dispatch_claimed", "request_sent"):
+        for tool in CASE_TOOLS:
+            specs.append({"calls": [tool_call(tool, f"b:{point}:{tool}", 2)], "crash_at": point})
+    results = scene.agents(*specs)
+    for point in ("dispatch_claimed", "request_sent"):
+        _expect_killed(
+            scene,
+            [r for r, spec in zip(results, specs, strict=True) if spec["crash_at"] == point],
+            point,
+        )
+    checkpoint_owned(scene, "after the kills")
+    _kill_a_reconciler(scene, "reconcile_looked_up")
+    scene.recovery_round()
+
+
+def case_c(scene: Scene) -> None:
+    """Killed after the provider's response, before the outcome (and the request id) commit; the
+    first recovery worker dies right after claiming its batch."""
+    specs = []
+    for point in ("response_received", "request_id_attached"):
+        for tool in CASE_TOOLS:
+            specs.append({"calls": [tool_call(tool, f"c:{point}:{tool}", 3)], "crash_at": point})
+    results = scene.agents(*specs)
+    for point in ("response_received", "request_id_attached"):
+        _expect_killed(
+            scene,
+            [r for r, spec in zip(results, specs, strict=True) if spec["crash_at"] == point],
+            point,
+        )
+    checkpoint_owned(scene, "after the kills")
+    _kill_a_reconciler(scene, "reconcile_claimed")
+    scene.recovery_round()
+
+
+def case_d(scene: Scene) -> None:
+    """The same task delivered to two workers at once; one of each pair dies after the response
+    if it is the one that sent."""
+    not_before = time.time() + 3.0
+    specs = []
+    for tool in CASE_TOOLS:
+        call = [tool_call(tool, f"d:{tool}", 4)]
+        specs.append(
+            {
+                "calls": call,
+                "not_before": not_before,
+                "crash_at": "response_received",
+                "name": "worker-1",
+            }
+        )
+        specs.append({"calls": call, "not_before": not_before, "name": "worker-2"})
+    scene.agents(*specs)
+    checkpoint_owned(scene, "after the race")
+    scene.recovery_round()
+
+
+def case_e(scene: Scene) -> None:
+    """Authority changes while attempts are UNKNOWN: the provider swallows the answer (with and
+    without performing the effect), then the grant moves to a new policy with fewer scopes."""
+    for mode in ("hang_before_effect", "drop_after_effect"):
+        scene.provider.control(
+            tools={
+                tool: {
+                    "send_mode": mode,
+                    "hang_seconds": TOOL_TIMEOUT + 1,
+                    "honour_keys": TOOLS[tool][0] == EffectClass.IDEMPOTENT,
+                }
+                for tool in CASE_TOOLS
+            }
+        )
+        scene.agents(*({"calls": [tool_call(tool, f"e:{mode}:{tool}", 5)]} for tool in CASE_TOOLS))
+    scene.provider.control(
+        tools={
+            tool: {"send_mode": "ok", "honour_keys": TOOLS[tool][0] == EffectClass.IDEMPOTENT}
+            for tool in CASE_TOOLS
+        }
+    )
+    unknown = Attempt.objects.using(scene.alias).filter(state=State.UNKNOWN).count()
+    if unknown != 2 * len(CASE_TOOLS):
+        scene.unmet.append(f"{2 * len(CASE_TOOLS)} attempts were to be UNKNOWN, {unknown} are")
+    checkpoint_owned(scene, "while UNKNOWN")
+    for tool in CASE_TOOLS:
+        scene.change_grant("acme", tool, policy_version="v2", scopes=[f"{tool}:write"])
+    scene.recovery_round()
+
+
+def case_f(scene: Scene) -> None:
+    """The provider's lookup times out: nothing may be resent or decided on a timeout; once the
+    lookup answers again, recovery settles everything."""
+    specs = []
+    for point in ("dispatch_claimed", "request_sent"):
+        for tool in CASE_TOOLS:
+            specs.append({"calls": [tool_call(tool, f"f:{point}:{tool}", 6)], "crash_at": point})
+    results = scene.agents(*specs)
+    for point in ("dispatch_claimed", "request_sent"):
+        _expect_killed(
+            scene,
+            [r for r, spec in zip(results, specs, strict=True) if spec["crash_at"] == point],
+            point,
+        )
+    before = scene.provider.summary().get("total")
+    scene.provider.control(lookup_mode="hang", hang_seconds=TOOL_TIMEOUT + 2)
+    scene.recovery_round()
+    checkpoint_owned(scene, "while lookups time out")
+    looked = Attempt.objects.using(scene.alias).filter(state=State.UNKNOWN, lookup_count__gt=0)
+    if looked.count() != 2 * (len(CASE_TOOLS) - 1):
+        scene.unmet.append(
+            f"{2 * (len(CASE_TOOLS) - 1)} attempts were to stay UNKNOWN after timed-out lookups, "
+            f"{looked.count()} did"
+        )
+    after = scene.provider.summary().get("total")
+    if after != before:
+        scene.checks["once"].fail(
+            f"the provider performed {after - before} effect(s) while every lookup timed out: "
+            "something was resent without a lookup answer"
+        )
+    for attempt in Attempt.objects.using(scene.alias).filter(
+        state__in=SETTLED | {State.RECONCILED}
+    ):
+        if attempt.state != State.MANUAL_REVIEW:
+            scene.checks["settled"].fail(
+                f"{attempt.attempt_id} was settled as {attempt.state} while every lookup timed out"
+            )
+    scene.provider.control(lookup_mode="ok")
+    scene.recovery_round()
+
+
+CASES: dict[str, tuple[str, Callable[[Scene], None]]] = {
+    "A": ("kill after the intent commit, before dispatch", case_a),
+    "B": ("kill after the dispatch claim and send, before local acknowledgment", case_b),
+    "C": ("kill after the provider's response, before the outcome commit", case_c),
+    "D": ("the same task delivered to two workers at once", case_d),
+    "E": ("authorization changed while the attempt is UNKNOWN", case_e),
+    "F": ("the provider's lookup times out", case_f),
+}
+
+
+def run_case(harness: Harness, case: str) -> CaseReport:
+    """Run one case in its own scene and check every invariant."""
+    title, body = CASES[case]
+    harness.say(f"case {case}: {title}")
+    started = time.monotonic()
+    scene = harness.scene(f"case_{case.lower()}")
+    error = ""
+    stats: dict[str, Any] = {}
+    try:
+        scene.open()
+        body(scene)
+        verify(scene)
+        stats = scene.stats()
+    except HarnessError as exc:
+        error = str(exc)
+    finally:
+        scene.close()
+    report = CaseReport(
+        case, title, scene.checks, stats, time.monotonic() - started, error, scene.unmet
+    )
+    failed = [name for name, c in report.checks.items() if not c.passed]
+    harness.say(
+        f"case {case}: {'PASS' if report.passed else 'FAIL'} in {report.seconds:.1f}s"
+        + (f" (failed: {', '.join(failed)})" if failed else "")
+        + (f" (error: {error})" if error else "")
+        + (f" (fault not reached: {'; '.join(scene.unmet)})" if scene.unmet else "")
+    )
+    return report
