@@ -56,7 +56,7 @@ def _agent_fault(rng: random.Random) -> dict[str, Any]:
         return {}
     if roll < 0.6:
         return {"crash_at": rng.choice(AGENT_POINTS), "crash_after": rng.randint(1, 4)}
-    return {"timer_ms": rng.randint(0, 150)}
+    return {"timer_ms": rng.randint(0, 80)}
 
 
 def _resume_at(
