@@ -5,12 +5,15 @@ Only ``attempts.states`` changes ``Attempt.state``; everything else asks it.
 
 from __future__ import annotations
 
+import datetime as dt
+import hashlib
 import os
+import secrets
 import time
 from typing import TYPE_CHECKING
 
 from django.conf import settings
-from django.db import models
+from django.db import models, transaction
 from django.db.models import Q
 
 if TYPE_CHECKING:
@@ -292,5 +295,74 @@ class AgentToken(models.Model):
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
 
+    TOKEN_PREFIX = "lwt_"  # noqa: S105 (a public marker, not a secret)
+    # Writing last_used_at costs a write per request; once a minute per token is enough.
+    LAST_USED_RESOLUTION = 60
+
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
+
+    @staticmethod
+    def hash_token(raw: str) -> str:
+        return hashlib.sha256(raw.encode("utf-8")).hexdigest()
+
+    @classmethod
+    def issue(
+        cls, name: str, tenants: list[str], *, created_by: AbstractBaseUser | None = None
+    ) -> tuple[AgentToken, str]:
+        """Create a token for agent ``name`` allowed ``tenants``; returns (token, raw secret).
+
+        The raw secret is shown once: only its SHA-256 is stored.
+        """
+        token = cls(name=name, created_by=created_by)
+        raw = token.rotate_secret()
+        with transaction.atomic():
+            token.save(force_insert=True)
+            token.tenants.set(tenants)
+        return token, raw
+
+    def rotate_secret(self) -> str:
+        """Give an unsaved (admin-created) token its secret; returns the raw value, shown once."""
+        raw = self.TOKEN_PREFIX + secrets.token_urlsafe(32)
+        self.token_hash = self.hash_token(raw)
+        self.prefix = raw[: len(self.TOKEN_PREFIX) + 6]
+        return raw
+
+    @classmethod
+    def authenticate(cls, raw: str) -> AgentToken | None:
+        """The live (not revoked) token whose secret is ``raw``, with ``tenant_slugs`` loaded."""
+        if not raw or len(raw) > 200:
+            return None
+        token = cls.objects.filter(token_hash=cls.hash_token(raw), revoked_at__isnull=True).first()
+        if token is None:
+            return None
+        token.tenant_slugs = frozenset(token.tenants.values_list("slug", flat=True))
+        token.touch()
+        return token
+
+    def touch(self) -> None:
+        """Record use, at most once per LAST_USED_RESOLUTION seconds per token."""
+        from django.utils import timezone
+
+        now = timezone.now()
+        cutoff = now - dt.timedelta(seconds=self.LAST_USED_RESOLUTION)
+        if self.last_used_at is not None and self.last_used_at > cutoff:
+            return
+        AgentToken.objects.filter(pk=self.pk).filter(
+            Q(last_used_at__isnull=True) | Q(last_used_at__lte=cutoff)
+        ).update(last_used_at=now)
+        self.last_used_at = now
+
+    @property
+    def is_revoked(self) -> bool:
+        return self.revoked_at is not None
+
+    def revoke(self) -> bool:
+        """Revoke the token (idempotent). Returns whether this call revoked it."""
+        from django.utils import timezone
+
+        changed = AgentToken.objects.filter(pk=self.pk, revoked_at__isnull=True).update(
+            revoked_at=timezone.now()
+        )
+        self.refresh_from_db(fields=["revoked_at"])
+        return bool(changed)

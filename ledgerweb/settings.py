@@ -225,3 +225,13 @@ LEDGER = {
     # Fault injection (crash points) is only possible in non-production settings.
     "FAULTS_ALLOWED": env_bool("LEDGERWEB_FAULTS_ALLOWED", not HTTPS),
 }
+
+# Operations endpoints (docs/operations.md). /metrics answers loopback clients, or anyone sending
+# "Authorization: Bearer <LEDGERWEB_METRICS_TOKEN>"; behind a reverse proxy on the same host set
+# LEDGERWEB_METRICS_ALLOW_LOOPBACK=0 so proxied requests need the token.
+OPS = {
+    "HEARTBEAT_MAX_AGE": env_int("LEDGERWEB_HEARTBEAT_MAX_AGE", 60, minimum=1),
+    "HEALTHZ_REQUIRE_WORKER": env_bool("LEDGERWEB_HEALTHZ_REQUIRE_WORKER", True),
+    "METRICS_TOKEN": env_str("LEDGERWEB_METRICS_TOKEN"),
+    "METRICS_ALLOW_LOOPBACK": env_bool("LEDGERWEB_METRICS_ALLOW_LOOPBACK", True),
+}
