@@ -105,9 +105,3 @@ def ledger_snapshot() -> tuple[int, int, list[tuple[str, int]]]:
         AttemptEvent.objects.count(),
         list(Attempt.objects.order_by("id").values_list("attempt_id", "version")),
     )
-
-
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings) -> None:
-    """The world fixture creates seven users; real PBKDF2 makes that seconds per test."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -373,7 +373,9 @@ def test_confirm_unknown_with_a_late_receipt(api: Api) -> None:
 @pytest.mark.parametrize(("retryable", "state"), [(True, "FAILED_RETRYABLE"), (False, "FAILED")])
 def test_fail_200(api: Api, retryable: bool, state: str) -> None:
     attempt_id = dispatched(api)
-    answer = api.post(f"attempts/{attempt_id}/fail", {"reason": "card declined", "retryable": retryable})
+    answer = api.post(
+        f"attempts/{attempt_id}/fail", {"reason": "card declined", "retryable": retryable}
+    )
     assert (answer.status, answer.body["attempt"]["state"]) == (200, state)
 
 
@@ -456,7 +458,9 @@ def test_list_by_idempotency_key_is_scoped_to_the_token(api: Api, tokens: Tokens
 
 
 def test_list_paginates_with_a_cursor(api: Api, tokens: Tokens) -> None:
-    ids = [api.intent(f"k:page:{n}", task_id="t-page").body["attempt"]["attempt_id"] for n in range(5)]
+    ids = [
+        api.intent(f"k:page:{n}", task_id="t-page").body["attempt"]["attempt_id"] for n in range(5)
+    ]
     api.post("attempts", intent_body("k:globex", tenant="globex"), token=tokens.globex)
     seen: list[str] = []
     after = ""
