@@ -211,6 +211,9 @@ class Provider:
         except (http.client.RemoteDisconnected, ConnectionError) as exc:
             raise ProviderLostResponse(f"connection closed before the answer: {exc}") from exc
         if status in (200, 201):
+            if attempt.tool_name == "deploy_service":
+                # The deploy system has no lookup; its answer is a durable deployment receipt.
+                return SendResult(provider_request_id=body["id"], result_ref=f"deploy:{body['id']}")
             return SendResult(provider_request_id=body["id"])
         error = (body or {}).get("error", {}) if isinstance(body, dict) else {}
         code = error.get("code", str(status)) if isinstance(error, dict) else str(status)
@@ -274,11 +277,12 @@ def _intent(task: Task) -> dict[str, Any]:
 
 def _confirm_by_lookup(provider: Provider, attempt: Any) -> str | None:
     """A durable result reference: the provider's lookup, with a matching payload hash."""
-    if attempt.tool_name == "deploy_service":
-        return None  # manual class: no lookup; reconciliation hands it to a person if needed
-    found = provider.lookup(attempt.tool_name, attempt.idempotency_key)
-    if found and found.get("args_hash") == attempt.args_hash:
-        return f"lookup:{found['id']}"
+    for pause in (0.0, 0.2, 0.5):
+        time.sleep(pause)
+        found = provider.lookup(attempt.tool_name, attempt.idempotency_key)
+        if found is not None:
+            # A different payload hash is not a confirmation: leave it to reconciliation.
+            return f"lookup:{found['id']}" if found.get("args_hash") == attempt.args_hash else None
     return None
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
-from attempts.models import AgentToken, Tenant
+from attempts.models import ATTENTION_STATES, AgentToken, Attempt, Tenant
 from reconciliation import demo_agents
 
 
@@ -22,6 +22,12 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser) -> None:
         demo_agents.add_arguments(parser, token_required=False)
+        parser.add_argument(
+            "--if-queues-empty",
+            action="store_true",
+            help="run the tasks only when no UNKNOWN or MANUAL_REVIEW work exists (the provider "
+            "is configured either way)",
+        )
 
     def handle(self, *args, **options) -> None:
         if options["tasks"] < 0 or options["agents"] < 1:
@@ -31,6 +37,14 @@ class Command(BaseCommand):
         )
         if not tenants:
             raise CommandError("the demo tenants do not exist: run manage.py seed_demo first")
+        if (
+            options["if_queues_empty"]
+            and Attempt.objects.filter(state__in=ATTENTION_STATES).exists()
+        ):
+            self.stdout.write(
+                "demo agents: the queues already hold work; configuring the provider only"
+            )
+            options["tasks"] = 0
         token_row = None
         token = options["token"]
         if not token:
