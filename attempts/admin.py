@@ -22,7 +22,15 @@ class AgentTokenAdmin(admin.ModelAdmin):
     def get_fields(self, request, obj=None):
         if obj is None:
             return ["name", "tenants"]
-        return ["name", "prefix", "tenants", "created_by", "created_at", "last_used_at", "revoked_at"]
+        return [
+            "name",
+            "prefix",
+            "tenants",
+            "created_by",
+            "created_at",
+            "last_used_at",
+            "revoked_at",
+        ]
 
     def get_readonly_fields(self, request, obj=None):
         if obj is None:

@@ -249,6 +249,25 @@ def _actor(token: AgentToken) -> Actor:
     return Actor.agent(token.name)
 
 
+def _log(event: str, attempt: Attempt, token: AgentToken, **fields: Any) -> None:
+    """One structured log line per change: key=value text, and the same fields as ``extra``
+    (top-level keys with LEDGERWEB_LOG_FORMAT=json)."""
+    values = {
+        "attempt_id": attempt.attempt_id,
+        "tenant": attempt.tenant_id,
+        "tool": attempt.tool_name,
+        "state": attempt.state,
+        "agent": token.name,
+        **fields,
+    }
+    log.info(
+        "%s %s",
+        event,
+        " ".join(f"{k}={v}" for k, v in values.items()),
+        extra={"event": event, **values},
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # Views
 
@@ -296,14 +315,7 @@ def _record_intent(request: HttpRequest, token: AgentToken) -> JsonResponse:
             raise ApiError(413, "too_large", exc.message) from None
         raise
     if created:
-        log.info(
-            "attempt.intent_recorded attempt_id=%s tenant=%s tool=%s agent=%s key=%s",
-            attempt.attempt_id,
-            attempt.tenant_id,
-            attempt.tool_name,
-            token.name,
-            attempt.idempotency_key,
-        )
+        _log("attempt.intent_recorded", attempt, token, key=attempt.idempotency_key)
     response = _attempt_response(attempt, 201 if created else 200, created=created)
     response["Location"] = f"{API_PREFIX}v1/attempts/{attempt.attempt_id}"
     return response
@@ -362,7 +374,7 @@ def attempt_dispatch(request: HttpRequest, token: AgentToken, attempt_id: str) -
             "dispatched; do not send (reconciliation resends UNKNOWN work after a lookup)",
             extra={"attempt": attempt_json(attempt)},
         )
-    log.info("attempt.dispatch_claimed attempt_id=%s agent=%s", attempt.attempt_id, token.name)
+    _log("attempt.dispatch_claimed", attempt, token)
     return _attempt_response(attempt, dispatch=True)
 
 
@@ -388,11 +400,7 @@ def attempt_provider_request(
         actor=_actor(token),
         tenants=set(token.tenant_slugs),
     )
-    log.info(
-        "attempt.provider_request attempt_id=%s provider_request_id=%s",
-        attempt.attempt_id,
-        attempt.provider_request_id,
-    )
+    _log("attempt.provider_request", attempt, token, provider_request_id=provider_request_id)
     return _attempt_response(attempt)
 
 
@@ -408,7 +416,7 @@ def attempt_confirm(request: HttpRequest, token: AgentToken, attempt_id: str) ->
         actor=_actor(token),
         tenants=set(token.tenant_slugs),
     )
-    log.info("attempt.confirmed attempt_id=%s result_ref=%s", attempt.attempt_id, result_ref)
+    _log("attempt.confirmed", attempt, token, result_ref=result_ref)
     return _attempt_response(attempt)
 
 
@@ -424,7 +432,7 @@ def attempt_fail(request: HttpRequest, token: AgentToken, attempt_id: str) -> Js
         actor=_actor(token),
         tenants=set(token.tenant_slugs),
     )
-    log.info("attempt.failed attempt_id=%s retryable=%s", attempt.attempt_id, retryable)
+    _log("attempt.failed", attempt, token, retryable=retryable)
     return _attempt_response(attempt)
 
 
@@ -438,7 +446,7 @@ def attempt_unknown(request: HttpRequest, token: AgentToken, attempt_id: str) ->
         actor=_actor(token),
         tenants=set(token.tenant_slugs),
     )
-    log.info("attempt.unknown attempt_id=%s reason=%s", attempt.attempt_id, reason)
+    _log("attempt.unknown", attempt, token, reason=reason)
     return _attempt_response(attempt)
 
 

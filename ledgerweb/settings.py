@@ -198,9 +198,16 @@ LOGGING = {
     "formatters": {
         "structured": {
             "format": "%(asctime)s %(levelname)s %(name)s %(message)s",
+        },
+        "json": {"()": "ledgerweb.logs.JsonFormatter"},
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            # LEDGERWEB_LOG_FORMAT=json: one JSON object per line, attempt ids as fields.
+            "formatter": "json" if env_str("LEDGERWEB_LOG_FORMAT") == "json" else "structured",
         }
     },
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "structured"}},
     "root": {"handlers": ["console"], "level": env_str("LEDGERWEB_LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }

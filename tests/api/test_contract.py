@@ -507,3 +507,22 @@ def test_api_needs_no_session_or_csrf(client, tokens: Tokens) -> None:
     client.handler.enforce_csrf_checks = True
     answer = Api(client, tokens.acme).intent()
     assert answer.status == 201
+
+
+def test_changes_are_logged_as_structured_lines_with_the_attempt_id(api: Api, caplog) -> None:
+    import json
+    import logging
+
+    from ledgerweb.logs import JsonFormatter
+
+    caplog.set_level(logging.INFO, logger="ledgerweb.api")
+    attempt_id = dispatched(api, "k:logged")
+    events = [r for r in caplog.records if getattr(r, "attempt_id", None) == attempt_id]
+    assert [r.event for r in events] == ["attempt.intent_recorded", "attempt.dispatch_claimed"]
+    assert f"attempt_id={attempt_id}" in events[0].getMessage()
+    line = json.loads(JsonFormatter().format(events[1]))
+    assert (line["attempt_id"], line["agent"], line["state"]) == (
+        attempt_id,
+        "agent-acme",
+        "DISPATCHED",
+    )
