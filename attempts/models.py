@@ -335,10 +335,25 @@ class AgentToken(models.Model):
         """The live (not revoked) token whose secret is ``raw``, with ``tenant_slugs`` loaded."""
         if not raw or len(raw) > 200:
             return None
-        token = cls.objects.filter(token_hash=cls.hash_token(raw), revoked_at__isnull=True).first()
-        if token is None:
-            return None
-        token.tenant_slugs = frozenset(token.tenants.values_list("slug", flat=True))
+        token_hash = cls.hash_token(raw)
+        # One query on the hot path: the token's id, name and tenants through the M2M table.
+        rows = list(
+            cls.tenants.through.objects.filter(
+                agenttoken__token_hash=token_hash, agenttoken__revoked_at__isnull=True
+            ).values_list(
+                "agenttoken_id", "agenttoken__name", "agenttoken__last_used_at", "tenant_id"
+            )
+        )
+        if rows:
+            token_id, name, last_used_at, _ = rows[0]
+            token = cls(id=token_id, name=name, token_hash=token_hash, last_used_at=last_used_at)
+            token.tenant_slugs = frozenset(row[3] for row in rows)
+        else:
+            # A live token without tenants may still authenticate (and is then refused per call).
+            token = cls.objects.filter(token_hash=token_hash, revoked_at__isnull=True).first()
+            if token is None:
+                return None
+            token.tenant_slugs = frozenset()
         token.touch()
         return token
 

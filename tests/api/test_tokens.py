@@ -87,3 +87,10 @@ def test_admin_add_shows_the_token_once_and_stores_its_hash(world, client, setti
     token.refresh_from_db()
     assert token.revoked_at is not None
     assert Api(client, shown).get("attempts").status == 401
+
+
+def test_a_token_without_tenants_authenticates_but_is_refused_every_tenant(world, client) -> None:
+    _, raw = AgentToken.issue("lonely", [])
+    api = Api(client, raw)
+    assert api.get("attempts").body == {"attempts": [], "next_after": None}
+    assert api.intent().status == 403
