@@ -36,6 +36,27 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def durable_commit_ceiling(directory: Path, seconds: float = 3.0) -> float:
+    """Commits per second one writer gets from raw sqlite3 (WAL, synchronous=FULL) here: every
+    intent is one such commit under the ledger's single write lock, so this bounds the API."""
+    import sqlite3
+
+    path = directory / "ceiling.sqlite3"
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=FULL")
+    db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, body TEXT)")
+    n = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        db.execute("BEGIN IMMEDIATE")
+        db.execute("INSERT INTO t (body) VALUES (?)", ("x" * 400,))
+        db.execute("COMMIT")
+        n += 1
+    db.close()
+    return n / seconds
+
+
 def client_loop(args: tuple) -> dict:
     """One client process: POST as fast as answers come back, for ``seconds``."""
     port, path, token, seconds, number, phase = args
@@ -175,8 +196,10 @@ def main() -> int:
         run_phase(port, "/api/v1/attempts", token, 1.0, options.clients, "warm")
         warm = Attempt.objects.count()
 
-        baseline, api = [], []
+        baseline, api, ceilings = [], [], []
         for round_number in range(options.rounds):
+            (data / f"ceiling-{round_number}").mkdir()
+            ceilings.append(durable_commit_ceiling(data / f"ceiling-{round_number}"))
             baseline.append(
                 run_phase(
                     port, "/bench/echo", token, options.seconds, options.clients, f"b{round_number}"
@@ -210,6 +233,7 @@ def main() -> int:
     base_rate = sum(p["rate"] for p in baseline) / len(baseline)
     api_rate = sum(p["rate"] for p in api) / len(api)
     ratio = api_rate / base_rate if base_rate else 0.0
+    ceiling = sum(ceilings) / len(ceilings)
 
     print(
         f"database: {connection.vendor}; gunicorn {options.workers} workers x "
@@ -226,6 +250,10 @@ def main() -> int:
     print(
         f"ratio intents/baseline:              {ratio:8.2f}   (target >= 0.50: "
         f"{'met' if ratio >= 0.5 else 'NOT met'})"
+    )
+    print(
+        "durable commit ceiling (raw sqlite3 WAL synchronous=FULL, one writer, same disk): "
+        f"{ceiling:.1f} commits/s; intents reach {api_rate / ceiling:.0%} of it"
     )
     print(
         f"errors: {errors}; intents answered 201: {len(created)}; in the database: {found} "
