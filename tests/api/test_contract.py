@@ -526,3 +526,17 @@ def test_changes_are_logged_as_structured_lines_with_the_attempt_id(api: Api, ca
         "agent-acme",
         "DISPATCHED",
     )
+
+
+def test_a_server_failure_under_api_is_a_json_500(client, tokens: Tokens, monkeypatch) -> None:
+    from attempts import ledger
+
+    def explode(**kwargs):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(ledger, "record_intent", explode)
+    client.raise_request_exception = False
+    answer = Api(client, tokens.acme).intent()
+    assert answer.status == 500
+    assert answer.body["error"]["code"] == "server_error"
+    assert "disk on fire" not in answer.body["error"]["message"]
