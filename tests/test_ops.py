@@ -68,13 +68,30 @@ def test_metrics_counts_attempts_by_state_tenant_and_tool(client, world) -> None
         )
     ledger.claim_dispatch(attempt, actor=agent)
     ledger.mark_unknown(attempt, reason="timeout", actor=agent)
+    confirmed, _ = ledger.record_intent(
+        tenant="acme",
+        task_id="t",
+        tool_name="open_ticket",
+        idempotency_key="done",
+        args={},
+        actor=agent,
+    )
+    ledger.claim_dispatch(confirmed, actor=agent)
+    ledger.confirm(confirmed, result_ref="r", actor=agent)
     beat(2)
     response = client.get("/metrics", REMOTE_ADDR="127.0.0.1")
     assert response.status_code == 200
     assert response["Content-Type"].startswith("text/plain; version=0.0.4")
     samples = parse(response.content.decode())
-    assert samples['ledger_attempts{state="INTENT_RECORDED",tenant="acme",tool="open_ticket"}'] == 2
-    assert samples['ledger_attempts{state="UNKNOWN",tenant="acme",tool="open_ticket"}'] == 1
+    assert samples['ledger_attempts{state="INTENT_RECORDED",tenant="acme"}'] == 2
+    assert samples['ledger_attempts{state="UNKNOWN",tenant="acme"}'] == 1
+    assert (
+        samples['ledger_open_attempts{state="INTENT_RECORDED",tenant="acme",tool="open_ticket"}']
+        == 2
+    )
+    assert samples['ledger_open_attempts{state="UNKNOWN",tenant="acme",tool="open_ticket"}'] == 1
+    assert samples['ledger_attempts{state="OUTCOME_CONFIRMED",tenant="acme"}'] == 1
+    assert not [name for name in samples if "OUTCOME_CONFIRMED" in name and "open" in name]
     assert samples["ledger_unknown_oldest_age_seconds"] >= 0
     assert samples["ledger_workers_alive"] == 1
     assert samples["ledger_reconcile_lookups_total"] == 7
