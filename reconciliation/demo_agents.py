@@ -21,8 +21,11 @@ What happens to a task:
   recovery later finds stale.
 * ``--mismatch-rate``: a buggy agent mutates the payment payload after recording it; the provider
   performs a different payload, which reconciliation reports as a payload mismatch.
-* ``--lookup-fault-rate``: the mailer's and the ticket system's lookup APIs answer 503 that often,
-  so some UNKNOWN work stays UNKNOWN for a while (with backoff) instead of settling at once.
+* ``--lookup-fault-rate``: the mailer's lookup API answers 503 that often, so some UNKNOWN work
+  stays UNKNOWN for a while (with backoff) instead of settling at once.
+* ``--lookup-outage``: the ticket system has an incident for the whole demo: its lookup API is
+  down (always 503) and at least half of its sends lose their answer, so its UNKNOWN work stays
+  in the UNKNOWN queue, backing off, until a person decides.
 """
 
 from __future__ import annotations
@@ -68,7 +71,10 @@ HONOUR_KEYS = {
     "charge_card": False,
     "deploy_service": False,
 }
-LOOKUP_FLAKY = ("send_invoice_email", "open_ticket")
+LOOKUP_FLAKY = ("send_invoice_email",)
+# The ticket system's lookup API is down for the whole demo (always 503): its UNKNOWN work stays
+# UNKNOWN, backing off, until a person decides or the maximum age hands it to review.
+LOOKUP_OUTAGE_DEFAULT = ("open_ticket",)
 CUSTOMERS = [
     ("Northwind Traders", "ap@northwind.example"),
     ("Initech", "billing@initech.example"),
@@ -232,7 +238,12 @@ class Provider:
 
 
 def configure_provider(
-    provider: Provider, *, timeout_rate: float, lookup_fault_rate: float, hang_seconds: float
+    provider: Provider,
+    *,
+    timeout_rate: float,
+    lookup_fault_rate: float,
+    hang_seconds: float,
+    lookup_outage: tuple[str, ...] = LOOKUP_OUTAGE_DEFAULT,
 ) -> None:
     tools: dict[str, Any] = {}
     for tool, mode in TIMEOUT_MODES.items():
@@ -241,7 +252,16 @@ def configure_provider(
             "send_mode": mode,
             "send_fault_rate": timeout_rate,
         }
-        if tool in LOOKUP_FLAKY:
+        if tool in lookup_outage:
+            # An incident: lookups are down and at least half of the sends lose their answer.
+            tools[tool].update(
+                {
+                    "lookup_mode": "error_5xx",
+                    "lookup_fault_rate": 1.0,
+                    "send_fault_rate": max(timeout_rate, 0.5) if timeout_rate else 0,
+                }
+            )
+        elif tool in LOOKUP_FLAKY:
             tools[tool].update({"lookup_mode": "error_5xx", "lookup_fault_rate": lookup_fault_rate})
     provider.control({"hang_seconds": hang_seconds, "tools": tools})
 
@@ -346,6 +366,7 @@ def run(
     timeout_rate: float,
     mismatch_rate: float = 0.05,
     lookup_fault_rate: float = 0.5,
+    lookup_outage: tuple[str, ...] = LOOKUP_OUTAGE_DEFAULT,
     seed: int = 1,
     agents: int = 4,
     send_timeout: float = 1.0,
@@ -358,6 +379,7 @@ def run(
         provider,
         timeout_rate=timeout_rate,
         lookup_fault_rate=lookup_fault_rate,
+        lookup_outage=lookup_outage,
         hang_seconds=max(2.0, send_timeout * 3),
     )
     run_id = hashlib.sha256(f"{seed}:{time.time_ns()}".encode()).hexdigest()[:6]
@@ -443,6 +465,14 @@ def add_arguments(parser: argparse.ArgumentParser, *, token_required: bool) -> N
     parser.add_argument(
         "--lookup-fault-rate", type=_rate, default=0.5, help="share of flaky provider lookups"
     )
+    parser.add_argument(
+        "--lookup-outage",
+        nargs="*",
+        default=list(LOOKUP_OUTAGE_DEFAULT),
+        metavar="TOOL",
+        help="tools whose provider lookup is down for the demo (default: open_ticket; none: "
+        "pass the option without tools)",
+    )
     parser.add_argument("--seed", type=int, default=1, help="random seed for the task plan")
     parser.add_argument("--agents", type=int, default=4, help="concurrent agents (default 4)")
     parser.add_argument(
@@ -467,6 +497,7 @@ def main(argv: list[str] | None = None) -> int:
         timeout_rate=options.timeout_rate,
         mismatch_rate=options.mismatch_rate,
         lookup_fault_rate=options.lookup_fault_rate,
+        lookup_outage=tuple(options.lookup_outage),
         seed=options.seed,
         agents=options.agents,
         send_timeout=options.send_timeout,

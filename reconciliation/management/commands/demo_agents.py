@@ -60,6 +60,7 @@ class Command(BaseCommand):
                 timeout_rate=options["timeout_rate"],
                 mismatch_rate=options["mismatch_rate"],
                 lookup_fault_rate=options["lookup_fault_rate"],
+                lookup_outage=tuple(options["lookup_outage"]),
                 seed=options["seed"],
                 agents=options["agents"],
                 send_timeout=options["send_timeout"],
