@@ -1,4 +1,5 @@
-"""Admin for the ledger's configuration: tools (and their provider), grants, ownership rules.
+"""Admin for the ledger's configuration: tools (and their provider), grants, ownership rules,
+agent tokens.
 
 Attempts and their history are not edited here: they change only through the state machine.
 """
