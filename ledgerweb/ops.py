@@ -8,6 +8,7 @@ readable from loopback or with ``LEDGERWEB_METRICS_TOKEN`` (see docs/operations.
 
 from __future__ import annotations
 
+import datetime as dt
 import hmac
 import time
 from collections.abc import Iterable
@@ -20,11 +21,13 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from attempts.models import TERMINAL_STATES, Attempt, State
+from attempts.models import TERMINAL_STATES, ActorKind, Attempt, AttemptEvent, State
 from reconciliation.models import WorkerHeartbeat
 
 LOOPBACK = {"127.0.0.1", "::1"}
 # An IN list (not NOT IN) so the database searches the state index instead of scanning.
+LOOKUP_WINDOW_SECONDS = 3600
+LOOKUP_WINDOW_EVENTS = 20_000
 OPEN_STATES = [state for state in State.values if state not in TERMINAL_STATES]
 
 
@@ -183,6 +186,28 @@ def metrics(request: HttpRequest) -> HttpResponse:
         "gauge",
         "Attempts waiting for a person, by why (payload_mismatch, not_found, max_age, ...).",
         (({"reason": reason or "unspecified"}, n) for reason, n in reasons),
+    )
+
+    # Lookup answers (found, not_found, unavailable, ambiguous) the workers recorded lately: the
+    # newest events only, by primary key, so the scan is bounded whatever the history's size.
+    newest_event = AttemptEvent.objects.aggregate(m=Max("id"))["m"] or 0
+    answers = (
+        AttemptEvent.objects.filter(
+            id__gt=newest_event - LOOKUP_WINDOW_EVENTS,
+            actor_kind=ActorKind.WORKER,
+            created_at__gte=now - dt.timedelta(seconds=LOOKUP_WINDOW_SECONDS),
+            details__has_key="lookup",
+        )
+        .values_list("details__lookup__answer")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    out.family(
+        "ledger_reconcile_lookup_answers_recent",
+        "gauge",
+        f"Provider lookup answers recorded by reconcile workers in the last "
+        f"{LOOKUP_WINDOW_SECONDS // 60} minutes (among the newest {LOOKUP_WINDOW_EVENTS} events).",
+        (({"answer": str(answer or "unrecorded")}, n) for answer, n in answers),
     )
 
     workers = list(WorkerHeartbeat.objects.values_list("worker_id", "last_seen"))

@@ -128,3 +128,37 @@ def test_metrics_from_elsewhere_needs_the_metrics_token(client, settings) -> Non
     assert right.status_code == 200
     settings.OPS = {**settings.OPS, "METRICS_ALLOW_LOOPBACK": False}
     assert client.get("/metrics", REMOTE_ADDR="127.0.0.1").status_code == 403
+
+
+def test_metrics_count_recent_lookup_answers_by_kind(client, world) -> None:
+    from attempts.states import append_event, write_transaction
+
+    attempt, _ = ledger.record_intent(
+        tenant="acme",
+        task_id="t",
+        tool_name="open_ticket",
+        idempotency_key="k",
+        args={},
+        actor=Actor.agent("a"),
+    )
+    worker = Actor.worker("w1")
+    with write_transaction():
+        for answer in ("found", "unavailable", "unavailable", "not_found"):
+            append_event(
+                attempt,
+                action="attempt.lookup",
+                actor=worker,
+                details={"lookup": {"answer": answer, "latency_ms": 3}},
+            )
+        # Not a lookup, and an agent's event: neither is counted.
+        append_event(attempt, action="attempt.note", actor=worker, details={"x": 1})
+        append_event(
+            attempt,
+            action="attempt.lookup",
+            actor=Actor.agent("a"),
+            details={"lookup": {"answer": "found"}},
+        )
+    samples = parse(client.get("/metrics", REMOTE_ADDR="127.0.0.1").content.decode())
+    assert samples['ledger_reconcile_lookup_answers_recent{answer="found"}'] == 1
+    assert samples['ledger_reconcile_lookup_answers_recent{answer="unavailable"}'] == 2
+    assert samples['ledger_reconcile_lookup_answers_recent{answer="not_found"}'] == 1
