@@ -294,3 +294,19 @@ class AgentToken(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
+
+
+class LoginThrottle(models.Model):
+    """Failed log-ins per (username, client address), for the dashboard's login throttling.
+
+    Kept in the database rather than a per-process cache so every web worker sees the same count.
+    ``key`` is a hash of the lowercased username and the address.
+    """
+
+    key = models.CharField(max_length=64, unique=True)
+    failures = models.PositiveIntegerField(default=0)
+    first_failure_at = models.DateTimeField()
+    locked_until = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.key[:12]}… {self.failures} failures"

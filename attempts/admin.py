@@ -1,0 +1,147 @@
+"""Admin for configuration: tools, grants, ownership rules, tenants and memberships (users are
+Django's own admin). Attempts and their history are read-only here: attempts change only
+through the state machine, and history is append-only."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.http import HttpRequest
+
+from attempts.models import (
+    Attempt,
+    AttemptEvent,
+    Grant,
+    LoginThrottle,
+    Membership,
+    OwnershipRule,
+    Tenant,
+    Tool,
+)
+
+
+class MembershipInline(admin.TabularInline):
+    model = Membership
+    extra = 1
+    autocomplete_fields = ["user"]
+
+
+@admin.register(Tenant)
+class TenantAdmin(admin.ModelAdmin):
+    list_display = ["slug", "name", "created_at"]
+    search_fields = ["slug", "name"]
+    inlines = [MembershipInline]
+
+
+@admin.register(Membership)
+class MembershipAdmin(admin.ModelAdmin):
+    list_display = ["user", "tenant", "role"]
+    list_filter = ["role", "tenant"]
+    search_fields = ["user__username", "tenant__slug"]
+    autocomplete_fields = ["user", "tenant"]
+
+
+@admin.register(Tool)
+class ToolAdmin(admin.ModelAdmin):
+    list_display = ["name", "effect_class", "critical", "adapter", "active", "updated_at"]
+    list_filter = ["effect_class", "critical", "active"]
+    search_fields = ["name", "description"]
+
+
+@admin.register(Grant)
+class GrantAdmin(admin.ModelAdmin):
+    list_display = ["tenant", "tool", "policy_version", "allowed_scopes", "active", "updated_at"]
+    list_filter = ["active", "tenant", "tool"]
+    search_fields = ["tenant__slug", "tool__name", "policy_version"]
+
+
+@admin.register(OwnershipRule)
+class OwnershipRuleAdmin(admin.ModelAdmin):
+    list_display = ["priority", "tenant_pattern", "tool_pattern", "owner"]
+    list_editable = ["tenant_pattern", "tool_pattern", "owner"]
+    list_display_links = ["priority"]
+    autocomplete_fields = ["owner"]
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Viewable by staff with the view permission; never added, changed or deleted here."""
+
+    def has_add_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+
+class EventInline(admin.TabularInline):
+    model = AttemptEvent
+    fields = ["created_at", "action", "actor_kind", "actor", "from_state", "to_state", "reason"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    show_change_link = True
+    ordering = ["id"]
+
+    def has_add_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+
+@admin.register(Attempt)
+class AttemptAdmin(ReadOnlyAdmin):
+    list_display = [
+        "attempt_id",
+        "tenant",
+        "tool_name",
+        "state",
+        "owner",
+        "created_at",
+        "provider_request_id",
+    ]
+    list_filter = ["state", "tenant", "tool_name"]
+    search_fields = ["=attempt_id", "=idempotency_key", "=provider_request_id", "=task_id"]
+    ordering = ["created_at", "id"]
+    list_select_related = ["owner", "tenant"]
+    inlines = [EventInline]
+
+    def get_queryset(self, request: HttpRequest):
+        # Staff see the tenants they belong to (superusers see all), like the dashboard.
+        return super().get_queryset(request).for_user(request.user)
+
+
+@admin.register(AttemptEvent)
+class AttemptEventAdmin(ReadOnlyAdmin):
+    list_display = [
+        "id",
+        "attempt",
+        "action",
+        "actor_kind",
+        "actor",
+        "from_state",
+        "to_state",
+        "created_at",
+    ]
+    list_filter = ["action", "actor_kind"]
+    search_fields = ["=attempt__attempt_id", "actor"]
+    list_select_related = ["attempt"]
+
+    def get_queryset(self, request: HttpRequest):
+        qs = super().get_queryset(request)
+        if request.user.is_superuser:
+            return qs
+        return qs.filter(attempt__tenant__memberships__user=request.user)
+
+
+@admin.register(LoginThrottle)
+class LoginThrottleAdmin(admin.ModelAdmin):
+    """Lets an admin lift a lock-out early (delete the row)."""
+
+    list_display = ["key", "failures", "first_failure_at", "locked_until"]
+    readonly_fields = ["key", "failures", "first_failure_at", "locked_until"]
+
+    def has_add_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
