@@ -61,7 +61,6 @@ ROW_FIELDS = (
     "review_reason",
     "awaiting_approval",
     "created_at",
-    "updated_at",
 )
 
 
@@ -270,20 +269,36 @@ def fetch_page(
     if rows:
         page.next_cursor = encode_cursor(rows[-1]["created_at"], rows[-1]["id"])
         page.prev_cursor = encode_cursor(rows[0]["created_at"], rows[0]["id"])
-    _decorate(rows, now)
+    _decorate(rows, now, user)
     return page
 
 
-def _decorate(rows: list[dict[str, Any]], now: dt.datetime) -> None:
+def _short(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _decorate(rows: list[dict[str, Any]], now: dt.datetime, user: Any) -> None:
+    """Everything the row template shows, computed here: per-row template filters and URL
+    reversing are what a 50-row page spends its time on."""
+    from attempts.templatetags.ledger_ui import duration, state_class
+
     owner_ids = {r["owner_id"] for r in rows if r["owner_id"]}
     names = (
         dict(get_user_model().objects.filter(pk__in=owner_ids).values_list("pk", "username"))
         if owner_ids
         else {}
     )
+    detail_base = reverse("attempt-detail", args=["-"])[:-2]
     for row in rows:
         row["owner_name"] = names.get(row["owner_id"], "")
-        row["age"] = now - row["created_at"]
+        row["mine"] = row["owner_id"] == user.pk
+        row["age_text"] = duration(now - row["created_at"])
+        row["created_text"] = row["created_at"].astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+        row["state_css"] = state_class(row["state"])
+        row["url"] = f"{detail_base}{row['attempt_id']}/"
+        row["task_short"] = _short(row["task_id"], 28)
+        row["key_short"] = _short(row["idempotency_key"], 40)
+        row["provider_short"] = _short(row["provider_request_id"], 24) or "—"
 
 
 def _tool_names() -> list[str]:
