@@ -43,7 +43,14 @@ def lineage(attempt: Attempt, tenants: list[str]) -> tuple[list[Attempt], list[A
         ancestors.append(parent)
         current = parent
     ancestors.reverse()
-    children = list(scoped.filter(parent_id=attempt.pk).order_by("created_at", "id"))
+    # By parent alone: the parent index is the selective one (a tenant term next to it can
+    # mislead SQLite's planner into a table scan). Linked attempts never change tenant, and the
+    # scope is checked on each row anyway.
+    allowed = set(tenants)
+    children = sorted(
+        (c for c in Attempt.objects.filter(parent_id=attempt.pk) if c.tenant_id in allowed),
+        key=lambda c: (c.created_at, c.pk),
+    )
     return ancestors, children
 
 

@@ -217,9 +217,10 @@ def fetch_page(
     queue: Queue,
     filters: Filters,
     now: dt.datetime,
-    page_size: int = PAGE_SIZE,
+    page_size: int | None = None,
 ) -> Page:
     """One page of the queue for this user: tenant-scoped, filtered, keyset-paginated."""
+    page_size = page_size or PAGE_SIZE
     tenants = [filters.tenant] if filters.tenant else user_tenants(user)
     chosen_states = (filters.state,) if filters.state else queue.states
     base = Attempt.objects.for_tenants(tenants)
