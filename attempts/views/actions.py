@@ -167,6 +167,12 @@ def approve(request: HttpRequest, attempt_id: str) -> HttpResponse:
     preview is still what would be sent (same fingerprint) and the version is unchanged."""
     attempt = get_attempt_for_user(request.user, attempt_id)
     url = _detail_url(attempt)
+    if not has_role(request.user, attempt.tenant_id, Role.REVIEWER):
+        return refusal(
+            request,
+            ledger.NotAllowed(f"this needs the reviewer role in tenant {attempt.tenant_id}"),
+            redirect_to=url,
+        )
     kind = approval_kind(attempt)
     if not kind:
         return refusal(
