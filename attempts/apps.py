@@ -1,4 +1,13 @@
 from django.apps import AppConfig
+from django.db.models.signals import post_migrate
+
+
+def _reinstall_history_guards(sender, using, **kwargs):
+    from django.db import connections
+
+    from attempts import history_guard
+
+    history_guard.install(connections[using])
 
 
 class AttemptsConfig(AppConfig):
@@ -7,3 +16,5 @@ class AttemptsConfig(AppConfig):
 
     def ready(self) -> None:
         from attempts import checks  # noqa: F401  (registers system checks)
+
+        post_migrate.connect(_reinstall_history_guards, sender=self)

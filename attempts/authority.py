@@ -39,8 +39,7 @@ def authority_for_intent(
         raise NotGranted("no active grant for this tenant and tool", code="tool_not_granted")
     if policy_version is not None and policy_version != grant.policy_version:
         raise NotGranted(
-            f"policy version {policy_version!r} is not the current one "
-            f"({grant.policy_version!r})",
+            f"policy version {policy_version!r} is not the current one ({grant.policy_version!r})",
             code="policy_version_mismatch",
         )
     allowed = set(grant.allowed_scopes)

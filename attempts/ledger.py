@@ -8,6 +8,7 @@ answer becomes UNKNOWN, never success and never failure.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -109,6 +110,26 @@ def get_attempt(attempt_id: str, *, tenants: set[str] | None = None) -> Attempt:
 def _reload(attempt: Attempt | str, tenants: set[str] | None = None) -> Attempt:
     attempt_id = attempt if isinstance(attempt, str) else attempt.attempt_id
     return get_attempt(attempt_id, tenants=tenants)
+
+
+def _refreshes_caller(func):
+    """Functions that take an Attempt (or its id) and return the changed attempt also update the
+    caller's in-memory copy, so ``fail(attempt, ...)`` then ``attempt.state`` reads the truth."""
+
+    @functools.wraps(func)
+    def wrapper(attempt, *args, **kwargs):
+        result = func(attempt, *args, **kwargs)
+        current = result[0] if isinstance(result, tuple) else result
+        if (
+            isinstance(attempt, Attempt)
+            and isinstance(current, Attempt)
+            and current.pk == attempt.pk
+            and current is not attempt
+        ):
+            attempt.__dict__.update({k: v for k, v in current.__dict__.items() if k != "_state"})
+        return result
+
+    return wrapper
 
 
 def _text(name: str, value: Any, *, required: bool = True) -> str:
@@ -228,6 +249,7 @@ def _same_intent_or_conflict(
     )
 
 
+@_refreshes_caller
 def claim_dispatch(attempt: Attempt | str, *, actor: Actor, tenants: set[str] | None = None):
     """Claim the send (INTENT_RECORDED or FAILED_RETRYABLE -> DISPATCHED), committed before any
     byte leaves. Returns (attempt, claimed); only the caller that got ``claimed`` may send.
@@ -249,6 +271,7 @@ def claim_dispatch(attempt: Attempt | str, *, actor: Actor, tenants: set[str] | 
         return current, True
 
 
+@_refreshes_caller
 def attach_provider_request(
     attempt: Attempt | str,
     provider_request_id: str,
@@ -284,6 +307,7 @@ def attach_provider_request(
         )
 
 
+@_refreshes_caller
 def confirm(
     attempt: Attempt | str,
     *,
@@ -312,9 +336,7 @@ def confirm(
                 "attempt is already confirmed with a different result", attempt=current
             )
         if current.state not in (State.DISPATCHED, State.UNKNOWN):
-            raise StateConflict(
-                f"cannot confirm an attempt in {current.state}", attempt=current
-            )
+            raise StateConflict(f"cannot confirm an attempt in {current.state}", attempt=current)
         fields: dict[str, Any] = {"result_ref": result_ref, "review_reason": ""}
         if provider_request_id:
             if current.provider_request_id and current.provider_request_id != provider_request_id:
@@ -333,6 +355,7 @@ def confirm(
         )
 
 
+@_refreshes_caller
 def fail(
     attempt: Attempt | str,
     *,
@@ -363,6 +386,7 @@ def fail(
         return states.move(current, target, actor=actor, reason=reason)
 
 
+@_refreshes_caller
 def mark_unknown(
     attempt: Attempt | str,
     *,
@@ -481,7 +505,9 @@ def role_in(user: Any, tenant: str) -> str | None:
     if user.is_superuser:
         return Role.ADMIN
     return (
-        Membership.objects.filter(user=user, tenant_id=tenant).values_list("role", flat=True).first()
+        Membership.objects.filter(user=user, tenant_id=tenant)
+        .values_list("role", flat=True)
+        .first()
     )
 
 
@@ -501,6 +527,7 @@ def _expect_version(current: Attempt, expected_version: int | None) -> None:
         )
 
 
+@_refreshes_caller
 def assign(
     attempt: Attempt | str,
     *,
@@ -547,6 +574,7 @@ def add_note(attempt: Attempt | str, *, user: Any, text: str) -> AttemptEvent:
         )
 
 
+@_refreshes_caller
 def review_confirm(
     attempt: Attempt | str,
     *,
@@ -576,6 +604,7 @@ def review_confirm(
         )
 
 
+@_refreshes_caller
 def review_fail(
     attempt: Attempt | str, *, user: Any, reason: str, expected_version: int | None = None
 ) -> Attempt:
@@ -757,6 +786,7 @@ def approve_linked_retry(
         return child
 
 
+@_refreshes_caller
 def approve_linked_attempt(
     attempt: Attempt | str, *, user: Any, expected_version: int | None = None
 ) -> Attempt:

@@ -179,7 +179,9 @@ class AttemptQuerySet(models.QuerySet):
 class Attempt(models.Model):
     """One attempt at one logical side effect (protocol section 2)."""
 
-    attempt_id = models.CharField(max_length=32, unique=True, default=new_attempt_id, editable=False)
+    attempt_id = models.CharField(
+        max_length=32, unique=True, default=new_attempt_id, editable=False
+    )
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="attempts")
     task_id = models.CharField(max_length=200)
     tool_name = models.CharField(max_length=100)

@@ -93,7 +93,9 @@ def _databases() -> dict:
     url = env_str("DATABASE_URL")
     if url:
         try:
-            config = dj_database_url.parse(url, conn_max_age=env_int("LEDGERWEB_DB_CONN_MAX_AGE", 60))
+            config = dj_database_url.parse(
+                url, conn_max_age=env_int("LEDGERWEB_DB_CONN_MAX_AGE", 60)
+            )
         except Exception as exc:  # dj_database_url raises several types for a bad URL
             raise ImproperlyConfigured(f"DATABASE_URL is not a valid database URL: {exc}") from None
         if config["ENGINE"] != "django.db.backends.postgresql":
@@ -123,7 +125,9 @@ def _databases() -> dict:
                 "transaction_mode": "IMMEDIATE",
                 "timeout": busy_ms / 1000,
             },
-            "TEST": {"NAME": env_str("LEDGERWEB_TEST_SQLITE_PATH", str(DATA_DIR / "test_ledger.sqlite3"))},
+            "TEST": {
+                "NAME": env_str("LEDGERWEB_TEST_SQLITE_PATH", str(DATA_DIR / "test_ledger.sqlite3"))
+            },
         }
     }
 

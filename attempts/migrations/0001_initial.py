@@ -7,7 +7,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
@@ -16,161 +15,349 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.CreateModel(
-            name='Tenant',
+            name="Tenant",
             fields=[
-                ('slug', models.SlugField(max_length=64, primary_key=True, serialize=False)),
-                ('name', models.CharField(max_length=200)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
+                ("slug", models.SlugField(max_length=64, primary_key=True, serialize=False)),
+                ("name", models.CharField(max_length=200)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
             ],
         ),
         migrations.CreateModel(
-            name='Tool',
+            name="Tool",
             fields=[
-                ('name', models.CharField(max_length=100, primary_key=True, serialize=False)),
-                ('description', models.CharField(blank=True, max_length=300)),
-                ('effect_class', models.CharField(choices=[('idempotent', 'Idempotent (provider honours the key, has a lookup)'), ('reconcilable', 'Reconcilable (lookup only)'), ('manual', 'Manual (no key, no lookup)')], max_length=16)),
-                ('critical', models.BooleanField(default=False, help_text='Payments, deletions, messages, deployments: never retried without a person, and a linked retry needs two distinct reviewers.')),
-                ('adapter', models.CharField(default='http', max_length=200)),
-                ('dispatch_url', models.URLField(blank=True, max_length=500)),
-                ('lookup_url', models.URLField(blank=True, max_length=500)),
-                ('timeout_seconds', models.FloatField(default=10.0)),
-                ('max_sends', models.PositiveSmallIntegerField(blank=True, help_text="Overrides LEDGER['MAX_SENDS'] for this tool.", null=True)),
-                ('active', models.BooleanField(default=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
+                ("name", models.CharField(max_length=100, primary_key=True, serialize=False)),
+                ("description", models.CharField(blank=True, max_length=300)),
+                (
+                    "effect_class",
+                    models.CharField(
+                        choices=[
+                            ("idempotent", "Idempotent (provider honours the key, has a lookup)"),
+                            ("reconcilable", "Reconcilable (lookup only)"),
+                            ("manual", "Manual (no key, no lookup)"),
+                        ],
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "critical",
+                    models.BooleanField(
+                        default=False,
+                        help_text="Payments, deletions, messages, deployments: never retried without a person, and a linked retry needs two distinct reviewers.",
+                    ),
+                ),
+                ("adapter", models.CharField(default="http", max_length=200)),
+                ("dispatch_url", models.URLField(blank=True, max_length=500)),
+                ("lookup_url", models.URLField(blank=True, max_length=500)),
+                ("timeout_seconds", models.FloatField(default=10.0)),
+                (
+                    "max_sends",
+                    models.PositiveSmallIntegerField(
+                        blank=True,
+                        help_text="Overrides LEDGER['MAX_SENDS'] for this tool.",
+                        null=True,
+                    ),
+                ),
+                ("active", models.BooleanField(default=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
             ],
         ),
         migrations.CreateModel(
-            name='Attempt',
+            name="Attempt",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('attempt_id', models.CharField(default=attempts.models.new_attempt_id, editable=False, max_length=32, unique=True)),
-                ('task_id', models.CharField(max_length=200)),
-                ('tool_name', models.CharField(max_length=100)),
-                ('args', models.JSONField()),
-                ('args_hash', models.CharField(max_length=64)),
-                ('idempotency_key', models.CharField(max_length=255, unique=True)),
-                ('state', models.CharField(choices=[('INTENT_RECORDED', 'Intent recorded'), ('DISPATCHED', 'Dispatched'), ('OUTCOME_CONFIRMED', 'Outcome confirmed'), ('FAILED_RETRYABLE', 'Failed (retryable)'), ('UNKNOWN', 'Unknown'), ('MANUAL_REVIEW', 'Manual review'), ('FAILED', 'Failed'), ('RECONCILED', 'Reconciled')], editable=False, max_length=20)),
-                ('version', models.PositiveIntegerField(default=1, editable=False)),
-                ('provider_request_id', models.CharField(blank=True, default='', max_length=255)),
-                ('result_ref', models.CharField(blank=True, default='', max_length=500)),
-                ('policy_version', models.CharField(blank=True, default='', max_length=64)),
-                ('credential_scope', models.JSONField(blank=True, default=list)),
-                ('review_reason', models.CharField(blank=True, default='', max_length=64)),
-                ('awaiting_approval', models.BooleanField(default=False)),
-                ('send_count', models.PositiveIntegerField(default=0)),
-                ('lookup_count', models.PositiveIntegerField(default=0)),
-                ('next_check_at', models.DateTimeField(blank=True, null=True)),
-                ('lease_owner', models.CharField(blank=True, default='', max_length=100)),
-                ('lease_until', models.DateTimeField(blank=True, null=True)),
-                ('created_at', models.DateTimeField()),
-                ('updated_at', models.DateTimeField()),
-                ('owner', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='owned_attempts', to=settings.AUTH_USER_MODEL)),
-                ('parent', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='children', to='attempts.attempt')),
-                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='attempts', to='attempts.tenant')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "attempt_id",
+                    models.CharField(
+                        default=attempts.models.new_attempt_id,
+                        editable=False,
+                        max_length=32,
+                        unique=True,
+                    ),
+                ),
+                ("task_id", models.CharField(max_length=200)),
+                ("tool_name", models.CharField(max_length=100)),
+                ("args", models.JSONField()),
+                ("args_hash", models.CharField(max_length=64)),
+                ("idempotency_key", models.CharField(max_length=255, unique=True)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("INTENT_RECORDED", "Intent recorded"),
+                            ("DISPATCHED", "Dispatched"),
+                            ("OUTCOME_CONFIRMED", "Outcome confirmed"),
+                            ("FAILED_RETRYABLE", "Failed (retryable)"),
+                            ("UNKNOWN", "Unknown"),
+                            ("MANUAL_REVIEW", "Manual review"),
+                            ("FAILED", "Failed"),
+                            ("RECONCILED", "Reconciled"),
+                        ],
+                        editable=False,
+                        max_length=20,
+                    ),
+                ),
+                ("version", models.PositiveIntegerField(default=1, editable=False)),
+                ("provider_request_id", models.CharField(blank=True, default="", max_length=255)),
+                ("result_ref", models.CharField(blank=True, default="", max_length=500)),
+                ("policy_version", models.CharField(blank=True, default="", max_length=64)),
+                ("credential_scope", models.JSONField(blank=True, default=list)),
+                ("review_reason", models.CharField(blank=True, default="", max_length=64)),
+                ("awaiting_approval", models.BooleanField(default=False)),
+                ("send_count", models.PositiveIntegerField(default=0)),
+                ("lookup_count", models.PositiveIntegerField(default=0)),
+                ("next_check_at", models.DateTimeField(blank=True, null=True)),
+                ("lease_owner", models.CharField(blank=True, default="", max_length=100)),
+                ("lease_until", models.DateTimeField(blank=True, null=True)),
+                ("created_at", models.DateTimeField()),
+                ("updated_at", models.DateTimeField()),
+                (
+                    "owner",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="owned_attempts",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "parent",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="children",
+                        to="attempts.attempt",
+                    ),
+                ),
+                (
+                    "tenant",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="attempts",
+                        to="attempts.tenant",
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='OwnershipRule',
+            name="OwnershipRule",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('tenant_pattern', models.CharField(default='*', max_length=100)),
-                ('tool_pattern', models.CharField(default='*', max_length=100)),
-                ('priority', models.PositiveIntegerField(default=100)),
-                ('owner', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("tenant_pattern", models.CharField(default="*", max_length=100)),
+                ("tool_pattern", models.CharField(default="*", max_length=100)),
+                ("priority", models.PositiveIntegerField(default=100)),
+                (
+                    "owner",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, to=settings.AUTH_USER_MODEL
+                    ),
+                ),
             ],
             options={
-                'ordering': ['priority', 'id'],
+                "ordering": ["priority", "id"],
             },
         ),
         migrations.CreateModel(
-            name='AgentToken',
+            name="AgentToken",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=100, unique=True)),
-                ('token_hash', models.CharField(editable=False, max_length=64, unique=True)),
-                ('prefix', models.CharField(editable=False, max_length=16)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('last_used_at', models.DateTimeField(blank=True, null=True)),
-                ('revoked_at', models.DateTimeField(blank=True, null=True)),
-                ('created_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, to=settings.AUTH_USER_MODEL)),
-                ('tenants', models.ManyToManyField(related_name='agent_tokens', to='attempts.tenant')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=100, unique=True)),
+                ("token_hash", models.CharField(editable=False, max_length=64, unique=True)),
+                ("prefix", models.CharField(editable=False, max_length=16)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("last_used_at", models.DateTimeField(blank=True, null=True)),
+                ("revoked_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "created_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "tenants",
+                    models.ManyToManyField(related_name="agent_tokens", to="attempts.tenant"),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='Grant',
+            name="Grant",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('policy_version', models.CharField(max_length=64)),
-                ('allowed_scopes', models.JSONField(blank=True, default=list)),
-                ('active', models.BooleanField(default=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='grants', to='attempts.tenant')),
-                ('tool', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='grants', to='attempts.tool')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("policy_version", models.CharField(max_length=64)),
+                ("allowed_scopes", models.JSONField(blank=True, default=list)),
+                ("active", models.BooleanField(default=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                (
+                    "tenant",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="grants",
+                        to="attempts.tenant",
+                    ),
+                ),
+                (
+                    "tool",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="grants",
+                        to="attempts.tool",
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='AttemptEvent',
+            name="AttemptEvent",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('action', models.CharField(max_length=64)),
-                ('actor_kind', models.CharField(choices=[('agent', 'Agent'), ('worker', 'Reconciliation worker'), ('user', 'Person'), ('system', 'System')], max_length=16)),
-                ('actor', models.CharField(max_length=150)),
-                ('from_state', models.CharField(blank=True, default='', max_length=20)),
-                ('to_state', models.CharField(blank=True, default='', max_length=20)),
-                ('reason', models.TextField(blank=True, default='')),
-                ('details', models.JSONField(blank=True, default=dict)),
-                ('created_at', models.DateTimeField()),
-                ('prev_hash', models.CharField(max_length=64)),
-                ('hash', models.CharField(max_length=64, unique=True)),
-                ('attempt', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='events', to='attempts.attempt')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("action", models.CharField(max_length=64)),
+                (
+                    "actor_kind",
+                    models.CharField(
+                        choices=[
+                            ("agent", "Agent"),
+                            ("worker", "Reconciliation worker"),
+                            ("user", "Person"),
+                            ("system", "System"),
+                        ],
+                        max_length=16,
+                    ),
+                ),
+                ("actor", models.CharField(max_length=150)),
+                ("from_state", models.CharField(blank=True, default="", max_length=20)),
+                ("to_state", models.CharField(blank=True, default="", max_length=20)),
+                ("reason", models.TextField(blank=True, default="")),
+                ("details", models.JSONField(blank=True, default=dict)),
+                ("created_at", models.DateTimeField()),
+                ("prev_hash", models.CharField(max_length=64)),
+                ("hash", models.CharField(max_length=64, unique=True)),
+                (
+                    "attempt",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="events",
+                        to="attempts.attempt",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['id'],
-                'indexes': [models.Index(fields=['attempt', 'id'], name='event_attempt_idx')],
+                "ordering": ["id"],
+                "indexes": [models.Index(fields=["attempt", "id"], name="event_attempt_idx")],
             },
         ),
         migrations.CreateModel(
-            name='Membership',
+            name="Membership",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('role', models.CharField(choices=[('viewer', 'Viewer'), ('operator', 'Operator'), ('reviewer', 'Reviewer'), ('admin', 'Admin')], default='viewer', max_length=16)),
-                ('user', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='ledger_memberships', to=settings.AUTH_USER_MODEL)),
-                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='memberships', to='attempts.tenant')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "role",
+                    models.CharField(
+                        choices=[
+                            ("viewer", "Viewer"),
+                            ("operator", "Operator"),
+                            ("reviewer", "Reviewer"),
+                            ("admin", "Admin"),
+                        ],
+                        default="viewer",
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "user",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="ledger_memberships",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "tenant",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="memberships",
+                        to="attempts.tenant",
+                    ),
+                ),
             ],
             options={
-                'constraints': [models.UniqueConstraint(fields=('user', 'tenant'), name='membership_unique_user_tenant')],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("user", "tenant"), name="membership_unique_user_tenant"
+                    )
+                ],
             },
         ),
         migrations.AddIndex(
-            model_name='attempt',
-            index=models.Index(condition=models.Q(('next_check_at__isnull', False)), fields=['next_check_at'], name='attempt_due_idx'),
+            model_name="attempt",
+            index=models.Index(
+                condition=models.Q(("next_check_at__isnull", False)),
+                fields=["next_check_at"],
+                name="attempt_due_idx",
+            ),
         ),
         migrations.AddIndex(
-            model_name='attempt',
-            index=models.Index(fields=['state', 'created_at', 'id'], name='attempt_state_age_idx'),
+            model_name="attempt",
+            index=models.Index(fields=["state", "created_at", "id"], name="attempt_state_age_idx"),
         ),
         migrations.AddIndex(
-            model_name='attempt',
-            index=models.Index(fields=['tenant', 'state', 'created_at', 'id'], name='attempt_tenant_state_idx'),
+            model_name="attempt",
+            index=models.Index(
+                fields=["tenant", "state", "created_at", "id"], name="attempt_tenant_state_idx"
+            ),
         ),
         migrations.AddIndex(
-            model_name='attempt',
-            index=models.Index(fields=['owner', 'state'], name='attempt_owner_state_idx'),
+            model_name="attempt",
+            index=models.Index(fields=["owner", "state"], name="attempt_owner_state_idx"),
         ),
         migrations.AddIndex(
-            model_name='attempt',
-            index=models.Index(fields=['task_id'], name='attempt_task_idx'),
+            model_name="attempt",
+            index=models.Index(fields=["task_id"], name="attempt_task_idx"),
         ),
         migrations.AddIndex(
-            model_name='attempt',
-            index=models.Index(fields=['provider_request_id'], name='attempt_provider_req_idx'),
+            model_name="attempt",
+            index=models.Index(fields=["provider_request_id"], name="attempt_provider_req_idx"),
         ),
         migrations.AddIndex(
-            model_name='attempt',
-            index=models.Index(fields=['args_hash'], name='attempt_args_hash_idx'),
+            model_name="attempt",
+            index=models.Index(fields=["args_hash"], name="attempt_args_hash_idx"),
         ),
         migrations.AddConstraint(
-            model_name='grant',
-            constraint=models.UniqueConstraint(fields=('tenant', 'tool'), name='grant_unique_tenant_tool'),
+            model_name="grant",
+            constraint=models.UniqueConstraint(
+                fields=("tenant", "tool"), name="grant_unique_tenant_tool"
+            ),
         ),
     ]

@@ -1,0 +1,70 @@
+"""ledgerweb_client: record every side effect in the ledger before it happens.
+
+Standard library only, no Django. Typical use::
+
+    from ledgerweb_client import LedgerClient, SendResult, ProviderTimeout
+
+    with LedgerClient("https://ledger.example.com", token) as ledger:
+        result = ledger.call(
+            tenant="acme", task_id="task-42", tool_name="email.send",
+            idempotency_key="invoice:acme:2026-08-11:send",
+            args={"to": "billing@acme.test", "template": "invoice"},
+            send=send_invoice_email,  # fn(attempt) -> SendResult, raises Provider* exceptions
+        )
+
+See ``docs/client.md`` and ``LedgerClient.call`` / ``LedgerClient.attempt``.
+"""
+
+from .client import (
+    DISPATCHABLE_STATES,
+    TERMINAL_STATES,
+    Attempt,
+    AttemptCall,
+    CallResult,
+    LedgerClient,
+    SendResult,
+    State,
+    __version__,
+)
+from .errors import (
+    IdempotencyConflict,
+    InvalidRequest,
+    LedgerError,
+    LedgerUnavailable,
+    NotDispatchable,
+    NotFound,
+    ProviderError,
+    ProviderLostResponse,
+    ProviderOutcomeUnknown,
+    ProviderRefused,
+    ProviderTimeout,
+    Refused,
+    StateConflict,
+    Unauthorized,
+)
+
+__all__ = [
+    "DISPATCHABLE_STATES",
+    "TERMINAL_STATES",
+    "Attempt",
+    "AttemptCall",
+    "CallResult",
+    "IdempotencyConflict",
+    "InvalidRequest",
+    "LedgerClient",
+    "LedgerError",
+    "LedgerUnavailable",
+    "NotDispatchable",
+    "NotFound",
+    "ProviderError",
+    "ProviderLostResponse",
+    "ProviderOutcomeUnknown",
+    "ProviderRefused",
+    "ProviderTimeout",
+    "Refused",
+    "SendResult",
+    "State",
+    "StateConflict",
+    "Unauthorized",
+    "__version__",
+]

@@ -1,0 +1,156 @@
+"""Protocol section 3: the legal moves and nothing else, each a compare-and-set with one event;
+history is append-only at the database level."""
+
+import pytest
+from django.db import DatabaseError, IntegrityError, connection, transaction
+
+from attempts import ledger, states
+from attempts.models import Attempt, AttemptEvent, State
+from attempts.states import LEGAL_MOVES, IllegalMove, StaleAttempt, write_transaction
+
+S = State
+PROTOCOL_MOVES = {
+    (S.INTENT_RECORDED, S.DISPATCHED),
+    (S.INTENT_RECORDED, S.FAILED),
+    (S.INTENT_RECORDED, S.RECONCILED),
+    (S.DISPATCHED, S.OUTCOME_CONFIRMED),
+    (S.DISPATCHED, S.FAILED_RETRYABLE),
+    (S.DISPATCHED, S.FAILED),
+    (S.DISPATCHED, S.UNKNOWN),
+    (S.DISPATCHED, S.MANUAL_REVIEW),
+    (S.FAILED_RETRYABLE, S.DISPATCHED),
+    (S.FAILED_RETRYABLE, S.FAILED),
+    (S.UNKNOWN, S.OUTCOME_CONFIRMED),
+    (S.UNKNOWN, S.DISPATCHED),
+    (S.UNKNOWN, S.FAILED),
+    (S.UNKNOWN, S.MANUAL_REVIEW),
+    (S.UNKNOWN, S.RECONCILED),
+    (S.MANUAL_REVIEW, S.OUTCOME_CONFIRMED),
+    (S.MANUAL_REVIEW, S.FAILED),
+    (S.MANUAL_REVIEW, S.RECONCILED),
+    (S.MANUAL_REVIEW, S.INTENT_RECORDED),
+}
+
+
+def test_the_table_is_exactly_the_protocols():
+    table = {(a, b) for a, targets in LEGAL_MOVES.items() for b in targets}
+    assert table == PROTOCOL_MOVES
+    assert set(LEGAL_MOVES) == set(State.values)
+    for terminal in (S.OUTCOME_CONFIRMED, S.FAILED, S.RECONCILED):
+        assert LEGAL_MOVES[terminal] == frozenset()
+
+
+def _intent(world, key="k-1"):
+    attempt, _ = ledger.record_intent(
+        tenant="acme",
+        task_id="task-1",
+        tool_name="update_crm",
+        idempotency_key=key,
+        args={"id": 7},
+        actor=world.agent,
+    )
+    return attempt
+
+
+def _force_state(attempt, target):
+    """Walk an attempt to ``target`` through legal moves only."""
+    paths = {
+        S.INTENT_RECORDED: [],
+        S.DISPATCHED: [S.DISPATCHED],
+        S.UNKNOWN: [S.DISPATCHED, S.UNKNOWN],
+        S.FAILED_RETRYABLE: [S.DISPATCHED, S.FAILED_RETRYABLE],
+        S.MANUAL_REVIEW: [S.DISPATCHED, S.MANUAL_REVIEW],
+        S.OUTCOME_CONFIRMED: [S.DISPATCHED, S.OUTCOME_CONFIRMED],
+        S.FAILED: [S.FAILED],
+        S.RECONCILED: [S.RECONCILED],
+    }
+    for step in paths[target]:
+        with write_transaction():
+            states.move(attempt, step, actor=states.Actor.system())
+    return attempt
+
+
+@pytest.mark.parametrize("from_state", list(State))
+@pytest.mark.parametrize("to_state", list(State))
+def test_every_illegal_move_is_refused_and_changes_nothing(world, from_state, to_state):
+    if (from_state, to_state) in PROTOCOL_MOVES or from_state == to_state:
+        return
+    attempt = _force_state(_intent(world), from_state)
+    before = Attempt.objects.values().get(pk=attempt.pk)
+    events = AttemptEvent.objects.count()
+    with pytest.raises(IllegalMove) as exc:
+        with write_transaction():
+            states.move(attempt, to_state, actor=states.Actor.system())
+    assert from_state in str(exc.value) and to_state in str(exc.value)
+    assert Attempt.objects.values().get(pk=attempt.pk) == before
+    assert AttemptEvent.objects.count() == events
+
+
+@pytest.mark.parametrize(("from_state", "to_state"), sorted(PROTOCOL_MOVES))
+def test_every_legal_move_writes_one_event_and_bumps_the_version(world, from_state, to_state):
+    attempt = _force_state(_intent(world), from_state)
+    version = attempt.version
+    events = AttemptEvent.objects.filter(attempt=attempt).count()
+    with write_transaction():
+        states.move(attempt, to_state, actor=states.Actor.system(), reason="test")
+    stored = Attempt.objects.get(pk=attempt.pk)
+    assert stored.state == to_state
+    assert stored.version == version + 1
+    assert AttemptEvent.objects.filter(attempt=attempt).count() == events + 1
+    last = AttemptEvent.objects.filter(attempt=attempt).last()
+    assert (last.from_state, last.to_state, last.reason) == (from_state, to_state, "test")
+
+
+def test_compare_and_set_refuses_a_stale_copy(world):
+    attempt = _intent(world)
+    stale = Attempt.objects.get(pk=attempt.pk)
+    with write_transaction():
+        states.move(attempt, S.DISPATCHED, actor=states.Actor.system())
+    with pytest.raises(StaleAttempt):
+        with write_transaction():
+            states.move(stale, S.FAILED, actor=states.Actor.system())
+    assert Attempt.objects.get(pk=attempt.pk).state == S.DISPATCHED
+
+
+def test_entering_attention_states_assigns_an_owner(world):
+    attempt = _force_state(_intent(world), S.UNKNOWN)
+    assert attempt.owner == world.triage
+    other = _force_state(_intent(world, "k-2"), S.MANUAL_REVIEW)
+    assert Attempt.objects.get(pk=other.pk).owner_id == world.triage.pk
+
+
+def test_state_cannot_be_set_through_fields(world):
+    attempt = _intent(world)
+    with pytest.raises(states.TransitionError):
+        with write_transaction():
+            states.move(attempt, None, actor=states.Actor.system(), fields={"state": S.FAILED})
+
+
+@pytest.mark.django_db(transaction=True)
+def test_moves_outside_a_write_transaction_are_refused():
+    from tests.conftest import make_world
+
+    attempt = _intent(make_world())
+    with pytest.raises(RuntimeError):
+        states.move(attempt, S.DISPATCHED, actor=states.Actor.system())
+
+
+def test_history_refuses_update_and_delete_in_the_database(world):
+    _intent(world)
+    table = AttemptEvent._meta.db_table
+    for sql in (f"UPDATE {table} SET reason = 'edited'", f"DELETE FROM {table}"):  # noqa: S608
+        with pytest.raises((DatabaseError, IntegrityError)) as exc:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute(sql)
+        assert "append-only" in str(exc.value)
+    assert AttemptEvent.objects.filter(reason="edited").count() == 0
+    assert AttemptEvent.objects.count() == 1
+
+
+def test_events_are_chained_in_order(world):
+    attempt = _intent(world)
+    _force_state(attempt, S.UNKNOWN)
+    events = list(AttemptEvent.objects.order_by("id"))
+    assert events[0].prev_hash == "0" * 64
+    for before, after in zip(events, events[1:], strict=False):
+        assert after.prev_hash == before.hash

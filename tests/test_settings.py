@@ -1,0 +1,89 @@
+"""Settings come from the environment, fail with a sentence when wrong, and the embedded
+database really runs durable (WAL, synchronous=FULL, immediate transactions, busy timeout)."""
+
+import subprocess
+
+import pytest
+from django.db import connection
+
+from tests.conftest import PYTHON, REPO, child_env
+
+
+@pytest.mark.django_db
+def test_sqlite_pragmas_really_apply():
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite only")
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA journal_mode")
+        assert cursor.fetchone()[0] == "wal"
+        cursor.execute("PRAGMA synchronous")
+        assert cursor.fetchone()[0] == 2  # FULL
+        cursor.execute("PRAGMA busy_timeout")
+        assert cursor.fetchone()[0] >= 5000
+        cursor.execute("PRAGMA foreign_keys")
+        assert cursor.fetchone()[0] == 1
+    assert connection.transaction_mode == "IMMEDIATE"
+
+
+@pytest.mark.django_db
+def test_postgresql_commits_synchronously():
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL only")
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW synchronous_commit")
+        assert cursor.fetchone()[0] == "on"
+
+
+def run_manage(tmp_path, *args, **env):
+    """manage.py in a child process with its own data folder and SQLite file."""
+    base = child_env(LEDGERWEB_DATA_DIR=str(tmp_path), LEDGERWEB_SQLITE_PATH=str(tmp_path / "l.db"))
+    base.pop("DATABASE_URL", None)
+    base.update(env)
+    return subprocess.run(
+        [PYTHON, "manage.py", *args],
+        cwd=REPO,
+        env=base,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("LEDGERWEB_DEBUG", "maybe", "LEDGERWEB_DEBUG must be one of"),
+        ("LEDGERWEB_STALE_AFTER", "soon", "LEDGERWEB_STALE_AFTER must be a whole number"),
+        ("LEDGERWEB_SECRET_KEY", "short", "at least 50 characters"),
+        ("DATABASE_URL", "mysql://x@y/z", "must be a postgres:// URL"),
+    ],
+)
+def test_bad_settings_fail_with_a_clear_message(tmp_path, variable, value, message):
+    result = run_manage(tmp_path, "check", **{variable: value})
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr or "ImproperlyConfigured" in result.stderr
+
+
+def test_production_settings_pass_the_deploy_check(tmp_path):
+    result = run_manage(
+        tmp_path,
+        "check",
+        "--deploy",
+        "--fail-level",
+        "WARNING",
+        LEDGERWEB_HTTPS="1",
+        LEDGERWEB_SECRET_KEY="x7Jq-" * 12,
+        LEDGERWEB_DEFAULT_OWNER="oncall",
+        LEDGERWEB_ALLOWED_HOSTS="ledger.example.com",
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "no issues" in result.stdout
+
+
+def test_missing_owner_configuration_is_reported(tmp_path):
+    assert run_manage(tmp_path, "migrate", "-v0").returncode == 0
+    result = run_manage(tmp_path, "check", LEDGERWEB_DEFAULT_OWNER="")
+    assert "attempts.W001" in result.stdout + result.stderr
+    result = run_manage(tmp_path, "check", LEDGERWEB_DEFAULT_OWNER="oncall")
+    assert "attempts.W001" not in result.stdout + result.stderr
