@@ -85,8 +85,6 @@ def login(user) -> Client:
 @pytest.fixture(autouse=True)
 def _plain_static_storage(settings):
     """Pages link static files by name; the manifest storage needs collectstatic, tests do not."""
-    # Fast password hashing: the world makes seven users per test (not a property under test).
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     settings.STORAGES = {
         **settings.STORAGES,
         "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},

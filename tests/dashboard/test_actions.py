@@ -58,10 +58,19 @@ def test_role_matrix(world, role, action):
     before = (attempt.state, attempt.version, attempt.events.count())
     client = login(getattr(world, role))
     allowed = RANK[role] >= RANK[MINIMUM[action]]
-    data = _form(client, action, attempt) if allowed else {
-        "expected_version": attempt.version, "owner": "reviewer2", "text": "x", "reason": "x",
-        "result_ref": "x", "evidence": "x", "fingerprint": "x",
-    }
+    data = (
+        _form(client, action, attempt)
+        if allowed
+        else {
+            "expected_version": attempt.version,
+            "owner": "reviewer2",
+            "text": "x",
+            "reason": "x",
+            "result_ref": "x",
+            "evidence": "x",
+            "fingerprint": "x",
+        }
+    )
     response = client.post(
         f"/attempts/{attempt.attempt_id}/{action}/", data, headers={"HX-Request": "true"}
     )
@@ -84,7 +93,9 @@ def test_actions_record_the_acting_user_and_their_changes(world, clients):
     clients.operator.post(f"{url}/take/", {"expected_version": attempt.version})
     attempt.refresh_from_db()
     assert attempt.owner == world.operator
-    clients.operator.post(f"{url}/assign/", {"expected_version": attempt.version, "owner": "reviewer"})
+    clients.operator.post(
+        f"{url}/assign/", {"expected_version": attempt.version, "owner": "reviewer"}
+    )
     attempt.refresh_from_db()
     assert attempt.owner == world.reviewer
     clients.operator.post(f"{url}/unassign/", {"expected_version": attempt.version})
@@ -104,7 +115,8 @@ def test_mark_confirmed_needs_evidence_and_mark_failed_a_reason(world, clients):
     attempt = make_review(world)
     url = f"/attempts/{attempt.attempt_id}"
     response = clients.reviewer.post(
-        f"{url}/confirm/", {"expected_version": attempt.version, "result_ref": "r-1", "evidence": " "},
+        f"{url}/confirm/",
+        {"expected_version": attempt.version, "result_ref": "r-1", "evidence": " "},
         headers={"HX-Request": "true"},
     )
     assert response.status_code == 422 and "evidence must not be empty" in response.content.decode()
@@ -155,7 +167,10 @@ def test_two_reviewers_one_page_one_wins_the_other_is_told(world, clients):
     the clear message, and the first decision stands."""
     attempt = make_review(world)
     version = clients.reviewer.get(f"/attempts/{attempt.attempt_id}/").context["attempt"].version
-    assert clients.reviewer2.get(f"/attempts/{attempt.attempt_id}/").context["attempt"].version == version
+    assert (
+        clients.reviewer2.get(f"/attempts/{attempt.attempt_id}/").context["attempt"].version
+        == version
+    )
     first = clients.reviewer.post(
         f"/attempts/{attempt.attempt_id}/confirm/",
         {"expected_version": version, "result_ref": "r-9", "evidence": "seen at provider"},
@@ -175,14 +190,13 @@ def test_two_reviewers_one_page_one_wins_the_other_is_told(world, clients):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_two_reviewers_at_the_same_instant(settings):
+def test_two_reviewers_at_the_same_instant():
     """Two real concurrent requests (threads, separate connections) for opposite decisions:
     exactly one wins, the other gets the conflict message, history has one decision."""
     from django.db import connections
 
     from tests.conftest import make_world
 
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     world = make_world()
     attempt = make_review(world)
     barrier = threading.Barrier(2)
@@ -199,10 +213,22 @@ def test_two_reviewers_at_the_same_instant(settings):
 
     base = f"/attempts/{attempt.attempt_id}"
     threads = [
-        threading.Thread(target=act, args=("reviewer", f"{base}/confirm/", {
-            "expected_version": attempt.version, "result_ref": "r", "evidence": "seen"})),
-        threading.Thread(target=act, args=("reviewer2", f"{base}/fail/", {
-            "expected_version": attempt.version, "reason": "not seen"})),
+        threading.Thread(
+            target=act,
+            args=(
+                "reviewer",
+                f"{base}/confirm/",
+                {"expected_version": attempt.version, "result_ref": "r", "evidence": "seen"},
+            ),
+        ),
+        threading.Thread(
+            target=act,
+            args=(
+                "reviewer2",
+                f"{base}/fail/",
+                {"expected_version": attempt.version, "reason": "not seen"},
+            ),
+        ),
     ]
     for t in threads:
         t.start()
@@ -213,7 +239,9 @@ def test_two_reviewers_at_the_same_instant(settings):
     loser = next(body for code, body in results.values() if code == 409)
     assert "someone else changed this attempt" in loser
     attempt.refresh_from_db()
-    decisions = attempt.events.filter(action__in=["attempt.review_confirmed", "attempt.review_failed"])
+    decisions = attempt.events.filter(
+        action__in=["attempt.review_confirmed", "attempt.review_failed"]
+    )
     assert decisions.count() == 1
     assert attempt.state in (State.OUTCOME_CONFIRMED, State.FAILED)
 
@@ -229,19 +257,31 @@ def test_approve_linked_retry_shows_exactly_what_will_be_sent(world, clients):
     assert preview["idempotency_key"] == attempt.idempotency_key + "~r1"
     assert (preview["tenant"], preview["policy_version"]) == ("acme", "v2")
     assert preview["credential_scope"] == ["open_ticket:write"]  # never wider
-    for shown in (attempt.idempotency_key + "~r1", "v2", "open_ticket:write", "Broken", attempt.args_hash):
+    for shown in (
+        attempt.idempotency_key + "~r1",
+        "v2",
+        "open_ticket:write",
+        "Broken",
+        attempt.args_hash,
+    ):
         assert shown in body
     assert "t0p" not in body
     response = clients.reviewer.post(
         f"/attempts/{attempt.attempt_id}/approve/",
-        {"expected_version": attempt.version, "fingerprint": page.context["preview"]["fingerprint"]},
+        {
+            "expected_version": attempt.version,
+            "fingerprint": page.context["preview"]["fingerprint"],
+        },
     )
     child = Attempt.objects.get(parent=attempt)
     assert response.url == f"/attempts/{child.attempt_id}/"
     attempt.refresh_from_db()
     assert attempt.state == State.RECONCILED
     assert (child.state, child.idempotency_key, child.policy_version, child.credential_scope) == (
-        State.INTENT_RECORDED, preview["idempotency_key"], "v2", ["open_ticket:write"],
+        State.INTENT_RECORDED,
+        preview["idempotency_key"],
+        "v2",
+        ["open_ticket:write"],
     )
     assert child.events.first().actor == "reviewer"
 
@@ -252,10 +292,16 @@ def test_preview_that_changed_before_the_click_is_refused(world, clients):
     Grant.objects.filter(tenant="acme", tool="open_ticket").update(policy_version="v3")
     response = clients.reviewer.post(
         f"/attempts/{attempt.attempt_id}/approve/",
-        {"expected_version": attempt.version, "fingerprint": page.context["preview"]["fingerprint"]},
+        {
+            "expected_version": attempt.version,
+            "fingerprint": page.context["preview"]["fingerprint"],
+        },
         headers={"HX-Request": "true"},
     )
-    assert response.status_code == 409 and "changed since you opened the preview" in response.content.decode()
+    assert (
+        response.status_code == 409
+        and "changed since you opened the preview" in response.content.decode()
+    )
     assert not Attempt.objects.filter(parent=attempt).exists()
 
 
@@ -265,15 +311,21 @@ def test_critical_linked_retry_needs_two_distinct_reviewers(world, clients):
 
     def approve(client):
         page = client.get(url)
-        return client.post(url, {
-            "expected_version": page.context["attempt"].version,
-            "fingerprint": page.context["preview"]["fingerprint"],
-        }, follow=True)
+        return client.post(
+            url,
+            {
+                "expected_version": page.context["attempt"].version,
+                "fingerprint": page.context["preview"]["fingerprint"],
+            },
+            follow=True,
+        )
 
     response = approve(clients.reviewer)
     assert "a second, different reviewer must approve" in response.content.decode()
     attempt.refresh_from_db()
-    assert attempt.state == State.MANUAL_REVIEW and not Attempt.objects.filter(parent=attempt).exists()
+    assert (
+        attempt.state == State.MANUAL_REVIEW and not Attempt.objects.filter(parent=attempt).exists()
+    )
     response = approve(clients.reviewer)
     assert "you already approved this" in response.content.decode()
     response = approve(clients.reviewer2)
@@ -287,15 +339,21 @@ def test_approve_and_reject_a_linked_attempt_awaiting_approval(world, clients):
     waiting = make_awaiting(world, tool="open_ticket")
     page = clients.reviewer.get(f"/attempts/{waiting.attempt_id}/approve/")
     assert page.context["preview"]["data"]["idempotency_key"] == waiting.idempotency_key
-    clients.reviewer.post(f"/attempts/{waiting.attempt_id}/approve/", {
-        "expected_version": waiting.version, "fingerprint": page.context["preview"]["fingerprint"]})
+    clients.reviewer.post(
+        f"/attempts/{waiting.attempt_id}/approve/",
+        {
+            "expected_version": waiting.version,
+            "fingerprint": page.context["preview"]["fingerprint"],
+        },
+    )
     waiting.refresh_from_db()
     assert waiting.state == State.INTENT_RECORDED and not waiting.awaiting_approval
 
     other = make_awaiting(world, tool="open_ticket")
     response = clients.reviewer.post(
         f"/attempts/{other.attempt_id}/reject/",
-        {"expected_version": other.version, "reason": "customer cancelled"}, follow=True,
+        {"expected_version": other.version, "reason": "customer cancelled"},
+        follow=True,
     )
     assert "Linked attempt rejected" in response.content.decode()
     other.refresh_from_db()
@@ -306,7 +364,8 @@ def test_approve_and_reject_a_linked_attempt_awaiting_approval(world, clients):
 def test_reject_needs_a_reason_and_nothing_to_approve_is_clear(world, clients):
     waiting = make_awaiting(world)
     response = clients.reviewer.post(
-        f"/attempts/{waiting.attempt_id}/reject/", {"expected_version": waiting.version, "reason": ""},
+        f"/attempts/{waiting.attempt_id}/reject/",
+        {"expected_version": waiting.version, "reason": ""},
         headers={"HX-Request": "true"},
     )
     assert response.status_code == 422
@@ -314,7 +373,8 @@ def test_reject_needs_a_reason_and_nothing_to_approve_is_clear(world, clients):
     response = clients.reviewer.get(f"/attempts/{unknown.attempt_id}/approve/", follow=True)
     assert "nothing to approve" in response.content.decode()
     response = clients.reviewer.post(
-        f"/attempts/{unknown.attempt_id}/reject/", {"expected_version": unknown.version, "reason": "x"},
+        f"/attempts/{unknown.attempt_id}/reject/",
+        {"expected_version": unknown.version, "reason": "x"},
         headers={"HX-Request": "true"},
     )
     assert response.status_code == 409
