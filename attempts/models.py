@@ -234,6 +234,11 @@ class Attempt(models.Model):
                 fields=["tenant", "state", "created_at", "id"], name="attempt_tenant_state_idx"
             ),
             models.Index(fields=["owner", "state"], name="attempt_owner_state_idx"),
+            # The overview's counts by state, tenant, tool and owner, read from the index alone.
+            models.Index(
+                fields=["state", "tenant", "tool_name", "owner"],
+                name="attempt_state_tenant_tool_idx",
+            ),
             models.Index(fields=["task_id"], name="attempt_task_idx"),
             models.Index(fields=["provider_request_id"], name="attempt_provider_req_idx"),
             models.Index(fields=["args_hash"], name="attempt_args_hash_idx"),
