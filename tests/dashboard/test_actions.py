@@ -378,3 +378,24 @@ def test_reject_needs_a_reason_and_nothing_to_approve_is_clear(world, clients):
         headers={"HX-Request": "true"},
     )
     assert response.status_code == 409
+
+
+def test_two_reviewers_failing_with_different_reasons_is_a_race_not_a_repeat(world, clients):
+    """The same move with the same reason is a harmless repeat; with another reason it is a
+    second person's decision that lost, and they are told so (core: ledger.review_fail)."""
+    attempt = make_review(world)
+    url = f"/attempts/{attempt.attempt_id}/fail/"
+    first = clients.reviewer.post(url, {"expected_version": attempt.version, "reason": "gone"})
+    assert first.status_code == 302
+    again = clients.reviewer.post(
+        url, {"expected_version": attempt.version, "reason": "gone"}, headers={"HX-Request": "true"}
+    )
+    assert again.status_code == 200  # a repeat of the same decision
+    second = clients.reviewer2.post(
+        url, {"expected_version": attempt.version, "reason": "never sent"},
+        headers={"HX-Request": "true"},
+    )
+    assert second.status_code == 409
+    assert "someone else changed this attempt" in second.content.decode()
+    attempt.refresh_from_db()
+    assert list(attempt.events.filter(to_state=State.FAILED).values_list("reason", flat=True)) == ["gone"]
