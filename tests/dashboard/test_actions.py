@@ -392,10 +392,13 @@ def test_two_reviewers_failing_with_different_reasons_is_a_race_not_a_repeat(wor
     )
     assert again.status_code == 200  # a repeat of the same decision
     second = clients.reviewer2.post(
-        url, {"expected_version": attempt.version, "reason": "never sent"},
+        url,
+        {"expected_version": attempt.version, "reason": "never sent"},
         headers={"HX-Request": "true"},
     )
     assert second.status_code == 409
     assert "someone else changed this attempt" in second.content.decode()
     attempt.refresh_from_db()
-    assert list(attempt.events.filter(to_state=State.FAILED).values_list("reason", flat=True)) == ["gone"]
+    assert list(attempt.events.filter(to_state=State.FAILED).values_list("reason", flat=True)) == [
+        "gone"
+    ]

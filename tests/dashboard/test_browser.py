@@ -21,8 +21,15 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 CHROMIUM = "/usr/bin/chromium"
 SHOTS = REPO / "var" / "artifacts" / "screenshots"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"]
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 
 @pytest.fixture
@@ -91,7 +98,9 @@ def test_operator_day_in_the_browser(live_server, browser, settings):
     me.shot("03-unknown-queue")
     page.select_option("select[name=tool]", "charge_card")
     page.wait_for_url("**tool=charge_card**")
-    page.wait_for_function("document.querySelectorAll('#queue-table tbody tr[data-attempt]').length === 1")
+    page.wait_for_function(
+        "document.querySelectorAll('#queue-table tbody tr[data-attempt]').length === 1"
+    )
     rows = page.locator("#queue-table tbody tr[data-attempt]")
     assert rows.first.get_attribute("data-attempt") == card.attempt_id
     assert "globex" not in page.inner_text("#queue-table")
@@ -141,7 +150,9 @@ def test_operator_day_in_the_browser(live_server, browser, settings):
     for s in (me, other):
         s.goto(f"/attempts/{raced.attempt_id}/")
         s.page.click("text=Mark failed…")
-        s.page.fill("form[action$='/fail/'] textarea[name=reason]", f"{s.name}: provider has no record")
+        s.page.fill(
+            "form[action$='/fail/'] textarea[name=reason]", f"{s.name}: provider has no record"
+        )
     me.page.click("form[action$='/fail/'] button[type=submit]")
     me.page.wait_for_selector("text=Marked FAILED.")
     other.page.click("form[action$='/fail/'] button[type=submit]")
