@@ -234,6 +234,15 @@ class Attempt(models.Model):
                 fields=["tenant", "state", "created_at", "id"], name="attempt_tenant_state_idx"
             ),
             models.Index(fields=["owner", "state"], name="attempt_owner_state_idx"),
+            # The "all attempts" queue: one ordered range per tenant, whatever the state.
+            models.Index(fields=["tenant", "created_at", "id"], name="attempt_tenant_age_idx"),
+            # "My work" queues: one ordered range per (owner, tenant, state). Partial, so its
+            # statistics are not drowned by the unowned majority.
+            models.Index(
+                fields=["owner", "tenant", "state", "created_at", "id"],
+                name="attempt_owner_queue_idx",
+                condition=Q(owner__isnull=False),
+            ),
             # The overview's counts by state, tenant, tool and owner, read from the index alone.
             models.Index(
                 fields=["state", "tenant", "tool_name", "owner"],

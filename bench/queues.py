@@ -219,17 +219,24 @@ def real_unknown_attempt() -> Attempt:
     return ledger.mark_unknown(attempt, reason="timeout", actor=agent)
 
 
-def measure(client: Client, url: str, repeat: int, *, clear_cache: bool = False) -> float:
+def measure(
+    client: Client,
+    url: str,
+    repeat: int,
+    *,
+    clear_cache: bool = False,
+    headers: dict[str, str] | None = None,
+) -> float:
     """Median milliseconds for GET url (two warm-up requests first)."""
     for _ in range(2):
-        response = client.get(url)
+        response = client.get(url, headers=headers or {})
         assert response.status_code == 200, (url, response.status_code)
     samples = []
     for _ in range(repeat):
         if clear_cache:
             cache.clear()
         began = time.perf_counter()
-        response = client.get(url)
+        response = client.get(url, headers=headers or {})
         samples.append((time.perf_counter() - began) * 1000)
         assert response.status_code == 200, (url, response.status_code)
     return statistics.median(samples)
@@ -263,6 +270,8 @@ def run_stage(label: str, client: Client, repeat: int) -> dict[str, float]:
         "queue_deep": f"/queues/unknown/?after={cursor}",
         "queue_filtered": "/queues/unknown/?tenant=north&owner=unassigned&tool=open_ticket",
         "queue_search": f"/queues/all/?q={detail.provider_request_id}",
+        "queue_all": "/queues/all/",
+        "queue_poll": "/queues/unknown/",  # the htmx fragment the page polls
         "detail": f"/attempts/{detail.attempt_id}/",
         "overview_warm": "/",
         "admin_first": "/admin/attempts/attempt/?state__exact=UNKNOWN",
@@ -270,7 +279,12 @@ def run_stage(label: str, client: Client, repeat: int) -> dict[str, float]:
     }
     results: dict[str, float] = {}
     for name, url in pages.items():
-        results[name] = measure(client, url, repeat)
+        headers = {"HX-Request": "true"} if name == "queue_poll" else {}
+        results[name] = measure(client, url, repeat, headers=headers)
+    # A reviewer's own work (owner = me), as a person who owns some of it.
+    alice = Client()
+    alice.force_login(User.objects.get(username="alice"))
+    results["queue_mine"] = measure(alice, "/queues/unknown/?owner=me", repeat)
     results["overview_cold"] = measure(client, "/", max(3, repeat // 3), clear_cache=True)
     width = max(len(k) for k in results)
     print(

@@ -251,8 +251,13 @@ def fetch_page(
     if filters.q:
         lanes = [base.filter(_search_q(filters.q), tenant_id__in=tenants, state__in=chosen_states)]
     else:
-        # One equality (tenant, state) prefix per lane: each is an ordered index range.
-        lanes = [base.filter(tenant_id=t, state=s) for t in tenants for s in chosen_states]
+        # One equality prefix per lane, so each lane is an ordered index range: (tenant) when
+        # every state is wanted, (tenant, state) otherwise; (owner, tenant, state) for "me".
+        every_state = set(chosen_states) == set(State.values)
+        if every_state and filters.owner != "me":
+            lanes = [base.filter(tenant_id=t) for t in tenants]
+        else:
+            lanes = [base.filter(tenant_id=t, state=s) for t in tenants for s in chosen_states]
     results = [list(lane.order_by(*order).values(*ROW_FIELDS)[:want]) for lane in lanes]
 
     def sort_key(row: dict[str, Any]) -> tuple[dt.datetime, int]:
