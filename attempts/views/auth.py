@@ -12,7 +12,7 @@ from django import forms
 from django.conf import settings
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.forms import AuthenticationForm
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 
@@ -41,10 +41,13 @@ def record_failure(key: str, now: dt.datetime) -> None:
     """Count one failure; the window is as long as the lock, counted from the first failure."""
     limit = settings.LEDGER["LOGIN_MAX_FAILURES"]
     lock = dt.timedelta(seconds=settings.LEDGER["LOGIN_LOCK_SECONDS"])
+    try:
+        with transaction.atomic():
+            LoginThrottle.objects.get_or_create(key=key, defaults={"first_failure_at": now})
+    except IntegrityError:
+        pass  # another request created the row first: count on it below
     with transaction.atomic():
-        row, _ = LoginThrottle.objects.select_for_update().get_or_create(
-            key=key, defaults={"first_failure_at": now}
-        )
+        row = LoginThrottle.objects.select_for_update().get(key=key)
         if now - row.first_failure_at > lock:
             row.failures, row.first_failure_at, row.locked_until = 0, now, None
         row.failures += 1
