@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 
 from django import template
 
@@ -36,3 +37,17 @@ def state_class(state: str) -> str:
 @register.filter
 def get_item(mapping: dict, key: str):
     return mapping.get(key) if mapping else None
+
+
+@register.filter
+def details_text(details: dict | None, skip: str = "") -> str:
+    """An event's details as ``key=value`` pairs, JSON for lists and objects."""
+    if not details:
+        return ""
+    parts = []
+    for key, value in details.items():
+        if key == skip:
+            continue
+        shown = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+        parts.append(f"{key}={shown}")
+    return " ".join(parts)
