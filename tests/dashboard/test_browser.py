@@ -157,7 +157,7 @@ def test_operator_day_in_the_browser(live_server, browser, settings):
     me.page.wait_for_selector("text=Marked FAILED.")
     other.page.click("form[action$='/fail/'] button[type=submit]")
     other.page.wait_for_selector("#action-feedback .feedback.error")
-    assert "someone else changed this attempt" in other.page.inner_text("#action-feedback")
+    assert "someone else changed this attempt" in other.page.inner_text("#action-feedback").lower()
     other.shot("10-race-lost")
     assert Attempt.objects.get(pk=raced.pk).events.last().actor == "reviewer"
 
