@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+# The live server listens on 127.0.0.1. (DJANGO_ALLOW_ASYNC_UNSAFE is set only while a browser
+# test runs, see the fixture: set for the whole session it would leak into the environment of
+# every subprocess other tests start, e.g. `check --deploy`, which rightly refuses it.)
 os.environ.setdefault("DJANGO_LIVE_TEST_SERVER_ADDRESS", "127.0.0.1")
 
 from attempts.models import Attempt, State  # noqa: E402
@@ -33,7 +35,10 @@ ARGS = [
 
 
 @pytest.fixture
-def browser():
+def browser(monkeypatch):
+    # Playwright's sync API runs an event loop in this thread; the test's own ORM calls are
+    # still plain synchronous code.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     if not Path(CHROMIUM).exists():
         pytest.skip("Debian's chromium is not installed at /usr/bin/chromium")
     from playwright.sync_api import sync_playwright
