@@ -3,6 +3,7 @@ redaction of secret argument fields, and turning a ledger refusal into a clear a
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from django.conf import settings
@@ -54,6 +55,8 @@ def max_role(user: Any) -> str | None:
 def get_attempt_for_user(user: Any, attempt_id: str) -> Attempt:
     """The attempt by public id if it belongs to one of the user's tenants; 404 otherwise
     (another tenant's attempt is indistinguishable from one that does not exist)."""
+    if "\x00" in attempt_id or len(attempt_id) > 32:
+        raise Http404("No such attempt.")
     attempt = (
         Attempt.objects.for_tenants(user_tenants(user))
         .select_related("owner", "parent")
@@ -118,6 +121,21 @@ def done(request: HttpRequest, message: str, *, redirect_to: str) -> HttpRespons
     if request.htmx:
         return HttpResponseClientRedirect(redirect_to)
     return HttpResponseRedirect(redirect_to)
+
+
+def refuse_nul_bytes(view):
+    """Answer 400 when any query or form value holds a NUL character: PostgreSQL cannot store
+    or compare one, and no legitimate input contains it."""
+
+    @functools.wraps(view)
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        for data in (request.GET, request.POST):
+            for values in data.lists():
+                if any("\x00" in value for value in values[1]) or "\x00" in values[0]:
+                    return bad_request(request, "the request contains a NUL character")
+        return view(request, *args, **kwargs)
+
+    return wrapper
 
 
 def bad_request(request: HttpRequest, message: str, *, status: int = 400) -> HttpResponse:

@@ -18,7 +18,14 @@ from django.views.decorators.http import require_http_methods, require_POST
 from attempts import ledger
 from attempts.ledger import LedgerError
 from attempts.models import Attempt, Role
-from attempts.views._common import bad_request, done, get_attempt_for_user, has_role, refusal
+from attempts.views._common import (
+    bad_request,
+    done,
+    get_attempt_for_user,
+    has_role,
+    refusal,
+    refuse_nul_bytes,
+)
 from attempts.views.detail import approval_kind, approval_preview, approvals_so_far
 
 
@@ -45,6 +52,7 @@ def _detail_url(attempt: Attempt) -> str:
 
 
 @require_POST
+@refuse_nul_bytes
 def take(request: HttpRequest, attempt_id: str) -> HttpResponse:
     """Assign the attempt to myself."""
     attempt = get_attempt_for_user(request.user, attempt_id)
@@ -62,6 +70,7 @@ def take(request: HttpRequest, attempt_id: str) -> HttpResponse:
 
 
 @require_POST
+@refuse_nul_bytes
 def assign(request: HttpRequest, attempt_id: str) -> HttpResponse:
     attempt = get_attempt_for_user(request.user, attempt_id)
     url = _detail_url(attempt)
@@ -79,6 +88,7 @@ def assign(request: HttpRequest, attempt_id: str) -> HttpResponse:
 
 
 @require_POST
+@refuse_nul_bytes
 def unassign(request: HttpRequest, attempt_id: str) -> HttpResponse:
     attempt = get_attempt_for_user(request.user, attempt_id)
     url = _detail_url(attempt)
@@ -92,6 +102,7 @@ def unassign(request: HttpRequest, attempt_id: str) -> HttpResponse:
 
 
 @require_POST
+@refuse_nul_bytes
 def note(request: HttpRequest, attempt_id: str) -> HttpResponse:
     attempt = get_attempt_for_user(request.user, attempt_id)
     url = _detail_url(attempt)
@@ -103,6 +114,7 @@ def note(request: HttpRequest, attempt_id: str) -> HttpResponse:
 
 
 @require_POST
+@refuse_nul_bytes
 def mark_confirmed(request: HttpRequest, attempt_id: str) -> HttpResponse:
     """A reviewer confirms the effect happened: a result reference and evidence are required."""
     attempt = get_attempt_for_user(request.user, attempt_id)
@@ -121,6 +133,7 @@ def mark_confirmed(request: HttpRequest, attempt_id: str) -> HttpResponse:
 
 
 @require_POST
+@refuse_nul_bytes
 def mark_failed(request: HttpRequest, attempt_id: str) -> HttpResponse:
     """A reviewer declares the effect not done: a reason is required."""
     attempt = get_attempt_for_user(request.user, attempt_id)
@@ -138,6 +151,7 @@ def mark_failed(request: HttpRequest, attempt_id: str) -> HttpResponse:
 
 
 @require_POST
+@refuse_nul_bytes
 def reject(request: HttpRequest, attempt_id: str) -> HttpResponse:
     """Reject a linked attempt that waits for approval: it becomes FAILED with the reason."""
     attempt = get_attempt_for_user(request.user, attempt_id)
@@ -162,6 +176,7 @@ def reject(request: HttpRequest, attempt_id: str) -> HttpResponse:
 
 
 @require_http_methods(["GET", "POST"])
+@refuse_nul_bytes
 def approve(request: HttpRequest, attempt_id: str) -> HttpResponse:
     """GET: a preview of exactly what approving will record and send. POST: approve it, if the
     preview is still what would be sent (same fingerprint) and the version is unchanged."""

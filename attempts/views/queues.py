@@ -28,7 +28,13 @@ from django.views.decorators.http import require_GET, require_POST
 
 from attempts import ledger
 from attempts.models import ROLE_RANK, Attempt, Role, State, Tool
-from attempts.views._common import bad_request, max_role, tenant_roles, user_tenants
+from attempts.views._common import (
+    bad_request,
+    max_role,
+    refuse_nul_bytes,
+    tenant_roles,
+    user_tenants,
+)
 
 PAGE_SIZE = 50
 IN_FLIGHT = (State.INTENT_RECORDED, State.DISPATCHED, State.FAILED_RETRYABLE)
@@ -312,6 +318,7 @@ def _tool_names() -> list[str]:
 
 
 @require_GET
+@refuse_nul_bytes
 def queue_view(request: HttpRequest, slug: str = "unknown") -> HttpResponse:
     """A queue page; for htmx (filter changes, paging, the poll) only the table fragment."""
     queue = QUEUES.get(slug)
@@ -362,6 +369,7 @@ def _assignees(user: Any) -> list[str]:
 
 
 @require_POST
+@refuse_nul_bytes
 def bulk_action(request: HttpRequest) -> HttpResponse:
     """Take or assign many attempts at once. Each one is its own compare-and-set against the
     version shown on the page; the message says how many were done and why any were not."""

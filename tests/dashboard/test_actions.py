@@ -402,3 +402,23 @@ def test_two_reviewers_failing_with_different_reasons_is_a_race_not_a_repeat(wor
     assert list(attempt.events.filter(to_state=State.FAILED).values_list("reason", flat=True)) == [
         "gone"
     ]
+
+
+def test_nul_characters_are_a_clear_4xx_never_a_500(world, clients):
+    attempt = make_unknown(world)
+    base = f"/attempts/{attempt.attempt_id}"
+    assert clients.operator.post(f"{base}/note/", {"text": "a\x00b"}).status_code == 400
+    assert (
+        clients.operator.post(
+            f"{base}/assign/", {"expected_version": attempt.version, "owner": "op\x00"}
+        ).status_code
+        == 400
+    )
+    assert clients.operator.get("/queues/all/", {"q": "key\x00"}).status_code == 400
+    assert clients.operator.get("/queues/unknown/", {"tool": "x\x00"}).status_code == 400
+    assert clients.operator.get("/attempts/att_%00/").status_code == 404
+    assert (
+        clients.operator.post("/queues/bulk/", {"action": "take", "attempt": ["a\x00"]}).status_code
+        == 400
+    )
+    assert not attempt.events.filter(action="attempt.note").exists()
