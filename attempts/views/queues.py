@@ -148,7 +148,7 @@ def decode_cursor(raw: str) -> tuple[dt.datetime, int]:
     try:
         micros_text, pk_text = raw.split(".", 1)
         micros, pk = int(micros_text), int(pk_text)
-        if micros < 0 or pk < 0:
+        if micros < 0 or not 0 <= pk < 2**63:
             raise ValueError
         when = dt.datetime.fromtimestamp(micros / 1_000_000, tz=dt.UTC)
     except (ValueError, OverflowError, OSError):

@@ -77,6 +77,8 @@ def test_filters_tool_owner_age_and_tenant(world, clients):
         "sort=sideways",
         "after=garbage",
         "after=1.2&before=1.3",
+        "after=1.99999999999999999999999",
+        "before=99999999999999999999999.1",
     ],
 )
 def test_bad_filters_are_a_clear_400(world, clients, query):
