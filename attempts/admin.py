@@ -5,6 +5,8 @@ through the state machine, and history is append-only."""
 from __future__ import annotations
 
 from django.contrib import admin
+from django.contrib.auth import get_user_model
+from django.contrib.auth.admin import UserAdmin
 from django.http import HttpRequest
 
 from attempts.models import (
@@ -23,6 +25,25 @@ class MembershipInline(admin.TabularInline):
     model = Membership
     extra = 1
     autocomplete_fields = ["user"]
+
+
+class UserMembershipInline(admin.TabularInline):
+    model = Membership
+    extra = 1
+    autocomplete_fields = ["tenant"]
+    verbose_name = "tenant membership"
+
+
+class LedgerUserAdmin(UserAdmin):
+    """Django's user admin, plus the person's tenant memberships and roles on the same page."""
+
+    inlines = [*UserAdmin.inlines, UserMembershipInline]
+
+
+User = get_user_model()
+if admin.site.is_registered(User):
+    admin.site.unregister(User)
+admin.site.register(User, LedgerUserAdmin)
 
 
 @admin.register(Tenant)

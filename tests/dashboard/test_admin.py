@@ -38,6 +38,8 @@ def test_superuser_configures_tools_grants_rules_tenants(world):
     )
     assert response.status_code == 302
     assert Tool.objects.get(name="refund_payment").critical
+    page = client.get(f"/admin/auth/user/{world.viewer.pk}/change/").content.decode()
+    assert "tenant membership" in page.lower() and "acme" in page
 
 
 def test_attempts_and_history_are_read_only(world):
