@@ -109,11 +109,35 @@ def approval_preview(attempt: Attempt) -> dict[str, Any]:
     }
 
 
+def _name_owners(events: list[Any]) -> None:
+    """Show people by name in event details (``owner_id=6`` becomes ``owner=triage``)."""
+    ids = {
+        value
+        for e in events
+        for key, value in (e.details or {}).items()
+        if key.endswith("owner_id") and isinstance(value, int)
+    }
+    names = (
+        dict(get_user_model().objects.filter(pk__in=ids).values_list("pk", "username"))
+        if ids
+        else {}
+    )
+    for e in events:
+        shown = {}
+        for key, value in (e.details or {}).items():
+            if key.endswith("owner_id") and (value is None or value in names):
+                shown[key[: -len("_id")]] = names.get(value, "nobody")
+            else:
+                shown[key] = value
+        e.shown_details = shown
+
+
 def detail_context(request: HttpRequest, attempt: Attempt) -> dict[str, Any]:
     user = request.user
     tenants = user_tenants(user)
     events = list(attempt.events.order_by("-id")[:MAX_EVENTS])
     events.reverse()
+    _name_owners(events)
     total_events = attempt.events.count() if len(events) == MAX_EVENTS else len(events)
     shown_args, redacted = redact(attempt.args)
     ancestors, children = lineage(attempt, tenants)

@@ -99,3 +99,11 @@ def test_viewer_sees_no_action_forms(world, clients):
     assert "/take/" in body and "/note/" in body and "/confirm/" not in body
     body = clients.reviewer.get(f"/attempts/{attempt.attempt_id}/").content.decode()
     assert "/confirm/" in body and "/fail/" in body and "/approve/" in body
+
+
+def test_history_names_owners(world, clients):
+    attempt = make_unknown(world)
+    ledger.assign(attempt, user=world.operator, owner=world.reviewer)
+    body = clients.viewer.get(f"/attempts/{attempt.attempt_id}/").content.decode()
+    assert "owner=reviewer" in body and "previous_owner=triage" in body
+    assert "owner_id=" not in body
