@@ -164,7 +164,8 @@ def detail_context(request: HttpRequest, attempt: Attempt) -> dict[str, Any]:
         "can_take": can_operate and attempt.owner_id != user.pk and not attempt.is_terminal,
         "can_unassign": can_operate
         and attempt.owner_id is not None
-        and attempt.state != State.MANUAL_REVIEW,
+        and attempt.state != State.MANUAL_REVIEW
+        and not attempt.is_terminal,
         "can_assign": can_operate and not attempt.is_terminal,
         "can_confirm": can_review and attention and not attempt.awaiting_approval,
         "can_fail": can_review and attention and not attempt.awaiting_approval,
