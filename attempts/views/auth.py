@@ -37,9 +37,12 @@ def locked_for(key: str, now: dt.datetime) -> dt.timedelta | None:
     return None
 
 
-def record_failure(key: str, now: dt.datetime) -> None:
+# An address guessing across many usernames is locked too, at this multiple of the limit.
+ADDRESS_LIMIT_FACTOR = 4
+
+
+def record_failure(key: str, now: dt.datetime, limit: int) -> None:
     """Count one failure; the window is as long as the lock, counted from the first failure."""
-    limit = settings.LEDGER["LOGIN_MAX_FAILURES"]
     lock = dt.timedelta(seconds=settings.LEDGER["LOGIN_LOCK_SECONDS"])
     try:
         with transaction.atomic():
@@ -67,25 +70,30 @@ class ThrottledAuthenticationForm(AuthenticationForm):
 
     def clean(self):
         username = self.cleaned_data.get("username") or ""
-        key = throttle_key(username, client_address(self.request))
+        address = client_address(self.request)
+        pair_key = throttle_key(username, address)
+        address_key = throttle_key("\x00any-user", address)
+        limit = settings.LEDGER["LOGIN_MAX_FAILURES"]
         now = timezone.now()
-        remaining = locked_for(key, now)
-        if remaining is not None:
-            self.locked = True
-            minutes = max(1, math.ceil(remaining.total_seconds() / 60))
-            raise forms.ValidationError(
-                f"Too many failed log-ins for this account from your address. Try again in "
-                f"{minutes} minute{'s' if minutes != 1 else ''}.",
-                code="locked",
-            )
+        for key, whom in ((pair_key, "this account"), (address_key, "any account")):
+            remaining = locked_for(key, now)
+            if remaining is not None:
+                self.locked = True
+                minutes = max(1, math.ceil(remaining.total_seconds() / 60))
+                raise forms.ValidationError(
+                    f"Too many failed log-ins for {whom} from your address. Try again in "
+                    f"{minutes} minute{'s' if minutes != 1 else ''}.",
+                    code="locked",
+                )
         try:
             cleaned = super().clean()
         except forms.ValidationError:
-            record_failure(key, now)
-            if locked_for(key, now) is not None:
+            record_failure(pair_key, now, limit)
+            record_failure(address_key, now, limit * ADDRESS_LIMIT_FACTOR)
+            if locked_for(pair_key, now) is not None:
                 self.locked = True
             raise
-        clear_failures(key)
+        clear_failures(pair_key)
         return cleaned
 
 
