@@ -264,12 +264,17 @@ def fetch_page(
             lanes = [base.filter(tenant_id=t) for t in tenants]
         else:
             lanes = [base.filter(tenant_id=t, state=s) for t in tenants for s in chosen_states]
-    results = [list(lane.order_by(*order).values(*ROW_FIELDS)[:want]) for lane in lanes]
-
-    def sort_key(row: dict[str, Any]) -> tuple[dt.datetime, int]:
-        return (row["created_at"], row["id"])
-
-    merged = list(heapq.merge(*results, key=sort_key, reverse=not walk_ascending))[:want]
+    # Phase one reads only (created_at, id) from each lane: both are in every queue index, so
+    # each lane is an index-only range. Phase two loads the winning rows by primary key.
+    keys = [list(lane.order_by(*order).values_list("created_at", "id")[:want]) for lane in lanes]
+    merged_keys = list(heapq.merge(*keys, reverse=not walk_ascending))[:want]
+    by_pk = {
+        row["id"]: row
+        for row in Attempt.objects.for_tenants(tenants)
+        .filter(pk__in=[pk for _, pk in merged_keys])
+        .values(*ROW_FIELDS)
+    }
+    merged = [by_pk[pk] for _, pk in merged_keys if pk in by_pk]
     more = len(merged) > page_size
     rows = merged[:page_size]
     if backwards:
