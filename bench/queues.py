@@ -45,7 +45,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--rows", type=int, default=1_000_000, help="rows at the second measurement"
     )
-    parser.add_argument("--repeat", type=int, default=15, help="timed requests per page")
+    parser.add_argument("--repeat", type=int, default=15, help="timed requests per page per round")
+    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds per size")
     parser.add_argument("--rebuild", action="store_true", help="delete the databases first")
     parser.add_argument("--stage", type=int, default=0, help=argparse.SUPPRESS)
     return parser.parse_args()
@@ -226,8 +227,8 @@ def measure(
     *,
     clear_cache: bool = False,
     headers: dict[str, str] | None = None,
-) -> float:
-    """Median milliseconds for GET url (two warm-up requests first)."""
+) -> list[float]:
+    """Milliseconds per GET of url, ``repeat`` times (after two warm-up requests)."""
     for _ in range(2):
         response = client.get(url, headers=headers or {})
         assert response.status_code == 200, (url, response.status_code)
@@ -239,7 +240,7 @@ def measure(
         response = client.get(url, headers=headers or {})
         samples.append((time.perf_counter() - began) * 1000)
         assert response.status_code == 200, (url, response.status_code)
-    return statistics.median(samples)
+    return samples
 
 
 def deep_cursor() -> tuple[str, int]:
@@ -257,7 +258,7 @@ def deep_cursor() -> tuple[str, int]:
     return encode_cursor(row["created_at"], row["id"]), position
 
 
-def run_stage(label: str, client: Client, repeat: int) -> dict[str, float]:
+def run_stage(label: str, client: Client, repeat: int) -> dict[str, list[float]]:
     total = Attempt.objects.count()
     unknown = Attempt.objects.filter(state="UNKNOWN").count()
     review = Attempt.objects.filter(state="MANUAL_REVIEW").count()
@@ -277,7 +278,7 @@ def run_stage(label: str, client: Client, repeat: int) -> dict[str, float]:
         "admin_first": "/admin/attempts/attempt/?state__exact=UNKNOWN",
         "admin_deep": f"/admin/attempts/attempt/?state__exact=UNKNOWN&p={admin_deep_page}",
     }
-    results: dict[str, float] = {}
+    results: dict[str, list[float]] = {}
     for name, url in pages.items():
         headers = {"HX-Request": "true"} if name == "queue_poll" else {}
         results[name] = measure(client, url, repeat, headers=headers)
@@ -286,15 +287,8 @@ def run_stage(label: str, client: Client, repeat: int) -> dict[str, float]:
     alice.force_login(User.objects.get(username="alice"))
     results["queue_mine"] = measure(alice, "/queues/unknown/?owner=me", repeat)
     results["overview_cold"] = measure(client, "/", max(3, repeat // 3), clear_cache=True)
-    width = max(len(k) for k in results)
     print(
         f"  deep page = row {position:,} of the UNKNOWN queue; admin deep = page {admin_deep_page}"
-    )
-    for name, ms in results.items():
-        print(f"  {name:<{width}}  {ms:8.2f} ms median")
-    print(
-        f"  ratio admin_first / queue_first = {results['admin_first'] / results['queue_first']:.1f}x"
-        f";  admin_deep / queue_deep = {results['admin_deep'] / results['queue_deep']:.1f}x"
     )
     return results
 
@@ -317,39 +311,55 @@ def stage_main(rows: int) -> None:
         print(f"database: {db_path(rows)} (SQLite {connection.Database.sqlite_version})")
         fill(rows, owners)
         results = run_stage(f"{rows:,} rows", client, ARGS.repeat)
+        results = {name: [round(v, 3) for v in values] for name, values in results.items()}
     print("RESULTS " + json.dumps(results), flush=True)
+
+
+def report(label: str, samples: dict[str, list[float]]) -> dict[str, float]:
+    """Print median and best time per page; return the medians."""
+    medians = {name: statistics.median(values) for name, values in samples.items()}
+    width = max(len(k) for k in samples)
+    print(f"\n== {label}: median and best of {len(samples['queue_first'])} requests per page")
+    for name, values in samples.items():
+        print(f"  {name:<{width}}  {medians[name]:8.2f} ms median  {min(values):8.2f} ms best")
+    print(
+        f"  admin_first / queue_first = {medians['admin_first'] / medians['queue_first']:.1f}x;"
+        f"  admin_deep / queue_deep = {medians['admin_deep'] / medians['queue_deep']:.1f}x"
+    )
+    return medians
 
 
 def main() -> None:
     import subprocess
 
     Path(ARGS.dir).mkdir(parents=True, exist_ok=True)
-    measured: dict[int, dict[str, float]] = {}
-    for rows in (ARGS.small, ARGS.rows):
-        if ARGS.rebuild:
+    samples: dict[int, dict[str, list[float]]] = {ARGS.small: {}, ARGS.rows: {}}
+    if ARGS.rebuild:
+        for rows in samples:
             for suffix in ("", "-wal", "-shm"):
                 Path(db_path(rows) + suffix).unlink(missing_ok=True)
-        command = [
-            sys.executable,
-            __file__,
-            "--dir",
-            ARGS.dir,
-            "--repeat",
-            str(ARGS.repeat),
-            "--stage",
-            str(rows),
-        ]
-        out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-        for line in out.splitlines():
-            if line.startswith("RESULTS "):
-                measured[rows] = json.loads(line[len("RESULTS ") :])
-            else:
-                print(line, flush=True)
-    small, large = measured[ARGS.small], measured[ARGS.rows]
-    print(f"\n== growth ({ARGS.rows:,} / {ARGS.small:,} rows); 1.00 is perfectly flat")
+    # Rounds alternate the two sizes, so load from other processes on the machine falls on
+    # both alike; samples of all rounds are pooled per page.
+    for round_no in range(ARGS.rounds):
+        for rows in samples:
+            print(f"-- round {round_no + 1}/{ARGS.rounds}: {rows:,} rows", flush=True)
+            command = [sys.executable, __file__, "--dir", ARGS.dir, "--repeat",
+                       str(ARGS.repeat), "--stage", str(rows)]  # fmt: skip
+            out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+            for line in out.splitlines():
+                if line.startswith("RESULTS "):
+                    for name, values in json.loads(line[len("RESULTS ") :]).items():
+                        samples[rows].setdefault(name, []).extend(values)
+                elif line.strip():
+                    print("  " + line.strip(), flush=True)
+    small = report(f"{ARGS.small:,} rows", samples[ARGS.small])
+    large = report(f"{ARGS.rows:,} rows", samples[ARGS.rows])
+    print(f"\n== growth ({ARGS.rows:,} / {ARGS.small:,} rows, medians); 1.00 is perfectly flat")
     for name in small:
+        best_small, best_large = min(samples[ARGS.small][name]), min(samples[ARGS.rows][name])
         print(
-            f"  {name:<15} {small[name]:8.2f} ms -> {large[name]:8.2f} ms   x{large[name] / small[name]:.2f}"
+            f"  {name:<15} {small[name]:8.2f} -> {large[name]:8.2f} ms  x{large[name] / small[name]:.2f}"
+            f"   (best {best_small:7.2f} -> {best_large:7.2f} ms  x{best_large / best_small:.2f})"
         )
     worst = max(large["queue_first"], large["queue_deep"])
     ratio = min(
@@ -361,6 +371,8 @@ def main() -> None:
         f">= 10x faster than the admin changelist: {'MET' if ratio >= 10 else 'NOT MET'} "
         f"(smallest ratio {ratio:.1f}x)"
     )
+    load = os.getloadavg()
+    print(f"machine load average at the end: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
 
 
 if __name__ == "__main__":
