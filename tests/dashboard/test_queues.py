@@ -233,3 +233,30 @@ def test_bulk_refuses_viewers_other_tenants_and_unsafe_redirects(world, clients)
     assert Attempt.objects.get(pk=mine.pk).owner == world.triage
     assert clients.operator.post("/queues/bulk/", {"action": "explode"}).status_code == 400
     assert clients.operator.get("/queues/bulk/").status_code == 405
+
+
+@pytest.mark.parametrize(
+    "query", ["/queues/unknown/", "/queues/all/", "/queues/unknown/?owner=me&sort=newest"]
+)
+def test_queue_lanes_are_ordered_index_ranges_on_sqlite(world, clients, query):
+    """Each lane must read an index in order (no table scan, no sort of the whole state)."""
+    if connection.vendor != "sqlite":
+        pytest.skip("query plans are checked on SQLite")
+    from attempts.models import Membership
+
+    Membership.objects.create(user=world.triage, tenant=world.globex, role="operator")
+    make_unknown(world)
+    with CaptureQueriesContext(connection) as queries:
+        clients.triage.get(query)
+    lanes = [
+        q["sql"]
+        for q in queries.captured_queries
+        if q["sql"].startswith('SELECT "attempts_attempt"."created_at" AS "created_at", ')
+    ]
+    assert lanes
+    with connection.cursor() as cursor:
+        for sql in lanes:
+            cursor.execute("EXPLAIN QUERY PLAN " + sql)
+            plan = " | ".join(str(row[-1]) for row in cursor.fetchall())
+            assert "USING COVERING INDEX attempt_" in plan, plan
+            assert "TEMP B-TREE" not in plan, plan
