@@ -260,3 +260,15 @@ def test_queue_lanes_are_ordered_index_ranges_on_sqlite(world, clients, query):
             plan = " | ".join(str(row[-1]) for row in cursor.fetchall())
             assert "USING COVERING INDEX attempt_" in plan, plan
             assert "TEMP B-TREE" not in plan, plan
+
+
+def test_the_poll_of_a_later_page_stays_on_that_page(world, clients, monkeypatch):
+    monkeypatch.setattr(queues, "PAGE_SIZE", 2)
+    made = [make_unknown(world) for _ in range(5)]
+    first = clients.operator.get("/queues/unknown/")
+    second_url = first.context["next_url"]
+    poll = clients.operator.get(second_url, headers={"HX-Request": "true"})
+    body = poll.content.decode()
+    assert f'hx-get="{second_url.replace("&", "&amp;")}"' in body
+    assert ids_in(poll) == ids_in(clients.operator.get(second_url))
+    assert ids_in(poll) == [a.attempt_id for a in made[2:4]]
