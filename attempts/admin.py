@@ -1,9 +1,11 @@
-"""Admin for configuration: tools, grants, ownership rules, tenants and memberships (users are
-Django's own admin). Attempts and their history are read-only here: attempts change only
-through the state machine, and history is append-only."""
+"""Admin for configuration: tools (and their provider), grants, ownership rules, tenants and
+memberships (users are Django's own admin, with their memberships inline). Attempts and their
+history are read-only here: attempts change only through the state machine, and history is
+append-only."""
 
 from __future__ import annotations
 
+from django import forms
 from django.contrib import admin
 from django.contrib.auth import get_user_model
 from django.contrib.auth.admin import UserAdmin
@@ -59,28 +61,6 @@ class MembershipAdmin(admin.ModelAdmin):
     list_filter = ["role", "tenant"]
     search_fields = ["user__username", "tenant__slug"]
     autocomplete_fields = ["user", "tenant"]
-
-
-@admin.register(Tool)
-class ToolAdmin(admin.ModelAdmin):
-    list_display = ["name", "effect_class", "critical", "adapter", "active", "updated_at"]
-    list_filter = ["effect_class", "critical", "active"]
-    search_fields = ["name", "description"]
-
-
-@admin.register(Grant)
-class GrantAdmin(admin.ModelAdmin):
-    list_display = ["tenant", "tool", "policy_version", "allowed_scopes", "active", "updated_at"]
-    list_filter = ["active", "tenant", "tool"]
-    search_fields = ["tenant__slug", "tool__name", "policy_version"]
-
-
-@admin.register(OwnershipRule)
-class OwnershipRuleAdmin(admin.ModelAdmin):
-    list_display = ["priority", "tenant_pattern", "tool_pattern", "owner"]
-    list_editable = ["tenant_pattern", "tool_pattern", "owner"]
-    list_display_links = ["priority"]
-    autocomplete_fields = ["owner"]
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -166,3 +146,61 @@ class LoginThrottleAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request: HttpRequest, obj=None) -> bool:
         return False
+
+
+@admin.register(Tool)
+class ToolAdmin(admin.ModelAdmin):
+    list_display = (
+        "name",
+        "effect_class",
+        "critical",
+        "adapter",
+        "timeout_seconds",
+        "max_sends",
+        "active",
+    )
+    list_filter = ("effect_class", "critical", "active")
+    search_fields = ("name", "description")
+    fieldsets = (
+        (None, {"fields": ("name", "description", "effect_class", "critical", "active")}),
+        (
+            "Provider",
+            {
+                "fields": ("adapter", "dispatch_url", "lookup_url", "timeout_seconds", "max_sends"),
+                "description": "adapter 'http' is the generic HTTP provider (docs/providers.md); "
+                "or the dotted path of a custom adapter class.",
+            },
+        ),
+    )
+
+    def get_readonly_fields(self, request, obj=None):
+        return ("name",) if obj is not None else ()
+
+
+class GrantForm(forms.ModelForm):
+    class Meta:
+        model = Grant
+        fields = ("tenant", "tool", "policy_version", "allowed_scopes", "active")
+
+    def clean_allowed_scopes(self):
+        scopes = self.cleaned_data["allowed_scopes"]
+        if not isinstance(scopes, list) or not all(isinstance(s, str) and s for s in scopes):
+            raise forms.ValidationError('a JSON list of non-empty strings, e.g. ["crm:write"]')
+        return sorted(set(scopes))
+
+
+@admin.register(Grant)
+class GrantAdmin(admin.ModelAdmin):
+    form = GrantForm
+    list_display = ("tenant", "tool", "policy_version", "allowed_scopes", "active", "updated_at")
+    list_filter = ("active", "tenant", "tool")
+    search_fields = ("tenant__slug", "tool__name", "policy_version")
+
+
+@admin.register(OwnershipRule)
+class OwnershipRuleAdmin(admin.ModelAdmin):
+    list_display = ("priority", "tenant_pattern", "tool_pattern", "owner")
+    list_editable = ("tenant_pattern", "tool_pattern", "owner")
+    list_display_links = ("priority",)
+    ordering = ("priority", "id")
+    autocomplete_fields = ("owner",)

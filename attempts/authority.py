@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from django.db import connection
+
 from attempts.models import Attempt, Grant
 
 
@@ -50,9 +52,26 @@ def authority_for_intent(
     return Authority(policy_version=grant.policy_version, scopes=sorted(set(wanted)))
 
 
+def _active_terms(tenant: str, tool_name: str) -> Grant | None:
+    """The active grant's policy version and scopes in one small query (every claim asks)."""
+    table = connection.ops.quote_name(Grant._meta.db_table)
+    scopes_field = Grant._meta.get_field("allowed_scopes")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT policy_version, allowed_scopes FROM {table} "  # noqa: S608
+            "WHERE tenant_id = %s AND tool_id = %s AND active",
+            [tenant, tool_name],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    scopes = scopes_field.from_db_value(row[1], None, connection)
+    return Grant(policy_version=row[0], allowed_scopes=scopes, active=True)
+
+
 def authority_holds(attempt: Attempt, grant: Grant | None = None) -> tuple[bool, str]:
     """Whether the attempt may still be sent under today's authority, and if not, why."""
-    grant = grant if grant is not None else active_grant(attempt.tenant_id, attempt.tool_name)
+    grant = grant if grant is not None else _active_terms(attempt.tenant_id, attempt.tool_name)
     if grant is None:
         return False, "grant revoked or inactive"
     if grant.policy_version != attempt.policy_version:

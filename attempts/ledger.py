@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import IntegrityError
+from django.db import IntegrityError, connection
 from django.db.models import F
 from django.utils import timezone
 
@@ -24,6 +24,7 @@ from attempts.models import (
     ROLE_RANK,
     Attempt,
     AttemptEvent,
+    Grant,
     Membership,
     Role,
     State,
@@ -107,6 +108,17 @@ def get_attempt(attempt_id: str, *, tenants: set[str] | None = None) -> Attempt:
         raise AttemptNotFound(f"no attempt {attempt_id!r}") from None
 
 
+def _current(
+    attempt: Attempt | str, tenants: set[str] | None, writable: tuple[str, ...]
+) -> Attempt:
+    """The attempt to act on. An Attempt in hand, in a state this action writes from, is used
+    as it is: the compare-and-set in states.move proves it current (a stale copy raises
+    StaleAttempt and the action is retried on a fresh one). Anything else is read fresh."""
+    if isinstance(attempt, Attempt) and tenants is None and attempt.state in writable:
+        return attempt
+    return _reload(attempt, tenants)
+
+
 def _reload(attempt: Attempt | str, tenants: set[str] | None = None) -> Attempt:
     attempt_id = attempt if isinstance(attempt, str) else attempt.attempt_id
     return get_attempt(attempt_id, tenants=tenants)
@@ -118,7 +130,13 @@ def _refreshes_caller(func):
 
     @functools.wraps(func)
     def wrapper(attempt, *args, **kwargs):
-        result = func(attempt, *args, **kwargs)
+        try:
+            result = func(attempt, *args, **kwargs)
+        except states.StaleAttempt:
+            if not isinstance(attempt, Attempt):
+                raise
+            # Our copy was stale (see _current): decide again on what the database says now.
+            result = func(attempt.attempt_id, *args, **kwargs)
         current = result[0] if isinstance(result, tuple) else result
         if (
             isinstance(attempt, Attempt)
@@ -182,24 +200,23 @@ def record_intent(
     except InvalidArguments as exc:
         raise InvalidIntent(str(exc), code=exc.code) from None
 
-    tool = Tool.objects.filter(name=tool_name).only("name", "active").first()
-    if tool is None or not tool.active:
-        raise InvalidIntent(f"unknown tool {tool_name!r}", code="unknown_tool")
-    if not Tenant.objects.filter(slug=tenant).exists():
-        raise NotGranted(f"unknown tenant {tenant!r}", code="tenant_not_granted")
-
-    existing = Attempt.objects.filter(idempotency_key=idempotency_key).first()
-    if existing is not None:
-        return _same_intent_or_conflict(existing, tenant, tool_name, normalized.args_hash), False
-
+    terms = _grant_terms(tenant, tool_name)
     try:
+        if terms is None:
+            _explain_missing_grant(tenant, tool_name)
         auth = authority.authority_for_intent(
-            authority.active_grant(tenant, tool_name),
-            policy_version=policy_version,
-            scopes=credential_scope,
+            terms, policy_version=policy_version, scopes=credential_scope
         )
-    except authority.NotGranted as exc:
-        raise NotGranted(str(exc), code=exc.code) from None
+    except (LedgerError, authority.NotGranted) as exc:
+        # A replay of an intent already recorded is answered with it, whatever changed since.
+        existing = Attempt.objects.filter(idempotency_key=idempotency_key).first()
+        if existing is not None:
+            return _same_intent_or_conflict(
+                existing, tenant, tool_name, normalized.args_hash
+            ), False
+        if isinstance(exc, authority.NotGranted):
+            raise NotGranted(str(exc), code=exc.code) from None
+        raise
 
     try:
         with write_transaction():
@@ -216,12 +233,41 @@ def record_intent(
                 credential_scope=auth.scopes,
             )
     except IntegrityError:
-        # Another process recorded the same key between our check and our insert.
+        # The key is already recorded: a replay of the same intent, a race, or a conflict.
         existing = Attempt.objects.filter(idempotency_key=idempotency_key).first()
         if existing is None:
             raise
         return _same_intent_or_conflict(existing, tenant, tool_name, normalized.args_hash), False
     return attempt, True
+
+
+def _grant_terms(tenant: str, tool_name: str) -> Grant | None:
+    """The active grant for an active tool, in one query (every intent asks)."""
+    grants = connection.ops.quote_name(Grant._meta.db_table)
+    tools = connection.ops.quote_name(Tool._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT g.policy_version, g.allowed_scopes FROM {grants} g "  # noqa: S608
+            f"JOIN {tools} t ON t.name = g.tool_id "
+            "WHERE g.tenant_id = %s AND g.tool_id = %s AND g.active AND t.active",
+            [tenant, tool_name],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    scopes = Grant._meta.get_field("allowed_scopes").from_db_value(row[1], None, connection)
+    return Grant(policy_version=row[0], allowed_scopes=scopes, active=True)
+
+
+def _explain_missing_grant(tenant: str, tool_name: str) -> None:
+    """Say precisely why there is no active grant (the error path may spend queries)."""
+    if not Tool.objects.filter(name=tool_name, active=True).exists():
+        raise InvalidIntent(f"unknown tool {tool_name!r}", code="unknown_tool")
+    if not Tenant.objects.filter(slug=tenant).exists():
+        raise NotGranted(f"unknown tenant {tenant!r}", code="tenant_not_granted")
+    raise NotGranted(
+        f"tenant {tenant!r} has no active grant for {tool_name!r}", code="tool_not_granted"
+    )
 
 
 def _same_intent_or_conflict(
@@ -257,7 +303,7 @@ def claim_dispatch(attempt: Attempt | str, *, actor: Actor, tenants: set[str] | 
     UNKNOWN is never claimable here: only reconciliation resends it, after a lookup.
     """
     with write_transaction():
-        current = _reload(attempt, tenants)
+        current = _current(attempt, tenants, (State.INTENT_RECORDED, State.FAILED_RETRYABLE))
         if current.state not in (State.INTENT_RECORDED, State.FAILED_RETRYABLE):
             return current, False
         holds, why = authority.authority_holds(current)
@@ -283,7 +329,7 @@ def attach_provider_request(
     a different one is refused."""
     provider_request_id = _text("provider_request_id", provider_request_id)
     with write_transaction():
-        current = _reload(attempt, tenants)
+        current = _current(attempt, tenants, (State.DISPATCHED, State.UNKNOWN))
         if current.provider_request_id == provider_request_id:
             return current
         if current.provider_request_id:
@@ -325,7 +371,7 @@ def confirm(
     if provider_request_id is not None:
         provider_request_id = _text("provider_request_id", provider_request_id)
     with write_transaction():
-        current = _reload(attempt, tenants)
+        current = _current(attempt, tenants, (State.DISPATCHED, State.UNKNOWN))
         if current.state == State.OUTCOME_CONFIRMED:
             if current.result_ref == result_ref and provider_request_id in (
                 None,
@@ -371,7 +417,9 @@ def fail(
         raise InvalidIntent("retryable must be true or false")
     target = State.FAILED_RETRYABLE if retryable else State.FAILED
     with write_transaction():
-        current = _reload(attempt, tenants)
+        current = _current(
+            attempt, tenants, (State.DISPATCHED, State.INTENT_RECORDED, State.FAILED_RETRYABLE)
+        )
         if current.state == target:
             return current
         allowed = {
@@ -398,7 +446,7 @@ def mark_unknown(
     """DISPATCHED -> UNKNOWN: a timeout or lost answer. Repeating it is a no-op."""
     reason = _text("reason", reason)
     with write_transaction():
-        current = _reload(attempt, tenants)
+        current = _current(attempt, tenants, (State.DISPATCHED,))
         if current.state == State.UNKNOWN:
             return current
         if current.state != State.DISPATCHED:

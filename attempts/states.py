@@ -17,6 +17,7 @@ from typing import Any
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F
+from django.db.models.expressions import CombinedExpression
 from django.utils import timezone
 
 from attempts import audit
@@ -181,8 +182,46 @@ def append_event(
         prev_hash=prev_hash,
         hash=audit.payload_hash(payload),
     )
-    event.save(force_insert=True)
+    _insert_event(event)
     return event
+
+
+_EVENT_COLUMNS = (
+    "attempt",
+    "action",
+    "actor_kind",
+    "actor",
+    "from_state",
+    "to_state",
+    "reason",
+    "details",
+    "created_at",
+    "prev_hash",
+    "hash",
+)
+
+
+def _insert_event(event: AttemptEvent) -> None:
+    """One INSERT with values prepared by the model's own fields: the hot path of every
+    ledger write, without the generic save() machinery."""
+    meta = AttemptEvent._meta
+    fields = [meta.get_field(name) for name in _EVENT_COLUMNS]
+    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
+    values = [f.get_db_prep_save(getattr(event, f.attname), connection) for f in fields]
+    sql = (
+        f"INSERT INTO {connection.ops.quote_name(meta.db_table)} ({columns}) "  # noqa: S608
+        f"VALUES ({', '.join(['%s'] * len(fields))})"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            sql + (" RETURNING id" if connection.features.can_return_columns_from_insert else ""),
+            values,
+        )
+        event.id = (
+            cursor.fetchone()[0]
+            if connection.features.can_return_columns_from_insert
+            else cursor.lastrowid
+        )
 
 
 def _owner_on_attention(attempt: Attempt, to_state: str, fields: dict[str, Any]) -> None:
@@ -242,6 +281,29 @@ def create(
     return attempt
 
 
+def _compare_and_set(attempt: Attempt, from_state: str, updates: dict[str, Any]) -> int:
+    """UPDATE ... WHERE id AND state AND version: the compare-and-set every move is. Values are
+    prepared by the model's fields; F(name) + n becomes ``column = column + n``."""
+    meta = Attempt._meta
+    assignments, params = [], []
+    for name, value in updates.items():
+        field = meta.get_field(name)
+        column = connection.ops.quote_name(field.column)
+        if isinstance(value, CombinedExpression):
+            assignments.append(f"{column} = {column} + %s")
+            params.append(value.rhs.value)
+        else:
+            assignments.append(f"{column} = %s")
+            params.append(field.get_db_prep_save(value, connection))
+    sql = (
+        f"UPDATE {connection.ops.quote_name(meta.db_table)} SET {', '.join(assignments)} "  # noqa: S608
+        "WHERE id = %s AND state = %s AND version = %s"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*params, attempt.pk, from_state, attempt.version])
+        return cursor.rowcount
+
+
 def move(
     attempt: Attempt,
     to_state: str | None,
@@ -282,18 +344,8 @@ def move(
         updates["next_check_at"] = next_check_at
     for name, amount in (increments or {}).items():
         updates[name] = F(name) + amount
-    changed = Attempt.objects.filter(
-        pk=attempt.pk, state=from_state, version=attempt.version
-    ).update(**updates)
-    if changed != 1:
+    if _compare_and_set(attempt, from_state, updates) != 1:
         raise StaleAttempt(attempt)
-    # Mirror the update in memory without another query.
-    for name, value in updates.items():
-        if name not in ("version", *(increments or {})):
-            setattr(attempt, name, value)
-    attempt.version += 1
-    for name, amount in (increments or {}).items():
-        setattr(attempt, name, getattr(attempt, name) + amount)
     event_details = dict(details or {})
     for name in ("owner_id", "provider_request_id", "result_ref", "review_reason"):
         if name in fields:
@@ -308,4 +360,11 @@ def move(
         details=event_details,
         now=now,
     )
+    # Mirror the update in memory without another query (after everything that could fail).
+    for name, value in updates.items():
+        if name not in ("version", *(increments or {})):
+            setattr(attempt, name, value)
+    attempt.version += 1
+    for name, amount in (increments or {}).items():
+        setattr(attempt, name, getattr(attempt, name) + amount)
     return attempt

@@ -309,3 +309,16 @@ def test_a_second_call_for_the_same_effect_does_not_send(world):
     outcome = call(world, send)
     assert len(calls) == 1 and not outcome.sent
     assert outcome.attempt.state == State.OUTCOME_CONFIRMED
+
+
+def test_a_stale_copy_in_hand_is_decided_again_on_the_truth(world):
+    attempt, _ = record(world)
+    stale = Attempt.objects.get(pk=attempt.pk)
+    ledger.claim_dispatch(attempt, actor=world.agent)
+    current, claimed = ledger.claim_dispatch(stale, actor=world.agent)
+    assert not claimed and current.state == State.DISPATCHED
+    assert stale.state == State.DISPATCHED  # the caller's copy now reads the truth
+    ledger.mark_unknown(attempt, reason="timeout", actor=world.agent)
+    with pytest.raises(StateConflict):
+        ledger.fail(stale, reason="refused", retryable=False, actor=world.agent)
+    assert Attempt.objects.get(pk=attempt.pk).state == State.UNKNOWN

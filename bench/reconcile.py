@@ -1,0 +1,224 @@
+"""Benchmark: reconciling UNKNOWN attempts against a provider whose lookups take 20 ms.
+
+Builds a fresh SQLite ledger under var/bench/, starts the demo provider (a real process on
+127.0.0.1) with every effect already recorded and ``lookup_latency_ms=20``, then measures in the
+same run:
+
+1. the baseline: a serial one-by-one loop (the same reconciler with one thread and a batch of
+   one: claim one attempt, look it up, settle it, commit, next) over ``--serial`` attempts;
+2. one worker process with ``--concurrency`` lookups in flight over 1,000 attempts;
+3. the same over 5,000 attempts.
+
+It prints wall times, throughput, the speed-up over serial (per attempt, and directly at equal
+size when the serial baseline covered that size) and the 5,000 / 1,000 cost ratio (linear cost
+means about 5). Target: at least 8x faster than serial, linear cost.
+
+Usage: .venv/bin/python bench/reconcile.py [--concurrency 16] [--serial 1000] [--sizes 1000 5000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def _setup_django(db_path: Path) -> None:
+    os.environ.pop("DATABASE_URL", None)
+    os.environ["LEDGERWEB_SQLITE_PATH"] = str(db_path)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ledgerweb.settings")
+    os.environ.setdefault("LEDGERWEB_LOG_LEVEL", "WARNING")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+def _start_provider(workdir: Path) -> tuple[subprocess.Popen[bytes], int]:
+    port_file = workdir / "provider.port"
+    port_file.unlink(missing_ok=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "reconciliation.demo_provider", "--db", str(workdir / "provider.db")]
+        + ["--port", "0", "--port-file", str(port_file)],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 15
+    while not port_file.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit("the demo provider did not start")
+        time.sleep(0.05)
+    return process, int(port_file.read_text().strip())
+
+
+def _post(port: int, path: str, body: dict) -> None:
+    import http.client
+    import json
+
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        connection.request(
+            "POST", path, json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        answer = connection.getresponse()
+        answer.read()
+        if answer.status not in (200, 201):
+            raise SystemExit(f"provider answered {answer.status} to {path}")
+    finally:
+        connection.close()
+
+
+def _create_unknown_attempts(group: str, count: int, port: int) -> list[int]:
+    """``count`` attempts left UNKNOWN by a crashed agent, whose effects the provider holds.
+    Written through the state machine, in one transaction; not due until the group runs."""
+    import datetime as dt
+
+    from django.utils import timezone
+
+    from attempts import states
+    from attempts.canonical import normalize_args
+    from attempts.models import State
+
+    agent = states.Actor.agent("bench-agent")
+    later = timezone.now() + dt.timedelta(days=1)
+    ids = []
+    keys_and_args = []
+    with states.write_transaction():
+        for i in range(count):
+            args = normalize_args({"group": group, "i": i, "note": "benchmark effect"})
+            key = f"bench:{group}:{i}"
+            attempt = states.create(
+                state=State.INTENT_RECORDED,
+                actor=agent,
+                tenant_id="bench",
+                task_id=f"bench-{group}",
+                tool_name="bench_lookup",
+                idempotency_key=key,
+                args=args.value,
+                args_hash=args.args_hash,
+                policy_version="v1",
+                credential_scope=["bench:write"],
+            )
+            states.move(attempt, State.DISPATCHED, actor=agent, increments={"send_count": 1})
+            states.move(
+                attempt, State.UNKNOWN, actor=agent, reason="agent killed", next_check_at=later
+            )
+            ids.append(attempt.pk)
+            keys_and_args.append((key, args.value))
+    with ThreadPoolExecutor(8) as pool:
+        list(
+            pool.map(
+                lambda ka: _post(
+                    port,
+                    "/_control/effects",
+                    {"tool": "bench_lookup", "idempotency_key": ka[0], "args": ka[1]},
+                ),
+                keys_and_args,
+            )
+        )
+    return ids
+
+
+def _run_group(ids: list[int], *, concurrency: int, batch_size: int) -> tuple[float, dict]:
+    from django.utils import timezone
+
+    from attempts.models import Attempt, State
+    from reconciliation.reconciler import Reconciler
+
+    Attempt.objects.filter(pk__in=ids).update(
+        next_check_at=timezone.now() - timezone.timedelta(seconds=1)
+    )
+    reconciler = Reconciler(
+        worker_id=f"bench-c{concurrency}", concurrency=concurrency, batch_size=batch_size
+    )
+    started = time.perf_counter()
+    summary = reconciler.run_pass()
+    elapsed = time.perf_counter() - started
+    confirmed = Attempt.objects.filter(pk__in=ids, state=State.OUTCOME_CONFIRMED).count()
+    if confirmed != len(ids) or summary.claimed != len(ids):
+        raise SystemExit(f"only {confirmed} of {len(ids)} confirmed: {summary}")
+    return elapsed, summary.as_dict()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--serial", type=int, default=1000, help="attempts in the serial baseline")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 5000])
+    parser.add_argument("--latency-ms", type=float, default=20.0)
+    args = parser.parse_args()
+
+    workdir = REPO / "var" / "bench" / f"reconcile-{os.getpid()}"
+    workdir.mkdir(parents=True, exist_ok=True)
+    _setup_django(workdir / "ledger.sqlite3")
+    from attempts.models import EffectClass, Grant, Tenant, Tool
+    from reconciliation.reconciler import tune_worker_process
+
+    tune_worker_process()  # as `manage.py reconcile` does
+
+    provider, port = _start_provider(workdir)
+    try:
+        base = f"http://127.0.0.1:{port}/tools/bench_lookup"
+        tenant = Tenant.objects.create(slug="bench", name="Benchmark")
+        tool = Tool.objects.create(
+            name="bench_lookup",
+            effect_class=EffectClass.RECONCILABLE,
+            dispatch_url=f"{base}/send",
+            lookup_url=f"{base}/lookup",
+            timeout_seconds=10,
+        )
+        Grant.objects.create(
+            tenant=tenant, tool=tool, policy_version="v1", allowed_scopes=["bench:write"]
+        )
+        print(f"setting up {args.serial + sum(args.sizes)} UNKNOWN attempts ...", flush=True)
+        serial_ids = _create_unknown_attempts("serial", args.serial, port)
+        groups = {size: _create_unknown_attempts(f"n{size}", size, port) for size in args.sizes}
+        _post(port, "/_control", {"lookup_latency_ms": args.latency_ms})
+
+        print(f"provider lookup latency: {args.latency_ms:.0f} ms; database: SQLite (WAL, FULL)")
+        serial_s, _ = _run_group(serial_ids, concurrency=1, batch_size=1)
+        serial_per = serial_s / args.serial
+        print(
+            f"serial one-by-one   n={args.serial:>5}  wall {serial_s:7.2f}s  "
+            f"{args.serial / serial_s:7.1f}/s  {serial_per * 1000:6.2f} ms/attempt"
+        )
+        walls = {}
+        for size, ids in groups.items():
+            wall, summary = _run_group(ids, concurrency=args.concurrency, batch_size=200)
+            walls[size] = wall
+            line = (
+                f"concurrency={args.concurrency:<3}  n={size:>5}  wall {wall:7.2f}s  "
+                f"{size / wall:7.1f}/s  {wall / size * 1000:6.2f} ms/attempt  "
+                f"speed-up vs serial {serial_per * size / wall:5.1f}x"
+            )
+            if size == args.serial:
+                line += f" (direct, same n: {serial_s / wall:.1f}x)"
+            print(line + f"  lookups={summary['lookups']}")
+            floor = size * args.latency_ms / 1000
+            print(
+                f"    vs the ideal serial floor (n x latency = {floor:.1f}s, zero overhead): "
+                f"{floor / wall:.1f}x"
+            )
+        sizes = sorted(walls)
+        if len(sizes) >= 2:
+            small, large = sizes[0], sizes[-1]
+            print(
+                f"cost ratio n={large}/n={small}: {walls[large] / walls[small]:.2f} "
+                f"(linear: {large / small:.2f})"
+            )
+    finally:
+        provider.terminate()
+        provider.wait(timeout=10)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+#!/usr/bin/env python
+"""Benchmark: one full tool call through the write-ahead API against raw sqlite3 writes.
+
+A tool call is four durable commits: record the intent, claim the dispatch, attach the provider
+request id, confirm. The API runs them through attempts.ledger on SQLite (WAL, synchronous=FULL);
+the baseline writes the same rows (attempt + chained events, same hashes) into the same schema
+with the standard library's sqlite3 module, one transaction per step, in the same run.
+
+    .venv/bin/python bench/write_path.py [--calls 2000] [--rounds 3]
+
+Target (issue 2): the API costs at most 2x the raw writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def setup_django(db_path: Path) -> None:
+    os.environ["DJANGO_SETTINGS_MODULE"] = "ledgerweb.settings"
+    os.environ["LEDGERWEB_SQLITE_PATH"] = str(db_path)
+    os.environ["LEDGERWEB_DATA_DIR"] = str(db_path.parent)
+    os.environ.pop("DATABASE_URL", None)
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    from attempts.models import EffectClass, Grant, Tenant, Tool
+
+    tenant = Tenant.objects.create(slug="acme", name="Acme")
+    tool = Tool.objects.create(name="update_crm", effect_class=EffectClass.IDEMPOTENT)
+    Grant.objects.create(tenant=tenant, tool=tool, policy_version="v1", allowed_scopes=["crm"])
+
+
+def api_calls(n: int, prefix: str) -> float:
+    from attempts import ledger
+    from attempts.states import Actor
+
+    actor = Actor.agent("bench")
+    start = time.perf_counter()
+    for i in range(n):
+        attempt, _ = ledger.record_intent(
+            tenant="acme",
+            task_id=f"task-{i}",
+            tool_name="update_crm",
+            idempotency_key=f"{prefix}-{i}",
+            args={"contact": i, "stage": "won", "note": "closed by agent"},
+            actor=actor,
+        )
+        attempt, claimed = ledger.claim_dispatch(attempt, actor=actor)
+        assert claimed
+        ledger.attach_provider_request(attempt, f"req-{prefix}-{i}", actor=actor)
+        ledger.confirm(attempt, result_ref=f"rcpt-{i}", actor=actor)
+    return time.perf_counter() - start
+
+
+def raw_calls(db_path: Path, n: int, prefix: str) -> float:
+    """The same rows with sqlite3: what the write path costs at the least."""
+    import rfc8785
+
+    from attempts.audit import event_payload, format_time, payload_hash
+    from attempts.models import new_attempt_id
+
+    conn = sqlite3.connect(db_path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("PRAGMA foreign_keys=ON")
+
+    def last_hash() -> str:
+        row = conn.execute(
+            "SELECT hash FROM attempts_attemptevent ORDER BY id DESC LIMIT 1"
+        ).fetchone()
+        return row[0] if row else "0" * 64
+
+    def event(pk, attempt_id, action, frm, to, details, now):
+        prev = last_hash()
+        digest = payload_hash(
+            event_payload(
+                attempt_id=attempt_id,
+                action=action,
+                actor_kind="agent",
+                actor="bench",
+                from_state=frm,
+                to_state=to,
+                reason="",
+                details=details,
+                created_at=now,
+                prev_hash=prev,
+            )
+        )
+        conn.execute(
+            "INSERT INTO attempts_attemptevent (attempt_id, action, actor_kind, actor, from_state,"
+            " to_state, reason, details, created_at, prev_hash, hash)"
+            " VALUES (?, ?, 'agent', 'bench', ?, ?, '', ?, ?, ?, ?)",
+            (pk, action, frm, to, json.dumps(details), now, prev, digest),
+        )
+
+    def move(attempt_id, frm, to, sets, details):
+        import datetime as dt
+
+        now_dt = dt.datetime.now(dt.UTC)
+        now = format_time(now_dt)
+        conn.execute("BEGIN IMMEDIATE")
+        pk, version = conn.execute(
+            "SELECT id, version FROM attempts_attempt WHERE attempt_id = ?", (attempt_id,)
+        ).fetchone()
+        assignments = ", ".join(f"{k} = ?" for k in sets)
+        cur = conn.execute(
+            f"UPDATE attempts_attempt SET state = ?, version = version + 1, updated_at = ?"  # noqa: S608
+            f"{', ' + assignments if assignments else ''} WHERE id = ? AND version = ?",
+            (to, now, *sets.values(), pk, version),
+        )
+        assert cur.rowcount == 1
+        event(pk, attempt_id, f"attempt.{to.lower()}", frm, to, details, now)
+        conn.execute("COMMIT")
+
+    start = time.perf_counter()
+    for i in range(n):
+        import datetime as dt
+
+        args = {"contact": i, "stage": "won", "note": "closed by agent"}
+        canonical = rfc8785.dumps(args)
+        args_hash = hashlib.sha256(canonical).hexdigest()
+        attempt_id = new_attempt_id()
+        now = format_time(dt.datetime.now(dt.UTC))
+        conn.execute("BEGIN IMMEDIATE")
+        cur = conn.execute(
+            "INSERT INTO attempts_attempt (attempt_id, tenant_id, task_id, tool_name, args,"
+            " args_hash, idempotency_key, state, version, provider_request_id, result_ref,"
+            " policy_version, credential_scope, review_reason, awaiting_approval, send_count,"
+            " lookup_count, next_check_at, lease_owner, created_at, updated_at)"
+            " VALUES (?, 'acme', ?, 'update_crm', ?, ?, ?, 'INTENT_RECORDED', 1, '', '', 'v1',"
+            " '[\"crm\"]', '', 0, 0, 0, ?, '', ?, ?)",
+            (
+                attempt_id,
+                f"task-{i}",
+                canonical.decode(),
+                args_hash,
+                f"{prefix}-{i}",
+                now,
+                now,
+                now,
+            ),
+        )
+        details = {"idempotency_key": f"{prefix}-{i}", "args_hash": args_hash}
+        event(cur.lastrowid, attempt_id, "attempt.created", "", "INTENT_RECORDED", details, now)
+        conn.execute("COMMIT")
+        move(attempt_id, "INTENT_RECORDED", "DISPATCHED", {"send_count": 1}, {})
+        move(attempt_id, "DISPATCHED", "DISPATCHED", {"provider_request_id": f"req-{i}"}, {})
+        move(attempt_id, "DISPATCHED", "OUTCOME_CONFIRMED", {"result_ref": f"rcpt-{i}"}, {})
+    elapsed = time.perf_counter() - start
+    conn.close()
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=2000, help="tool calls per round")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of each")
+    args = parser.parse_args()
+    workdir = Path(
+        tempfile.mkdtemp(prefix="lw-bench-", dir=REPO / "var" if (REPO / "var").exists() else None)
+    )
+    try:
+        db_path = workdir / "bench.sqlite3"
+        setup_django(db_path)
+        api_times, raw_times = [], []
+        api_calls(50, "warm-api")
+        raw_calls(db_path, 50, "warm-raw")
+        for r in range(args.rounds):
+            raw_times.append(raw_calls(db_path, args.calls, f"raw{r}"))
+            api_times.append(api_calls(args.calls, f"api{r}"))
+        api, raw = statistics.median(api_times), statistics.median(raw_times)
+        print(f"write path: {args.calls} tool calls x {args.rounds} rounds, 4 durable commits each")
+        print(
+            f"  raw sqlite3 : {raw:7.3f} s  {args.calls / raw:8.1f} calls/s  "
+            f"{raw / args.calls * 1e3:6.2f} ms/call"
+        )
+        print(
+            f"  ledger API  : {api:7.3f} s  {args.calls / api:8.1f} calls/s  "
+            f"{api / args.calls * 1e3:6.2f} ms/call"
+        )
+        print(f"  ratio API/raw: {api / raw:.2f}x (target <= 2.0x)")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""``manage.py reconcile``: the recovery worker (protocol section 6)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError, close_old_connections
+
+from reconciliation.reconciler import Reconciler, Summary, tune_worker_process
+
+
+def _positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise ValueError("must be at least 1")
+    return number
+
+
+def _positive_float(value: str) -> float:
+    number = float(value)
+    if not number > 0:
+        raise ValueError("must be positive")
+    return number
+
+
+class Command(BaseCommand):
+    help = (
+        "Reconcile interrupted attempts with their providers: claim stale intents and dispatches "
+        "and due UNKNOWN attempts, look them up, and settle them by the decision table. Runs in a "
+        "loop until SIGTERM (or once with --once). Safe to run on many machines at once."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--once", action="store_true", help="Run one pass over what is due now, then exit."
+        )
+        parser.add_argument(
+            "--concurrency",
+            type=_positive_int,
+            default=16,
+            help="Provider lookups and sends in flight at once in this process (default 16).",
+        )
+        parser.add_argument(
+            "--batch-size",
+            type=_positive_int,
+            default=200,
+            help="Most attempts claimed in one claim transaction (default 200).",
+        )
+        parser.add_argument(
+            "--interval",
+            type=_positive_float,
+            default=5.0,
+            help="Seconds to wait after a pass that found nothing due (default 5).",
+        )
+        parser.add_argument(
+            "--lease-seconds",
+            type=_positive_float,
+            default=None,
+            help="How long a claim lasts (default: max(60, 4 x the longest tool timeout)).",
+        )
+        parser.add_argument(
+            "--worker-id", default=None, help="Name of this worker (default host:pid:random)."
+        )
+        parser.add_argument(
+            "--json", action="store_true", help="Print the final summary as one JSON object."
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        worker_id = options["worker_id"]
+        if worker_id is not None and not (0 < len(worker_id) <= 100):
+            raise CommandError("--worker-id must be 1 to 100 characters")
+        reconciler = Reconciler(
+            worker_id=worker_id,
+            concurrency=options["concurrency"],
+            batch_size=options["batch_size"],
+            lease_seconds=options["lease_seconds"],
+        )
+        tune_worker_process()
+        stop = threading.Event()
+        previous = {
+            sig: signal.signal(sig, lambda *_: stop.set())
+            for sig in (signal.SIGTERM, signal.SIGINT)
+        }
+        started = time.monotonic()
+        try:
+            if options["once"]:
+                try:
+                    total = reconciler.run_once(stop=stop)
+                except DatabaseError as exc:
+                    raise CommandError(f"reconcile pass failed: {exc}") from exc
+            else:
+                total = self._loop(reconciler, stop, options["interval"], options["verbosity"])
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        elapsed = time.monotonic() - started
+        if options["json"]:
+            self.stdout.write(
+                json.dumps(
+                    {
+                        "worker_id": reconciler.worker_id,
+                        "seconds": round(elapsed, 3),
+                        **total.as_dict(),
+                    }
+                )
+            )
+        else:
+            self.stdout.write(
+                f"reconcile {reconciler.worker_id}: {total} in {elapsed:.2f}s"
+                + (" (stopped)" if stop.is_set() else "")
+            )
+
+    def _loop(
+        self, reconciler: Reconciler, stop: threading.Event, interval: float, verbosity: int
+    ) -> Summary:
+        total = Summary()
+        self.stdout.write(f"reconcile {reconciler.worker_id}: running; SIGTERM stops it cleanly")
+        while not stop.is_set():
+            try:
+                summary = reconciler.run_once(stop=stop)
+            except DatabaseError as exc:
+                # The database went away: say so, wait, and try again with a fresh connection.
+                self.stderr.write(f"reconcile pass failed, retrying in {interval}s: {exc}")
+                close_old_connections()
+                stop.wait(interval)
+                continue
+            total.add(summary)
+            if summary.claimed and verbosity >= 1:
+                self.stdout.write(f"pass: {summary}")
+            if summary.claimed == 0:
+                stop.wait(interval)
+        return total

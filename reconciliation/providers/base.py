@@ -1,0 +1,143 @@
+"""The provider adapter interface: how the ledger sends an effect and looks it up afterwards.
+
+An adapter talks to one provider for one tool. It never touches the database: it receives a
+``Call`` (a frozen snapshot of what the ledger recorded) and answers with a ``SendAnswer`` or a
+``LookupAnswer``. Network trouble is an answer (UNCERTAIN, UNAVAILABLE), never an exception, so
+the reconciler can apply the decision table of protocol section 6 to every outcome. Only a
+misconfigured tool raises, with ``ProviderError``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from attempts.models import Attempt, EffectClass, Tool
+
+
+class ProviderError(Exception):
+    """The adapter cannot be built or used. ``permanent`` says whether retrying later can help
+    (a missing URL will not fix itself; a registry that failed to import might)."""
+
+    def __init__(self, message: str, *, permanent: bool = True) -> None:
+        super().__init__(message)
+        self.permanent = permanent
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """What an adapter may know about an attempt: exactly what the ledger recorded."""
+
+    attempt_id: str
+    tenant: str
+    tool_name: str
+    idempotency_key: str
+    args: dict[str, Any]
+    args_hash: str
+    provider_request_id: str = ""
+
+    @classmethod
+    def of(cls, attempt: Attempt) -> Call:
+        return cls(
+            attempt_id=attempt.attempt_id,
+            tenant=attempt.tenant_id,
+            tool_name=attempt.tool_name,
+            idempotency_key=attempt.idempotency_key,
+            args=attempt.args,
+            args_hash=attempt.args_hash,
+            provider_request_id=attempt.provider_request_id,
+        )
+
+
+class SendStatus(enum.StrEnum):
+    ACCEPTED = "accepted"  # the provider took it (2xx); confirmation still needs a lookup
+    REFUSED = "refused"  # the provider definitively did not perform it
+    UNCERTAIN = "uncertain"  # timeout, lost response, 5xx: it may have happened
+
+
+class LookupStatus(enum.StrEnum):
+    FOUND = "found"
+    NOT_FOUND = "not_found"
+    UNAVAILABLE = "unavailable"  # error status, timeout, connection refused
+    AMBIGUOUS = "ambiguous"  # an answer that cannot be read as found or not found
+
+
+@dataclass(frozen=True, slots=True)
+class SendAnswer:
+    status: SendStatus
+    provider_request_id: str = ""
+    retryable: bool = False  # for REFUSED: may the same key be sent again later?
+    detail: str = ""
+    http_status: int | None = None
+    latency_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class LookupAnswer:
+    status: LookupStatus
+    provider_request_id: str = ""
+    args_hash: str = ""
+    # How many effects the provider holds under this key (more than one: duplicates happened).
+    count: int = 1
+    result_ref: str = ""
+    detail: str = ""
+    http_status: int | None = None
+    latency_ms: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_details(self) -> dict[str, Any]:
+        """The answer as recorded in the attempt's history (JSON, integers only)."""
+        details: dict[str, Any] = {"answer": str(self.status), "latency_ms": int(self.latency_ms)}
+        if self.http_status is not None:
+            details["http_status"] = self.http_status
+        if self.provider_request_id:
+            details["provider_request_id"] = self.provider_request_id
+        if self.args_hash:
+            details["provider_args_hash"] = self.args_hash
+        if self.status == LookupStatus.FOUND and self.count != 1:
+            details["count"] = self.count
+        if self.detail:
+            details["detail"] = self.detail[:300]
+        return details
+
+
+class Adapter:
+    """One tool's provider. Subclass it for a custom provider and name the class by its dotted
+    path in ``Tool.adapter``; ``send`` and ``lookup`` must be safe to call from several threads.
+    """
+
+    # Set to False in a subclass whose provider has no lookup (the manual class).
+    supports_lookup: ClassVar[bool] = True
+
+    def __init__(self, tool: Tool) -> None:
+        self.tool = tool
+
+    @property
+    def effect_class(self) -> str:
+        return self.tool.effect_class
+
+    @property
+    def critical(self) -> bool:
+        return self.tool.critical
+
+    @property
+    def timeout(self) -> float:
+        return float(self.tool.timeout_seconds)
+
+    @property
+    def can_look_up(self) -> bool:
+        return self.supports_lookup and self.effect_class != EffectClass.MANUAL
+
+    def send(self, call: Call) -> SendAnswer:
+        """Send the effect with ``call.idempotency_key``. Never raises for network trouble."""
+        raise NotImplementedError
+
+    def lookup(self, call: Call) -> LookupAnswer:
+        """Look the effect up by key (or a correlation field). Never raises for network
+        trouble: UNAVAILABLE says the provider could not be asked."""
+        raise NotImplementedError
+
+    def check(self) -> list[str]:
+        """Configuration problems of this tool for this adapter (empty when usable)."""
+        return []

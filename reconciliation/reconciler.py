@@ -1,0 +1,765 @@
+"""Recovery as reconciliation with the outside world (protocol sections 5 and 6).
+
+One pass claims due attempts with a lease and a fencing version, then runs a small pipeline:
+
+1. *prepare* (one write transaction for the whole claimed batch): stale DISPATCHED claims become
+   UNKNOWN, stale or approved intents are claimed for sending under the authority that holds now
+   (or superseded by a linked attempt when it changed), manual-class UNKNOWNs go to a person;
+2. *I/O* in a thread pool: provider lookups and sends. Threads never touch the database: they get
+   a frozen ``Call`` and return the provider's answer;
+3. *apply* (one write transaction per group of finished answers): the decision table. A decision
+   to send again commits DISPATCHED first, then the send goes back into the pool.
+
+Every write goes through ``attempts.states.move``, a compare-and-set on the version the claim
+took, so a worker whose lease was overtaken changes nothing (``StaleAttempt``). The main thread
+is the only writer, which keeps SQLite's single writer busy with few, larger commits.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import random
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, connection, transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from attempts import authority, ledger, states
+from attempts.models import Attempt, EffectClass, State
+from attempts.states import Actor, TransitionError, write_transaction
+from reconciliation.models import WorkerHeartbeat
+from reconciliation.providers.base import (
+    Adapter,
+    Call,
+    LookupAnswer,
+    LookupStatus,
+    SendAnswer,
+    SendStatus,
+)
+from reconciliation.providers.registry import Registry
+
+log = logging.getLogger("ledgerweb.reconciler")
+
+# How long a claim lasts at least; longer when a tool's timeout asks for it.
+MIN_LEASE_SECONDS = 60.0
+
+
+# Lookups and sends run in pool threads that mostly wait on sockets, and the main thread is the
+# only database writer. Under CPython's default 5 ms switch interval each SQL statement of the
+# writer can wait that long for the GIL behind a thread parsing an HTTP answer, so a worker process
+# asks for a shorter one.
+WORKER_SWITCH_INTERVAL = 0.0005
+
+
+def tune_worker_process() -> None:
+    """Process-wide settings for a dedicated reconcile worker process (see above)."""
+    sys.setswitchinterval(WORKER_SWITCH_INTERVAL)
+
+
+def new_worker_id() -> str:
+    return f"{socket.gethostname()[:60]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def backoff_delay(checks_so_far: int, *, rng: random.Random | None = None) -> float:
+    """Seconds until the next lookup: full jitter over ``base * 2**n``, capped."""
+    base = settings.LEDGER["BACKOFF_BASE"]
+    cap = settings.LEDGER["BACKOFF_CAP"]
+    ceiling = min(float(cap), base * 2.0 ** min(checks_so_far, 32))
+    return (rng or random).uniform(0.0, ceiling)
+
+
+def max_sends_for(adapter: Adapter) -> int:
+    return adapter.tool.max_sends or settings.LEDGER["MAX_SENDS"]
+
+
+# Outcomes after which the attempt is still recovery's work.
+UNSETTLED = frozenset({"still_unknown", "blocked", "failed_retryable", "errors"})
+
+
+@dataclass
+class Summary:
+    """What one pass (or a whole run) did. ``outcomes`` counts where attempts ended up."""
+
+    claimed: int = 0
+    lookups: int = 0
+    sends: int = 0
+    lost: int = 0  # changed by someone else after our claim: left alone
+    outcomes: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def settled(self) -> int:
+        """Attempts that left recovery's hands: confirmed, failed, linked, or given to a person."""
+        return sum(n for name, n in self.outcomes.items() if name not in UNSETTLED)
+
+    def add(self, other: Summary) -> None:
+        self.claimed += other.claimed
+        self.lookups += other.lookups
+        self.sends += other.sends
+        self.lost += other.lost
+        self.outcomes.update(other.outcomes)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "claimed": self.claimed,
+            "lookups": self.lookups,
+            "sends": self.sends,
+            "lost": self.lost,
+            "settled": self.settled,
+            **{name: self.outcomes[name] for name in sorted(self.outcomes)},
+        }
+
+    def __str__(self) -> str:
+        parts = [f"{name}={value}" for name, value in self.as_dict().items()]
+        return " ".join(parts)
+
+
+@dataclass
+class _Job:
+    """One attempt's trip to the provider."""
+
+    kind: str  # "lookup" or "send"
+    attempt: Attempt
+    adapter: Adapter
+    call: Call
+
+
+@dataclass(frozen=True, slots=True)
+class _SendResult:
+    send: SendAnswer
+    confirmation: LookupAnswer | None
+
+
+def _run_job(job: _Job) -> LookupAnswer | _SendResult:
+    """Runs in a pool thread: provider I/O only, no database."""
+    if job.kind == "lookup":
+        return job.adapter.lookup(job.call)
+    answer = job.adapter.send(job.call)
+    confirmation = None
+    if answer.status == SendStatus.ACCEPTED and job.adapter.can_look_up:
+        # A 2xx alone is not confirmation: look the effect up right away.
+        confirmation = job.adapter.lookup(job.call)
+    return _SendResult(answer, confirmation)
+
+
+class Reconciler:
+    """Claims due attempts and settles them by the decision table of protocol section 6."""
+
+    # Finished answers are written together: at most this many, or after this many seconds.
+    FLUSH_SIZE = 100
+    FLUSH_AFTER = 0.05
+
+    def __init__(
+        self,
+        *,
+        worker_id: str | None = None,
+        concurrency: int = 16,
+        batch_size: int = 200,
+        lease_seconds: float | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        if concurrency < 1 or batch_size < 1:
+            raise ValueError("concurrency and batch_size must be at least 1")
+        self.worker_id = worker_id or new_worker_id()
+        self.actor = Actor.worker(self.worker_id[:150])
+        self.concurrency = concurrency
+        self.batch_size = batch_size
+        self.lease_seconds = lease_seconds
+        self.rng = rng or random.Random()
+
+    # -----------------------------------------------------------------------------------------
+    # Claiming
+
+    def _lease_for(self, registry: Registry, tool_names: list[str]) -> dt.timedelta:
+        if self.lease_seconds is not None:
+            return dt.timedelta(seconds=self.lease_seconds)
+        timeouts = [t.timeout_seconds for name in tool_names if (t := registry.tool(name))]
+        # A lookup, a send and its confirming lookup, after waiting behind a claimed batch that
+        # may all time out.
+        rounds = 3 + self.batch_size / self.concurrency
+        return dt.timedelta(seconds=max(MIN_LEASE_SECONDS, rounds * max(timeouts, default=0)))
+
+    def claim(self, *, cutoff: dt.datetime, limit: int, lease: dt.timedelta) -> list[Attempt]:
+        """Claim up to ``limit`` attempts due at ``cutoff`` whose lease is free.
+
+        Each claim is a conditional UPDATE on (id, version, lease free) that must change exactly
+        one row and bumps the version: the fencing token every later move compares against. On
+        PostgreSQL candidates are read ``FOR UPDATE SKIP LOCKED`` so workers do not queue on each
+        other's rows.
+        """
+        now = timezone.now()
+        free = Q(lease_until__isnull=True) | Q(lease_until__lt=now)
+        claimed: list[int] = []
+        with transaction.atomic():
+            candidates = Attempt.objects.due(cutoff).filter(free).order_by("next_check_at", "id")
+            if connection.vendor == "postgresql":
+                candidates = candidates.select_for_update(skip_locked=True)
+            rows = list(candidates.values_list("pk", "version")[:limit])
+            if rows:
+                claimed = self._claim_rows(rows, now=now, lease_until=now + lease)
+            return list(
+                Attempt.objects.filter(pk__in=claimed, lease_owner=self.worker_id).order_by(
+                    "next_check_at", "id"
+                )
+            )
+
+    def _claim_rows(
+        self, rows: list[tuple[int, int]], *, now: dt.datetime, lease_until: dt.datetime
+    ) -> list[int]:
+        """One conditional UPDATE per candidate; a row counts as claimed only if exactly one
+        row changed. (Plain SQL: this runs for every attempt and the ORM would dominate it.)"""
+        ops = connection.ops
+        table = ops.quote_name(Attempt._meta.db_table)
+        sql = (
+            f"UPDATE {table} SET lease_owner = %s, lease_until = %s, version = version + 1 "  # noqa: S608
+            "WHERE id = %s AND version = %s AND (lease_until IS NULL OR lease_until < %s)"
+        )
+        owner = self.worker_id
+        until = ops.adapt_datetimefield_value(lease_until)
+        at = ops.adapt_datetimefield_value(now)
+        claimed = []
+        with connection.cursor() as cursor:
+            for pk, version in rows:
+                cursor.execute(sql, [owner, until, pk, version, at])
+                if cursor.rowcount == 1:
+                    claimed.append(pk)
+        return claimed
+
+    # -----------------------------------------------------------------------------------------
+    # One pass
+
+    def run_pass(self, *, stop: threading.Event | None = None) -> Summary:
+        """Settle everything due now (once each), then return what was done.
+
+        Claimed attempts go to the pool at once; finished answers are written in groups (up to
+        ``FLUSH_SIZE`` answers, or whatever finished within ``FLUSH_AFTER`` seconds), so a slow
+        commit is paid once per group rather than once per attempt.
+        """
+        stop = stop or threading.Event()
+        summary = Summary()
+        cutoff = timezone.now()
+        registry = Registry.load()
+        lease = self._lease_for(registry, registry.tool_names)
+        in_flight: dict[Future, _Job] = {}
+        finished: list[tuple[_Job, Any]] = []
+        first_finished_at = 0.0
+        exhausted = False
+        with ThreadPoolExecutor(self.concurrency, thread_name_prefix="reconcile") as pool:
+            while True:
+                if not exhausted and not stop.is_set() and len(in_flight) <= self.batch_size // 2:
+                    batch = self.claim(cutoff=cutoff, limit=self.batch_size, lease=lease)
+                    summary.claimed += len(batch)
+                    exhausted = not batch
+                    for job in self._prepare(batch, registry, summary):
+                        in_flight[pool.submit(_run_job, job)] = job
+                if not in_flight and not finished:
+                    if exhausted or stop.is_set():
+                        break
+                    continue
+                if in_flight:
+                    timeout = None
+                    if finished:
+                        timeout = max(
+                            0.0, self.FLUSH_AFTER - (time.monotonic() - first_finished_at)
+                        )
+                    done, _ = wait(list(in_flight), timeout=timeout, return_when=FIRST_COMPLETED)
+                    if done and not finished:
+                        first_finished_at = time.monotonic()
+                    finished += [(in_flight.pop(future), future.result()) for future in done]
+                if finished and (
+                    not in_flight
+                    or len(finished) >= self.FLUSH_SIZE
+                    or time.monotonic() - first_finished_at >= self.FLUSH_AFTER
+                ):
+                    for job in self._apply(finished, summary):
+                        in_flight[pool.submit(_run_job, job)] = job
+                    finished = []
+        return summary
+
+    def run_once(self, *, stop: threading.Event | None = None) -> Summary:
+        """One pass, then record the heartbeat."""
+        summary = self.run_pass(stop=stop)
+        self.heartbeat(summary)
+        return summary
+
+    def heartbeat(
+        self, summary: Summary | None = None, *, started_at: dt.datetime | None = None
+    ) -> None:
+        """Record that this worker is alive (``/healthz`` reads the freshest heartbeat)."""
+        now = timezone.now()
+        summary = summary or Summary()
+        with transaction.atomic():
+            updated = WorkerHeartbeat.objects.filter(worker_id=self.worker_id).update(
+                last_seen=now,
+                settled_total=F("settled_total") + summary.settled,
+                lookups_total=F("lookups_total") + summary.lookups,
+            )
+            if not updated:
+                WorkerHeartbeat.objects.create(
+                    worker_id=self.worker_id,
+                    hostname=socket.gethostname()[:200],
+                    pid=os.getpid(),
+                    started_at=started_at or now,
+                    last_seen=now,
+                    settled_total=summary.settled,
+                    lookups_total=summary.lookups,
+                )
+
+    # -----------------------------------------------------------------------------------------
+    # Step 1: before any I/O
+
+    def _prepare(self, batch: list[Attempt], registry: Registry, summary: Summary) -> list[_Job]:
+        jobs: list[_Job] = []
+        needs_write = []
+        for attempt in batch:
+            adapter, problems = registry.usable(attempt.tool_name)
+            if attempt.state == State.UNKNOWN and adapter is not None and not problems:
+                if adapter.can_look_up:
+                    # The common case writes nothing before its lookup.
+                    jobs.append(_Job("lookup", attempt, adapter, Call.of(attempt)))
+                    continue
+            needs_write.append(attempt)
+        if needs_write:
+            with write_transaction():
+                for attempt in needs_write:
+                    job = self._guarded(summary, self._prepare_one, attempt, registry, summary)
+                    if job is not None:
+                        jobs.append(job)
+        return jobs
+
+    def _guarded(
+        self,
+        summary: Summary,
+        step: Callable[..., Any],
+        attempt: Attempt,
+        *args: Any,
+        savepoint: bool = True,
+    ) -> Any:
+        """Run one attempt's step so that a lost race leaves that attempt alone.
+
+        Steps of several writes run in a savepoint. A step that is a single ``states.move`` may
+        skip it: a lost compare-and-set raises before anything is written.
+        """
+        try:
+            if not savepoint:
+                return step(attempt, *args)
+            with transaction.atomic():
+                return step(attempt, *args)
+        except (TransitionError, ledger.StateConflict) as exc:
+            summary.lost += 1
+            log.info("attempt %s changed under us: %s", attempt.attempt_id, exc)
+            return None
+        except IntegrityError:
+            if not savepoint:
+                raise
+            # Leave this attempt for the next pass; one bad row must not stall the batch.
+            summary.outcomes["errors"] += 1
+            log.exception("attempt %s could not be settled", attempt.attempt_id)
+            return None
+
+    def _prepare_one(self, attempt: Attempt, registry: Registry, summary: Summary) -> _Job | None:
+        adapter, problems = registry.usable(attempt.tool_name)
+        if adapter is None or problems:
+            return self._blocked(attempt, "; ".join(problems), summary)
+        if attempt.state in (State.INTENT_RECORDED, State.FAILED_RETRYABLE):
+            return self._prepare_send(attempt, adapter, summary)
+        if attempt.state == State.DISPATCHED:
+            self._move(
+                attempt,
+                State.UNKNOWN,
+                reason="stale claim found by recovery: the send may have happened",
+                keep_lease=True,
+            )
+        if attempt.state != State.UNKNOWN:
+            return None
+        if not adapter.can_look_up:
+            self._to_review(
+                attempt, "manual_class", "manual class: no lookup, a person must decide", summary
+            )
+            return None
+        return _Job("lookup", attempt, adapter, Call.of(attempt))
+
+    def _blocked(self, attempt: Attempt, why: str, summary: Summary) -> None:
+        """The tool cannot be reached as configured: wait (UNKNOWN past its maximum age goes to
+        a person); nothing is sent and nothing is guessed."""
+        if attempt.state == State.DISPATCHED:
+            self._move(
+                attempt, State.UNKNOWN, reason="stale claim found by recovery", keep_lease=True
+            )
+        if attempt.state == State.UNKNOWN and self._too_old(attempt):
+            self._to_review(
+                attempt, "max_age", f"maximum age passed; tool unusable: {why}", summary
+            )
+            return None
+        self._move(
+            attempt,
+            None,
+            action="attempt.recovery_blocked",
+            reason=f"tool is not usable for recovery: {why}",
+            # A configuration problem waits for a person (reconciliation.W001 reports it): look
+            # again after the longest backoff rather than writing history every few seconds.
+            next_check_at=timezone.now() + dt.timedelta(seconds=settings.LEDGER["BACKOFF_CAP"]),
+        )
+        summary.outcomes["blocked"] += 1
+        return None
+
+    def _prepare_send(self, attempt: Attempt, adapter: Adapter, summary: Summary) -> _Job | None:
+        """A stale or approved intent, or a retryable failure: send under today's authority."""
+        holds, why = authority.authority_holds(attempt)
+        if attempt.state == State.FAILED_RETRYABLE:
+            refusal = self._send_refusal(attempt, adapter, holds, why)
+            if refusal:
+                self._move(attempt, State.FAILED, reason=refusal)
+                summary.outcomes["failed"] += 1
+                return None
+        elif not holds:
+            # Nothing was sent under the old authority; today's may send it after approval.
+            self._supersede(attempt, why, summary)
+            return None
+        elif attempt.send_count >= max_sends_for(adapter):
+            self._move(attempt, State.FAILED, reason="sends exhausted before recovery")
+            summary.outcomes["failed"] += 1
+            return None
+        self._move(
+            attempt,
+            State.DISPATCHED,
+            reason="recovery sends with the same key",
+            increments={"send_count": 1},
+            keep_lease=True,
+        )
+        summary.sends += 1
+        return _Job("send", attempt, adapter, Call.of(attempt))
+
+    def _send_refusal(self, attempt: Attempt, adapter: Adapter, holds: bool, why: str) -> str:
+        """Why a FAILED_RETRYABLE attempt must not be sent again ('' when it may)."""
+        if adapter.effect_class != EffectClass.IDEMPOTENT:
+            return f"{adapter.effect_class} class is not resent automatically"
+        if not holds:
+            return f"authority changed: {why}"
+        if attempt.send_count >= max_sends_for(adapter):
+            return f"sends exhausted ({attempt.send_count} of {max_sends_for(adapter)})"
+        return ""
+
+    # -----------------------------------------------------------------------------------------
+    # Step 3: the provider answered
+
+    def _apply(self, finished: list[tuple[_Job, Any]], summary: Summary) -> list[_Job]:
+        jobs: list[_Job] = []
+        with write_transaction():
+            for job, result in finished:
+                if job.kind == "lookup":
+                    summary.lookups += 1
+                    step = self._after_lookup
+                else:
+                    if result.confirmation is not None:
+                        summary.lookups += 1
+                    step = self._after_send
+                # Answers settled by one move need no savepoint (see _guarded).
+                single_move = job.kind == "lookup" and result.status != LookupStatus.NOT_FOUND
+                follow_up = self._guarded(
+                    summary, step, job.attempt, job, result, summary, savepoint=not single_move
+                )
+                if follow_up is not None:
+                    jobs.append(follow_up)
+        return jobs
+
+    def _after_lookup(
+        self, attempt: Attempt, job: _Job, answer: LookupAnswer, summary: Summary
+    ) -> _Job | None:
+        """The decision table for an UNKNOWN attempt, given the provider's answer."""
+        details = {"lookup": answer.as_details()}
+        adapter = job.adapter
+        if answer.status == LookupStatus.FOUND:
+            return self._found(attempt, answer, details, summary, from_send=False)
+        if answer.status == LookupStatus.NOT_FOUND:
+            if adapter.effect_class != EffectClass.IDEMPOTENT:
+                self._to_review(
+                    attempt,
+                    "not_found",
+                    f"not found; the {adapter.effect_class} class is never resent automatically",
+                    summary,
+                    details,
+                )
+                return None
+            if adapter.critical:
+                self._to_review(
+                    attempt,
+                    "not_found_critical",
+                    "not found; a critical effect is never retried without a person",
+                    summary,
+                    details,
+                )
+                return None
+            holds, why = authority.authority_holds(attempt)
+            if not holds:
+                self._supersede(attempt, why, summary, details)
+                return None
+            if attempt.send_count >= max_sends_for(adapter):
+                self._move(
+                    attempt,
+                    State.FAILED,
+                    reason=f"not found and sends exhausted ({attempt.send_count})",
+                    details=details,
+                    increments={"lookup_count": 1},
+                )
+                summary.outcomes["failed"] += 1
+                return None
+            self._move(
+                attempt,
+                State.DISPATCHED,
+                reason="not found: idempotent class, authority holds, sending again with the same key",
+                details=details,
+                increments={"lookup_count": 1, "send_count": 1},
+                keep_lease=True,
+            )
+            summary.sends += 1
+            return _Job("send", attempt, adapter, Call.of(attempt))
+        # Unavailable, timeout or ambiguous: nothing is known; wait and ask again.
+        if self._too_old(attempt):
+            self._to_review(
+                attempt,
+                "max_age",
+                f"still unknown after the maximum age ({answer.status})",
+                summary,
+                details,
+            )
+            return None
+        self._move(
+            attempt,
+            None,
+            action="attempt.lookup",
+            reason=f"lookup {answer.status}: staying UNKNOWN",
+            details=details,
+            increments={"lookup_count": 1},
+            next_check_at=self._next_check(attempt.lookup_count),
+        )
+        summary.outcomes["still_unknown"] += 1
+        return None
+
+    def _found(
+        self,
+        attempt: Attempt,
+        answer: LookupAnswer,
+        details: dict[str, Any],
+        summary: Summary,
+        *,
+        from_send: bool,
+    ) -> None:
+        """The provider holds an effect under this key: confirm it, or hand it to a person."""
+        lookup_increment = {"lookup_count": 1}
+        if answer.args_hash != attempt.args_hash:
+            self._to_review(
+                attempt,
+                "payload_mismatch",
+                "the provider holds an effect under this key with a different payload hash",
+                summary,
+                details,
+                increments=lookup_increment,
+            )
+            return
+        if answer.count > 1:
+            self._to_review(
+                attempt,
+                "duplicate_effects",
+                f"the provider holds {answer.count} effects under this key",
+                summary,
+                details,
+                increments=lookup_increment,
+            )
+            return
+        recorded = attempt.provider_request_id
+        if recorded and recorded != answer.provider_request_id:
+            self._to_review(
+                attempt,
+                "provider_request_mismatch",
+                f"lookup found {answer.provider_request_id!r}, the ledger recorded {recorded!r}",
+                summary,
+                details,
+                increments=lookup_increment,
+            )
+            return
+        self._move(
+            attempt,
+            State.OUTCOME_CONFIRMED,
+            reason="sent and confirmed by lookup"
+            if from_send
+            else "found by lookup, payload matches",
+            details=details,
+            fields={
+                "provider_request_id": answer.provider_request_id,
+                "result_ref": answer.result_ref or f"lookup:{answer.provider_request_id}",
+                "review_reason": "",
+            },
+            increments=lookup_increment,
+            next_check_at=None,
+        )
+        summary.outcomes["confirmed"] += 1
+
+    def _after_send(
+        self, attempt: Attempt, job: _Job, result: _SendResult, summary: Summary
+    ) -> None:
+        answer = result.send
+        details: dict[str, Any] = {"send": _send_details(answer)}
+        max_sends = max_sends_for(job.adapter)
+        if answer.status == SendStatus.REFUSED:
+            if answer.retryable and attempt.send_count < max_sends:
+                self._move(
+                    attempt,
+                    State.FAILED_RETRYABLE,
+                    reason=f"provider refused, may be asked again: {answer.detail}",
+                    details=details,
+                    next_check_at=self._next_check(attempt.send_count),
+                )
+                summary.outcomes["failed_retryable"] += 1
+            else:
+                why = "sends exhausted" if answer.retryable else "provider refused for good"
+                self._move(attempt, State.FAILED, reason=f"{why}: {answer.detail}", details=details)
+                summary.outcomes["failed"] += 1
+            return
+        if answer.status == SendStatus.ACCEPTED and answer.provider_request_id:
+            if not attempt.provider_request_id:
+                self._move(
+                    attempt,
+                    None,
+                    action="attempt.provider_request_attached",
+                    fields={"provider_request_id": answer.provider_request_id},
+                    keep_lease=True,
+                )
+        confirmation = result.confirmation
+        if confirmation is not None:
+            details["lookup"] = confirmation.as_details()
+            if confirmation.status == LookupStatus.FOUND:
+                self._found(attempt, confirmation, details, summary, from_send=True)
+                return
+        if answer.status == SendStatus.ACCEPTED:
+            reason = "sent; the provider accepted it but no lookup confirmed it yet"
+        else:
+            reason = f"send outcome unknown: {answer.detail or answer.status}"
+        self._move(
+            attempt,
+            State.UNKNOWN,
+            reason=reason,
+            details=details,
+            increments={"lookup_count": 1} if confirmation is not None else None,
+            next_check_at=self._next_check(attempt.lookup_count),
+        )
+        summary.outcomes["still_unknown"] += 1
+
+    # -----------------------------------------------------------------------------------------
+    # Small helpers: every write is a fenced states.move
+
+    def _move(
+        self,
+        attempt: Attempt,
+        to_state: str | None,
+        *,
+        reason: str = "",
+        action: str | None = None,
+        details: dict[str, Any] | None = None,
+        fields: dict[str, Any] | None = None,
+        increments: dict[str, int] | None = None,
+        next_check_at: dt.datetime | None | type[Ellipsis] = ...,
+        keep_lease: bool = False,
+    ) -> Attempt:
+        fields = dict(fields or {})
+        if not keep_lease:
+            fields.update(lease_owner="", lease_until=None)
+        return states.move(
+            attempt,
+            to_state,
+            actor=self.actor,
+            action=action,
+            reason=reason,
+            details=details,
+            fields=fields,
+            increments=increments,
+            next_check_at=next_check_at,
+        )
+
+    def _to_review(
+        self,
+        attempt: Attempt,
+        review_reason: str,
+        reason: str,
+        summary: Summary,
+        details: dict[str, Any] | None = None,
+        *,
+        increments: dict[str, int] | None = None,
+    ) -> None:
+        if details and "lookup" in details and increments is None:
+            increments = {"lookup_count": 1}
+        self._move(
+            attempt,
+            State.MANUAL_REVIEW,
+            reason=reason,
+            details=details,
+            fields={"review_reason": review_reason},
+            increments=increments,
+            next_check_at=None,
+        )
+        summary.outcomes["manual_review"] += 1
+
+    def _supersede(
+        self, attempt: Attempt, why: str, summary: Summary, details: dict[str, Any] | None = None
+    ) -> None:
+        """Authority changed: never send under the old one. A linked attempt under today's
+        authority waits for approval; with no grant left at all, a person decides."""
+        if details:
+            # Record the lookup that led here before the attempt is superseded.
+            self._move(
+                attempt,
+                None,
+                action="attempt.lookup",
+                reason="lookup not found",
+                details=details,
+                increments={"lookup_count": 1},
+                keep_lease=True,
+            )
+        try:
+            ledger.create_linked_attempt(
+                attempt, actor=self.actor, reason=f"authority changed since the intent: {why}"
+            )
+        except ledger.NotGranted as exc:
+            if attempt.state == State.UNKNOWN:
+                self._to_review(attempt, "authority_revoked", f"{why}; {exc}", summary)
+            else:
+                self._move(
+                    attempt,
+                    State.FAILED,
+                    reason=f"nothing was sent and no authority is left: {exc}",
+                )
+                summary.outcomes["failed"] += 1
+            return
+        summary.outcomes["linked"] += 1
+
+    def _next_check(self, checks_so_far: int) -> dt.datetime:
+        return timezone.now() + dt.timedelta(seconds=backoff_delay(checks_so_far, rng=self.rng))
+
+    def _too_old(self, attempt: Attempt) -> bool:
+        age = timezone.now() - attempt.created_at
+        return age.total_seconds() > settings.LEDGER["UNKNOWN_MAX_AGE"]
+
+
+def _send_details(answer: SendAnswer) -> dict[str, Any]:
+    details: dict[str, Any] = {"answer": str(answer.status), "latency_ms": int(answer.latency_ms)}
+    if answer.http_status is not None:
+        details["http_status"] = answer.http_status
+    if answer.provider_request_id:
+        details["provider_request_id"] = answer.provider_request_id
+    if answer.status == SendStatus.REFUSED:
+        details["retryable"] = answer.retryable
+    if answer.detail:
+        details["detail"] = answer.detail[:300]
+    return details
