@@ -661,8 +661,8 @@ def review_fail(
     with write_transaction():
         current = _reload(attempt)
         require_role(user, current, Role.REVIEWER)
-        if current.state == State.FAILED:
-            return current
+        if current.state == State.FAILED and _failed_with(current, reason):
+            return current  # the same decision repeated: success, nothing new written
         _expect_version(current, expected_version)
         if current.state not in (State.MANUAL_REVIEW, State.UNKNOWN):
             raise StateConflict(f"cannot fail an attempt in {current.state}", attempt=current)
@@ -674,6 +674,19 @@ def review_fail(
             reason=reason,
             fields={"awaiting_approval": False},
         )
+
+
+def _failed_with(attempt: Attempt, reason: str) -> bool:
+    """Whether the move into FAILED recorded this reason (a repeat of the same decision).
+    A different reason is another person's decision that lost the race: not a repeat."""
+    recorded = (
+        attempt.events.filter(to_state=State.FAILED)
+        .exclude(from_state=State.FAILED)
+        .order_by("-id")
+        .values_list("reason", flat=True)
+        .first()
+    )
+    return recorded == reason
 
 
 def _next_link_key(original: Attempt) -> str:

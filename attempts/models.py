@@ -237,6 +237,20 @@ class Attempt(models.Model):
                 fields=["tenant", "state", "created_at", "id"], name="attempt_tenant_state_idx"
             ),
             models.Index(fields=["owner", "state"], name="attempt_owner_state_idx"),
+            # The "all attempts" queue: one ordered range per tenant, whatever the state.
+            models.Index(fields=["tenant", "created_at", "id"], name="attempt_tenant_age_idx"),
+            # "My work" queues: one ordered range per (owner, tenant, state). Partial, so its
+            # statistics are not drowned by the unowned majority.
+            models.Index(
+                fields=["owner", "tenant", "state", "created_at", "id"],
+                name="attempt_owner_queue_idx",
+                condition=Q(owner__isnull=False),
+            ),
+            # The overview's counts by state, tenant, tool and owner, read from the index alone.
+            models.Index(
+                fields=["state", "tenant", "tool_name", "owner"],
+                name="attempt_state_tenant_tool_idx",
+            ),
             models.Index(fields=["task_id"], name="attempt_task_idx"),
             models.Index(fields=["provider_request_id"], name="attempt_provider_req_idx"),
             models.Index(fields=["args_hash"], name="attempt_args_hash_idx"),
@@ -389,3 +403,19 @@ class AgentToken(models.Model):
         )
         self.refresh_from_db(fields=["revoked_at"])
         return bool(changed)
+
+
+class LoginThrottle(models.Model):
+    """Failed log-ins per (username, client address), for the dashboard's login throttling.
+
+    Kept in the database rather than a per-process cache so every web worker sees the same count.
+    ``key`` is a hash of the lowercased username and the address.
+    """
+
+    key = models.CharField(max_length=64, unique=True)
+    failures = models.PositiveIntegerField(default=0)
+    first_failure_at = models.DateTimeField()
+    locked_until = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.key[:12]}… {self.failures} failures"

@@ -235,6 +235,9 @@ LEDGER = {
     "DEFAULT_OWNER": env_str("LEDGERWEB_DEFAULT_OWNER", ""),
     # Fault injection (crash points) is only possible in non-production settings.
     "FAULTS_ALLOWED": env_bool("LEDGERWEB_FAULTS_ALLOWED", not HTTPS),
+    # Dashboard login throttling: this many failures per username and address lock it out.
+    "LOGIN_MAX_FAILURES": env_int("LEDGERWEB_LOGIN_MAX_FAILURES", 5, minimum=1),
+    "LOGIN_LOCK_SECONDS": env_int("LEDGERWEB_LOGIN_LOCK_SECONDS", 15 * 60, minimum=1),
 }
 
 # Operations endpoints (docs/operations.md). /metrics answers loopback clients, or anyone sending
