@@ -35,7 +35,7 @@ PG_BACKWARD = [
 def _run(statements_by_vendor):
     def run(apps, schema_editor):
         for sql in statements_by_vendor.get(schema_editor.connection.vendor, []):
-            schema_editor.execute(sql)
+            schema_editor.execute(sql, params=None)  # no placeholders: "%" is PL/pgSQL
 
     return run
 
