@@ -188,7 +188,10 @@ def _check_attempt(checker: ChainChecker, group: list[tuple]) -> None:
         checker.problem(Problem(kind, message, event_id, attempt_id))
 
     if first_event_id is None:
-        bad("attempt", "the attempt has no history: it was inserted without one or its history was deleted")
+        bad(
+            "attempt",
+            "the attempt has no history: it was inserted without one or its history was deleted",
+        )
         return
     if first_action != "attempt.created":
         bad(
