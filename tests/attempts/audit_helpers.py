@@ -85,5 +85,10 @@ def json_text(value) -> str:
 
 @pytest.fixture(autouse=True)
 def fast_passwords(settings):
-    """The world's users are made with a fast hasher: these tests are about the ledger."""
+    """The world's users are made with a fast hasher (these tests are about the ledger), and
+    pages render without a collectstatic manifest."""
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    }
