@@ -200,6 +200,7 @@ def _vendor_sql() -> dict[str, str]:
             "details_json": "e.details",
             "object": "json_build_object",
             "text": "::text",
+            "instr": "strpos",
         }
     # Django stores SQLite datetimes as naive UTC text, without the fraction when it is zero.
     return {
@@ -210,6 +211,7 @@ def _vendor_sql() -> dict[str, str]:
         "details_json": "json(e.details)",
         "object": "json_object",
         "text": "",
+        "instr": "instr",
     }
 
 
@@ -218,41 +220,52 @@ def _sql_text(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-def _csv_cell(expression: str) -> str:
-    """A quoted CSV cell built by the database, with a leading quote when the text starts like a
-    spreadsheet formula (see verify_export.escape_cell)."""
+def _csv_cell(expression: str) -> tuple[str, list[str]]:
+    """A quoted CSV cell built by the database: a format pattern and its arguments, with a
+    leading quote when the text starts like a spreadsheet formula (see
+    verify_export.escape_cell) and inner double quotes doubled."""
     starts = ", ".join(_sql_text(c) for c in FORMULA_STARTS)
-    quote, tick = _sql_text('"'), _sql_text("'")
-    return (
-        f"{quote} || (CASE WHEN substr({expression}, 1, 1) IN ({starts}) THEN {tick} ELSE '' END)"
-        f" || replace({expression}, {quote}, {_sql_text('""')}) || {quote}"
-    )
+    return '"%%s%%s"', [
+        f"(CASE WHEN substr({expression}, 1, 1) IN ({starts}) THEN {_sql_text(chr(39))} "
+        "ELSE '' END)",
+        # replace() copies every string; most have no quote to double, so look first.
+        f"(CASE WHEN {_vendor_sql()['instr']}({expression}, {_sql_text(chr(34))}) > 0 "
+        f"THEN replace({expression}, {_sql_text(chr(34))}, {_sql_text(chr(34) * 2)}) "
+        f"ELSE {expression} END)",
+    ]
 
 
 def _csv_line_sql() -> str:
+    """One CSV line per row, built in a single pass with format() (printf in SQLite): chained
+    ``||`` would copy the growing line once per cell."""
     v = _vendor_sql()
-    cells = {
-        "event_id": f"e.id{v['text']}",
-        "attempt_id": _csv_cell("a.attempt_id"),
-        "action": _csv_cell("e.action"),
-        "actor_kind": _csv_cell("e.actor_kind"),
+    plain, quoted = "%%s", '"%%s"'
+    # Ids, codes and states are written by ledgerweb itself (never by agents or people), so they
+    # are quoted but not searched for formula characters; every free-text cell is escaped.
+    cells: dict[str, tuple[str, list[str]]] = {
+        "event_id": (plain, ["e.id"]),
+        "attempt_id": (quoted, ["a.attempt_id"]),
+        "action": (quoted, ["e.action"]),
+        "actor_kind": (quoted, ["e.actor_kind"]),
         "actor": _csv_cell("e.actor"),
-        "from_state": _csv_cell("e.from_state"),
-        "to_state": _csv_cell("e.to_state"),
+        "from_state": (quoted, ["e.from_state"]),
+        "to_state": (quoted, ["e.to_state"]),
         "reason": _csv_cell("e.reason"),
         "details": _csv_cell(v["details"]),
-        "created_at": v["time"],
-        "prev_hash": "e.prev_hash",
-        "hash": "e.hash",
+        "created_at": (plain, [v["time"]]),
+        "prev_hash": (plain, ["e.prev_hash"]),
+        "hash": (plain, ["e.hash"]),
         "tenant": _csv_cell("a.tenant_id"),
         "tool_name": _csv_cell("a.tool_name"),
         "idempotency_key": _csv_cell("a.idempotency_key"),
-        "attempt_state": _csv_cell("a.state"),
+        "attempt_state": (quoted, ["a.state"]),
         "provider_request_id": _csv_cell("a.provider_request_id"),
     }
     if tuple(cells) != CSV_COLUMNS:
         raise AssertionError("CSV columns out of step with verify_export.CSV_COLUMNS")
-    return " || ',' || ".join(cells.values())
+    pattern = ",".join(p for p, _ in cells.values())
+    arguments = ", ".join(arg for _, args in cells.values() for arg in args)
+    return f"format('{pattern}', {arguments})"
 
 
 def _json_event_sql() -> str:

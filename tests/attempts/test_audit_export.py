@@ -69,6 +69,7 @@ def history(world):
     made = build_history(world, 4)
     build_history(world, 2, tenant="globex", prefix="g")
     ledger.add_note(made[1], user=world.operator, text="=cmd|' /C calc'!A0")
+    ledger.add_note(made[2], user=world.operator, text='He said "stop, now",\nthen left; ünïcode ✓')
     return made
 
 
@@ -247,6 +248,7 @@ def test_csv_export_is_formula_safe_and_verifies(history, tmp_path):
             assert not cell or cell[0] not in "=+-@\t\r", row
     reasons = [row[verify_export.CSV_COLUMNS.index("reason")] for row in rows[1:]]
     assert "'=cmd|' /C calc'!A0" in reasons
+    assert 'He said "stop, now",\nthen left; ünïcode ✓' in reasons
     manifest = json.loads((tmp_path / "audit.csv.manifest.json").read_text())
     assert manifest["row_count"] == len(rows) - 1 and manifest["contiguous"] is True
     result = offline(path)
