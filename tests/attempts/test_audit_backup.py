@@ -191,3 +191,37 @@ def test_concurrent_writers_do_not_fork_the_chain(scratch, tmp_path):
     result = manage(scratch, "verify_audit")
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"{3 * 20 * 3} events verify" in result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not ON_POSTGRES, reason="the PostgreSQL backup path (docs/backup.md)")
+@pytest.mark.skipif(not shutil.which("pg_dump"), reason="needs pg_dump and pg_restore")
+def test_postgres_dump_restores_and_verifies(scratch, tmp_path):
+    import psycopg
+
+    writer = start_writer(scratch, tmp_path / "w.log", "pg", count=5)
+    assert writer.wait(timeout=120) == 0
+    dump = tmp_path / "ledger.dump"
+    subprocess.run(
+        ["pg_dump", "--format=custom", "--no-owner", f"--file={dump}", scratch["DATABASE_URL"]],
+        check=True,
+        timeout=120,
+    )
+    restored = f"{scratch['DATABASE_URL'].rsplit('/', 1)[1]}_r"
+    with psycopg.connect(_pg_url("postgres"), autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{restored}"')
+    try:
+        subprocess.run(
+            ["pg_restore", "--no-owner", f"--dbname={_pg_url(restored)}", str(dump)],
+            check=True,
+            timeout=120,
+        )
+        result = manage(scratch, "verify_audit", DATABASE_URL=_pg_url(restored))
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "15 events verify" in result.stdout
+        with psycopg.connect(_pg_url(restored)) as conn:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("UPDATE attempts_attemptevent SET reason = 'x'")
+    finally:
+        with psycopg.connect(_pg_url("postgres"), autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{restored}" WITH (FORCE)')

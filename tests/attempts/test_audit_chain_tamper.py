@@ -261,3 +261,18 @@ def test_bad_arguments_are_clear_errors(db, tmp_path):
         run_verify("--export", str(tmp_path / "missing.jsonl"))
     with pytest.raises(CommandError, match="no such file"):
         run_verify("--sqlite", str(tmp_path / "missing.sqlite3"))
+
+
+def test_history_is_append_only_in_the_database(history):
+    """The triggers (which an attacker must drop first) refuse UPDATE and DELETE."""
+    from django.db import DatabaseError, transaction
+
+    target = event_ids()[0]
+    for statement in (
+        f"UPDATE {EVENTS} SET reason = 'x' WHERE id = %s",
+        f"DELETE FROM {EVENTS} WHERE id = %s",
+    ):
+        with pytest.raises(DatabaseError, match="append-only"):
+            with transaction.atomic():
+                sql(statement, [target])
+    assert run_verify().startswith("OK:")
