@@ -27,7 +27,7 @@ from typing import Any
 
 import rfc8785
 
-from attempts.verify_export import GENESIS, ChainChecker, Problem, Report
+from attempts.verify_export import GENESIS, ChainChecker, Problem, Report, anchor_check
 
 EVENTS = "attempts_attemptevent"
 ATTEMPTS = "attempts_attempt"
@@ -106,9 +106,8 @@ def verify_database(
 ) -> Report:
     """Verify the chain and every attempt row. ``cursor_factory`` returns a fresh DB-API cursor
     (``django.db.connection.chunked_cursor`` streams on PostgreSQL)."""
-    anchors = list(anchors)
     checker = ChainChecker(
-        start_prev=GENESIS, max_problems=max_problems, seen_hashes=set() if anchors else None
+        start_prev=GENESIS, max_problems=max_problems, anchors=frozenset(anchors)
     )
     report = Report(what=what, problems=checker.problems)
     cursor = cursor_factory()
@@ -145,15 +144,7 @@ def verify_database(
         cursor.close()
     report.notes.append(f"{attempts} attempts checked against their history")
 
-    for anchor in anchors:
-        if checker.seen_hashes is not None and anchor not in checker.seen_hashes:
-            checker.problem(
-                Problem(
-                    "anchor",
-                    f"the head hash {anchor} kept elsewhere is not in the chain: the event it "
-                    "named, or history after it, was removed or rewritten",
-                )
-            )
+    anchor_check(checker)
     report.truncated = checker.truncated
     return report
 

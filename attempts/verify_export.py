@@ -155,7 +155,9 @@ class ChainChecker:
     last_hash: str | None = None
     first_id: int | None = None
     first_hash: str | None = None
-    seen_hashes: set[str] | None = None
+    # Head hashes kept elsewhere that must appear in the chain; ``found`` collects those seen.
+    anchors: frozenset[str] = frozenset()
+    found: set[str] = field(default_factory=set)
     truncated: bool = False
 
     def problem(self, problem: Problem) -> None:
@@ -204,8 +206,8 @@ class ChainChecker:
             self.first_id, self.first_hash = event_id, stored_hash
         self.last_id, self.last_hash = event_id, stored_hash
         self.count += 1
-        if self.seen_hashes is not None:
-            self.seen_hashes.add(stored_hash)
+        if stored_hash in self.anchors:
+            self.found.add(stored_hash)
 
     def full(
         self, row: dict[str, Any], *, line: int | None = None, check_link: bool = True
@@ -289,22 +291,21 @@ class Report:
         return "\n".join(lines)
 
 
-def _anchor_check(report: Report, checker: ChainChecker, anchors: Iterable[str]) -> None:
-    for anchor in anchors:
-        if checker.seen_hashes is not None and anchor not in checker.seen_hashes:
-            report.problems.append(
-                Problem(
-                    "anchor",
-                    f"the head hash {anchor} kept elsewhere is not in this chain: the event it "
-                    "named, or history after it, was removed or rewritten",
-                )
+def anchor_check(checker: ChainChecker) -> None:
+    """Report every kept head hash that the chain no longer contains."""
+    for anchor in sorted(checker.anchors - checker.found):
+        checker.problem(
+            Problem(
+                "anchor",
+                f"the head hash {anchor} kept elsewhere is not in this chain: the event it "
+                "named, or history after it, was removed or rewritten",
             )
+        )
 
 
 def verify_jsonl(path: Path, *, anchors: Iterable[str] = ()) -> Report:
     """Verify a JSON Lines export: header, events and links, manifest."""
-    anchors = list(anchors)
-    checker = ChainChecker(start_prev=None, seen_hashes=set() if anchors else None)
+    checker = ChainChecker(start_prev=None, anchors=frozenset(anchors))
     report = Report(what=str(path), problems=checker.problems)
     header: dict[str, Any] | None = None
     manifest: dict[str, Any] | None = None
@@ -385,7 +386,7 @@ def verify_jsonl(path: Path, *, anchors: Iterable[str] = ()) -> Report:
         )
     else:
         _check_manifest(checker, manifest, header or {}, first_event, last_event, report.links)
-    _anchor_check(report, checker, anchors)
+    anchor_check(checker)
     report.truncated = checker.truncated
     return report
 
@@ -444,13 +445,12 @@ def verify_csv(
     contiguous (no filter left events out), every ``prev_hash`` link is followed too; otherwise the
     manifest's SHA-256 of the file is what shows a row was removed.
     """
-    anchors = list(anchors)
     manifest_path = manifest_path or path.with_name(path.name + ".manifest.json")
     manifest: dict[str, Any] | None = None
     if manifest_path.exists():
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
     contiguous = bool(manifest and manifest.get("contiguous"))
-    checker = ChainChecker(start_prev=None, seen_hashes=set() if anchors else None)
+    checker = ChainChecker(start_prev=None, anchors=frozenset(anchors))
     report = Report(what=str(path), problems=checker.problems)
     first_event = last_event = None
     digest = hashlib.sha256()
@@ -493,7 +493,7 @@ def verify_csv(
                     f"{manifest['sha256']}: the file was changed after export",
                 )
             )
-    _anchor_check(report, checker, anchors)
+    anchor_check(checker)
     report.truncated = checker.truncated
     return report
 
