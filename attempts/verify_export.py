@@ -457,6 +457,7 @@ def verify_csv(
     with path.open("rb") as binary:
         for chunk in iter(lambda: binary.read(1 << 20), b""):
             digest.update(chunk)
+    csv.field_size_limit(1 << 30)  # details and reasons may be long; the default is 128 KiB
     with path.open(newline="", encoding="utf-8") as handle:
         reader = csv.DictReader(handle)
         if tuple(reader.fieldnames or ()) != CSV_COLUMNS:

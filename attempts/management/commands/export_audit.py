@@ -56,6 +56,11 @@ class Command(BaseCommand):
             user = get_user_model().objects.filter(username=options["as_user"]).first()
             if user is None or not user.is_active:
                 raise CommandError(f"no active user {options['as_user']!r}")
+            if audit_export.export_tenants(user) == set():
+                raise CommandError(
+                    f"{user.get_username()} may not export: audit reports need the reviewer or "
+                    "admin role in a tenant"
+                )
         try:
             plan = audit_export.plan_export(user=user, filters=filters, upto=options["upto"])
         except audit_export.ExportError as exc:
