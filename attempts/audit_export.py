@@ -197,6 +197,7 @@ def _vendor_sql() -> dict[str, str]:
     if connection.vendor == "postgresql":
         return {
             "time": "to_char(e.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')",
+            "csv_time": "to_char(e.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US')",
             "details": "e.details::text",
             "details_json": "e.details",
             "object": "json_build_object",
@@ -208,6 +209,7 @@ def _vendor_sql() -> dict[str, str]:
         "time": "(CASE WHEN length(e.created_at) = 19 "
         "THEN replace(e.created_at, ' ', 'T') || '.000000Z' "
         "ELSE replace(e.created_at, ' ', 'T') || 'Z' END)",
+        "csv_time": "e.created_at",
         "details": "e.details",
         "details_json": "json(e.details)",
         "object": "json_object",
@@ -258,7 +260,9 @@ def _csv_line_sql() -> str:
         "to_state": (quoted, ["e.to_state"]),
         "reason": _csv_cell("e.reason"),
         "details": ("", []),
-        "created_at": (plain, [v["time"]]),
+        # UTC as "YYYY-MM-DD HH:MM:SS.ffffff", which spreadsheets read as a time (SQLite's own
+        # text; the verifier reads it back into the chain's form).
+        "created_at": (plain, [v["csv_time"]]),
         "prev_hash": (plain, ["e.prev_hash"]),
         "hash": (plain, ["e.hash"]),
         "tenant": _csv_cell("a.tenant_id"),

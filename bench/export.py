@@ -249,6 +249,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--regenerate", action="store_true")
+    parser.add_argument("--formats", nargs="+", choices=("csv", "jsonl"), default=["csv", "jsonl"])
     parser.add_argument("--repeat", type=int, default=3, help="runs of each export (best is used)")
     parser.add_argument(
         "--verify", action="store_true", help="also time verify_export.py on the JSON Lines file"
@@ -279,10 +280,12 @@ def main() -> None:
             "ours_kb": [],
             "base_kb": [],
         }
-        for fmt in ("csv", "jsonl")
+        for fmt in args.formats
     }
     for _ in range(args.repeat):
         for fmt, mode in (("csv", "-csv"), ("jsonl", "-json")):
+            if fmt not in args.formats:
+                continue
             shell_out = OUT / f"shell.{fmt}"
             with shell_out.open("wb") as handle:
                 shell_s, shell_kb, _ = run_measured(
@@ -323,7 +326,7 @@ def main() -> None:
             "ours_base_mb": max(got["base_kb"]) / 1024,
             "ours_size": (OUT / f"ledgerweb.{fmt}").stat().st_size / 1e6,
         }
-    if args.verify:
+    if args.verify and "jsonl" in args.formats:
         began = time.perf_counter()
         done = subprocess.run(
             [
