@@ -290,6 +290,55 @@ def _csv_line_sql() -> str:
     return f"{joined(names[:split])}, {details_sql}, {joined(names[split + 1 :])}"
 
 
+# Stands for a CSV quote inside the fast path's lines (see _csv_fast_sql and stream_csv).
+MARK = "\x01"
+
+
+def _csv_fast_sql() -> tuple[str, int]:
+    """Each CSV line as one column, every quoted cell wrapped in MARK instead of a double quote
+    and nothing doubled yet; returns the SQL and the number of MARKs in a line.
+
+    Python then fixes a whole chunk at C speed: double every quote (at this point every quote is
+    inside a cell), then turn each MARK into a quote. A chunk whose data itself contains MARK
+    (the count shows it) is redone through the exact path instead.
+    """
+    v = _vendor_sql()
+    starts = ", ".join(_sql_text(c) for c in FORMULA_STARTS)
+
+    def free(expression: str) -> tuple[str, list[str]]:
+        tick = (
+            f"(CASE WHEN substr({expression}, 1, 1) IN ({starts}) THEN {_sql_text(chr(39))} "
+            "ELSE '' END)"
+        )
+        return f"{MARK}%%s%%s{MARK}", [tick, expression]
+
+    plain, marked = "%%s", f"{MARK}%%s{MARK}"
+    cells: dict[str, tuple[str, list[str]]] = {
+        "event_id": (plain, ["e.id"]),
+        "attempt_id": (marked, ["a.attempt_id"]),
+        "action": (marked, ["e.action"]),
+        "actor_kind": (marked, ["e.actor_kind"]),
+        "actor": free("e.actor"),
+        "from_state": (marked, ["e.from_state"]),
+        "to_state": (marked, ["e.to_state"]),
+        "reason": free("e.reason"),
+        "details": free(v["details"]),
+        "created_at": (plain, [v["csv_time"]]),
+        "prev_hash": (plain, ["e.prev_hash"]),
+        "hash": (plain, ["e.hash"]),
+        "tenant": free("a.tenant_id"),
+        "tool_name": free("a.tool_name"),
+        "idempotency_key": free("a.idempotency_key"),
+        "attempt_state": (marked, ["a.state"]),
+        "provider_request_id": free("a.provider_request_id"),
+    }
+    if tuple(cells) != CSV_COLUMNS:
+        raise AssertionError("CSV columns out of step with verify_export.CSV_COLUMNS")
+    pattern = ",".join(p for p, _ in cells.values())
+    arguments = ", ".join(arg for _, args in cells.values() for arg in args)
+    return f"format('{pattern}', {arguments})", pattern.count(MARK)
+
+
 def _json_event_sql() -> str:
     v = _vendor_sql()
     pairs = [
@@ -358,6 +407,12 @@ def _stream_rows(sql: str, params: list[Any]) -> Iterator[list[tuple]]:
             yield rows
 
 
+def _exact_rows(sql: str, params: list[Any]) -> list[tuple]:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
+
+
 def _event_ref(event_id: int | None) -> dict[str, Any] | None:
     if event_id is None:
         return None
@@ -412,11 +467,17 @@ def stream_csv(plan: ExportPlan, result: CsvResult | None = None) -> Iterator[by
     """The CSV export in chunks. When ``result`` is given, its manifest (with the SHA-256 of
     exactly these bytes) is filled in once the last chunk has been produced.
 
-    The database formats each row as one CSV line (quoting and formula escaping included), so
-    Python only joins lines: throughput stays close to the database's own.
+    The database formats each row as one line (formula escaping included) and Python fixes the
+    quoting of a whole chunk with two string replacements, so there is no per-row Python work
+    beyond joining lines: throughput stays close to the database's own.
     """
     where, params = _where(plan)
-    sql = f"SELECT e.id, {_csv_line_sql()} {_FROM} WHERE {where} ORDER BY e.id"  # noqa: S608
+    line_sql, marks = _csv_fast_sql()
+    sql = f"SELECT {line_sql} {_FROM} WHERE {where} ORDER BY e.id"  # noqa: S608
+    exact = (
+        f"SELECT e.id, {_csv_line_sql()} {_FROM} "  # noqa: S608
+        f"WHERE {where} AND e.id >= %s AND e.id <= %s ORDER BY e.id"
+    )
     digest = hashlib.sha256()
     header = (",".join(CSV_COLUMNS) + "\r\n").encode("utf-8")
     digest.update(header)
@@ -426,19 +487,21 @@ def stream_csv(plan: ExportPlan, result: CsvResult | None = None) -> Iterator[by
     parts: list[str] = []
     size = 0
     for chunk in _stream_rows(sql, params):
+        lines = [row[0] for row in chunk]
+        low = int(lines[0][: lines[0].index(",")])
+        high = int(lines[-1][: lines[-1].index(",")])
         if first is None:
-            first = chunk[0][0]
-        last = chunk[-1][0]
-        rows += len(chunk)
-        text = (
-            "\r\n".join(
-                [
-                    f'{head},"{details.replace(QUOTE, QUOTES)}",{tail}'
-                    for _, head, details, tail in chunk
-                ]
+            first = low
+        last = high
+        rows += len(lines)
+        text = "\r\n".join(lines) + "\r\n"
+        if text.count(MARK) == marks * len(lines):
+            text = text.replace(QUOTE, QUOTES).replace(MARK, QUOTE)
+        else:  # the data holds MARK itself: build these lines the exact (slower) way
+            text = "".join(
+                f'{head},"{details.replace(QUOTE, QUOTES)}",{tail}\r\n'
+                for _, head, details, tail in _exact_rows(exact, [*params, low, high])
             )
-            + "\r\n"
-        )
         parts.append(text)
         size += len(text)
         if size >= FLUSH_BYTES:

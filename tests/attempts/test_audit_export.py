@@ -70,6 +70,8 @@ def history(world):
     build_history(world, 2, tenant="globex", prefix="g")
     ledger.add_note(made[1], user=world.operator, text="=cmd|' /C calc'!A0")
     ledger.add_note(made[2], user=world.operator, text='He said "stop, now",\nthen left; ünïcode ✓')
+    # A control character the CSV fast path uses internally: the exact path takes over.
+    ledger.add_note(made[3], user=world.operator, text='odd \x01 "byte"')
     return made
 
 
@@ -246,6 +248,7 @@ def test_csv_export_is_formula_safe_and_verifies(history, tmp_path):
     reasons = [row[verify_export.CSV_COLUMNS.index("reason")] for row in rows[1:]]
     assert "'=cmd|' /C calc'!A0" in reasons
     assert 'He said "stop, now",\nthen left; ünïcode ✓' in reasons
+    assert 'odd \x01 "byte"' in reasons
     manifest = json.loads((tmp_path / "audit.csv.manifest.json").read_text())
     assert manifest["row_count"] == len(rows) - 1 and manifest["contiguous"] is True
     result = offline(path)
