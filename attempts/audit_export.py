@@ -292,6 +292,8 @@ def _csv_line_sql() -> str:
 
 # Stands for a CSV quote inside the fast path's lines (see _csv_fast_sql and stream_csv).
 MARK = "\x01"
+MARK_BYTE = MARK.encode()
+_MARK_TO_QUOTE = bytes.maketrans(MARK_BYTE, b'"')
 
 
 def _csv_fast_sql() -> tuple[str, int]:
@@ -487,7 +489,7 @@ def stream_csv(plan: ExportPlan, result: CsvResult | None = None) -> Iterator[by
     yield header
     rows = 0
     first = last = None
-    parts: list[str] = []
+    parts: list[bytes] = []
     size = 0
     for chunk in _stream_rows(sql, params):
         lines = [row[0] for row in chunk]
@@ -497,23 +499,23 @@ def stream_csv(plan: ExportPlan, result: CsvResult | None = None) -> Iterator[by
             first = low
         last = high
         rows += len(lines)
-        text = "\r\n".join(lines) + "\r\n"
-        if text.count(MARK) == marks * len(lines):
-            text = text.replace(QUOTE, QUOTES).replace(MARK, QUOTE)
+        data = ("\r\n".join(lines) + "\r\n").encode("utf-8")
+        if data.count(MARK_BYTE) == marks * len(lines):
+            data = data.replace(b'"', b'""').translate(_MARK_TO_QUOTE)
         else:  # the data holds MARK itself: build these lines the exact (slower) way
-            text = "".join(
+            data = "".join(
                 f'{head},"{details.replace(QUOTE, QUOTES)}",{tail}\r\n'
                 for _, head, details, tail in _exact_rows(exact, [*params, low, high])
-            )
-        parts.append(text)
-        size += len(text)
+            ).encode("utf-8")
+        parts.append(data)
+        size += len(data)
         if size >= FLUSH_BYTES:
-            data = "".join(parts).encode("utf-8")
+            data = b"".join(parts)
             parts, size = [], 0
             digest.update(data)
             yield data
     if parts:
-        data = "".join(parts).encode("utf-8")
+        data = b"".join(parts)
         digest.update(data)
         yield data
     if result is not None:
