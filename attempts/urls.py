@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from attempts.views import actions, auth, detail, overview, queues
+from attempts.views import actions, auth, detail, exports, overview, queues
 
 urlpatterns = [
     path("", overview.overview, name="overview"),
@@ -18,4 +18,8 @@ urlpatterns = [
     path("attempts/<str:attempt_id>/fail/", actions.mark_failed, name="attempt-fail"),
     path("attempts/<str:attempt_id>/approve/", actions.approve, name="attempt-approve"),
     path("attempts/<str:attempt_id>/reject/", actions.reject, name="attempt-reject"),
+    path("audit/", exports.audit_exports, name="audit_exports"),
+    path("audit/export.<str:fmt>", exports.audit_download, name="audit_download"),
+    path("audit/report/", exports.report_lookup, name="audit_report_lookup"),
+    path("audit/report/<str:attempt_id>/", exports.attempt_report, name="audit_report"),
 ]
