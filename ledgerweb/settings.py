@@ -247,5 +247,6 @@ OPS = {
     "HEARTBEAT_MAX_AGE": env_int("LEDGERWEB_HEARTBEAT_MAX_AGE", 60, minimum=1),
     "HEALTHZ_REQUIRE_WORKER": env_bool("LEDGERWEB_HEALTHZ_REQUIRE_WORKER", True),
     "METRICS_TOKEN": env_str("LEDGERWEB_METRICS_TOKEN"),
-    "METRICS_ALLOW_LOOPBACK": env_bool("LEDGERWEB_METRICS_ALLOW_LOOPBACK", True),
+    # Behind an HTTPS reverse proxy every client looks like loopback: require the token there.
+    "METRICS_ALLOW_LOOPBACK": env_bool("LEDGERWEB_METRICS_ALLOW_LOOPBACK", not HTTPS),
 }

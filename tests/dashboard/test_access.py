@@ -67,7 +67,7 @@ def test_url_list_covers_the_dashboard():
 @pytest.mark.parametrize("method", ["get", "post"])
 def test_every_url_anonymously_gives_the_login_page_never_data(world, method):
     attempt = make_unknown(world, provider_request_id="req-secret-777")
-    client = Client()
+    client = Client(REMOTE_ADDR="203.0.113.9")  # not loopback: /metrics needs its token
     for path in all_url_paths():
         path = path.replace("att_X", attempt.attempt_id)
         response = getattr(client, method)(path, follow=True)
@@ -75,6 +75,17 @@ def test_every_url_anonymously_gives_the_login_page_never_data(world, method):
         # (The attempt id may appear in the login form's "next" address, never as data.)
         for secret in ("req-secret-777", attempt.idempotency_key, attempt.args_hash, "customer-"):
             assert secret not in body, (path, secret)
+        if path.startswith("/api/"):
+            # The agent API answers bearer-token clients: anonymous is a JSON refusal.
+            if path.endswith("openapi.json"):
+                assert response.status_code in (200, 405), path  # the published contract
+            else:
+                assert response.status_code in (401, 405), (path, response.status_code)
+            continue
+        if path in ("/healthz", "/metrics"):
+            assert response.status_code in (200, 403, 405, 503), (path, response.status_code)
+            assert "tenant=" not in body, path
+            continue
         assert response.status_code in (200, 405), (path, response.status_code)
         if response.status_code == 200:
             assert 'name="password"' in body, f"{method.upper()} {path} did not end on a login page"
