@@ -690,9 +690,20 @@ def _failed_with(attempt: Attempt, reason: str) -> bool:
 
 
 def _next_link_key(original: Attempt) -> str:
-    root_key = original.idempotency_key.split("~r", 1)[0]
-    n = Attempt.objects.filter(idempotency_key__startswith=root_key + "~r").count() + 1
-    return f"{root_key}~r{n}"
+    """``<root key>~r<n>`` for the n-th link of a lineage. A lineage is a chain (a superseded
+    attempt is terminal, so it has one link at most); the name comes from the original's own key
+    and is checked free through the unique index, never by scanning keys."""
+    root_key, n = original.idempotency_key, 1
+    if original.parent_id is not None and "~r" in root_key:
+        head, _, tail = root_key.rpartition("~r")
+        if tail.isdigit():
+            root_key, n = head, int(tail) + 1
+    while Attempt.objects.filter(idempotency_key=f"{root_key}~r{n}").exists():
+        n += 1
+    key = f"{root_key}~r{n}"
+    if len(key) > MAX_TEXT["idempotency_key"]:
+        raise StateConflict("the lineage's idempotency key would be too long", attempt=original)
+    return key
 
 
 def linked_preview(original: Attempt) -> dict[str, Any]:
