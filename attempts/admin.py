@@ -1,12 +1,153 @@
-"""Admin for the ledger's configuration: tools (and their provider), grants, ownership rules.
+"""Admin for configuration: tools (and their provider), grants, ownership rules, agent tokens,
+tenants and memberships (users are Django's own admin, with their memberships inline). Attempts and their
+history are read-only here: attempts change only through the state machine, and history is
+append-only."""
 
-Attempts and their history are not edited here: they change only through the state machine.
-"""
+from __future__ import annotations
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.contrib.auth import get_user_model
+from django.contrib.auth.admin import UserAdmin
+from django.http import HttpRequest
+from django.utils import timezone
 
-from attempts.models import Grant, OwnershipRule, Tool
+from attempts.models import (
+    AgentToken,
+    Attempt,
+    AttemptEvent,
+    Grant,
+    LoginThrottle,
+    Membership,
+    OwnershipRule,
+    Tenant,
+    Tool,
+)
+
+
+class MembershipInline(admin.TabularInline):
+    model = Membership
+    extra = 1
+    autocomplete_fields = ["user"]
+
+
+class UserMembershipInline(admin.TabularInline):
+    model = Membership
+    extra = 1
+    autocomplete_fields = ["tenant"]
+    verbose_name = "tenant membership"
+
+
+class LedgerUserAdmin(UserAdmin):
+    """Django's user admin, plus the person's tenant memberships and roles on the same page."""
+
+    inlines = [*UserAdmin.inlines, UserMembershipInline]
+
+
+User = get_user_model()
+if admin.site.is_registered(User):
+    admin.site.unregister(User)
+admin.site.register(User, LedgerUserAdmin)
+
+
+@admin.register(Tenant)
+class TenantAdmin(admin.ModelAdmin):
+    list_display = ["slug", "name", "created_at"]
+    search_fields = ["slug", "name"]
+    inlines = [MembershipInline]
+
+
+@admin.register(Membership)
+class MembershipAdmin(admin.ModelAdmin):
+    list_display = ["user", "tenant", "role"]
+    list_filter = ["role", "tenant"]
+    search_fields = ["user__username", "tenant__slug"]
+    autocomplete_fields = ["user", "tenant"]
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Viewable by staff with the view permission; never added, changed or deleted here."""
+
+    def has_add_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+
+class EventInline(admin.TabularInline):
+    model = AttemptEvent
+    fields = ["created_at", "action", "actor_kind", "actor", "from_state", "to_state", "reason"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    show_change_link = True
+    ordering = ["id"]
+
+    def has_add_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+
+@admin.register(Attempt)
+class AttemptAdmin(ReadOnlyAdmin):
+    list_display = [
+        "attempt_id",
+        "tenant",
+        "tool_name",
+        "state",
+        "owner",
+        "created_at",
+        "provider_request_id",
+    ]
+    list_filter = ["state", "tenant", "tool_name"]
+    search_fields = ["=attempt_id", "=idempotency_key", "=provider_request_id", "=task_id"]
+    ordering = ["created_at", "id"]
+    list_select_related = ["owner", "tenant"]
+    inlines = [EventInline]
+
+    def get_queryset(self, request: HttpRequest):
+        # Staff see the tenants they belong to (superusers see all), like the dashboard.
+        return super().get_queryset(request).for_user(request.user)
+
+
+@admin.register(AttemptEvent)
+class AttemptEventAdmin(ReadOnlyAdmin):
+    list_display = [
+        "id",
+        "attempt",
+        "action",
+        "actor_kind",
+        "actor",
+        "from_state",
+        "to_state",
+        "created_at",
+    ]
+    list_filter = ["action", "actor_kind"]
+    search_fields = ["=attempt__attempt_id", "actor"]
+    list_select_related = ["attempt"]
+
+    def get_queryset(self, request: HttpRequest):
+        qs = super().get_queryset(request)
+        if request.user.is_superuser:
+            return qs
+        return qs.filter(attempt__tenant__memberships__user=request.user)
+
+
+@admin.register(LoginThrottle)
+class LoginThrottleAdmin(admin.ModelAdmin):
+    """Lets an admin lift a lock-out early (delete the row)."""
+
+    list_display = ["key", "failures", "first_failure_at", "locked_until"]
+    readonly_fields = ["key", "failures", "first_failure_at", "locked_until"]
+
+    def has_add_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
 
 
 @admin.register(Tool)
@@ -64,3 +205,58 @@ class OwnershipRuleAdmin(admin.ModelAdmin):
     list_editable = ("tenant_pattern", "tool_pattern", "owner")
     list_display_links = ("priority",)
     ordering = ("priority", "id")
+    autocomplete_fields = ("owner",)
+
+
+@admin.register(AgentToken)
+class AgentTokenAdmin(admin.ModelAdmin):
+    """Agent tokens: the secret is generated on add and shown once in a message; only its hash
+    is kept. Revoke instead of deleting, so events keep naming a token that existed."""
+
+    list_display = ["name", "prefix", "tenant_list", "created_at", "last_used_at", "revoked_at"]
+    list_filter = ["revoked_at"]
+    search_fields = ["name", "prefix"]
+    filter_horizontal = ["tenants"]
+    actions = ["revoke_tokens"]
+
+    def get_fields(self, request, obj=None):
+        if obj is None:
+            return ["name", "tenants"]
+        return [
+            "name",
+            "prefix",
+            "tenants",
+            "created_by",
+            "created_at",
+            "last_used_at",
+            "revoked_at",
+        ]
+
+    def get_readonly_fields(self, request, obj=None):
+        if obj is None:
+            return []
+        return ["name", "prefix", "created_by", "created_at", "last_used_at", "revoked_at"]
+
+    @admin.display(description="tenants")
+    def tenant_list(self, obj: AgentToken) -> str:
+        return ", ".join(obj.tenants.values_list("slug", flat=True))
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+    def save_model(self, request, obj: AgentToken, form, change: bool) -> None:
+        if not change:
+            obj.created_by = request.user
+            raw = obj.rotate_secret()
+            super().save_model(request, obj, form, change)
+            messages.warning(
+                request,
+                f"The token for {obj.name} is {raw} - copy it now, it is not shown again.",
+            )
+            return
+        super().save_model(request, obj, form, change)
+
+    @admin.action(description="Revoke selected tokens")
+    def revoke_tokens(self, request, queryset) -> None:
+        count = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
+        self.message_user(request, f"Revoked {count} token(s).", messages.SUCCESS)

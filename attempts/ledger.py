@@ -683,8 +683,8 @@ def review_fail(
     with write_transaction():
         current = _reload(attempt)
         require_role(user, current, Role.REVIEWER)
-        if current.state == State.FAILED:
-            return current
+        if current.state == State.FAILED and _failed_with(current, reason):
+            return current  # the same decision repeated: success, nothing new written
         _expect_version(current, expected_version)
         if current.state not in (State.MANUAL_REVIEW, State.UNKNOWN):
             raise StateConflict(f"cannot fail an attempt in {current.state}", attempt=current)
@@ -698,10 +698,34 @@ def review_fail(
         )
 
 
+def _failed_with(attempt: Attempt, reason: str) -> bool:
+    """Whether the move into FAILED recorded this reason (a repeat of the same decision).
+    A different reason is another person's decision that lost the race: not a repeat."""
+    recorded = (
+        attempt.events.filter(to_state=State.FAILED)
+        .exclude(from_state=State.FAILED)
+        .order_by("-id")
+        .values_list("reason", flat=True)
+        .first()
+    )
+    return recorded == reason
+
+
 def _next_link_key(original: Attempt) -> str:
-    root_key = original.idempotency_key.split("~r", 1)[0]
-    n = Attempt.objects.filter(idempotency_key__startswith=root_key + "~r").count() + 1
-    return f"{root_key}~r{n}"
+    """``<root key>~r<n>`` for the n-th link of a lineage. A lineage is a chain (a superseded
+    attempt is terminal, so it has one link at most); the name comes from the original's own key
+    and is checked free through the unique index, never by scanning keys."""
+    root_key, n = original.idempotency_key, 1
+    if original.parent_id is not None and "~r" in root_key:
+        head, _, tail = root_key.rpartition("~r")
+        if tail.isdigit():
+            root_key, n = head, int(tail) + 1
+    while Attempt.objects.filter(idempotency_key=f"{root_key}~r{n}").exists():
+        n += 1
+    key = f"{root_key}~r{n}"
+    if len(key) > MAX_TEXT["idempotency_key"]:
+        raise StateConflict("the lineage's idempotency key would be too long", attempt=original)
+    return key
 
 
 def linked_preview(original: Attempt) -> dict[str, Any]:

@@ -5,12 +5,15 @@ Only ``attempts.states`` changes ``Attempt.state``; everything else asks it.
 
 from __future__ import annotations
 
+import datetime as dt
+import hashlib
 import os
+import secrets
 import time
 from typing import TYPE_CHECKING
 
 from django.conf import settings
-from django.db import models
+from django.db import models, transaction
 from django.db.models import Q
 
 if TYPE_CHECKING:
@@ -234,6 +237,20 @@ class Attempt(models.Model):
                 fields=["tenant", "state", "created_at", "id"], name="attempt_tenant_state_idx"
             ),
             models.Index(fields=["owner", "state"], name="attempt_owner_state_idx"),
+            # The "all attempts" queue: one ordered range per tenant, whatever the state.
+            models.Index(fields=["tenant", "created_at", "id"], name="attempt_tenant_age_idx"),
+            # "My work" queues: one ordered range per (owner, tenant, state). Partial, so its
+            # statistics are not drowned by the unowned majority.
+            models.Index(
+                fields=["owner", "tenant", "state", "created_at", "id"],
+                name="attempt_owner_queue_idx",
+                condition=Q(owner__isnull=False),
+            ),
+            # The overview's counts by state, tenant, tool and owner, read from the index alone.
+            models.Index(
+                fields=["state", "tenant", "tool_name", "owner"],
+                name="attempt_state_tenant_tool_idx",
+            ),
             models.Index(fields=["task_id"], name="attempt_task_idx"),
             models.Index(fields=["provider_request_id"], name="attempt_provider_req_idx"),
             models.Index(fields=["args_hash"], name="attempt_args_hash_idx"),
@@ -294,5 +311,111 @@ class AgentToken(models.Model):
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
 
+    TOKEN_PREFIX = "lwt_"  # noqa: S105 (a public marker, not a secret)
+    # Writing last_used_at costs a write per request; once a minute per token is enough.
+    LAST_USED_RESOLUTION = 60
+
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
+
+    @staticmethod
+    def hash_token(raw: str) -> str:
+        return hashlib.sha256(raw.encode("utf-8")).hexdigest()
+
+    @classmethod
+    def issue(
+        cls, name: str, tenants: list[str], *, created_by: AbstractBaseUser | None = None
+    ) -> tuple[AgentToken, str]:
+        """Create a token for agent ``name`` allowed ``tenants``; returns (token, raw secret).
+
+        The raw secret is shown once: only its SHA-256 is stored.
+        """
+        token = cls(name=name, created_by=created_by)
+        raw = token.rotate_secret()
+        with transaction.atomic():
+            token.save(force_insert=True)
+            token.tenants.set(tenants)
+        return token, raw
+
+    def rotate_secret(self) -> str:
+        """Give an unsaved (admin-created) token its secret; returns the raw value, shown once."""
+        raw = self.TOKEN_PREFIX + secrets.token_urlsafe(32)
+        self.token_hash = self.hash_token(raw)
+        self.prefix = raw[: len(self.TOKEN_PREFIX) + 6]
+        return raw
+
+    @classmethod
+    def authenticate(cls, raw: str) -> AgentToken | None:
+        """The live (not revoked) token whose secret is ``raw``, with ``tenant_slugs`` loaded."""
+        if not raw or len(raw) > 200:
+            return None
+        from django.db import connection
+        from django.utils import timezone
+
+        token_hash = cls.hash_token(raw)
+        cutoff = timezone.now() - dt.timedelta(seconds=cls.LAST_USED_RESOLUTION)
+        # Every API call starts here: one prepared query (the ORM's M2M machinery costs a quarter
+        # of an intent's CPU) for the token, its tenants, and whether its use was recorded lately.
+        table = cls._meta.db_table
+        through = cls.tenants.through._meta.db_table
+        sql = (
+            f"SELECT t.id, t.name, m.tenant_id, "  # noqa: S608 (table names, not input)
+            f"CASE WHEN t.last_used_at IS NOT NULL AND t.last_used_at > %s THEN 1 ELSE 0 END "
+            f"FROM {table} t LEFT JOIN {through} m ON m.agenttoken_id = t.id "
+            f"WHERE t.token_hash = %s AND t.revoked_at IS NULL"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [connection.ops.adapt_datetimefield_value(cutoff), token_hash])
+            rows = cursor.fetchall()
+        if not rows:
+            return None
+        token_id, name, _, recent = rows[0]
+        token = cls(id=token_id, name=name, token_hash=token_hash)
+        # A live token without tenants authenticates, and is refused by every tenant check.
+        token.tenant_slugs = frozenset(row[2] for row in rows if row[2] is not None)
+        if not recent:
+            token.touch()
+        return token
+
+    def touch(self) -> None:
+        """Record use, at most once per LAST_USED_RESOLUTION seconds per token."""
+        from django.utils import timezone
+
+        now = timezone.now()
+        cutoff = now - dt.timedelta(seconds=self.LAST_USED_RESOLUTION)
+        if self.last_used_at is not None and self.last_used_at > cutoff:
+            return
+        AgentToken.objects.filter(pk=self.pk).filter(
+            Q(last_used_at__isnull=True) | Q(last_used_at__lte=cutoff)
+        ).update(last_used_at=now)
+        self.last_used_at = now
+
+    @property
+    def is_revoked(self) -> bool:
+        return self.revoked_at is not None
+
+    def revoke(self) -> bool:
+        """Revoke the token (idempotent). Returns whether this call revoked it."""
+        from django.utils import timezone
+
+        changed = AgentToken.objects.filter(pk=self.pk, revoked_at__isnull=True).update(
+            revoked_at=timezone.now()
+        )
+        self.refresh_from_db(fields=["revoked_at"])
+        return bool(changed)
+
+
+class LoginThrottle(models.Model):
+    """Failed log-ins per (username, client address), for the dashboard's login throttling.
+
+    Kept in the database rather than a per-process cache so every web worker sees the same count.
+    ``key`` is a hash of the lowercased username and the address.
+    """
+
+    key = models.CharField(max_length=64, unique=True)
+    failures = models.PositiveIntegerField(default=0)
+    first_failure_at = models.DateTimeField()
+    locked_until = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.key[:12]}… {self.failures} failures"

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import connection, models, transaction
 from django.db.models import F
 from django.db.models.expressions import CombinedExpression
 from django.utils import timezone
@@ -182,46 +183,68 @@ def append_event(
         prev_hash=prev_hash,
         hash=audit.payload_hash(payload),
     )
-    _insert_event(event)
+    _insert_row(event)
     return event
 
 
-_EVENT_COLUMNS = (
-    "attempt",
-    "action",
-    "actor_kind",
-    "actor",
-    "from_state",
-    "to_state",
-    "reason",
-    "details",
-    "created_at",
-    "prev_hash",
-    "hash",
-)
+# Fields whose Python value is not what the database driver takes as is.
+_PREPARED_FIELDS = (models.DateTimeField, models.JSONField)
 
 
-def _insert_event(event: AttemptEvent) -> None:
-    """One INSERT with values prepared by the model's own fields: the hot path of every
-    ledger write, without the generic save() machinery."""
-    meta = AttemptEvent._meta
-    fields = [meta.get_field(name) for name in _EVENT_COLUMNS]
-    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
-    values = [f.get_db_prep_save(getattr(event, f.attname), connection) for f in fields]
+@functools.cache
+def _insert_plan(model: type[models.Model], vendor: str) -> tuple[str, tuple, bool]:
+    """The INSERT for every concrete field but the auto id, built once per model and database.
+
+    Returns (sql, ((attname, field needing preparation or None), ...), returns_id)."""
+    meta = model._meta
+    quote = connection.ops.quote_name
+    fields = [f for f in meta.concrete_fields if not f.primary_key]
+    returning = connection.features.can_return_columns_from_insert
     sql = (
-        f"INSERT INTO {connection.ops.quote_name(meta.db_table)} ({columns}) "  # noqa: S608
-        f"VALUES ({', '.join(['%s'] * len(fields))})"
+        f"INSERT INTO {quote(meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) "  # noqa: S608
+        f"VALUES ({', '.join(['%s'] * len(fields))})" + (" RETURNING id" if returning else "")
     )
+    plan = tuple((f.attname, f if isinstance(f, _PREPARED_FIELDS) else None) for f in fields)
+    return sql, plan, returning
+
+
+def _insert_row(instance: models.Model) -> None:
+    """One INSERT of ``instance`` without the generic save() machinery: the hot path of every
+    ledger write. Values are the instance's own, prepared by their fields where the driver
+    needs it (timestamps, JSON)."""
+    sql, plan, returning = _insert_plan(type(instance), connection.vendor)
+    values = [
+        field.get_db_prep_save(getattr(instance, attname), connection)
+        if field is not None
+        else getattr(instance, attname)
+        for attname, field in plan
+    ]
     with connection.cursor() as cursor:
-        cursor.execute(
-            sql + (" RETURNING id" if connection.features.can_return_columns_from_insert else ""),
-            values,
-        )
-        event.id = (
-            cursor.fetchone()[0]
-            if connection.features.can_return_columns_from_insert
-            else cursor.lastrowid
-        )
+        cursor.execute(sql, values)
+        instance.pk = cursor.fetchone()[0] if returning else cursor.lastrowid
+    instance._state.adding = False
+    instance._state.db = "default"
+
+
+@functools.cache
+def _update_plan(names: tuple[str, ...], increments: frozenset[str], vendor: str):
+    meta = Attempt._meta
+    quote = connection.ops.quote_name
+    assignments, prepare = [], []
+    for name in names:
+        field = meta.get_field(name)
+        column = quote(field.column)
+        if name in increments:
+            assignments.append(f"{column} = {column} + %s")
+            prepare.append(None)
+        else:
+            assignments.append(f"{column} = %s")
+            prepare.append(field if isinstance(field, _PREPARED_FIELDS) else None)
+    sql = (
+        f"UPDATE {quote(meta.db_table)} SET {', '.join(assignments)} "  # noqa: S608
+        "WHERE id = %s AND state = %s AND version = %s"
+    )
+    return sql, tuple(prepare)
 
 
 def _owner_on_attention(attempt: Attempt, to_state: str, fields: dict[str, Any]) -> None:
@@ -256,7 +279,7 @@ def create(
     _owner_on_attention(attempt, state, extra)
     if "owner_id" in extra:
         attempt.owner_id = extra["owner_id"]
-    attempt.save(force_insert=True)
+    _insert_row(attempt)
     record = {
         "tenant": attempt.tenant_id,
         "task_id": attempt.task_id,
@@ -284,21 +307,17 @@ def create(
 def _compare_and_set(attempt: Attempt, from_state: str, updates: dict[str, Any]) -> int:
     """UPDATE ... WHERE id AND state AND version: the compare-and-set every move is. Values are
     prepared by the model's fields; F(name) + n becomes ``column = column + n``."""
-    meta = Attempt._meta
-    assignments, params = [], []
-    for name, value in updates.items():
-        field = meta.get_field(name)
-        column = connection.ops.quote_name(field.column)
-        if isinstance(value, CombinedExpression):
-            assignments.append(f"{column} = {column} + %s")
+    names = tuple(updates)
+    increments = frozenset(n for n, v in updates.items() if isinstance(v, CombinedExpression))
+    sql, prepare = _update_plan(names, increments, connection.vendor)
+    params = []
+    for (name, value), field in zip(updates.items(), prepare, strict=True):
+        if name in increments:
             params.append(value.rhs.value)
-        else:
-            assignments.append(f"{column} = %s")
+        elif field is not None:
             params.append(field.get_db_prep_save(value, connection))
-    sql = (
-        f"UPDATE {connection.ops.quote_name(meta.db_table)} SET {', '.join(assignments)} "  # noqa: S608
-        "WHERE id = %s AND state = %s AND version = %s"
-    )
+        else:
+            params.append(value)
     with connection.cursor() as cursor:
         cursor.execute(sql, [*params, attempt.pk, from_state, attempt.version])
         return cursor.rowcount

@@ -198,9 +198,16 @@ LOGGING = {
     "formatters": {
         "structured": {
             "format": "%(asctime)s %(levelname)s %(name)s %(message)s",
+        },
+        "json": {"()": "ledgerweb.logs.JsonFormatter"},
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            # LEDGERWEB_LOG_FORMAT=json: one JSON object per line, attempt ids as fields.
+            "formatter": "json" if env_str("LEDGERWEB_LOG_FORMAT") == "json" else "structured",
         }
     },
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "structured"}},
     "root": {"handlers": ["console"], "level": env_str("LEDGERWEB_LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }
@@ -228,6 +235,20 @@ LEDGER = {
     "DEFAULT_OWNER": env_str("LEDGERWEB_DEFAULT_OWNER", ""),
     # Fault injection (crash points) is only possible in non-production settings.
     "FAULTS_ALLOWED": env_bool("LEDGERWEB_FAULTS_ALLOWED", not HTTPS),
+    # Dashboard login throttling: this many failures per username and address lock it out.
+    "LOGIN_MAX_FAILURES": env_int("LEDGERWEB_LOGIN_MAX_FAILURES", 5, minimum=1),
+    "LOGIN_LOCK_SECONDS": env_int("LEDGERWEB_LOGIN_LOCK_SECONDS", 15 * 60, minimum=1),
+}
+
+# Operations endpoints (docs/operations.md). /metrics answers loopback clients, or anyone sending
+# "Authorization: Bearer <LEDGERWEB_METRICS_TOKEN>"; behind a reverse proxy on the same host set
+# LEDGERWEB_METRICS_ALLOW_LOOPBACK=0 so proxied requests need the token.
+OPS = {
+    "HEARTBEAT_MAX_AGE": env_int("LEDGERWEB_HEARTBEAT_MAX_AGE", 60, minimum=1),
+    "HEALTHZ_REQUIRE_WORKER": env_bool("LEDGERWEB_HEALTHZ_REQUIRE_WORKER", True),
+    "METRICS_TOKEN": env_str("LEDGERWEB_METRICS_TOKEN"),
+    # Behind an HTTPS reverse proxy every client looks like loopback: require the token there.
+    "METRICS_ALLOW_LOOPBACK": env_bool("LEDGERWEB_METRICS_ALLOW_LOOPBACK", not HTTPS),
 }
 if HTTPS and LEDGER["FAULTS_ALLOWED"]:
     raise ImproperlyConfigured(

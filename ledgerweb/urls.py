@@ -4,7 +4,18 @@ bearer tokens and is exempt from the session login and CSRF."""
 from django.contrib import admin
 from django.urls import include, path
 
+from ledgerweb import ops
+
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("api/v1/", include("attempts.api_urls")),
+    path("healthz", ops.healthz, name="healthz"),
+    path("metrics", ops.metrics, name="metrics"),
     path("", include("attempts.urls")),
 ]
+
+# Django's own error pages answer JSON under /api/ (attempts.api), HTML elsewhere.
+handler400 = "attempts.api.bad_request"
+handler403 = "attempts.api.permission_denied"
+handler404 = "attempts.api.not_found"
+handler500 = "attempts.api.server_error"

@@ -128,3 +128,9 @@ def pytest_configure(config):
 
     # Password hashing strength is not under test; PBKDF2 would dominate the suite's run time.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    # Pages render without a collectstatic run: plain static storage, and whitenoise's root made.
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    }
+    Path(settings.STATIC_ROOT).mkdir(parents=True, exist_ok=True)

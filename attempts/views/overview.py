@@ -1,12 +1,199 @@
-"""The overview screen (the dashboard's home)."""
+"""The overview screen (the dashboard's home): what needs attention, where, and since when.
 
+Counts of the states that need people (UNKNOWN, MANUAL_REVIEW) and of in-flight work are exact
+and live: each is a range count on the (tenant, state, ...) index. Terminal states hold almost
+every row of a busy ledger, so their counts are computed at most once a minute per tenant set
+and shown with the time they were taken.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import defaultdict
+from typing import Any
+
+from django.core.cache import cache
+from django.db.models import Count, Min, Q
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
+from django.utils import timezone
+from django.views.decorators.http import require_GET
 
-from attempts.models import Attempt
+from attempts.models import ATTENTION_STATES, TERMINAL_STATES, Attempt, State
+from attempts.views._common import user_tenants
+
+LIVE_STATES = tuple(s for s in State.values if s not in TERMINAL_STATES)
+TERMINAL_TTL = 60
+CHART_DAYS = 14
 
 
-def overview(request):
-    counts = {}
-    for row in Attempt.objects.for_user(request.user).values_list("state"):
-        counts[row[0]] = counts.get(row[0], 0) + 1
-    return render(request, "attempts/overview.html", {"counts": counts})
+def _live_counts(tenants: list[str]) -> list[tuple[str, str, str, int]]:
+    """(tenant, state, tool, n) for the non-terminal states, exact."""
+    return list(
+        Attempt.objects.for_tenants(tenants)
+        .filter(state__in=LIVE_STATES)
+        .values_list("tenant_id", "state", "tool_name")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+
+
+def _terminal_counts(tenants: list[str], now: dt.datetime) -> tuple[dict[str, int], dt.datetime]:
+    """Counts of the terminal states for these tenants, cached for a minute."""
+    key = "overview:terminal:" + ",".join(tenants)
+    cached = cache.get(key)
+    if cached is not None:
+        return cached["counts"], cached["at"]
+    counts: dict[str, int] = {}
+    for state in sorted(TERMINAL_STATES):
+        counts[state] = sum(
+            Attempt.objects.filter(tenant_id=t, state=state).count() for t in tenants
+        )
+    cache.set(key, {"counts": counts, "at": now}, TERMINAL_TTL)
+    return counts, now
+
+
+def _chart(tenants: list[str], now: dt.datetime) -> dict[str, Any]:
+    """Open UNKNOWN and MANUAL_REVIEW work by the day it was recorded, last CHART_DAYS days,
+    as a small server-rendered SVG bar chart (no script)."""
+    today = now.astimezone(dt.UTC).date()
+    start_day = today - dt.timedelta(days=CHART_DAYS - 1)
+    start = dt.datetime.combine(start_day, dt.time(), tzinfo=dt.UTC)
+    per_day: dict[str, list[int]] = {}
+    for state in ATTENTION_STATES:
+        # One index range per state, counted per day by conditional aggregation in the database.
+        buckets = {
+            f"d{i}": Count(
+                "id",
+                filter=Q(
+                    created_at__gte=start + dt.timedelta(days=i),
+                    created_at__lt=start + dt.timedelta(days=i + 1),
+                ),
+            )
+            for i in range(CHART_DAYS)
+        }
+        row = (
+            Attempt.objects.for_tenants(tenants)
+            .filter(state=state, created_at__gte=start)
+            .aggregate(**buckets)
+        )
+        per_day[state] = [row[f"d{i}"] or 0 for i in range(CHART_DAYS)]
+    width, height, gap = 560, 150, 4
+    bar_w = (width - gap * (CHART_DAYS - 1)) / CHART_DAYS
+    top = max(
+        [per_day[State.UNKNOWN][i] + per_day[State.MANUAL_REVIEW][i] for i in range(CHART_DAYS)]
+        + [1]
+    )
+    bars = []
+    for i in range(CHART_DAYS):
+        unknown = per_day[State.UNKNOWN][i]
+        review = per_day[State.MANUAL_REVIEW][i]
+        h_u = height * unknown / top
+        h_r = height * review / top
+        x = i * (bar_w + gap)
+        day = start_day + dt.timedelta(days=i)
+        bars.append(
+            {
+                "x": round(x, 1),
+                "w": round(bar_w, 1),
+                "y_u": round(height - h_u, 1),
+                "h_u": round(h_u, 1),
+                "y_r": round(height - h_u - h_r, 1),
+                "h_r": round(h_r, 1),
+                "unknown": unknown,
+                "review": review,
+                "label": day.strftime("%d %b"),
+                "short": day.strftime("%d"),
+                "label_x": round(x + bar_w / 2, 1),
+            }
+        )
+    return {"bars": bars, "width": width, "height": height, "top": top}
+
+
+def _my_open_work(user: Any, tenants: list[str]) -> list[dict[str, Any]]:
+    return list(
+        Attempt.objects.for_tenants(tenants)
+        .filter(owner_id=user.pk, state__in=ATTENTION_STATES)
+        .order_by("created_at", "id")
+        .values("attempt_id", "tenant_id", "tool_name", "state", "created_at", "review_reason")[:10]
+    )
+
+
+def overview_context(user: Any, now: dt.datetime) -> dict[str, Any]:
+    tenants = user_tenants(user)
+    live = _live_counts(tenants)
+    by_state: dict[str, int] = defaultdict(int)
+    by_tenant: dict[str, dict[str, int]] = {t: defaultdict(int) for t in tenants}
+    by_tool: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for tenant, state, tool, n in live:
+        by_state[state] += n
+        by_tenant[tenant][state] += n
+        by_tool[tool][state] += n
+    terminal, terminal_at = _terminal_counts(tenants, now)
+    oldest = (
+        Attempt.objects.for_tenants(tenants)
+        .filter(state=State.UNKNOWN)
+        .aggregate(oldest=Min("created_at"))["oldest"]
+    )
+    my_counts = dict(
+        Attempt.objects.for_tenants(tenants)
+        .filter(owner_id=user.pk, state__in=ATTENTION_STATES)
+        .values_list("state")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    unassigned = (
+        Attempt.objects.for_tenants(tenants).filter(state=State.UNKNOWN, owner__isnull=True).count()
+    )
+    tool_rows = sorted(
+        (
+            {
+                "tool": tool,
+                "unknown": c[State.UNKNOWN],
+                "review": c[State.MANUAL_REVIEW],
+                "in_flight": sum(c[s] for s in LIVE_STATES if s not in ATTENTION_STATES),
+            }
+            for tool, c in by_tool.items()
+        ),
+        key=lambda r: (-(r["unknown"] + r["review"]), r["tool"]),
+    )
+    tenant_rows = [
+        {
+            "tenant": t,
+            "unknown": c[State.UNKNOWN],
+            "review": c[State.MANUAL_REVIEW],
+            "in_flight": sum(c[s] for s in LIVE_STATES if s not in ATTENTION_STATES),
+        }
+        for t, c in by_tenant.items()
+    ]
+    state_rows = [{"state": s, "n": by_state.get(s, 0), "live": True} for s in LIVE_STATES] + [
+        {"state": s, "n": terminal.get(s, 0), "live": False} for s in sorted(TERMINAL_STATES)
+    ]
+    return {
+        "tenants": tenants,
+        "state_rows": state_rows,
+        "tenant_rows": tenant_rows,
+        "tool_rows": tool_rows,
+        "terminal_at": terminal_at,
+        "oldest_unknown": oldest,
+        "oldest_unknown_age": (now - oldest) if oldest else None,
+        "my_counts": {
+            "unknown": my_counts.get(State.UNKNOWN, 0),
+            "review": my_counts.get(State.MANUAL_REVIEW, 0),
+        },
+        "my_work": _my_open_work(user, tenants),
+        "unassigned_unknown": unassigned,
+        "chart": _chart(tenants, now),
+        "now": now,
+        "unknown_total": by_state.get(State.UNKNOWN, 0),
+        "review_total": by_state.get(State.MANUAL_REVIEW, 0),
+    }
+
+
+@require_GET
+def overview(request: HttpRequest) -> HttpResponse:
+    """Counts by state, tenant and tool; the oldest UNKNOWN; my open work; the last days."""
+    context = overview_context(request.user, timezone.now())
+    if request.htmx:
+        return render(request, "attempts/overview.html#panels", context)
+    return render(request, "attempts/overview.html", context)

@@ -144,3 +144,14 @@ def test_a_revoked_grant_blocks_linked_attempts(world):
         ledger.approve_linked_retry(attempt, user=world.reviewer)
     assert Attempt.objects.get(pk=attempt.pk).state == State.MANUAL_REVIEW
     assert Attempt.objects.count() == 1
+
+
+def test_each_link_of_a_lineage_gets_the_next_key(world):
+    attempt = manual_review(world)
+    child = ledger.approve_linked_retry(attempt, user=world.reviewer)
+    ledger.claim_dispatch(child, actor=world.agent)
+    with write_transaction():
+        move(child, State.MANUAL_REVIEW, actor=Actor.worker("w1"), fields={"review_reason": "x"})
+    grandchild = ledger.approve_linked_retry(child, user=world.reviewer)
+    assert grandchild.idempotency_key == "ticket:acme:1~r2"
+    assert grandchild.parent_id == child.pk and child.parent_id == attempt.pk

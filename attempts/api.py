@@ -1,0 +1,516 @@
+"""The agent-facing HTTP API (protocol section 9): JSON over HTTP under ``/api/v1/``.
+
+Agents authenticate with ``Authorization: Bearer <token>`` (an ``AgentToken``, allowed a set of
+tenants). Every view is thin: parse and check the request, call one function of
+``attempts.ledger`` with the token's tenants as the scope, render the attempt. Every refusal is
+``{"error": {"code", "message"}}`` with a 4xx status and a stable code; bad input never reaches
+the database, so a refused request stores nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.decorators import login_not_required
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from attempts import ledger
+from attempts.models import AgentToken, Attempt, State
+from attempts.states import Actor, TransitionError
+
+log = logging.getLogger("ledgerweb.api")
+
+API_PREFIX = "/api/"
+LIST_LIMIT_DEFAULT = 50
+LIST_LIMIT_MAX = 200
+
+INTENT_FIELDS = {
+    "tenant",
+    "task_id",
+    "tool_name",
+    "idempotency_key",
+    "args",
+    "policy_version",
+    "credential_scope",
+}
+
+
+class ApiError(Exception):
+    """A refusal raised inside a view and rendered as the JSON error shape."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        headers: dict[str, str] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.headers = headers or {}
+        self.extra = extra or {}
+
+
+def error_response(
+    status: int,
+    code: str,
+    message: str,
+    *,
+    headers: dict[str, str] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> JsonResponse:
+    response = JsonResponse(
+        {"error": {"code": code, "message": message}, **(extra or {})}, status=status
+    )
+    for name, value in (headers or {}).items():
+        response[name] = value
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+# ---------------------------------------------------------------------------------------------
+# Rendering
+
+
+def _iso(value) -> str | None:
+    return value.isoformat().replace("+00:00", "Z") if value is not None else None
+
+
+def attempt_json(attempt: Attempt) -> dict[str, Any]:
+    """The attempt as the API shows it (section 9's fields, plus args and version)."""
+    return {
+        "attempt_id": attempt.attempt_id,
+        "tenant": attempt.tenant_id,
+        "task_id": attempt.task_id,
+        "tool_name": attempt.tool_name,
+        "idempotency_key": attempt.idempotency_key,
+        "args": attempt.args,
+        "args_hash": attempt.args_hash,
+        "state": attempt.state,
+        "version": attempt.version,
+        "provider_request_id": attempt.provider_request_id or None,
+        "result_ref": attempt.result_ref or None,
+        "policy_version": attempt.policy_version,
+        "credential_scope": list(attempt.credential_scope),
+        "parent_attempt_id": attempt.parent.attempt_id if attempt.parent_id else None,
+        "owner": attempt.owner.get_username() if attempt.owner_id else None,
+        "review_reason": attempt.review_reason or None,
+        "send_count": attempt.send_count,
+        "created_at": _iso(attempt.created_at),
+        "updated_at": _iso(attempt.updated_at),
+    }
+
+
+def _attempt_response(attempt: Attempt, status: int = 200, **extra: Any) -> JsonResponse:
+    response = JsonResponse({"attempt": attempt_json(attempt), **extra}, status=status)
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+# ---------------------------------------------------------------------------------------------
+# Request handling
+
+
+def _bearer_token(request: HttpRequest) -> AgentToken:
+    header = request.META.get("HTTP_AUTHORIZATION", "")
+    scheme, _, raw = header.partition(" ")
+    if scheme.lower() != "bearer" or not raw.strip():
+        raise ApiError(
+            401,
+            "unauthorized",
+            "send the agent token as 'Authorization: Bearer <token>'",
+            headers={"WWW-Authenticate": 'Bearer realm="ledgerweb"'},
+        )
+    token = AgentToken.authenticate(raw.strip())
+    if token is None:
+        raise ApiError(
+            401,
+            "unauthorized",
+            "the token is unknown or revoked",
+            headers={"WWW-Authenticate": 'Bearer realm="ledgerweb", error="invalid_token"'},
+        )
+    return token
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise ValueError(f"duplicate key {key!r}")
+        result[key] = value
+    return result
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _json_body(request: HttpRequest, allowed: set[str]) -> dict[str, Any]:
+    """The request body as a JSON object with only ``allowed`` keys, or an ApiError."""
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    try:
+        declared = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        raise ApiError(400, "malformed_request", "Content-Length is not a number") from None
+    if limit is not None and declared > limit:
+        raise ApiError(413, "too_large", f"the body is {declared} bytes; the limit is {limit}")
+    try:
+        raw = request.body
+    except RequestDataTooBig:
+        raise ApiError(413, "too_large", f"the body is larger than {limit} bytes") from None
+    if limit is not None and len(raw) > limit:
+        raise ApiError(413, "too_large", f"the body is larger than {limit} bytes")
+    if not raw.strip():
+        raise ApiError(400, "malformed_json", "the body is empty; send a JSON object")
+    try:
+        body = json.loads(
+            raw.decode("utf-8"),
+            object_pairs_hook=_no_duplicate_keys,
+            parse_constant=_refuse_constant,
+        )
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ApiError(400, "malformed_json", f"the body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise ApiError(422, "invalid_field", "the body must be a JSON object")
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise ApiError(
+            422,
+            "invalid_field",
+            f"unknown field(s): {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}",
+        )
+    return body
+
+
+def _require(body: dict[str, Any], name: str, kind: type | tuple[type, ...], what: str) -> Any:
+    if name not in body:
+        raise ApiError(422, "invalid_field", f"{name} is required")
+    value = body[name]
+    # bool is an int in Python; a JSON true is never a valid string or number here.
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise ApiError(422, "invalid_field", f"{name} must be {what}")
+    return value
+
+
+def _optional(body: dict[str, Any], name: str, kind: type, what: str) -> Any:
+    if body.get(name) is None:
+        return None
+    return _require(body, name, kind, what)
+
+
+def api_view(*methods: str) -> Callable:
+    """Wrap an API view: exempt from session login and CSRF (bearer tokens instead), JSON 405
+    for other methods, token authentication, and the ledger's refusals as JSON errors."""
+
+    def decorate(view: Callable) -> Callable:
+        @functools.wraps(view)
+        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> JsonResponse:
+            if request.method not in methods:
+                return error_response(
+                    405,
+                    "method_not_allowed",
+                    f"{request.method} is not allowed here; use {', '.join(methods)}",
+                    headers={"Allow": ", ".join(methods)},
+                )
+            try:
+                token = _bearer_token(request)
+                return view(request, token, *args, **kwargs)
+            except ApiError as exc:
+                return error_response(
+                    exc.status, exc.code, exc.message, headers=exc.headers, extra=exc.extra
+                )
+            except ledger.LedgerError as exc:
+                return error_response(exc.status, exc.code, exc.message)
+            except TransitionError as exc:
+                return error_response(409, exc.code, str(exc))
+
+        return csrf_exempt(login_not_required(wrapper))
+
+    return decorate
+
+
+def _scoped_attempt(token: AgentToken, attempt_id: str) -> Attempt:
+    """The attempt if it belongs to one of the token's tenants; 404 for everything else."""
+    return ledger.get_attempt(attempt_id, tenants=set(token.tenant_slugs))
+
+
+def _actor(token: AgentToken) -> Actor:
+    return Actor.agent(token.name)
+
+
+def _log(event: str, attempt: Attempt, token: AgentToken, **fields: Any) -> None:
+    """One structured log line per change: key=value text, and the same fields as ``extra``
+    (top-level keys with LEDGERWEB_LOG_FORMAT=json)."""
+    values = {
+        "attempt_id": attempt.attempt_id,
+        "tenant": attempt.tenant_id,
+        "tool": attempt.tool_name,
+        "state": attempt.state,
+        "agent": token.name,
+        **fields,
+    }
+    log.info(
+        "%s %s",
+        event,
+        " ".join(f"{k}={v}" for k, v in values.items()),
+        extra={"event": event, **values},
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Views
+
+
+@api_view("GET", "POST")
+def attempts_collection(request: HttpRequest, token: AgentToken) -> JsonResponse:
+    if request.method == "POST":
+        return _record_intent(request, token)
+    return _list_attempts(request, token)
+
+
+def _record_intent(request: HttpRequest, token: AgentToken) -> JsonResponse:
+    body = _json_body(request, INTENT_FIELDS)
+    tenant = _require(body, "tenant", str, "a string")
+    task_id = _require(body, "task_id", str, "a string")
+    tool_name = _require(body, "tool_name", str, "a string")
+    key = _require(body, "idempotency_key", str, "a string")
+    args = _require(body, "args", dict, "a JSON object")
+    policy_version = _optional(body, "policy_version", str, "a string")
+    scope = _optional(body, "credential_scope", list, "a list of strings")
+    if scope is not None and not all(isinstance(item, str) and item for item in scope):
+        raise ApiError(422, "invalid_field", "credential_scope must be a list of non-empty strings")
+    if tenant.strip() not in token.tenant_slugs:
+        raise ApiError(
+            403, "tenant_not_granted", f"this token is not allowed tenant {tenant.strip()!r}"
+        )
+    try:
+        attempt, created = ledger.record_intent(
+            tenant=tenant,
+            task_id=task_id,
+            tool_name=tool_name,
+            idempotency_key=key,
+            args=args,
+            actor=_actor(token),
+            policy_version=policy_version,
+            credential_scope=scope,
+        )
+    except ledger.IdempotencyConflict as exc:
+        extra = {}
+        if exc.existing.tenant_id in token.tenant_slugs:
+            extra["attempt_id"] = exc.existing.attempt_id
+        raise ApiError(409, exc.code, exc.message, extra=extra) from None
+    except ledger.InvalidIntent as exc:
+        if exc.code == "args_too_large":
+            raise ApiError(413, "too_large", exc.message) from None
+        raise
+    if created:
+        _log("attempt.intent_recorded", attempt, token, key=attempt.idempotency_key)
+    response = _attempt_response(attempt, 201 if created else 200, created=created)
+    response["Location"] = f"{API_PREFIX}v1/attempts/{attempt.attempt_id}"
+    return response
+
+
+def _list_attempts(request: HttpRequest, token: AgentToken) -> JsonResponse:
+    params = request.GET
+    unknown = sorted(set(params) - {"idempotency_key", "task_id", "state", "limit", "after"})
+    if unknown:
+        raise ApiError(422, "invalid_field", f"unknown query parameter(s): {', '.join(unknown)}")
+    qs = Attempt.objects.for_tenants(token.tenant_slugs).select_related("parent", "owner")
+    if "idempotency_key" in params:
+        qs = qs.filter(idempotency_key=params["idempotency_key"])
+    if "task_id" in params:
+        qs = qs.filter(task_id=params["task_id"])
+    if "state" in params:
+        if params["state"] not in State.values:
+            raise ApiError(422, "invalid_field", f"state must be one of {', '.join(State.values)}")
+        qs = qs.filter(state=params["state"])
+    try:
+        limit = int(params.get("limit", LIST_LIMIT_DEFAULT))
+    except ValueError:
+        raise ApiError(422, "invalid_field", "limit must be a whole number") from None
+    if not 1 <= limit <= LIST_LIMIT_MAX:
+        raise ApiError(422, "invalid_field", f"limit must be between 1 and {LIST_LIMIT_MAX}")
+    if "after" in params:
+        # Cursor pagination by public id (ids sort by creation).
+        qs = qs.filter(attempt_id__gt=params["after"])
+    rows = list(qs.order_by("attempt_id")[: limit + 1])
+    page = rows[:limit]
+    body = {
+        "attempts": [attempt_json(a) for a in page],
+        "next_after": page[-1].attempt_id if len(rows) > limit else None,
+    }
+    response = JsonResponse(body)
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+@api_view("GET")
+def attempt_detail(request: HttpRequest, token: AgentToken, attempt_id: str) -> JsonResponse:
+    return _attempt_response(_scoped_attempt(token, attempt_id))
+
+
+@api_view("POST")
+def attempt_dispatch(request: HttpRequest, token: AgentToken, attempt_id: str) -> JsonResponse:
+    _json_body_optional(request)
+    attempt, claimed = ledger.claim_dispatch(
+        attempt_id, actor=_actor(token), tenants=set(token.tenant_slugs)
+    )
+    if not claimed:
+        raise ApiError(
+            409,
+            "not_dispatchable",
+            f"attempt is {attempt.state}: only INTENT_RECORDED or FAILED_RETRYABLE may be "
+            "dispatched; do not send (reconciliation resends UNKNOWN work after a lookup)",
+            extra={"attempt": attempt_json(attempt)},
+        )
+    _log("attempt.dispatch_claimed", attempt, token)
+    return _attempt_response(attempt, dispatch=True)
+
+
+def _json_body_optional(request: HttpRequest) -> None:
+    """Action calls without fields accept an empty body or an empty JSON object."""
+    try:
+        raw = request.body
+    except RequestDataTooBig:
+        raise ApiError(413, "too_large", "the request body is too large") from None
+    if raw.strip():
+        _json_body(request, set())
+
+
+@api_view("POST")
+def attempt_provider_request(
+    request: HttpRequest, token: AgentToken, attempt_id: str
+) -> JsonResponse:
+    body = _json_body(request, {"provider_request_id"})
+    provider_request_id = _require(body, "provider_request_id", str, "a string")
+    attempt = ledger.attach_provider_request(
+        attempt_id,
+        provider_request_id,
+        actor=_actor(token),
+        tenants=set(token.tenant_slugs),
+    )
+    _log("attempt.provider_request", attempt, token, provider_request_id=provider_request_id)
+    return _attempt_response(attempt)
+
+
+@api_view("POST")
+def attempt_confirm(request: HttpRequest, token: AgentToken, attempt_id: str) -> JsonResponse:
+    body = _json_body(request, {"result_ref", "provider_request_id"})
+    result_ref = _require(body, "result_ref", str, "a string")
+    provider_request_id = _optional(body, "provider_request_id", str, "a string")
+    attempt = ledger.confirm(
+        attempt_id,
+        result_ref=result_ref,
+        provider_request_id=provider_request_id,
+        actor=_actor(token),
+        tenants=set(token.tenant_slugs),
+    )
+    _log("attempt.confirmed", attempt, token, result_ref=result_ref)
+    return _attempt_response(attempt)
+
+
+@api_view("POST")
+def attempt_fail(request: HttpRequest, token: AgentToken, attempt_id: str) -> JsonResponse:
+    body = _json_body(request, {"reason", "retryable"})
+    reason = _require(body, "reason", str, "a string")
+    retryable = _require(body, "retryable", bool, "true or false")
+    attempt = ledger.fail(
+        attempt_id,
+        reason=reason,
+        retryable=retryable,
+        actor=_actor(token),
+        tenants=set(token.tenant_slugs),
+    )
+    _log("attempt.failed", attempt, token, retryable=retryable)
+    return _attempt_response(attempt)
+
+
+@api_view("POST")
+def attempt_unknown(request: HttpRequest, token: AgentToken, attempt_id: str) -> JsonResponse:
+    body = _json_body(request, {"reason"})
+    reason = _require(body, "reason", str, "a string")
+    attempt = ledger.mark_unknown(
+        attempt_id,
+        reason=reason,
+        actor=_actor(token),
+        tenants=set(token.tenant_slugs),
+    )
+    _log("attempt.unknown", attempt, token, reason=reason)
+    return _attempt_response(attempt)
+
+
+# ---------------------------------------------------------------------------------------------
+# Django's own errors under /api/ are JSON too
+
+
+def wants_json(request: HttpRequest) -> bool:
+    return request.path.startswith(API_PREFIX)
+
+
+def not_found(request: HttpRequest, exception: Exception | None = None):
+    if wants_json(request):
+        return error_response(404, "not_found", f"no API endpoint at {request.path}")
+    from django.views.defaults import page_not_found
+
+    return page_not_found(request, exception)
+
+
+def bad_request(request: HttpRequest, exception: Exception | None = None):
+    if wants_json(request):
+        if isinstance(exception, RequestDataTooBig):
+            return error_response(413, "too_large", "the request body is too large")
+        return error_response(400, "bad_request", "the request could not be understood")
+    from django.views.defaults import bad_request as default_bad_request
+
+    return default_bad_request(request, exception)
+
+
+def permission_denied(request: HttpRequest, exception: Exception | None = None):
+    if wants_json(request):
+        return error_response(403, "forbidden", "this request is not allowed")
+    from django.views.defaults import permission_denied as default_permission_denied
+
+    return default_permission_denied(request, exception)
+
+
+def server_error(request: HttpRequest):
+    if wants_json(request):
+        return error_response(
+            500, "server_error", "the server failed to answer; nothing is known about this call"
+        )
+    from django.views.defaults import server_error as default_server_error
+
+    return default_server_error(request)
+
+
+OPENAPI_PATH = settings.BASE_DIR / "docs" / "openapi.json"
+
+
+@functools.cache
+def _openapi_bytes() -> bytes:
+    return OPENAPI_PATH.read_bytes()
+
+
+@csrf_exempt
+@login_not_required
+def openapi_document(request: HttpRequest) -> HttpResponse:
+    """The published OpenAPI 3.1 description of this API (docs/openapi.json). No token needed."""
+    if request.method not in ("GET", "HEAD"):
+        return error_response(
+            405,
+            "method_not_allowed",
+            f"{request.method} is not allowed here; use GET",
+            headers={"Allow": "GET, HEAD"},
+        )
+    return HttpResponse(_openapi_bytes(), content_type="application/json")

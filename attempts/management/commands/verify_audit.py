@@ -1,0 +1,78 @@
+"""``manage.py verify_audit``: check the audit chain of the live ledger, a SQLite copy, or an
+exported file, and name the first broken link."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from attempts import audit_verify, verify_export
+
+
+class Command(BaseCommand):
+    help = (
+        "Verify the tamper-evident history. Without options, checks the configured database: "
+        "every event's hash, every prev_hash link in id order, and every attempt row against its "
+        "history. --export FILE checks an exported .jsonl/.csv file on its own (the same check "
+        "an auditor runs with attempts/verify_export.py, no database needed). --sqlite PATH "
+        "checks a SQLite ledger file such as a backup or a restored copy. Exits 1 when anything "
+        "does not verify."
+    )
+    requires_system_checks: list[str] = []
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        where = parser.add_mutually_exclusive_group()
+        where.add_argument("--export", type=Path, metavar="FILE", help="an exported audit file")
+        where.add_argument("--sqlite", type=Path, metavar="PATH", help="a SQLite ledger file")
+        parser.add_argument(
+            "--manifest", type=Path, help="the CSV export's manifest (default FILE.manifest.json)"
+        )
+        parser.add_argument(
+            "--expect-head",
+            action="append",
+            default=[],
+            metavar="HASH",
+            help="a head hash kept elsewhere that must still be in the chain (repeatable)",
+        )
+        parser.add_argument(
+            "--max-problems", type=int, default=20, help="list at most this many problems"
+        )
+
+    def handle(self, *args, **options) -> None:
+        anchors = [h.strip().lower() for h in options["expect_head"]]
+        for anchor in anchors:
+            if len(anchor) != 64 or any(c not in "0123456789abcdef" for c in anchor):
+                raise CommandError(f"--expect-head {anchor!r} is not a 64-digit hex SHA-256")
+        if options["max_problems"] < 1:
+            raise CommandError("--max-problems must be at least 1")
+        try:
+            if options["export"]:
+                path = options["export"]
+                if not path.is_file():
+                    raise CommandError(f"no such file: {path}")
+                report = verify_export.verify_file(
+                    path, manifest_path=options["manifest"], anchors=anchors
+                )
+            elif options["sqlite"]:
+                path = options["sqlite"]
+                if not path.is_file():
+                    raise CommandError(f"no such file: {path}")
+                report = audit_verify.verify_sqlite_file(
+                    str(path), anchors=anchors, max_problems=options["max_problems"]
+                )
+            else:
+                report = audit_verify.verify_django_database(
+                    anchors=anchors, max_problems=options["max_problems"]
+                )
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise CommandError(f"could not read what was to be verified: {exc}") from None
+        except Exception as exc:  # a database that is not a ledger, or unreachable
+            from django.db import DatabaseError
+
+            if isinstance(exc, DatabaseError) or type(exc).__module__.startswith("sqlite3"):
+                raise CommandError(f"could not read the ledger: {exc}") from None
+            raise
+        if not report.ok:
+            raise CommandError(report.render(), returncode=1)
+        self.stdout.write(report.render())

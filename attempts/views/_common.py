@@ -1,0 +1,151 @@
+"""Helpers shared by the dashboard's screens: tenant scope, roles, the one get-attempt-or-404,
+redaction of secret argument fields, and turning a ledger refusal into a clear answer."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from django.conf import settings
+from django.contrib import messages
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import render
+from django_htmx.http import HttpResponseClientRedirect, reswap, retarget
+
+from attempts.ledger import LedgerError
+from attempts.models import ROLE_RANK, Attempt, Membership, Role, Tenant
+
+REDACTED = "•••• redacted ••••"
+
+
+def tenant_roles(user: Any) -> dict[str, str]:
+    """The user's role in each tenant they belong to (a superuser is admin everywhere).
+
+    Cached on the user object for the length of the request.
+    """
+    cached = getattr(user, "_ledger_tenant_roles", None)
+    if cached is not None:
+        return cached
+    if not user.is_authenticated or not user.is_active:
+        roles: dict[str, str] = {}
+    elif user.is_superuser:
+        roles = {slug: Role.ADMIN for slug in Tenant.objects.values_list("slug", flat=True)}
+    else:
+        roles = dict(Membership.objects.filter(user=user).values_list("tenant_id", "role"))
+    user._ledger_tenant_roles = roles
+    return roles
+
+
+def user_tenants(user: Any) -> list[str]:
+    """The tenants whose attempts the user may see, sorted."""
+    return sorted(tenant_roles(user))
+
+
+def has_role(user: Any, tenant: str, minimum: str) -> bool:
+    role = tenant_roles(user).get(tenant)
+    return role is not None and ROLE_RANK[role] >= ROLE_RANK[minimum]
+
+
+def max_role(user: Any) -> str | None:
+    """The user's highest role in any tenant (decides which bulk controls to show)."""
+    roles = tenant_roles(user).values()
+    return max(roles, key=lambda r: ROLE_RANK[r]) if roles else None
+
+
+def get_attempt_for_user(user: Any, attempt_id: str) -> Attempt:
+    """The attempt by public id if it belongs to one of the user's tenants; 404 otherwise
+    (another tenant's attempt is indistinguishable from one that does not exist)."""
+    if "\x00" in attempt_id or len(attempt_id) > 32:
+        raise Http404("No such attempt.")
+    attempt = (
+        Attempt.objects.for_tenants(user_tenants(user))
+        .select_related("owner", "parent")
+        .filter(attempt_id=attempt_id)
+        .first()
+    )
+    if attempt is None:
+        raise Http404("No such attempt.")
+    return attempt
+
+
+def _is_secret(key: str, names: list[str]) -> bool:
+    lowered = key.lower()
+    return any(name and name.lower() in lowered for name in names)
+
+
+def redact(value: Any, names: list[str] | None = None) -> tuple[Any, int]:
+    """A copy of ``value`` with every field whose name contains a configured secret name
+    (``LEDGER['REDACT_FIELDS']``, case-insensitive) replaced; returns (copy, fields redacted)."""
+    names = settings.LEDGER["REDACT_FIELDS"] if names is None else names
+    count = 0
+
+    def walk(node: Any) -> Any:
+        nonlocal count
+        if isinstance(node, dict):
+            out = {}
+            for key, item in node.items():
+                if _is_secret(str(key), names):
+                    out[key] = REDACTED
+                    count += 1
+                else:
+                    out[key] = walk(item)
+            return out
+        if isinstance(node, list):
+            return [walk(item) for item in node]
+        return node
+
+    return walk(value), count
+
+
+def refusal(
+    request: HttpRequest, exc: LedgerError, *, redirect_to: str, target: str = "#action-feedback"
+) -> HttpResponse:
+    """Answer a ledger refusal: for htmx a 4xx fragment swapped into the page's feedback area,
+    otherwise a redirect back with the message (never a 500)."""
+    if request.htmx:
+        response = render(
+            request,
+            "attempts/detail.html#feedback",
+            {"feedback_error": exc.message, "feedback_code": exc.code},
+            status=exc.status if 400 <= exc.status < 500 else 409,
+        )
+        return reswap(retarget(response, target), "innerHTML")
+    messages.error(request, exc.message)
+    return HttpResponseRedirect(redirect_to)
+
+
+def done(request: HttpRequest, message: str, *, redirect_to: str) -> HttpResponse:
+    """Answer a successful action: a message, and the page reloads (full page for htmx too, so
+    every panel shows the new state and version)."""
+    messages.success(request, message)
+    if request.htmx:
+        return HttpResponseClientRedirect(redirect_to)
+    return HttpResponseRedirect(redirect_to)
+
+
+def refuse_nul_bytes(view):
+    """Answer 400 when any query or form value holds a NUL character: PostgreSQL cannot store
+    or compare one, and no legitimate input contains it."""
+
+    @functools.wraps(view)
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        for data in (request.GET, request.POST):
+            for values in data.lists():
+                if any("\x00" in value for value in values[1]) or "\x00" in values[0]:
+                    return bad_request(request, "the request contains a NUL character")
+        return view(request, *args, **kwargs)
+
+    return wrapper
+
+
+def bad_request(request: HttpRequest, message: str, *, status: int = 400) -> HttpResponse:
+    """A clear 4xx page (or fragment for htmx) for input the dashboard cannot use."""
+    if request.htmx:
+        response = render(
+            request,
+            "attempts/detail.html#feedback",
+            {"feedback_error": message, "feedback_code": "bad_request"},
+            status=status,
+        )
+        return reswap(retarget(response, "#action-feedback"), "innerHTML")
+    return render(request, "attempts/error.html", {"message": message}, status=status)

@@ -1,0 +1,229 @@
+"""Audit screens: the export form and its streamed downloads, and the printable report of one
+logical effect across its lineage. Reviewers and admins only, always within their tenants."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import urlencode
+
+from django.core.exceptions import PermissionDenied
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBadRequest,
+    JsonResponse,
+    StreamingHttpResponse,
+)
+from django.shortcuts import redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_GET
+
+from attempts import audit_export, verify_export
+from attempts.models import Attempt, AttemptEvent, State, Tool
+
+DOWNLOADS = {
+    "csv": ("text/csv; charset=utf-8", "csv"),
+    "jsonl": ("application/jsonl; charset=utf-8", "jsonl"),
+    "manifest": ("application/json", "csv.manifest.json"),
+}
+# Actions a person takes that decide something about an effect (shown as "who decided what").
+DECISIONS = {
+    "attempt.review_confirmed": "confirmed the outcome",
+    "attempt.review_failed": "declared it failed",
+    "attempt.approval": "approved (first of two reviewers)",
+    "attempt.linked_retry_approved": "approved a linked retry",
+    "attempt.approved": "approved the linked attempt",
+    "attempt.owner_changed": "assigned an owner",
+    "attempt.unassigned": "unassigned the owner",
+    "attempt.note": "added a note",
+}
+
+
+def _allowed_tenants(request: HttpRequest) -> set[str] | None:
+    """Tenants the person may export or report on; refuses anyone who reviews nowhere."""
+    allowed = audit_export.export_tenants(request.user)
+    if allowed is not None and not allowed:
+        raise PermissionDenied("audit reports are for reviewers and admins")
+    return allowed
+
+
+def _tenant_choices(allowed: set[str] | None) -> list[str]:
+    if allowed is None:
+        from attempts.models import Tenant
+
+        return list(Tenant.objects.order_by("slug").values_list("slug", flat=True))
+    return sorted(allowed)
+
+
+def _plan(request: HttpRequest, allowed: set[str] | None) -> audit_export.ExportPlan:
+    filters = audit_export.ExportFilters.parse(request.GET)
+    if filters.tenant and allowed is not None and filters.tenant not in allowed:
+        raise audit_export.ExportError(f"you cannot export tenant {filters.tenant!r}")
+    upto_text = request.GET.get("upto", "").strip()
+    upto = None
+    if upto_text:
+        if not upto_text.isdigit():
+            raise audit_export.ExportError("upto must be an event id")
+        upto = int(upto_text)
+    return audit_export.plan_export(user=request.user, filters=filters, upto=upto)
+
+
+@require_GET
+def audit_exports(request: HttpRequest) -> HttpResponse:
+    """The export form: filters, how many events match, and download links pinned to the head."""
+    allowed = _allowed_tenants(request)
+    context: dict[str, Any] = {
+        "tenants": _tenant_choices(allowed),
+        "states": State.choices,
+        "values": request.GET,
+    }
+    status = 200
+    try:
+        plan = _plan(request, allowed)
+    except audit_export.ExportError as exc:
+        context["error"] = str(exc)
+        status = 400
+    else:
+        query = plan.filters.as_query()
+        query["upto"] = str(plan.upto)
+        context.update(
+            plan=plan,
+            matching=plan.count(),
+            qs=urlencode(query),
+            tools=list(Tool.objects.order_by("name").values_list("name", flat=True)),
+        )
+    return render(request, "attempts/exports.html", context, status=status)
+
+
+@require_GET
+def audit_download(request: HttpRequest, fmt: str) -> HttpResponse:
+    """A streamed CSV or JSON Lines export, or the CSV's manifest, for the filters in the URL."""
+    if fmt not in DOWNLOADS:
+        raise Http404("no such export format")
+    allowed = _allowed_tenants(request)
+    try:
+        plan = _plan(request, allowed)
+    except audit_export.ExportError as exc:
+        return HttpResponseBadRequest(str(exc), content_type="text/plain; charset=utf-8")
+    content_type, extension = DOWNLOADS[fmt]
+    name = audit_export.file_name(plan, extension)
+    if fmt == "manifest":
+        response: HttpResponse = JsonResponse(
+            audit_export.csv_manifest(plan), json_dumps_params={"indent": 2}
+        )
+    else:
+        stream = audit_export.stream_csv(plan) if fmt == "csv" else audit_export.stream_jsonl(plan)
+        response = StreamingHttpResponse(stream, content_type=content_type)
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+def _lineage(root: Attempt, scoped) -> list[Attempt]:
+    """The root and every attempt linked below it, oldest first (one logical effect)."""
+    found = [root]
+    frontier = [root.pk]
+    while frontier:
+        children = list(scoped.filter(parent_id__in=frontier).order_by("created_at", "id"))
+        found.extend(children)
+        frontier = [child.pk for child in children]
+    return found
+
+
+def _event_rows(events: list[AttemptEvent], attempt_ids: dict[int, str]) -> list[dict[str, Any]]:
+    """Events with their chain check: the hash recomputes, and the event before it (in the whole
+    ledger) has the hash this one names."""
+    ids = [event.id for event in events]
+    previous: dict[int, str | None] = {}
+    for event_id in ids:
+        previous[event_id] = (
+            AttemptEvent.objects.filter(id__lt=event_id)
+            .order_by("-id")
+            .values_list("hash", flat=True)
+            .first()
+        )
+    rows = []
+    for event in events:
+        row = {
+            "id": event.id,
+            "attempt_id": attempt_ids[event.attempt_id],
+            "action": event.action,
+            "actor_kind": event.actor_kind,
+            "actor": event.actor,
+            "from_state": event.from_state,
+            "to_state": event.to_state,
+            "reason": event.reason,
+            "details": event.details,
+            "created_at": event.created_at,
+            "prev_hash": event.prev_hash,
+            "hash": event.hash,
+        }
+        expected_prev = previous[event.id] or verify_export.GENESIS
+        rows.append(
+            {
+                "event": event,
+                "attempt_id": row["attempt_id"],
+                "hash_ok": verify_export.event_hash(row) == event.hash,
+                "link_ok": expected_prev == event.prev_hash,
+                "details_json": json.dumps(event.details, indent=1, sort_keys=True)
+                if event.details
+                else "",
+                "request_id": (event.details or {}).get("provider_request_id", ""),
+                "decision": DECISIONS.get(event.action, "") if event.actor_kind == "user" else "",
+            }
+        )
+    return rows
+
+
+@require_GET
+def attempt_report(request: HttpRequest, attempt_id: str) -> HttpResponse:
+    """Everything that happened to one logical effect across its lineage, readable on paper."""
+    allowed = _allowed_tenants(request)
+    scoped = Attempt.objects.for_user(request.user)
+    if allowed is not None:
+        scoped = scoped.filter(tenant_id__in=allowed)
+    attempt = scoped.select_related("parent").filter(attempt_id=attempt_id).first()
+    if attempt is None:
+        raise Http404("no such attempt in your tenants")
+    root = attempt
+    while root.parent_id is not None:
+        parent = scoped.filter(pk=root.parent_id).first()
+        if parent is None:
+            break
+        root = parent
+    lineage = _lineage(root, scoped.select_related("owner"))
+    attempt_ids = {a.pk: a.attempt_id for a in lineage}
+    events = list(AttemptEvent.objects.filter(attempt_id__in=list(attempt_ids)).order_by("id"))
+    rows = _event_rows(events, attempt_ids)
+    sections = []
+    for item in lineage:
+        sections.append(
+            {
+                "attempt": item,
+                "args_json": json.dumps(item.args, indent=1, sort_keys=True),
+                "rows": [r for r in rows if r["attempt_id"] == item.attempt_id],
+            }
+        )
+    head = AttemptEvent.objects.order_by("-id").values_list("id", "hash").first()
+    context = {
+        "focus": attempt,
+        "sections": sections,
+        "decisions": [r for r in rows if r["decision"]],
+        "all_ok": all(r["hash_ok"] and r["link_ok"] for r in rows),
+        "head": head,
+        "printed_at": timezone.now(),
+        "events_total": len(rows),
+    }
+    return render(request, "attempts/report.html", context)
+
+
+@require_GET
+def report_lookup(request: HttpRequest) -> HttpResponse:
+    """The report form on the exports page: go to the report of the attempt id typed in."""
+    _allowed_tenants(request)
+    attempt_id = request.GET.get("attempt", "").strip()
+    if not attempt_id or len(attempt_id) > 32:
+        return HttpResponseBadRequest("give an attempt id", content_type="text/plain")
+    return redirect("audit_report", attempt_id=attempt_id)

@@ -1,0 +1,434 @@
+"""The queues: UNKNOWN, MANUAL_REVIEW, stale in flight, and all attempts.
+
+Fast at a million rows: a page is never an OFFSET and never a COUNT. Each page is a keyset
+range on (created_at, id) read from the (tenant, state, created_at, id) index, one short range
+per (tenant, state) "lane" in the user's scope, merged in Python; ``page_size + 1`` rows tell
+whether there is more. Filters and the cursor live in the URL, so a link, a reload or the htmx
+poll shows the same place.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import heapq
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlencode
+
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth import get_user_model
+from django.db.models import Q
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import render
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_GET, require_POST
+
+from attempts import ledger
+from attempts.models import ROLE_RANK, Attempt, Role, State, Tool
+from attempts.views._common import (
+    bad_request,
+    max_role,
+    refuse_nul_bytes,
+    tenant_roles,
+    user_tenants,
+)
+
+PAGE_SIZE = 50
+IN_FLIGHT = (State.INTENT_RECORDED, State.DISPATCHED, State.FAILED_RETRYABLE)
+AGES = {
+    "": None,
+    "5m": dt.timedelta(minutes=5),
+    "1h": dt.timedelta(hours=1),
+    "1d": dt.timedelta(days=1),
+    "7d": dt.timedelta(days=7),
+}
+AGE_LABELS = {
+    "": "any age",
+    "5m": "older than 5 min",
+    "1h": "older than 1 h",
+    "1d": "older than 1 day",
+    "7d": "older than 7 days",
+}
+ROW_FIELDS = (
+    "id",
+    "attempt_id",
+    "tenant_id",
+    "tool_name",
+    "task_id",
+    "idempotency_key",
+    "provider_request_id",
+    "args_hash",
+    "state",
+    "version",
+    "owner_id",
+    "review_reason",
+    "awaiting_approval",
+    "created_at",
+)
+
+
+@dataclass(frozen=True)
+class Queue:
+    slug: str
+    title: str
+    states: tuple[str, ...]
+    stale_only: bool = False
+    description: str = ""
+
+
+QUEUES: dict[str, Queue] = {
+    q.slug: q
+    for q in (
+        Queue(
+            "unknown",
+            "UNKNOWN",
+            (State.UNKNOWN,),
+            description="The outcome is not known: reconciliation keeps looking; a person decides when it cannot.",
+        ),
+        Queue(
+            "review",
+            "Manual review",
+            (State.MANUAL_REVIEW,),
+            description="A person must decide: confirm, fail, or approve a linked retry.",
+        ),
+        Queue(
+            "stale",
+            "Stale in flight",
+            IN_FLIGHT,
+            stale_only=True,
+            description="Recorded or dispatched, and unchanged for longer than the stale threshold: recovery should have picked these up.",
+        ),
+        Queue(
+            "all", "All attempts", tuple(State.values), description="Every attempt in your tenants."
+        ),
+    )
+}
+
+
+class BadFilter(ValueError):
+    """A query-string value the queue cannot use (answered with a clear 400)."""
+
+
+@dataclass
+class Filters:
+    tenant: str = ""
+    tool: str = ""
+    owner: str = ""  # "", "me", "unassigned"
+    state: str = ""
+    age: str = ""
+    q: str = ""
+    sort: str = "oldest"
+    after: tuple[dt.datetime, int] | None = None
+    before: tuple[dt.datetime, int] | None = None
+
+    def params(self, **override: Any) -> dict[str, str]:
+        """The non-default filters as query parameters (for links and the poll)."""
+        values = {
+            "tenant": self.tenant,
+            "tool": self.tool,
+            "owner": self.owner,
+            "state": self.state,
+            "age": self.age,
+            "q": self.q,
+            "sort": "" if self.sort == "oldest" else self.sort,
+        }
+        values.update(override)
+        return {k: v for k, v in values.items() if v}
+
+
+def encode_cursor(created_at: dt.datetime, pk: int) -> str:
+    micros = int(created_at.timestamp() * 1_000_000)
+    return f"{micros}.{pk}"
+
+
+def decode_cursor(raw: str) -> tuple[dt.datetime, int]:
+    try:
+        micros_text, pk_text = raw.split(".", 1)
+        micros, pk = int(micros_text), int(pk_text)
+        if micros < 0 or not 0 <= pk < 2**63:
+            raise ValueError
+        when = dt.datetime.fromtimestamp(micros / 1_000_000, tz=dt.UTC)
+    except (ValueError, OverflowError, OSError):
+        raise BadFilter(
+            "the page cursor in the address is not valid; start again from the first page"
+        ) from None
+    return when, pk
+
+
+def parse_filters(request: HttpRequest, queue: Queue) -> Filters:
+    get = request.GET
+    f = Filters(
+        tenant=get.get("tenant", "").strip(),
+        tool=get.get("tool", "").strip(),
+        owner=get.get("owner", "").strip(),
+        state=get.get("state", "").strip(),
+        age=get.get("age", "").strip(),
+        q=get.get("q", "").strip()[:255],
+        sort=get.get("sort", "oldest").strip() or "oldest",
+    )
+    if f.tenant and f.tenant not in tenant_roles(request.user):
+        raise BadFilter(f"you are not a member of a tenant called {f.tenant!r}")
+    if f.owner not in ("", "me", "unassigned"):
+        raise BadFilter("owner must be me, unassigned or empty (anyone)")
+    if f.state and f.state not in queue.states:
+        raise BadFilter(f"state {f.state!r} is not shown in the {queue.title} queue")
+    if f.age not in AGES:
+        raise BadFilter("age must be one of: " + ", ".join(a for a in AGES if a))
+    if f.sort not in ("oldest", "newest"):
+        raise BadFilter("sort must be oldest or newest")
+    if get.get("after"):
+        f.after = decode_cursor(get["after"])
+    if get.get("before"):
+        f.before = decode_cursor(get["before"])
+    if f.after and f.before:
+        raise BadFilter("a page has either an after or a before cursor, not both")
+    return f
+
+
+def _search_q(term: str) -> Q:
+    """Exact match on the ids people paste, or an args-hash prefix (hex, at least 6 chars)."""
+    q = Q(attempt_id=term) | Q(idempotency_key=term) | Q(provider_request_id=term) | Q(task_id=term)
+    lowered = term.lower()
+    if len(lowered) >= 6 and all(c in "0123456789abcdef" for c in lowered):
+        # A range instead of LIKE so both databases use the args_hash index ("g" > "f").
+        upper = lowered[:64] + "g"
+        q |= Q(args_hash__gte=lowered[:64], args_hash__lt=upper)
+    return q
+
+
+def _keyset(cursor: tuple[dt.datetime, int], *, forward_ascending: bool) -> Q:
+    """Rows strictly after ``cursor`` in the walking direction. The plain range term on
+    created_at is what lets the index seek; the OR only breaks ties."""
+    when, pk = cursor
+    if forward_ascending:
+        return Q(created_at__gte=when) & (Q(created_at__gt=when) | Q(id__gt=pk))
+    return Q(created_at__lte=when) & (Q(created_at__lt=when) | Q(id__lt=pk))
+
+
+@dataclass
+class Page:
+    rows: list[dict[str, Any]]
+    has_next: bool
+    has_prev: bool
+    next_cursor: str = ""
+    prev_cursor: str = ""
+
+
+def fetch_page(
+    *,
+    user: Any,
+    queue: Queue,
+    filters: Filters,
+    now: dt.datetime,
+    page_size: int | None = None,
+) -> Page:
+    """One page of the queue for this user: tenant-scoped, filtered, keyset-paginated."""
+    page_size = page_size or PAGE_SIZE
+    tenants = [filters.tenant] if filters.tenant else user_tenants(user)
+    chosen_states = (filters.state,) if filters.state else queue.states
+    base = Attempt.objects.for_tenants(tenants)
+    if filters.tool:
+        base = base.filter(tool_name=filters.tool)
+    if filters.owner == "me":
+        base = base.filter(owner_id=user.pk)
+    elif filters.owner == "unassigned":
+        base = base.filter(owner__isnull=True)
+    age = AGES[filters.age]
+    if age is not None:
+        base = base.filter(created_at__lte=now - age)
+    if queue.stale_only:
+        base = base.filter(
+            updated_at__lte=now - dt.timedelta(seconds=settings.LEDGER["STALE_AFTER"])
+        )
+
+    ascending = filters.sort == "oldest"
+    backwards = filters.before is not None
+    walk_ascending = ascending != backwards
+    if filters.after:
+        base = base.filter(_keyset(filters.after, forward_ascending=ascending))
+    elif filters.before:
+        base = base.filter(_keyset(filters.before, forward_ascending=not ascending))
+    order = ("created_at", "id") if walk_ascending else ("-created_at", "-id")
+    want = page_size + 1
+
+    if filters.q:
+        lanes = [base.filter(_search_q(filters.q), tenant_id__in=tenants, state__in=chosen_states)]
+    else:
+        # One equality prefix per lane, so each lane is an ordered index range: (tenant) when
+        # every state is wanted, (tenant, state) otherwise; (owner, tenant, state) for "me".
+        every_state = set(chosen_states) == set(State.values)
+        if every_state and filters.owner != "me":
+            lanes = [base.filter(tenant_id=t) for t in tenants]
+        else:
+            lanes = [base.filter(tenant_id=t, state=s) for t in tenants for s in chosen_states]
+    # Phase one reads only (created_at, id) from each lane: both are in every queue index, so
+    # each lane is an index-only range. Phase two loads the winning rows by primary key.
+    keys = [list(lane.order_by(*order).values_list("created_at", "id")[:want]) for lane in lanes]
+    merged_keys = list(heapq.merge(*keys, reverse=not walk_ascending))[:want]
+    by_pk = {
+        row["id"]: row
+        for row in Attempt.objects.for_tenants(tenants)
+        .filter(pk__in=[pk for _, pk in merged_keys])
+        .values(*ROW_FIELDS)
+    }
+    merged = [by_pk[pk] for _, pk in merged_keys if pk in by_pk]
+    more = len(merged) > page_size
+    rows = merged[:page_size]
+    if backwards:
+        rows.reverse()
+        has_prev, has_next = more, True
+    else:
+        has_next, has_prev = more, filters.after is not None
+    page = Page(rows=rows, has_next=has_next and bool(rows), has_prev=has_prev and bool(rows))
+    if rows:
+        page.next_cursor = encode_cursor(rows[-1]["created_at"], rows[-1]["id"])
+        page.prev_cursor = encode_cursor(rows[0]["created_at"], rows[0]["id"])
+    _decorate(rows, now, user)
+    return page
+
+
+def _short(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _decorate(rows: list[dict[str, Any]], now: dt.datetime, user: Any) -> None:
+    """Everything the row template shows, computed here: per-row template filters and URL
+    reversing are what a 50-row page spends its time on."""
+    from attempts.templatetags.ledger_ui import duration, state_class
+
+    owner_ids = {r["owner_id"] for r in rows if r["owner_id"]}
+    names = (
+        dict(get_user_model().objects.filter(pk__in=owner_ids).values_list("pk", "username"))
+        if owner_ids
+        else {}
+    )
+    detail_base = reverse("attempt-detail", args=["-"])[:-2]
+    for row in rows:
+        row["owner_name"] = names.get(row["owner_id"], "")
+        row["mine"] = row["owner_id"] == user.pk
+        row["age_text"] = duration(now - row["created_at"])
+        row["created_text"] = row["created_at"].astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+        row["state_css"] = state_class(row["state"])
+        row["url"] = f"{detail_base}{row['attempt_id']}/"
+        row["task_short"] = _short(row["task_id"], 28)
+        row["key_short"] = _short(row["idempotency_key"], 40)
+        row["provider_short"] = _short(row["provider_request_id"], 24) or "—"
+
+
+def _tool_names() -> list[str]:
+    return list(Tool.objects.order_by("name").values_list("name", flat=True))
+
+
+@require_GET
+@refuse_nul_bytes
+def queue_view(request: HttpRequest, slug: str = "unknown") -> HttpResponse:
+    """A queue page; for htmx (filter changes, paging, the poll) only the table fragment."""
+    queue = QUEUES.get(slug)
+    if queue is None:
+        return bad_request(request, f"there is no queue called {slug!r}", status=404)
+    try:
+        filters = parse_filters(request, queue)
+    except BadFilter as exc:
+        return bad_request(request, str(exc))
+    now = timezone.now()
+    page = fetch_page(user=request.user, queue=queue, filters=filters, now=now)
+    here = reverse("queue", args=[queue.slug])
+    base_params = filters.params()
+    top_role = max_role(request.user)
+    context = {
+        "queue": queue,
+        "queues": QUEUES.values(),
+        "filters": filters,
+        "page": page,
+        "now": now,
+        "tenants": user_tenants(request.user),
+        "tools": _tool_names(),
+        "states": queue.states,
+        "ages": AGE_LABELS,
+        "self_url": here + ("?" + urlencode(request.GET) if request.GET else ""),
+        "first_url": here + ("?" + urlencode(base_params) if base_params else ""),
+        "next_url": here + "?" + urlencode({**base_params, "after": page.next_cursor}),
+        "prev_url": here + "?" + urlencode({**base_params, "before": page.prev_cursor}),
+        "can_bulk": top_role is not None and ROLE_RANK[top_role] >= ROLE_RANK[Role.OPERATOR],
+        "assignees": _assignees(request.user),
+        "poll_seconds": 15,
+    }
+    if request.htmx:
+        return render(request, "attempts/queues.html#table", context)
+    return render(request, "attempts/queues.html", context)
+
+
+def _assignees(user: Any) -> list[str]:
+    """People who may own work in the user's tenants (for assign controls)."""
+    tenants = user_tenants(user)
+    return list(
+        get_user_model()
+        .objects.filter(ledger_memberships__tenant_id__in=tenants, is_active=True)
+        .distinct()
+        .order_by("username")
+        .values_list("username", flat=True)
+    )
+
+
+@require_POST
+@refuse_nul_bytes
+def bulk_action(request: HttpRequest) -> HttpResponse:
+    """Take or assign many attempts at once. Each one is its own compare-and-set against the
+    version shown on the page; the message says how many were done and why any were not."""
+    back = request.POST.get("next", "")
+    if not url_has_allowed_host_and_scheme(back, {request.get_host()}, request.is_secure()):
+        back = reverse("queue", args=["unknown"])
+    action = request.POST.get("action", "")
+    if action not in ("take", "assign", "unassign"):
+        return bad_request(request, "choose take, assign or unassign")
+    picked = request.POST.getlist("attempt")
+    if not picked:
+        messages.error(request, "Select at least one attempt first.")
+        return HttpResponseRedirect(back)
+    if len(picked) > 200:
+        return bad_request(request, "at most 200 attempts at once")
+    owner = None
+    if action == "take":
+        owner = request.user
+    elif action == "assign":
+        username = request.POST.get("owner", "").strip()
+        owner = get_user_model().objects.filter(username=username, is_active=True).first()
+        if owner is None:
+            return bad_request(request, f"there is no active user called {username!r}")
+    scope = user_tenants(request.user)
+    done_ids: list[str] = []
+    problems: list[str] = []
+    for item in picked:
+        attempt_id, _, version_text = item.partition(":")
+        try:
+            version = int(version_text) if version_text else None
+        except ValueError:
+            problems.append(f"{attempt_id}: bad version")
+            continue
+        if not Attempt.objects.for_tenants(scope).filter(attempt_id=attempt_id).exists():
+            problems.append(f"{attempt_id}: not found")
+            continue
+        try:
+            ledger.assign(attempt_id, user=request.user, owner=owner, expected_version=version)
+        except ledger.LedgerError as exc:
+            problems.append(f"{attempt_id}: {exc.message}")
+        else:
+            done_ids.append(attempt_id)
+    verb = {
+        "take": "Took",
+        "assign": f"Assigned to {owner.get_username() if owner else ''}",
+        "unassign": "Unassigned",
+    }[action]
+    if done_ids:
+        messages.success(
+            request, f"{verb} {len(done_ids)} attempt{'s' if len(done_ids) != 1 else ''}."
+        )
+    if problems:
+        shown = "; ".join(problems[:5]) + (
+            f"; and {len(problems) - 5} more" if len(problems) > 5 else ""
+        )
+        messages.error(request, f"{len(problems)} not changed: {shown}")
+    return HttpResponseRedirect(back)

@@ -1,0 +1,272 @@
+"""Benchmark: intents recorded per second through the agent API, against a minimal Django JSON
+view, both served by the same gunicorn configuration in the same run.
+
+    .venv/bin/python bench/api.py [--seconds 10] [--clients 4] [--workers 3] [--threads 4]
+
+Starts gunicorn (``ledgerweb/gunicorn.conf.py``) on a free 127.0.0.1 port over a fresh database
+in ``var/bench/`` (SQLite; with DATABASE_URL set, that PostgreSQL database: give it a scratch
+one), then alternates phases: the
+baseline POSTs the same JSON body to ``/bench/echo`` (no database), the API phase POSTs
+``/api/v1/attempts`` with a new idempotency key each time. Client processes each keep one
+keep-alive connection. Afterwards every 201 intent must be in the database (no lost intents)
+and no request may have failed. Prints both rates and their ratio (target: >= 0.5).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def durable_commit_ceiling(directory: Path, seconds: float = 3.0) -> float:
+    """Commits per second one writer gets from raw sqlite3 (WAL, synchronous=FULL) here: every
+    intent is one such commit under the ledger's single write lock, so this bounds the API."""
+    import sqlite3
+
+    path = directory / "ceiling.sqlite3"
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=FULL")
+    db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, body TEXT)")
+    n = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        db.execute("BEGIN IMMEDIATE")
+        db.execute("INSERT INTO t (body) VALUES (?)", ("x" * 400,))
+        db.execute("COMMIT")
+        n += 1
+    db.close()
+    return n / seconds
+
+
+def client_loop(args: tuple) -> dict:
+    """One client process: POST as fast as answers come back, for ``seconds``."""
+    port, path, token, seconds, number, phase = args
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
+    ok = errors = 0
+    created: list[str] = []
+    failures: list[str] = []
+    n = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        n += 1
+        body = {
+            "tenant": "acme",
+            "task_id": f"bench-{phase}-{number}",
+            "tool_name": "open_ticket",
+            "idempotency_key": f"bench:{phase}:{number}:{n}",
+            "args": {"title": "Printer on fire", "priority": 2, "n": n},
+        }
+        try:
+            connection.request("POST", path, body=json.dumps(body), headers=headers)
+            response = connection.getresponse()
+            raw = response.read()
+        except (OSError, http.client.HTTPException) as exc:
+            errors += 1
+            failures.append(repr(exc))
+            connection.close()
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            continue
+        if response.status == 201:
+            ok += 1
+            if path.startswith("/api/"):
+                created.append(json.loads(raw)["attempt"]["attempt_id"])
+        else:
+            errors += 1
+            failures.append(f"{response.status} {raw[:200]!r}")
+    connection.close()
+    return {"ok": ok, "errors": errors, "created": created, "failures": failures[:5]}
+
+
+def run_phase(port: int, path: str, token: str, seconds: float, clients: int, phase: str) -> dict:
+    with multiprocessing.get_context("spawn").Pool(clients) as pool:
+        started = time.monotonic()
+        results = pool.map(
+            client_loop, [(port, path, token, seconds, n, phase) for n in range(clients)]
+        )
+        elapsed = time.monotonic() - started
+    total = {
+        "ok": sum(r["ok"] for r in results),
+        "errors": sum(r["errors"] for r in results),
+        "created": [i for r in results for i in r["created"]],
+        "failures": [f for r in results for f in r["failures"]][:5],
+    }
+    total["rate"] = total["ok"] / seconds
+    total["elapsed"] = elapsed
+    return total
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=10.0, help="length of each phase")
+    parser.add_argument("--rounds", type=int, default=2, help="baseline/API phase pairs")
+    parser.add_argument("--clients", type=int, default=4, help="concurrent client processes")
+    parser.add_argument("--workers", type=int, default=3, help="gunicorn workers")
+    parser.add_argument("--threads", type=int, default=4, help="threads per gunicorn worker")
+    options = parser.parse_args()
+
+    data = REPO / "var" / "bench" / f"api-{os.getpid()}"
+    shutil.rmtree(data, ignore_errors=True)
+    data.mkdir(parents=True)
+    port = free_port()
+    env = dict(os.environ)
+    env.update(
+        DJANGO_SETTINGS_MODULE="bench.api_settings",
+        LEDGERWEB_DATA_DIR=str(data),
+        LEDGERWEB_BIND=f"127.0.0.1:{port}",
+        LEDGERWEB_WORKERS=str(options.workers),
+        LEDGERWEB_THREADS=str(options.threads),
+        LEDGERWEB_ACCESS_LOG=str(data / "access.log"),
+        PYTHONPATH=str(REPO),
+    )
+    os.environ.update(env)
+    sys.path.insert(0, str(REPO))
+    python = sys.executable
+    manage = [python, str(REPO / "manage.py")]
+    subprocess.run([*manage, "migrate", "--no-input", "-v", "0"], env=env, check=True, cwd=REPO)
+    subprocess.run(
+        [*manage, "seed_demo", "--provider-url", "http://127.0.0.1:9", "--password", "bench-pw-1"],
+        env=env,
+        check=True,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+    )
+    token = subprocess.run(
+        [*manage, "create_agent_token", f"bench-{os.getpid()}", "--tenant", "acme", "--quiet"],
+        env=env,
+        check=True,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    subprocess.run(
+        [*manage, "collectstatic", "--no-input", "-v", "0"], env=env, check=True, cwd=REPO
+    )
+
+    import django
+
+    django.setup()
+    from django.db import connection
+
+    from attempts.models import Attempt
+
+    gunicorn = subprocess.Popen(
+        [
+            str(Path(python).parent / "gunicorn"),
+            "-c",
+            "ledgerweb/gunicorn.conf.py",
+            "ledgerweb.wsgi",
+        ],
+        env=env,
+        cwd=REPO,
+        stdout=open(data / "gunicorn.log", "wb"),
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or gunicorn.poll() is not None:
+                    raise SystemExit(f"gunicorn did not start; see {data}/gunicorn.log") from None
+                time.sleep(0.2)
+        # Warm up every worker (imports, connections) before measuring.
+        run_phase(port, "/bench/echo", token, 1.0, options.clients, "warm")
+        run_phase(port, "/api/v1/attempts", token, 1.0, options.clients, "warm")
+        warm = Attempt.objects.count()
+
+        baseline, api, ceilings = [], [], []
+        for round_number in range(options.rounds):
+            (data / f"ceiling-{round_number}").mkdir()
+            ceilings.append(durable_commit_ceiling(data / f"ceiling-{round_number}"))
+            baseline.append(
+                run_phase(
+                    port, "/bench/echo", token, options.seconds, options.clients, f"b{round_number}"
+                )
+            )
+            api.append(
+                run_phase(
+                    port,
+                    "/api/v1/attempts",
+                    token,
+                    options.seconds,
+                    options.clients,
+                    f"a{round_number}",
+                )
+            )
+    finally:
+        gunicorn.send_signal(signal.SIGTERM)
+        gunicorn.wait(timeout=30)
+
+    created = [i for phase in api for i in phase["created"]]
+    stored = Attempt.objects.count() - warm
+    found = (
+        Attempt.objects.filter(attempt_id__in=created).count()
+        if len(created) < 30000
+        else sum(
+            Attempt.objects.filter(attempt_id__in=created[i : i + 5000]).count()
+            for i in range(0, len(created), 5000)
+        )
+    )
+    errors = sum(p["errors"] for p in baseline + api)
+    base_rate = sum(p["rate"] for p in baseline) / len(baseline)
+    api_rate = sum(p["rate"] for p in api) / len(api)
+    ratio = api_rate / base_rate if base_rate else 0.0
+    ceiling = sum(ceilings) / len(ceilings)
+
+    print(
+        f"database: {connection.vendor}; gunicorn {options.workers} workers x "
+        f"{options.threads} threads; {options.clients} keep-alive client processes; "
+        f"{options.rounds} x {options.seconds:.0f}s per phase; cores: {os.cpu_count()}"
+    )
+    for n, (b, a) in enumerate(zip(baseline, api, strict=True)):
+        print(
+            f"  round {n + 1}: minimal JSON view {b['rate']:8.1f} req/s   "
+            f"intents {a['rate']:8.1f} /s"
+        )
+    print(f"minimal Django JSON view (baseline): {base_rate:8.1f} requests/s")
+    print(f"POST /api/v1/attempts (intents):     {api_rate:8.1f} intents/s")
+    print(
+        f"ratio intents/baseline:              {ratio:8.2f}   (target >= 0.50: "
+        f"{'met' if ratio >= 0.5 else 'NOT met'})"
+    )
+    print(
+        "durable commit ceiling (raw sqlite3 WAL synchronous=FULL, one writer, same disk): "
+        f"{ceiling:.1f} commits/s; intents reach {api_rate / ceiling:.0%} of it"
+    )
+    print(
+        f"errors: {errors}; intents answered 201: {len(created)}; in the database: {found} "
+        f"(rows added: {stored}); lost: {len(created) - found}"
+    )
+    for phase in baseline + api:
+        for failure in phase["failures"]:
+            print("  failure:", failure)
+    ok = errors == 0 and found == len(created) == stored
+    if connection.vendor == "sqlite":
+        shutil.rmtree(data, ignore_errors=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

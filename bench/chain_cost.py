@@ -1,0 +1,193 @@
+#!/usr/bin/env python3
+"""Benchmark: what the audit chain costs on the write path.
+
+    .venv/bin/python bench/chain_cost.py [--ops 300] [--postgres]
+
+One operation is the agent's safe order without the provider: record_intent + claim_dispatch +
+confirm (three write transactions, three history events). The same run measures, interleaved in
+rounds so machine load hits both alike:
+
+  chain     as shipped: each event reads the previous event's hash and hashes its RFC 8785
+            encoding (and on PostgreSQL every write transaction holds the advisory lock);
+  no-chain  the same writes with the chain step removed: the event row is still inserted, but
+            with no read of the previous hash and no hashing (a random unique hash);
+  no-lock   (PostgreSQL only) no-chain and no advisory lock either.
+
+It runs on a scratch ledger (var/bench/chain.sqlite3, or a scratch PostgreSQL database that is
+dropped afterwards) and prints operations per second, the cost per event and the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PG_ADMIN = "postgres://postgres@127.0.0.1:5432/postgres"
+
+
+def _setup_env(postgres: bool) -> str | None:
+    os.environ["DJANGO_SETTINGS_MODULE"] = "ledgerweb.settings"
+    os.environ.setdefault("LEDGERWEB_DATA_DIR", str(REPO / "var"))
+    sys.path.insert(0, str(REPO))
+    if postgres:
+        import psycopg
+
+        name = f"lw_bench_chain_{os.getpid()}"
+        with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+            admin.execute(f'CREATE DATABASE "{name}"')
+        os.environ["DATABASE_URL"] = PG_ADMIN.rsplit("/", 1)[0] + "/" + name
+        return name
+    os.environ.pop("DATABASE_URL", None)
+    path = REPO / "var" / "bench" / "chain.sqlite3"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for suffix in ("", "-wal", "-shm"):
+        Path(str(path) + suffix).unlink(missing_ok=True)
+    os.environ["LEDGERWEB_SQLITE_PATH"] = str(path)
+    return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ops", type=int, default=300, help="operations per variant")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--postgres", action="store_true", help="run on a scratch PostgreSQL DB")
+    args = parser.parse_args()
+    scratch = _setup_env(args.postgres)
+    try:
+        subprocess.run(
+            [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
+            cwd=REPO,
+            check=True,
+        )
+        run(args)
+    finally:
+        if scratch:
+            from django.db import connections
+
+            connections.close_all()
+            import psycopg
+
+            with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+                admin.execute(f'DROP DATABASE IF EXISTS "{scratch}" WITH (FORCE)')
+
+
+def run(args: argparse.Namespace) -> None:
+    import django
+
+    django.setup()
+    from django.db import connection
+    from django.utils import timezone
+
+    from attempts import audit, ledger, states
+    from attempts.models import AttemptEvent, EffectClass, Grant, Tenant, Tool
+    from attempts.states import Actor
+
+    tenant = Tenant.objects.create(slug="acme", name="Acme")
+    tool = Tool.objects.create(name="update_crm", effect_class=EffectClass.IDEMPOTENT)
+    Grant.objects.create(tenant=tenant, tool=tool, policy_version="v1", allowed_scopes=[])
+    agent = Actor.agent("bench")
+
+    chained_append = states.append_event
+    real_lock = states.lock_ledger
+
+    def unchained_append(
+        attempt, *, action, actor, from_state="", to_state="", reason="", details=None, now=None
+    ):
+        """append_event without the chain step: same row, no previous-hash read, no hashing."""
+        states._require_write_transaction()
+        states.lock_ledger()
+        now = now or timezone.now()
+        details = states._jsonable(details or {})
+        event = AttemptEvent(
+            attempt=attempt,
+            action=action,
+            actor_kind=actor.kind,
+            actor=actor.name,
+            from_state=from_state,
+            to_state=to_state,
+            reason=reason,
+            details=details,
+            created_at=now,
+            prev_hash=audit.GENESIS,
+            hash=uuid.uuid4().hex * 2,
+        )
+        event.save(force_insert=True)
+        return event
+
+    variants = {"chain": (chained_append, real_lock), "no-chain": (unchained_append, real_lock)}
+    if connection.vendor == "postgresql":
+        variants["no-lock"] = (unchained_append, lambda: None)
+    per_round = max(1, args.ops // args.rounds)
+    timings: dict[str, list[float]] = {name: [] for name in variants}
+    counter = 0
+    for _ in range(args.rounds):
+        for name, (append, lock) in variants.items():
+            states.append_event, states.lock_ledger = append, lock
+            try:
+                began = time.perf_counter()
+                for _ in range(per_round):
+                    counter += 1
+                    attempt, _ = ledger.record_intent(
+                        tenant="acme",
+                        task_id="bench",
+                        tool_name="update_crm",
+                        idempotency_key=f"bench:{counter}",
+                        args={"n": counter},
+                        actor=agent,
+                    )
+                    attempt, _ = ledger.claim_dispatch(attempt, actor=agent)
+                    ledger.confirm(attempt, result_ref=f"r{counter}", actor=agent)
+                timings[name].append((time.perf_counter() - began) / per_round)
+            finally:
+                states.append_event, states.lock_ledger = chained_append, real_lock
+
+    # The hashing alone, for scale.
+    sample = audit.event_payload(
+        attempt_id="att_01M8N6VA35YVMWWK1G02AGKY6Y",
+        action="attempt.outcome_confirmed",
+        actor_kind="agent",
+        actor="bench",
+        from_state="DISPATCHED",
+        to_state="OUTCOME_CONFIRMED",
+        reason="",
+        details={"result_ref": "r1", "review_reason": ""},
+        created_at=timezone.now(),
+        prev_hash=audit.GENESIS,
+    )
+    began = time.perf_counter()
+    for _ in range(2000):
+        audit.payload_hash(sample)
+    hash_us = (time.perf_counter() - began) / 2000 * 1e6
+
+    db = connection.vendor
+    print(
+        f"database: {db} ({'synchronous=FULL WAL' if db == 'sqlite' else 'synchronous_commit=on'})"
+    )
+    print(
+        f"{args.rounds} rounds x {per_round} operations per variant, interleaved; "
+        "1 op = record_intent + claim_dispatch + confirm (3 transactions, 3 events)"
+    )
+    base = statistics.median(timings["no-chain"])
+    for name, values in timings.items():
+        per_op = statistics.median(values)
+        print(
+            f"  {name:9} {1 / per_op:8.1f} ops/s  {per_op * 1e3:7.2f} ms/op  "
+            f"({per_op / base:.3f}x no-chain)"
+        )
+    chain = statistics.median(timings["chain"])
+    print(
+        f"chain cost: {(chain - base) / 3 * 1e6:.0f} us per event "
+        f"({(chain / base - 1) * 100:+.1f}% per operation); "
+        f"RFC 8785 + SHA-256 alone: {hash_us:.0f} us per event"
+    )
+
+
+if __name__ == "__main__":
+    main()

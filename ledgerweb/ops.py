@@ -1,0 +1,253 @@
+"""Operations endpoints: ``/healthz`` for load balancers and ``/metrics`` for Prometheus.
+
+Both are exempt from the session login. ``/healthz`` says only whether the database answers and
+the newest reconcile worker heartbeat is fresh. ``/metrics`` is the Prometheus text format,
+written by hand, from grouped counts and MIN() lookups that the attempt indexes answer; it is
+readable from loopback or with ``LEDGERWEB_METRICS_TOKEN`` (see docs/operations.md).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hmac
+import time
+from collections.abc import Iterable
+
+from django.conf import settings
+from django.contrib.auth.decorators import login_not_required
+from django.db import DatabaseError, connection
+from django.db.models import Count, Max, Min, Sum
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils import timezone
+from django.views.decorators.http import require_GET
+
+from attempts.models import TERMINAL_STATES, ActorKind, Attempt, AttemptEvent, State
+from reconciliation.models import WorkerHeartbeat
+
+LOOPBACK = {"127.0.0.1", "::1"}
+# An IN list (not NOT IN) so the database searches the state index instead of scanning.
+LOOKUP_WINDOW_SECONDS = 3600
+LOOKUP_WINDOW_EVENTS = 20_000
+OPEN_STATES = [state for state in State.values if state not in TERMINAL_STATES]
+
+
+@login_not_required
+@require_GET
+def healthz(request: HttpRequest) -> JsonResponse:
+    """200 when the database answers and a reconcile worker beat recently; 503 otherwise."""
+    ops = settings.OPS
+    body: dict[str, object] = {"status": "ok"}
+    healthy = True
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+            cursor.fetchone()
+        body["database"] = "ok"
+    except DatabaseError:
+        return JsonResponse(
+            {"status": "unhealthy", "database": "unreachable"}, status=503, headers=_no_store()
+        )
+    newest = WorkerHeartbeat.objects.aggregate(newest=Max("last_seen"))["newest"]
+    if newest is None:
+        body["worker"] = "missing"
+        healthy = not ops["HEALTHZ_REQUIRE_WORKER"]
+    else:
+        age = max(0.0, (timezone.now() - newest).total_seconds())
+        body["worker_heartbeat_age_seconds"] = round(age, 3)
+        fresh = age <= ops["HEARTBEAT_MAX_AGE"]
+        body["worker"] = "ok" if fresh else "stale"
+        healthy = fresh or not ops["HEALTHZ_REQUIRE_WORKER"]
+    if not healthy:
+        body["status"] = "unhealthy"
+    return JsonResponse(body, status=200 if healthy else 503, headers=_no_store())
+
+
+def _no_store() -> dict[str, str]:
+    return {"Cache-Control": "no-store"}
+
+
+def _metrics_allowed(request: HttpRequest) -> bool:
+    ops = settings.OPS
+    if ops["METRICS_ALLOW_LOOPBACK"] and request.META.get("REMOTE_ADDR") in LOOPBACK:
+        return True
+    expected = ops["METRICS_TOKEN"]
+    header = request.META.get("HTTP_AUTHORIZATION", "")
+    scheme, _, given = header.partition(" ")
+    return bool(
+        expected
+        and scheme.lower() == "bearer"
+        and hmac.compare_digest(given.strip().encode(), expected.encode())
+    )
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(**labels: str) -> str:
+    if not labels:
+        return ""
+    inner = ",".join(f'{name}="{_escape(str(value))}"' for name, value in labels.items())
+    return "{" + inner + "}"
+
+
+class _Exposition:
+    """Collects metric families and renders the Prometheus text format (version 0.0.4)."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def family(
+        self, name: str, kind: str, help_text: str, samples: Iterable[tuple[dict, float]]
+    ) -> None:
+        self.lines.append(f"# HELP {name} {help_text}")
+        self.lines.append(f"# TYPE {name} {kind}")
+        for labels, value in samples:
+            self.lines.append(f"{name}{_labels(**labels)} {_number(value)}")
+
+    def render(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+def _number(value: float) -> str:
+    if isinstance(value, int) or float(value).is_integer():
+        return str(int(value))
+    return repr(float(value))
+
+
+@login_not_required
+@require_GET
+def metrics(request: HttpRequest) -> HttpResponse:
+    if not _metrics_allowed(request):
+        return HttpResponse(
+            "metrics need a loopback client or the metrics bearer token\n",
+            status=403,
+            content_type="text/plain; charset=utf-8",
+        )
+    started = time.monotonic()
+    now = timezone.now()
+    out = _Exposition()
+
+    # All attempts by state and tenant: an index-only scan of (tenant, state, ...).
+    by_state = Attempt.objects.values_list("tenant_id", "state").annotate(n=Count("id")).order_by()
+    out.family(
+        "ledger_attempts",
+        "gauge",
+        "Attempts by state and tenant.",
+        (({"state": s, "tenant": t}, n) for t, s, n in by_state),
+    )
+    # Work not yet settled, also by tool: a range of the (state, created_at) index, and these
+    # rows are few next to the settled ones, so the scrape stays cheap as the ledger grows.
+    open_work = (
+        Attempt.objects.filter(state__in=OPEN_STATES)
+        .values_list("state", "tenant_id", "tool_name")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    out.family(
+        "ledger_open_attempts",
+        "gauge",
+        "Attempts not yet settled (neither OUTCOME_CONFIRMED, FAILED nor RECONCILED), by state, "
+        "tenant and tool.",
+        (({"state": s, "tenant": t, "tool": tool}, n) for s, t, tool, n in open_work),
+    )
+
+    oldest_unknown = Attempt.objects.filter(state=State.UNKNOWN).aggregate(m=Min("created_at"))["m"]
+    out.family(
+        "ledger_unknown_oldest_age_seconds",
+        "gauge",
+        "Age of the oldest attempt in UNKNOWN, from its creation (0 when none).",
+        [({}, max(0.0, (now - oldest_unknown).total_seconds()) if oldest_unknown else 0)],
+    )
+
+    due = Attempt.objects.filter(next_check_at__isnull=False, next_check_at__lte=now)
+    oldest_due = due.aggregate(m=Min("next_check_at"))["m"]
+    out.family(
+        "ledger_reconcile_lag_seconds",
+        "gauge",
+        "How long the most overdue attempt has waited past its next check (0 when none is due).",
+        [({}, max(0.0, (now - oldest_due).total_seconds()) if oldest_due else 0)],
+    )
+    out.family(
+        "ledger_reconcile_due_attempts",
+        "gauge",
+        "Attempts whose next reconcile check is due now.",
+        [({}, due.count())],
+    )
+
+    reasons = (
+        Attempt.objects.filter(state=State.MANUAL_REVIEW)
+        .values_list("review_reason")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    out.family(
+        "ledger_manual_review_attempts",
+        "gauge",
+        "Attempts waiting for a person, by why (payload_mismatch, not_found, max_age, ...).",
+        (({"reason": reason or "unspecified"}, n) for reason, n in reasons),
+    )
+
+    # Lookup answers (found, not_found, unavailable, ambiguous) the workers recorded lately: the
+    # newest events only, by primary key, so the scan is bounded whatever the history's size.
+    newest_event = AttemptEvent.objects.aggregate(m=Max("id"))["m"] or 0
+    answers = (
+        AttemptEvent.objects.filter(
+            id__gt=newest_event - LOOKUP_WINDOW_EVENTS,
+            actor_kind=ActorKind.WORKER,
+            created_at__gte=now - dt.timedelta(seconds=LOOKUP_WINDOW_SECONDS),
+            details__has_key="lookup",
+        )
+        .values_list("details__lookup__answer")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    out.family(
+        "ledger_reconcile_lookup_answers_recent",
+        "gauge",
+        f"Provider lookup answers recorded by reconcile workers in the last "
+        f"{LOOKUP_WINDOW_SECONDS // 60} minutes (among the newest {LOOKUP_WINDOW_EVENTS} events).",
+        (({"answer": str(answer or "unrecorded")}, n) for answer, n in answers),
+    )
+
+    workers = list(WorkerHeartbeat.objects.values_list("worker_id", "last_seen"))
+    out.family(
+        "ledger_worker_heartbeat_age_seconds",
+        "gauge",
+        "Seconds since each reconcile worker last reported.",
+        (({"worker": w}, max(0.0, (now - seen).total_seconds())) for w, seen in workers),
+    )
+    max_age = settings.OPS["HEARTBEAT_MAX_AGE"]
+    alive = sum(1 for _, seen in workers if (now - seen).total_seconds() <= max_age)
+    out.family(
+        "ledger_workers_alive",
+        "gauge",
+        f"Reconcile workers whose heartbeat is at most {max_age}s old.",
+        [({}, alive)],
+    )
+    totals = WorkerHeartbeat.objects.aggregate(
+        lookups=Sum("lookups_total"), settled=Sum("settled_total")
+    )
+    out.family(
+        "ledger_reconcile_lookups_total",
+        "counter",
+        "Provider lookups made by the reconcile workers that are registered now.",
+        [({}, totals["lookups"] or 0)],
+    )
+    out.family(
+        "ledger_reconcile_settled_total",
+        "counter",
+        "Attempts settled by the reconcile workers that are registered now.",
+        [({}, totals["settled"] or 0)],
+    )
+    out.family(
+        "ledger_metrics_scrape_seconds",
+        "gauge",
+        "Time this scrape took to compute.",
+        [({}, round(time.monotonic() - started, 6))],
+    )
+    return HttpResponse(
+        out.render(),
+        content_type="text/plain; version=0.0.4; charset=utf-8",
+        headers=_no_store(),
+    )

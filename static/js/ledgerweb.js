@@ -1,0 +1,81 @@
+// ledgerweb: copy buttons, bulk selection on queue pages, and pausing the queue's live refresh
+// while a selection is in progress. No inline script, no eval: works under the strict CSP.
+(function () {
+  "use strict";
+
+  function flash(button, text) {
+    var original = button.getAttribute("data-label") || button.textContent;
+    button.setAttribute("data-label", original);
+    button.textContent = text;
+    window.setTimeout(function () { button.textContent = original; }, 1200);
+  }
+
+  function copyText(value, button) {
+    if (navigator.clipboard && window.isSecureContext) {
+      navigator.clipboard.writeText(value).then(
+        function () { flash(button, "Copied"); },
+        function () { fallbackCopy(value, button); }
+      );
+    } else {
+      fallbackCopy(value, button);
+    }
+  }
+
+  function fallbackCopy(value, button) {
+    var area = document.createElement("textarea");
+    area.value = value;
+    area.setAttribute("readonly", "");
+    area.className = "offscreen";
+    document.body.appendChild(area);
+    area.select();
+    var ok = false;
+    try { ok = document.execCommand("copy"); } catch (e) { ok = false; }
+    document.body.removeChild(area);
+    flash(button, ok ? "Copied" : "Select & copy");
+  }
+
+  document.addEventListener("click", function (event) {
+    var button = event.target.closest("[data-copy]");
+    if (button) {
+      event.preventDefault();
+      copyText(button.getAttribute("data-copy"), button);
+      return;
+    }
+    var all = event.target.closest("[data-select-all]");
+    if (all) {
+      var boxes = document.querySelectorAll("input.bulk-pick");
+      for (var i = 0; i < boxes.length; i++) { boxes[i].checked = all.checked; }
+      updateBulk();
+    }
+  });
+
+  document.addEventListener("change", function (event) {
+    if (event.target.matches("input.bulk-pick")) { updateBulk(); }
+  });
+
+  function selectedCount() {
+    return document.querySelectorAll("input.bulk-pick:checked").length;
+  }
+
+  function updateBulk() {
+    var n = selectedCount();
+    var counter = document.querySelector("[data-bulk-count]");
+    if (counter) { counter.textContent = n ? n + " selected" : "none selected"; }
+    var buttons = document.querySelectorAll("[data-bulk-button]");
+    for (var i = 0; i < buttons.length; i++) { buttons[i].disabled = n === 0; }
+    var bar = document.querySelector("[data-poll-status]");
+    if (bar) { bar.textContent = n ? "live refresh paused while you select" : bar.getAttribute("data-live"); }
+  }
+
+  // The queue table polls itself; skip a poll while rows are selected so the selection and the
+  // user's place survive.
+  document.addEventListener("htmx:beforeRequest", function (event) {
+    var source = event.detail && event.detail.elt;
+    if (source && source.hasAttribute("data-poll") && selectedCount() > 0) {
+      event.preventDefault();
+    }
+  });
+
+  document.addEventListener("htmx:afterSwap", updateBulk);
+  document.addEventListener("DOMContentLoaded", updateBulk);
+})();

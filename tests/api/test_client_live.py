@@ -1,0 +1,126 @@
+"""The Python client (ledgerweb_client) against the real API served over HTTP on 127.0.0.1
+(pytest-django's live server), so the client and the server are held to the same contract."""
+
+from __future__ import annotations
+
+import pytest
+
+from attempts.models import Attempt, AttemptEvent, State
+from ledgerweb_client import (
+    IdempotencyConflict,
+    InvalidRequest,
+    LedgerClient,
+    NotFound,
+    ProviderLostResponse,
+    ProviderRefused,
+    ProviderTimeout,
+    Refused,
+    SendResult,
+    StateConflict,
+    Unauthorized,
+)
+from tests.api.conftest import Tokens
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def ledger(live_server, tokens: Tokens):
+    with LedgerClient(live_server.url, tokens.acme, timeout=10) as client:
+        yield client
+
+
+def intent(key: str, **extra):
+    return {
+        "tenant": "acme",
+        "task_id": "task-live",
+        "tool_name": "charge_card",
+        "idempotency_key": key,
+        "args": {"customer": "cus_1", "amount_cents": 1200, "currency": "EUR"},
+        **extra,
+    }
+
+
+def test_call_runs_the_safe_order_and_confirms(ledger: LedgerClient) -> None:
+    sent = []
+
+    def send(attempt):
+        sent.append(attempt.idempotency_key)
+        return SendResult(provider_request_id="prv_1", result_ref="ch_1")
+
+    result = ledger.call(**intent("charge:live:1"), send=send)
+    assert result.sent and result.confirmed
+    assert result.attempt.provider_request_id == "prv_1"
+    again = ledger.call(**intent("charge:live:1"), send=send)
+    assert not again.sent and again.confirmed
+    assert sent == ["charge:live:1"]
+    stored = Attempt.objects.get(idempotency_key="charge:live:1")
+    assert (stored.state, stored.result_ref, stored.send_count) == ("OUTCOME_CONFIRMED", "ch_1", 1)
+    actions = list(stored.events.values_list("action", flat=True))
+    assert actions == [
+        "attempt.created",
+        "attempt.dispatched",
+        "attempt.provider_request_attached",
+        "attempt.outcome_confirmed",
+    ]
+
+
+@pytest.mark.parametrize(
+    "error", [ProviderTimeout("read timed out"), ProviderLostResponse("reset")]
+)
+def test_lost_response_leaves_the_attempt_unknown(ledger: LedgerClient, error) -> None:
+    def send(attempt):
+        raise error
+
+    result = ledger.call(**intent("charge:live:unknown"), send=send)
+    assert result.sent and result.state == "UNKNOWN"
+    assert Attempt.objects.get().state == State.UNKNOWN
+    # UNKNOWN is never re-sent by an agent: the next call does not send.
+    again = ledger.call(**intent("charge:live:unknown"), send=send)
+    assert not again.sent and again.state == "UNKNOWN"
+
+
+def test_refusal_and_unexpected_exception(ledger: LedgerClient) -> None:
+    def refuse(attempt):
+        raise ProviderRefused("card declined", retryable=False)
+
+    assert ledger.call(**intent("charge:live:refused"), send=refuse).state == "FAILED"
+
+    with pytest.raises(ZeroDivisionError):
+        with ledger.attempt(**intent("charge:live:crash")) as call:
+            assert call.should_send
+            _ = 1 / 0
+    assert Attempt.objects.get(idempotency_key="charge:live:crash").state == State.UNKNOWN
+
+
+def test_block_form_records_the_provider_id_before_confirming(ledger: LedgerClient) -> None:
+    with ledger.attempt(**intent("charge:live:block")) as call:
+        assert call.should_send
+        call.provider_request("prv_block")
+        call.confirm("ch_block")
+    assert ledger.get(call.attempt.attempt_id).state == "OUTCOME_CONFIRMED"
+    assert [a.attempt_id for a in ledger.find("charge:live:block")] == [call.attempt.attempt_id]
+
+
+def test_errors_map_to_the_client_exceptions(ledger: LedgerClient, live_server, tokens) -> None:
+    ledger.record_intent(**intent("charge:live:errors"))
+    events = AttemptEvent.objects.count()
+    with pytest.raises(IdempotencyConflict):
+        ledger.record_intent(**{**intent("charge:live:errors"), "args": {"amount_cents": 1}})
+    with pytest.raises(InvalidRequest) as invalid:
+        ledger.record_intent(**intent("charge:live:bad", tool_name="no_such_tool"))
+    assert invalid.value.code == "unknown_tool"
+    with pytest.raises(Refused) as refused:
+        ledger.record_intent(**intent("charge:live:globex", tenant="globex"))
+    assert refused.value.code == "tenant_not_granted"
+    with pytest.raises(NotFound):
+        ledger.get("att_MISSING")
+    attempt = ledger.find("charge:live:errors")[0]
+    with pytest.raises(StateConflict):
+        ledger.confirm(attempt.attempt_id, "r")
+    with LedgerClient(live_server.url, "lwt_wrong") as stranger:
+        with pytest.raises(Unauthorized):
+            stranger.get(attempt.attempt_id)
+    assert AttemptEvent.objects.count() == events
+    assert ledger.dispatch(attempt.attempt_id) is True
+    assert ledger.dispatch(attempt.attempt_id) is False

@@ -1,0 +1,168 @@
+"""Audit screens: reviewers and admins export and print within their tenants; others are refused;
+downloads stream and verify offline; bad input is a clear 400, never a 500."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.http import StreamingHttpResponse
+from django.urls import reverse
+
+from attempts import ledger, verify_export
+from attempts.models import AttemptEvent
+from attempts.states import Actor
+from tests.attempts.audit_helpers import build_history, fast_passwords  # noqa: F401
+from tests.conftest import PASSWORD
+
+
+@pytest.fixture
+def history(world):
+    made = build_history(world, 3)
+    build_history(world, 2, tenant="globex", prefix="g")
+    return made + build_history(world, 1, prefix="later")
+
+
+def login(client, name: str):
+    assert client.login(username=name, password=PASSWORD)
+    return client
+
+
+def body(response) -> bytes:
+    if isinstance(response, StreamingHttpResponse):
+        return b"".join(response.streaming_content)
+    return response.content
+
+
+def test_anonymous_is_sent_to_login(client, history):
+    response = client.get(reverse("audit_exports"))
+    assert response.status_code == 302 and "/login/" in response["Location"]
+    response = client.get(reverse("audit_download", args=["csv"]))
+    assert response.status_code == 302
+
+
+@pytest.mark.parametrize("name", ["viewer", "operator"])
+def test_viewers_and_operators_are_refused(client, history, name):
+    login(client, name)
+    assert client.get(reverse("audit_exports")).status_code == 403
+    assert client.get(reverse("audit_download", args=["jsonl"])).status_code == 403
+    report = reverse("audit_report", args=[history[0].attempt_id])
+    assert client.get(report).status_code == 403
+
+
+def test_reviewer_sees_the_form_with_a_pinned_head(client, history):
+    login(client, "reviewer")
+    response = client.get(reverse("audit_exports"), {"tenant": "acme"})
+    assert response.status_code == 200
+    head = AttemptEvent.objects.order_by("-id").first()
+    text = response.content.decode()
+    assert head.hash in text
+    acme_events = AttemptEvent.objects.filter(attempt__tenant_id="acme").count()
+    assert f"<strong>{acme_events}</strong> events match" in text
+    assert f"upto={head.id}" in text
+    assert 'option value="globex"' not in text
+
+
+def test_reviewer_downloads_stream_and_verify(client, history, tmp_path):
+    login(client, "reviewer")
+    head = AttemptEvent.objects.order_by("-id").first()
+    for fmt, name in (("jsonl", "a.jsonl"), ("csv", "a.csv")):
+        response = client.get(reverse("audit_download", args=[fmt]), {"upto": head.id})
+        assert response.status_code == 200
+        assert isinstance(response, StreamingHttpResponse)
+        assert "attachment" in response["Content-Disposition"]
+        (tmp_path / name).write_bytes(body(response))
+    manifest = client.get(reverse("audit_download", args=["manifest"]), {"upto": head.id})
+    assert manifest.status_code == 200
+    (tmp_path / "a.csv.manifest.json").write_bytes(manifest.content)
+    data = json.loads(manifest.content)
+    assert data["row_count"] == AttemptEvent.objects.filter(attempt__tenant_id="acme").count()
+    assert data["exported_by"] == "reviewer"
+    assert data["contiguous"] is False  # globex events sit between acme ones
+    jsonl = verify_export.verify_file(tmp_path / "a.jsonl")
+    assert jsonl.ok, jsonl.render()
+    csv_report = verify_export.verify_file(tmp_path / "a.csv")
+    assert csv_report.ok, csv_report.render()
+    assert b"globex" not in (tmp_path / "a.jsonl").read_bytes()
+    assert b"globex" not in (tmp_path / "a.csv").read_bytes()
+
+
+def test_another_tenants_data_cannot_be_asked_for(client, history):
+    login(client, "reviewer")
+    response = client.get(reverse("audit_download", args=["csv"]), {"tenant": "globex"})
+    assert response.status_code == 400
+    globex = history[0].__class__.objects.filter(tenant_id="globex").first()
+    assert client.get(reverse("audit_report", args=[globex.attempt_id])).status_code == 404
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"state": "NOPE"},
+        {"since": "not-a-date"},
+        {"since": "2030-01-02", "until": "2030-01-01"},
+        {"upto": "abc"},
+        {"upto": "999999999"},
+    ],
+)
+def test_bad_filters_are_400_not_500(client, history, params):
+    login(client, "admin")
+    assert client.get(reverse("audit_exports"), params).status_code == 400
+    assert client.get(reverse("audit_download", args=["jsonl"]), params).status_code == 400
+
+
+def test_unknown_format_is_404(client, history):
+    login(client, "admin")
+    assert client.get(reverse("audit_download", args=["xlsx"])).status_code == 404
+
+
+def test_printable_report_covers_the_lineage_and_who_decided(client, world, history):
+    # An UNKNOWN attempt goes to review; a reviewer approves a linked retry (update_crm is not
+    # critical: one approval), the child is confirmed.
+    original = history[1]
+    assert original.state == "UNKNOWN"
+    with_review = ledger.create_linked_attempt(
+        original, actor=Actor.worker("reconciler"), reason="authority changed"
+    )
+    ledger.approve_linked_attempt(with_review, user=world.reviewer)
+    child = ledger.claim_dispatch(with_review.attempt_id, actor=world.agent)[0]
+    ledger.attach_provider_request(child, "req-child", actor=world.agent)
+    ledger.confirm(child.attempt_id, result_ref="receipt-child", actor=world.agent)
+    login(client, "reviewer")
+    response = client.get(reverse("audit_report", args=[child.attempt_id]))
+    assert response.status_code == 200
+    text = response.content.decode()
+    assert original.attempt_id in text and child.attempt_id in text
+    assert "Linked attempt 1" in text
+    assert "approved the linked attempt" in text
+    assert "req-child" in text and "receipt-child" in text
+    for event in AttemptEvent.objects.filter(attempt__in=[original, child]):
+        assert event.hash in text
+    assert "every event below recomputes" in text
+    assert (
+        "@media print"
+        in (
+            __import__("pathlib").Path(__file__).resolve().parents[2] / "static/css/audit.css"
+        ).read_text()
+    )
+
+
+def test_report_flags_an_edited_event(client, world, history):
+    from tests.attempts.audit_helpers import drop_triggers, sql
+
+    event = history[0].events.order_by("id").last()
+    drop_triggers()
+    sql("UPDATE attempts_attemptevent SET reason = %s WHERE id = %s", ["edited", event.id])
+    login(client, "admin")
+    text = client.get(reverse("audit_report", args=[history[0].attempt_id])).content.decode()
+    assert "SOME EVENTS BELOW DO NOT VERIFY" in text
+    assert "✗ edited" in text
+
+
+def test_report_lookup_redirects(client, history):
+    login(client, "reviewer")
+    response = client.get(reverse("audit_report_lookup"), {"attempt": history[0].attempt_id})
+    assert response.status_code == 302
+    assert response["Location"] == reverse("audit_report", args=[history[0].attempt_id])
+    assert client.get(reverse("audit_report_lookup")).status_code == 400
+    assert client.get(reverse("audit_report", args=["att_nope"])).status_code == 404

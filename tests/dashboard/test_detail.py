@@ -1,0 +1,109 @@
+"""The attempt detail page: every identifier, redacted arguments, lineage, history with actors,
+lookups and notes; another tenant's attempt is a 404."""
+
+from __future__ import annotations
+
+from attempts import ledger
+from tests.dashboard.conftest import make_awaiting, make_review, make_unknown, record_lookup
+
+
+def test_detail_shows_every_identifier_copyable(world, clients):
+    attempt = make_unknown(world, provider_request_id="req-42-xyz", key="acme:invoice:7")
+    body = clients.viewer.get(f"/attempts/{attempt.attempt_id}/").content.decode()
+    for value in (
+        attempt.attempt_id,
+        "acme:invoice:7",
+        attempt.args_hash,
+        "req-42-xyz",
+        attempt.task_id,
+        "open_ticket",
+        "v1",
+        "open_ticket:read, open_ticket:write",
+    ):
+        assert value in body, value
+        assert f'data-copy="{value}"' in body, value
+    assert "UNKNOWN" in body and "triage" in body  # state and owner
+
+
+def test_secret_argument_fields_are_redacted(world, clients, settings):
+    attempt = make_unknown(
+        world,
+        args={
+            "to": "a@example.test",
+            "password": "hunter2",
+            "nested": {"API_KEY": "sk_live_1"},
+            "cards": [{"card_number": "4242424242424242"}],
+        },
+    )
+    body = clients.viewer.get(f"/attempts/{attempt.attempt_id}/").content.decode()
+    assert "a@example.test" in body
+    for secret in ("hunter2", "sk_live_1", "4242424242424242"):
+        assert secret not in body
+    assert "3 secret fields redacted" in body
+    settings.LEDGER = {**settings.LEDGER, "REDACT_FIELDS": ["to"]}
+    body = clients.viewer.get(f"/attempts/{attempt.attempt_id}/").content.decode()
+    assert "a@example.test" not in body and "hunter2" in body
+
+
+def test_history_lookups_and_notes(world, clients):
+    attempt = make_unknown(world)
+    record_lookup(attempt, answer="unavailable", latency_ms=9001)
+    ledger.add_note(attempt, user=world.operator, text="Called the provider; they are checking.")
+    response = clients.viewer.get(f"/attempts/{attempt.attempt_id}/")
+    body = response.content.decode()
+    context = response.context
+    actions = [e.action for e in context["events"]]
+    assert actions[:3] == ["attempt.created", "attempt.dispatched", "attempt.unknown"]
+    assert "test-agent" in body and "timeout after 10s" in body
+    assert [e.details["answer"] for e in context["lookups"]] == ["unavailable"]
+    assert "latency_ms=9001" in body
+    assert [n.reason for n in context["notes"]] == ["Called the provider; they are checking."]
+
+
+def test_lineage_links_parent_and_linked_attempts(world, clients):
+    child = make_awaiting(world)
+    parent = child.parent
+    body = clients.reviewer.get(f"/attempts/{parent.attempt_id}/").content.decode()
+    assert f'href="/attempts/{child.attempt_id}/"' in body and "RECONCILED" in body
+    body = clients.reviewer.get(f"/attempts/{child.attempt_id}/").content.decode()
+    assert f'href="/attempts/{parent.attempt_id}/"' in body
+    assert child.idempotency_key in body and "awaits approval" in body
+
+
+def test_other_tenants_attempt_is_404_everywhere(world, clients):
+    theirs = make_review(world, tenant="globex")
+    for path in ("", "approve/"):
+        assert clients.admin.get(f"/attempts/{theirs.attempt_id}/{path}").status_code == 404
+    for action in ("take", "assign", "unassign", "note", "confirm", "fail", "approve", "reject"):
+        response = clients.admin.post(
+            f"/attempts/{theirs.attempt_id}/{action}/",
+            {
+                "expected_version": theirs.version,
+                "owner": "admin",
+                "text": "x",
+                "reason": "x",
+                "result_ref": "x",
+                "evidence": "x",
+            },
+        )
+        assert response.status_code == 404, action
+    assert clients.admin.get("/attempts/att_does_not_exist/").status_code == 404
+    assert clients.outsider.get(f"/attempts/{theirs.attempt_id}/").status_code == 200
+
+
+def test_viewer_sees_no_action_forms(world, clients):
+    attempt = make_review(world)
+    body = clients.viewer.get(f"/attempts/{attempt.attempt_id}/").content.decode()
+    assert "/take/" not in body and "/confirm/" not in body and "/approve/" not in body
+    body = clients.operator.get(f"/attempts/{attempt.attempt_id}/").content.decode()
+    assert "/take/" in body and "/note/" in body and "/confirm/" not in body
+    body = clients.reviewer.get(f"/attempts/{attempt.attempt_id}/").content.decode()
+    assert "/confirm/" in body and "/fail/" in body and "/approve/" in body
+
+
+def test_history_names_owners(world, clients):
+    attempt = make_unknown(world)
+    ledger.assign(attempt, user=world.operator, owner=world.reviewer)
+    body = clients.viewer.get(f"/attempts/{attempt.attempt_id}/").content.decode()
+    assert "owner=reviewer" in body and "previous_owner=triage" in body
+    assert "owner_id=" not in body

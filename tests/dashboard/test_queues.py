@@ -1,0 +1,274 @@
+"""The queues: tenant scope, filters, search, keyset pagination (no OFFSET, no COUNT), the
+htmx fragment and poll, and bulk take/assign."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from attempts.models import Attempt, State
+from attempts.views import queues
+from tests.dashboard.conftest import make_attempt, make_review, make_unknown
+
+
+def ids_in(response) -> list[str]:
+    return [row["attempt_id"] for row in response.context["page"].rows]
+
+
+def test_unknown_queue_shows_only_my_tenants_unknown_work(world, clients):
+    mine = make_unknown(world)
+    theirs = make_unknown(world, tenant="globex")
+    review = make_review(world)
+    response = clients.viewer.get("/queues/unknown/")
+    assert response.status_code == 200
+    assert ids_in(response) == [mine.attempt_id]
+    body = response.content.decode()
+    assert theirs.attempt_id not in body and review.attempt_id not in body
+    assert ids_in(clients.outsider.get("/queues/unknown/")) == [theirs.attempt_id]
+
+
+def test_review_stale_and_all_queues(world, clients):
+    unknown = make_unknown(world)
+    review = make_review(world)
+    fresh = make_attempt(world)
+    stale = make_attempt(world)
+    Attempt.objects.filter(pk=stale.pk).update(updated_at=timezone.now() - dt.timedelta(hours=1))
+    assert ids_in(clients.viewer.get("/queues/review/")) == [review.attempt_id]
+    assert ids_in(clients.viewer.get("/queues/stale/")) == [stale.attempt_id]
+    everything = ids_in(clients.viewer.get("/queues/all/"))
+    assert set(everything) == {
+        unknown.attempt_id,
+        review.attempt_id,
+        fresh.attempt_id,
+        stale.attempt_id,
+    }
+    only_intents = ids_in(clients.viewer.get("/queues/all/?state=INTENT_RECORDED"))
+    assert set(only_intents) == {fresh.attempt_id, stale.attempt_id}
+
+
+def test_filters_tool_owner_age_and_tenant(world, clients):
+    ticket = make_unknown(world, tool="open_ticket")
+    card = make_unknown(world, tool="charge_card")
+    old = make_unknown(world, tool="update_crm")
+    Attempt.objects.filter(pk=old.pk).update(created_at=timezone.now() - dt.timedelta(days=2))
+    # The ownership rule gives acme's attention work to "triage".
+    assert Attempt.objects.get(pk=ticket.pk).owner == world.triage
+    Attempt.objects.filter(pk=card.pk).update(owner=None)
+    c = clients.triage
+    assert ids_in(c.get("/queues/unknown/?tool=charge_card")) == [card.attempt_id]
+    assert set(ids_in(c.get("/queues/unknown/?owner=me"))) == {ticket.attempt_id, old.attempt_id}
+    assert ids_in(c.get("/queues/unknown/?owner=unassigned")) == [card.attempt_id]
+    assert ids_in(c.get("/queues/unknown/?age=1d")) == [old.attempt_id]
+    assert len(ids_in(c.get("/queues/unknown/?tenant=acme"))) == 3
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "tenant=globex",  # not a member: never another tenant's data
+        "tenant=nope",
+        "owner=someone",
+        "state=FAILED",  # not in the UNKNOWN queue
+        "age=3y",
+        "sort=sideways",
+        "after=garbage",
+        "after=1.2&before=1.3",
+        "after=1.99999999999999999999999",
+        "before=99999999999999999999999.1",
+    ],
+)
+def test_bad_filters_are_a_clear_400(world, clients, query):
+    response = clients.operator.get(f"/queues/unknown/?{query}")
+    assert response.status_code == 400
+    assert "Cannot show this" in response.content.decode()
+
+
+def test_unknown_queue_slug_is_404(world, clients):
+    assert clients.operator.get("/queues/nonsense/").status_code == 404
+
+
+def test_search_by_every_identifier(world, clients):
+    target = make_unknown(world, provider_request_id="req-abc-123", key="acme:search:me")
+    make_unknown(world)
+    other_tenant = make_unknown(world, tenant="globex", provider_request_id="req-globex-9")
+    for term in (
+        "acme:search:me",
+        "req-abc-123",
+        target.task_id,
+        target.attempt_id,
+        target.args_hash[:10],
+        target.args_hash[:10].upper(),
+    ):
+        assert ids_in(clients.viewer.get("/queues/all/", {"q": term})) == [target.attempt_id], term
+    assert ids_in(clients.viewer.get("/queues/all/", {"q": "req-globex-9"})) == []
+    assert ids_in(clients.viewer.get("/queues/all/", {"q": other_tenant.attempt_id})) == []
+    # Too short a hash prefix is not a prefix search (it would match everything).
+    assert ids_in(clients.viewer.get("/queues/all/", {"q": target.args_hash[:3]})) == []
+
+
+def test_keyset_pagination_walks_every_row_once_forwards_and_back(world, clients, monkeypatch):
+    monkeypatch.setattr(queues, "PAGE_SIZE", 3)
+    base = timezone.now() - dt.timedelta(hours=3)
+    made = []
+    for i in range(8):
+        attempt = make_unknown(world, tenant="acme" if i % 3 else "globex")
+        made.append(attempt)
+    # Two rows share a timestamp, to prove the id tie-break.
+    for i, attempt in enumerate(made):
+        when = base + dt.timedelta(minutes=i if i != 5 else 4)
+        Attempt.objects.filter(pk=attempt.pk).update(created_at=when)
+    world.admin.is_superuser = True  # a superuser sees both tenants
+    world.admin.save()
+    from tests.dashboard.conftest import login
+
+    client = login(world.admin)
+    expected = [
+        a.attempt_id
+        for a in sorted(
+            Attempt.objects.filter(state=State.UNKNOWN), key=lambda a: (a.created_at, a.pk)
+        )
+    ]
+    seen, pages, url = [], [], "/queues/unknown/"
+    while True:
+        response = client.get(url)
+        pages.append(response)
+        seen += ids_in(response)
+        if not response.context["page"].has_next:
+            break
+        url = response.context["next_url"]
+    assert seen == expected
+    assert [len(ids_in(p)) for p in pages] == [3, 3, 2]
+    # Back from the last page.
+    back = client.get(pages[-1].context["prev_url"])
+    assert ids_in(back) == expected[3:6]
+    back = client.get(back.context["prev_url"])
+    assert ids_in(back) == expected[0:3]
+    assert not back.context["page"].has_prev
+    # Newest first is the exact reverse.
+    newest, url = [], "/queues/unknown/?sort=newest"
+    while url:
+        response = client.get(url)
+        newest += ids_in(response)
+        url = response.context["next_url"] if response.context["page"].has_next else None
+    assert newest == list(reversed(expected))
+
+
+def test_queue_pages_never_use_offset_or_count(world, clients):
+    for _ in range(3):
+        make_unknown(world)
+    with CaptureQueriesContext(connection) as queries:
+        first = clients.operator.get("/queues/unknown/")
+        clients.operator.get(first.context["next_url"])
+        clients.operator.get("/queues/all/?q=acme")
+    sql = [q["sql"].upper() for q in queries.captured_queries]
+    assert not [s for s in sql if "OFFSET" in s]
+    assert not [s for s in sql if "COUNT(" in s]
+
+
+def test_htmx_gets_the_table_fragment_that_polls_the_same_place(world, clients):
+    make_unknown(world)
+    response = clients.operator.get(
+        "/queues/unknown/?tool=open_ticket", headers={"HX-Request": "true"}
+    )
+    body = response.content.decode()
+    assert response.status_code == 200
+    assert "<html" not in body and body.lstrip().startswith('<div id="queue-table"')
+    assert 'hx-get="/queues/unknown/?tool=open_ticket"' in body
+    assert 'hx-trigger="every 15s"' in body
+
+
+def test_full_page_keeps_filters_in_the_form(world, clients):
+    response = clients.operator.get("/queues/unknown/?tool=open_ticket&owner=me&age=1h")
+    body = response.content.decode()
+    assert '<option value="open_ticket" selected>' in body
+    assert '<option value="me" selected>' in body
+    assert '<option value="1h" selected>' in body
+
+
+def test_bulk_take_and_assign(world, clients):
+    a, b = make_unknown(world), make_unknown(world)
+    picks = [f"{a.attempt_id}:{a.version}", f"{b.attempt_id}:{b.version}"]
+    response = clients.operator.post(
+        "/queues/bulk/", {"action": "take", "attempt": picks, "next": "/queues/unknown/?tool=x"}
+    )
+    assert response.status_code == 302 and response.url == "/queues/unknown/?tool=x"
+    assert set(Attempt.objects.values_list("owner__username", flat=True)) == {"operator"}
+    assert Attempt.objects.get(pk=a.pk).events.last().actor == "operator"
+    # Assigning with the versions shown before the take: someone else changed them.
+    response = clients.reviewer.post(
+        "/queues/bulk/", {"action": "assign", "owner": "reviewer2", "attempt": picks}, follow=True
+    )
+    assert "someone else changed" in response.content.decode()
+    assert set(Attempt.objects.values_list("owner__username", flat=True)) == {"operator"}
+    fresh = [f"{x.attempt_id}:{x.version}" for x in Attempt.objects.all()]
+    clients.reviewer.post(
+        "/queues/bulk/", {"action": "assign", "owner": "reviewer2", "attempt": fresh}
+    )
+    assert set(Attempt.objects.values_list("owner__username", flat=True)) == {"reviewer2"}
+
+
+def test_bulk_refuses_viewers_other_tenants_and_unsafe_redirects(world, clients):
+    mine = make_unknown(world)
+    theirs = make_unknown(world, tenant="globex")
+    response = clients.viewer.post(
+        "/queues/bulk/",
+        {"action": "take", "attempt": [f"{mine.attempt_id}:{mine.version}"]},
+        follow=True,
+    )
+    assert "needs the operator role" in response.content.decode()
+    response = clients.operator.post(
+        "/queues/bulk/",
+        {
+            "action": "take",
+            "attempt": [f"{theirs.attempt_id}:{theirs.version}"],
+            "next": "https://evil.example/",
+        },
+    )
+    assert response.url == "/queues/unknown/"
+    assert Attempt.objects.get(pk=theirs.pk).owner == world.outsider
+    assert Attempt.objects.get(pk=mine.pk).owner == world.triage
+    assert clients.operator.post("/queues/bulk/", {"action": "explode"}).status_code == 400
+    assert clients.operator.get("/queues/bulk/").status_code == 405
+
+
+@pytest.mark.parametrize(
+    "query", ["/queues/unknown/", "/queues/all/", "/queues/unknown/?owner=me&sort=newest"]
+)
+def test_queue_lanes_are_ordered_index_ranges_on_sqlite(world, clients, query):
+    """Each lane must read an index in order (no table scan, no sort of the whole state)."""
+    if connection.vendor != "sqlite":
+        pytest.skip("query plans are checked on SQLite")
+    from attempts.models import Membership
+
+    Membership.objects.create(user=world.triage, tenant=world.globex, role="operator")
+    make_unknown(world)
+    with CaptureQueriesContext(connection) as queries:
+        clients.triage.get(query)
+    lanes = [
+        q["sql"]
+        for q in queries.captured_queries
+        if q["sql"].startswith('SELECT "attempts_attempt"."created_at" AS "created_at", ')
+    ]
+    assert lanes
+    with connection.cursor() as cursor:
+        for sql in lanes:
+            cursor.execute("EXPLAIN QUERY PLAN " + sql)
+            plan = " | ".join(str(row[-1]) for row in cursor.fetchall())
+            assert "USING COVERING INDEX attempt_" in plan, plan
+            assert "TEMP B-TREE" not in plan, plan
+
+
+def test_the_poll_of_a_later_page_stays_on_that_page(world, clients, monkeypatch):
+    monkeypatch.setattr(queues, "PAGE_SIZE", 2)
+    made = [make_unknown(world) for _ in range(5)]
+    first = clients.operator.get("/queues/unknown/")
+    second_url = first.context["next_url"]
+    poll = clients.operator.get(second_url, headers={"HX-Request": "true"})
+    body = poll.content.decode()
+    assert f'hx-get="{second_url.replace("&", "&amp;")}"' in body
+    assert ids_in(poll) == ids_in(clients.operator.get(second_url))
+    assert ids_in(poll) == [a.attempt_id for a in made[2:4]]

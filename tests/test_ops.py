@@ -1,0 +1,164 @@
+"""/healthz and /metrics."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from django.utils import timezone
+
+from attempts import ledger
+from attempts.models import State
+from attempts.states import Actor
+from reconciliation.models import WorkerHeartbeat
+
+pytestmark = pytest.mark.django_db
+
+
+def beat(seconds_ago: float, worker: str = "w1") -> None:
+    now = timezone.now()
+    WorkerHeartbeat.objects.update_or_create(
+        worker_id=worker,
+        defaults={
+            "hostname": "h",
+            "pid": 1,
+            "started_at": now,
+            "last_seen": now - dt.timedelta(seconds=seconds_ago),
+            "lookups_total": 7,
+            "settled_total": 3,
+        },
+    )
+
+
+def test_healthz_needs_a_fresh_worker_heartbeat(client) -> None:
+    missing = client.get("/healthz")
+    assert (missing.status_code, missing.json()["worker"]) == (503, "missing")
+    beat(5)
+    ok = client.get("/healthz")
+    assert (ok.status_code, ok.json()["status"], ok.json()["database"]) == (200, "ok", "ok")
+    beat(600)
+    stale = client.get("/healthz")
+    assert (stale.status_code, stale.json()["worker"]) == (503, "stale")
+
+
+def test_healthz_without_worker_requirement(client, settings) -> None:
+    settings.OPS = {**settings.OPS, "HEALTHZ_REQUIRE_WORKER": False}
+    assert client.get("/healthz").status_code == 200
+
+
+def parse(text: str) -> dict[str, float]:
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            samples[name] = float(value)
+    return samples
+
+
+def test_metrics_counts_attempts_by_state_tenant_and_tool(client, world) -> None:
+    agent = Actor.agent("a")
+    for n in range(3):
+        attempt, _ = ledger.record_intent(
+            tenant="acme",
+            task_id="t",
+            tool_name="open_ticket",
+            idempotency_key=f"k{n}",
+            args={"n": n},
+            actor=agent,
+        )
+    ledger.claim_dispatch(attempt, actor=agent)
+    ledger.mark_unknown(attempt, reason="timeout", actor=agent)
+    confirmed, _ = ledger.record_intent(
+        tenant="acme",
+        task_id="t",
+        tool_name="open_ticket",
+        idempotency_key="done",
+        args={},
+        actor=agent,
+    )
+    ledger.claim_dispatch(confirmed, actor=agent)
+    ledger.confirm(confirmed, result_ref="r", actor=agent)
+    beat(2)
+    response = client.get("/metrics", REMOTE_ADDR="127.0.0.1")
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/plain; version=0.0.4")
+    samples = parse(response.content.decode())
+    assert samples['ledger_attempts{state="INTENT_RECORDED",tenant="acme"}'] == 2
+    assert samples['ledger_attempts{state="UNKNOWN",tenant="acme"}'] == 1
+    assert (
+        samples['ledger_open_attempts{state="INTENT_RECORDED",tenant="acme",tool="open_ticket"}']
+        == 2
+    )
+    assert samples['ledger_open_attempts{state="UNKNOWN",tenant="acme",tool="open_ticket"}'] == 1
+    assert samples['ledger_attempts{state="OUTCOME_CONFIRMED",tenant="acme"}'] == 1
+    assert not [name for name in samples if "OUTCOME_CONFIRMED" in name and "open" in name]
+    assert samples["ledger_unknown_oldest_age_seconds"] >= 0
+    assert samples["ledger_workers_alive"] == 1
+    assert samples["ledger_reconcile_lookups_total"] == 7
+    assert samples['ledger_worker_heartbeat_age_seconds{worker="w1"}'] >= 2
+    assert "# TYPE ledger_reconcile_lag_seconds gauge" in response.content.decode()
+    assert State.UNKNOWN in response.content.decode()
+
+
+def test_reconcile_lag_reports_overdue_work(client, world) -> None:
+    attempt, _ = ledger.record_intent(
+        tenant="acme",
+        task_id="t",
+        tool_name="open_ticket",
+        idempotency_key="k",
+        args={},
+        actor=Actor.agent("a"),
+    )
+    type(attempt).objects.filter(pk=attempt.pk).update(
+        next_check_at=timezone.now() - dt.timedelta(seconds=90)
+    )
+    samples = parse(client.get("/metrics", REMOTE_ADDR="127.0.0.1").content.decode())
+    assert samples["ledger_reconcile_lag_seconds"] >= 90
+    assert samples["ledger_reconcile_due_attempts"] == 1
+
+
+def test_metrics_from_elsewhere_needs_the_metrics_token(client, settings) -> None:
+    assert client.get("/metrics", REMOTE_ADDR="10.0.0.5").status_code == 403
+    settings.OPS = {**settings.OPS, "METRICS_TOKEN": "s3cret-metrics"}
+    wrong = client.get("/metrics", REMOTE_ADDR="10.0.0.5", headers={"Authorization": "Bearer no"})
+    assert wrong.status_code == 403
+    right = client.get(
+        "/metrics", REMOTE_ADDR="10.0.0.5", headers={"Authorization": "Bearer s3cret-metrics"}
+    )
+    assert right.status_code == 200
+    settings.OPS = {**settings.OPS, "METRICS_ALLOW_LOOPBACK": False}
+    assert client.get("/metrics", REMOTE_ADDR="127.0.0.1").status_code == 403
+
+
+def test_metrics_count_recent_lookup_answers_by_kind(client, world) -> None:
+    from attempts.states import append_event, write_transaction
+
+    attempt, _ = ledger.record_intent(
+        tenant="acme",
+        task_id="t",
+        tool_name="open_ticket",
+        idempotency_key="k",
+        args={},
+        actor=Actor.agent("a"),
+    )
+    worker = Actor.worker("w1")
+    with write_transaction():
+        for answer in ("found", "unavailable", "unavailable", "not_found"):
+            append_event(
+                attempt,
+                action="attempt.lookup",
+                actor=worker,
+                details={"lookup": {"answer": answer, "latency_ms": 3}},
+            )
+        # Not a lookup, and an agent's event: neither is counted.
+        append_event(attempt, action="attempt.note", actor=worker, details={"x": 1})
+        append_event(
+            attempt,
+            action="attempt.lookup",
+            actor=Actor.agent("a"),
+            details={"lookup": {"answer": "found"}},
+        )
+    samples = parse(client.get("/metrics", REMOTE_ADDR="127.0.0.1").content.decode())
+    assert samples['ledger_reconcile_lookup_answers_recent{answer="found"}'] == 1
+    assert samples['ledger_reconcile_lookup_answers_recent{answer="unavailable"}'] == 2
+    assert samples['ledger_reconcile_lookup_answers_recent{answer="not_found"}'] == 1
