@@ -102,8 +102,9 @@ class Actor:
 
 def lock_ledger() -> None:
     """Take the ledger write lock for the current transaction (a no-op outside PostgreSQL,
-    where SQLite's ``BEGIN IMMEDIATE`` already holds the database write lock)."""
-    if connection.vendor == "postgresql":
+    where SQLite's ``BEGIN IMMEDIATE`` already holds the database write lock). Inside
+    ``write_transaction()`` the lock is already held and this asks the server nothing."""
+    if connection.vendor == "postgresql" and not getattr(connection, "_ledger_lock_held", False):
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_PG_LOCK_KEY])
 
@@ -112,8 +113,17 @@ def lock_ledger() -> None:
 def write_transaction() -> Iterator[None]:
     """A transaction for ledger writes, holding the write lock from its first statement."""
     with transaction.atomic():
+        outermost = not getattr(connection, "_ledger_lock_held", False)
         lock_ledger()
-        yield
+        if outermost:
+            # The advisory lock lasts until the transaction ends; remember it so the moves and
+            # events inside don't ask again (it is forgotten on leaving, whatever happens).
+            connection._ledger_lock_held = True
+        try:
+            yield
+        finally:
+            if outermost:
+                connection._ledger_lock_held = False
 
 
 def _require_write_transaction() -> None:

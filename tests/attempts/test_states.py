@@ -154,3 +154,17 @@ def test_events_are_chained_in_order(world):
     assert events[0].prev_hash == "0" * 64
     for before, after in zip(events, events[1:], strict=False):
         assert after.prev_hash == before.hash
+
+
+def test_postgresql_takes_the_ledger_lock_once_per_write_transaction(world):
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL only")
+    from django.test.utils import CaptureQueriesContext
+
+    attempt = _intent(world)
+    with CaptureQueriesContext(connection) as queries:
+        ledger.claim_dispatch(attempt, actor=world.agent)
+        ledger.attach_provider_request(attempt, "req-1", actor=world.agent)
+    locks = [q for q in queries.captured_queries if "pg_advisory_xact_lock" in q["sql"]]
+    assert len(locks) == 2  # one per write transaction, none per move or event
+    assert not getattr(connection, "_ledger_lock_held", False)
