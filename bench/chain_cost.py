@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> None:
             prev_hash=audit.GENESIS,
             hash=uuid.uuid4().hex * 2,
         )
-        event.save(force_insert=True)
+        states._insert_row(event)  # the same INSERT the chained path uses
         return event
 
     variants = {"chain": (chained_append, real_lock), "no-chain": (unchained_append, real_lock)}
