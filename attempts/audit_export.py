@@ -19,7 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -238,6 +238,41 @@ def _csv_cell(expression: str) -> tuple[str, list[str]]:
     ]
 
 
+def _csv_cells(
+    free: Callable[[str], tuple[str, list[str]]], details: tuple[str, list[str]]
+) -> dict[str, tuple[str, list[str]]]:
+    """The CSV columns in order, each a format pattern and its SQL arguments. Ids, codes, actions
+    and states are written by ledgerweb itself (never a comma, a quote or a line break, and never
+    by agents or people): plain. Every free-text cell goes through ``free``; ``details`` is given
+    by the caller (the two line builders treat it differently)."""
+    v = _vendor_sql()
+    plain = "%%s"
+    cells: dict[str, tuple[str, list[str]]] = {
+        "event_id": (plain, ["e.id"]),
+        "attempt_id": (plain, ["a.attempt_id"]),
+        "action": (plain, ["e.action"]),
+        "actor_kind": (plain, ["e.actor_kind"]),
+        "actor": free("e.actor"),
+        "from_state": (plain, ["e.from_state"]),
+        "to_state": (plain, ["e.to_state"]),
+        "reason": free("e.reason"),
+        "details": details,
+        # UTC as "YYYY-MM-DD HH:MM:SS.ffffff", which spreadsheets read as a time (SQLite's own
+        # text; the verifier reads it back into the chain's form).
+        "created_at": (plain, [v["csv_time"]]),
+        "prev_hash": (plain, ["e.prev_hash"]),
+        "hash": (plain, ["e.hash"]),
+        "tenant": free("a.tenant_id"),
+        "tool_name": free("a.tool_name"),
+        "idempotency_key": free("a.idempotency_key"),
+        "attempt_state": (plain, ["a.state"]),
+        "provider_request_id": free("a.provider_request_id"),
+    }
+    if tuple(cells) != CSV_COLUMNS:
+        raise AssertionError("CSV columns out of step with verify_export.CSV_COLUMNS")
+    return cells
+
+
 def _csv_line_sql() -> str:
     """Each CSV line as three columns: the cells before ``details``, ``details`` itself (with
     the formula tick when needed, quotes not yet doubled), and the cells after it.
@@ -247,32 +282,7 @@ def _csv_line_sql() -> str:
     them is far cheaper in Python (``str.replace``) than in SQL (``replace()``), see stream_csv.
     """
     v = _vendor_sql()
-    plain = "%%s"
-    # Ids, codes and states are written by ledgerweb itself (never by agents or people): no
-    # quoting, no formula check; every free-text cell is escaped.
-    cells: dict[str, tuple[str, list[str]]] = {
-        "event_id": (plain, ["e.id"]),
-        "attempt_id": (plain, ["a.attempt_id"]),
-        "action": (plain, ["e.action"]),
-        "actor_kind": (plain, ["e.actor_kind"]),
-        "actor": _csv_cell("e.actor"),
-        "from_state": (plain, ["e.from_state"]),
-        "to_state": (plain, ["e.to_state"]),
-        "reason": _csv_cell("e.reason"),
-        "details": ("", []),
-        # UTC as "YYYY-MM-DD HH:MM:SS.ffffff", which spreadsheets read as a time (SQLite's own
-        # text; the verifier reads it back into the chain's form).
-        "created_at": (plain, [v["csv_time"]]),
-        "prev_hash": (plain, ["e.prev_hash"]),
-        "hash": (plain, ["e.hash"]),
-        "tenant": _csv_cell("a.tenant_id"),
-        "tool_name": _csv_cell("a.tool_name"),
-        "idempotency_key": _csv_cell("a.idempotency_key"),
-        "attempt_state": (plain, ["a.state"]),
-        "provider_request_id": _csv_cell("a.provider_request_id"),
-    }
-    if tuple(cells) != CSV_COLUMNS:
-        raise AssertionError("CSV columns out of step with verify_export.CSV_COLUMNS")
+    cells = _csv_cells(_csv_cell, ("", []))
     names = list(cells)
     split = names.index("details")
 
@@ -314,31 +324,7 @@ def _csv_fast_sql() -> tuple[str, int]:
         )
         return f"{MARK}%%s%%s{MARK}", [tick, expression]
 
-    # Ids, actions, actor kinds and states are written by ledgerweb itself: never a comma, a
-    # quote or a line break, so they need no quoting (a tampered one breaks the row, which the
-    # verifier reports).
-    plain = "%%s"
-    cells: dict[str, tuple[str, list[str]]] = {
-        "event_id": (plain, ["e.id"]),
-        "attempt_id": (plain, ["a.attempt_id"]),
-        "action": (plain, ["e.action"]),
-        "actor_kind": (plain, ["e.actor_kind"]),
-        "actor": free("e.actor"),
-        "from_state": (plain, ["e.from_state"]),
-        "to_state": (plain, ["e.to_state"]),
-        "reason": free("e.reason"),
-        "details": free(v["details"]),
-        "created_at": (plain, [v["csv_time"]]),
-        "prev_hash": (plain, ["e.prev_hash"]),
-        "hash": (plain, ["e.hash"]),
-        "tenant": free("a.tenant_id"),
-        "tool_name": free("a.tool_name"),
-        "idempotency_key": free("a.idempotency_key"),
-        "attempt_state": (plain, ["a.state"]),
-        "provider_request_id": free("a.provider_request_id"),
-    }
-    if tuple(cells) != CSV_COLUMNS:
-        raise AssertionError("CSV columns out of step with verify_export.CSV_COLUMNS")
+    cells = _csv_cells(free, free(v["details"]))
     pattern = ",".join(p for p, _ in cells.values())
     arguments = ", ".join(arg for _, args in cells.values() for arg in args)
     return f"format('{pattern}', {arguments})", pattern.count(MARK)
