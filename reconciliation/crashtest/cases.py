@@ -67,21 +67,27 @@ def case_a(scene: Scene) -> None:
     scene.recovery_round()
 
 
-def case_b(scene: Scene) -> None:
-    """Killed after the dispatch claim (before the send, and after the request was sent); the
-    first recovery worker dies after its lookups answered, before deciding."""
-    specs = []
-    for point in ("dispatch_claimed", "request_sent"):
-        for tool in CASE_TOOLS:
-            specs.append({"calls": [tool_call(tool, f"b:{point}:{tool}", 2)], "crash_at": point})
+def _agents_killed_at(scene: Scene, case: str, points: tuple[str, ...], seq: int) -> None:
+    """One agent per tool and point, each SIGKILLed at its point; checks they all died there."""
+    specs = [
+        {"calls": [tool_call(tool, f"{case}:{point}:{tool}", seq)], "crash_at": point}
+        for point in points
+        for tool in CASE_TOOLS
+    ]
     results = scene.agents(*specs)
-    for point in ("dispatch_claimed", "request_sent"):
+    for point in points:
         _expect_killed(
             scene,
             [r for r, spec in zip(results, specs, strict=True) if spec["crash_at"] == point],
             point,
         )
     checkpoint_owned(scene, "after the kills")
+
+
+def case_b(scene: Scene) -> None:
+    """Killed after the dispatch claim (before the send, and after the request was sent); the
+    first recovery worker dies after its lookups answered, before deciding."""
+    _agents_killed_at(scene, "b", ("dispatch_claimed", "request_sent"), 2)
     _kill_a_reconciler(scene, "reconcile_looked_up")
     scene.recovery_round()
 
@@ -89,18 +95,7 @@ def case_b(scene: Scene) -> None:
 def case_c(scene: Scene) -> None:
     """Killed after the provider's response, before the outcome (and the request id) commit; the
     first recovery worker dies right after claiming its batch."""
-    specs = []
-    for point in ("response_received", "request_id_attached"):
-        for tool in CASE_TOOLS:
-            specs.append({"calls": [tool_call(tool, f"c:{point}:{tool}", 3)], "crash_at": point})
-    results = scene.agents(*specs)
-    for point in ("response_received", "request_id_attached"):
-        _expect_killed(
-            scene,
-            [r for r, spec in zip(results, specs, strict=True) if spec["crash_at"] == point],
-            point,
-        )
-    checkpoint_owned(scene, "after the kills")
+    _agents_killed_at(scene, "c", ("response_received", "request_id_attached"), 3)
     _kill_a_reconciler(scene, "reconcile_claimed")
     scene.recovery_round()
 
