@@ -112,6 +112,11 @@ def _databases() -> dict:
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": env_str("LEDGERWEB_SQLITE_PATH", str(DATA_DIR / "ledger.sqlite3")),
+            # Keep each thread's connection between requests: closing the last connection to a
+            # WAL database checkpoints it, and opening one re-runs the pragmas (together more
+            # than a whole intent's work).
+            "CONN_MAX_AGE": env_int("LEDGERWEB_DB_CONN_MAX_AGE", 60, minimum=0),
+            "CONN_HEALTH_CHECKS": True,
             "OPTIONS": {
                 # WAL for concurrent readers, FULL so a commit survives power loss before the next
                 # step acts on it, IMMEDIATE so a write transaction takes the lock at BEGIN and a
