@@ -11,7 +11,7 @@ import datetime as dt
 import hashlib
 from typing import Any
 
-import rfc8785
+from attempts import jcs
 
 GENESIS = "0" * 64
 CHAIN_FORMAT = 1
@@ -51,4 +51,4 @@ def event_payload(
 
 
 def payload_hash(payload: dict[str, Any]) -> str:
-    return hashlib.sha256(rfc8785.dumps(payload)).hexdigest()
+    return hashlib.sha256(jcs.dumps(payload)).hexdigest()

@@ -12,8 +12,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-import rfc8785
 from django.conf import settings
+
+from attempts import jcs
 
 MAX_DEPTH = 32
 
@@ -36,14 +37,14 @@ class CanonicalArgs:
 def canonical_bytes(value: Any) -> bytes:
     """RFC 8785 canonical JSON of ``value``; raises InvalidArguments for what JCS cannot carry."""
     try:
-        return rfc8785.dumps(value)
-    except rfc8785.IntegerDomainError as exc:
+        return jcs.dumps(value)
+    except jcs.IntegerDomainError as exc:
         raise InvalidArguments(
             f"integer out of the interoperable range (|n| <= 2**53 - 1): {exc}"
         ) from None
-    except rfc8785.FloatDomainError as exc:
+    except jcs.FloatDomainError as exc:
         raise InvalidArguments(f"number not representable in JSON: {exc}") from None
-    except (rfc8785.CanonicalizationError, TypeError, ValueError) as exc:
+    except (jcs.CanonicalizationError, TypeError, ValueError) as exc:
         raise InvalidArguments(f"arguments are not JSON: {exc}") from None
 
 

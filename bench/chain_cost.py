@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> None:
         states._require_write_transaction()
         states.lock_ledger()
         now = now or timezone.now()
-        details = states._jsonable(details or {})
+        details = details or {}
         event = AttemptEvent(
             attempt=attempt,
             action=action,

@@ -71,8 +71,7 @@ def api_calls(n: int, prefix: str) -> float:
 
 def raw_calls(db_path: Path, n: int, prefix: str) -> float:
     """The same rows with sqlite3: what the write path costs at the least."""
-    import rfc8785
-
+    from attempts import jcs
     from attempts.audit import event_payload, format_time, payload_hash
     from attempts.models import new_attempt_id
 
@@ -134,7 +133,7 @@ def raw_calls(db_path: Path, n: int, prefix: str) -> float:
         import datetime as dt
 
         args = {"contact": i, "stage": "won", "note": "closed by agent"}
-        canonical = rfc8785.dumps(args)
+        canonical = jcs.dumps(args)  # the ledger's own canonical encoder
         args_hash = hashlib.sha256(canonical).hexdigest()
         attempt_id = new_attempt_id()
         now = format_time(dt.datetime.now(dt.UTC))

@@ -1,0 +1,82 @@
+"""RFC 8785 (JCS) canonical JSON bytes, fast for the values the ledger hashes on every write.
+
+The ``rfc8785`` package is the reference here, and it is pure Python: one intent spent a
+quarter of its CPU in it (the args hash and the chain hash of the first event). Most values
+are plain: objects with string keys, arrays, strings, booleans, null and integers in the
+interoperable range. For those, the standard library's C encoder with sorted keys and no
+whitespace writes exactly JCS's bytes:
+
+- key order: Python compares code points, JCS compares UTF-16 code units; the two orders differ
+  only between a character above U+FFFF and one in U+E000..U+FFFF, so keys with characters above
+  U+FFFF go to the reference;
+- strings: both escape ``"``, ``\\``, the five short control escapes and the other control
+  characters as lowercase ``\\u00xx``, and write everything else as UTF-8 (a lone surrogate fails
+  the UTF-8 encoding, and then the reference gives its own error);
+- integers within +-(2**53 - 1) print the same in both.
+
+Everything else (floats, which JCS prints the ECMAScript way; larger integers; subclasses of
+int; keys above U+FFFF) goes through ``rfc8785`` unchanged. The differential tests in
+``tests/attempts/test_jcs.py`` hold both paths to the same bytes on generated values.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import rfc8785
+
+CanonicalizationError = rfc8785.CanonicalizationError
+IntegerDomainError = rfc8785.IntegerDomainError
+FloatDomainError = rfc8785.FloatDomainError
+
+_INT_LIMIT = 2**53 - 1
+# Deeper values are rare and take the reference path (which has no depth shortcut to trip).
+_FAST_DEPTH = 64
+
+_encode = json.JSONEncoder(
+    ensure_ascii=False,
+    sort_keys=True,
+    separators=(",", ":"),
+    allow_nan=False,
+).encode
+
+
+def _astral(text: str) -> bool:
+    return any(ord(char) > 0xFFFF for char in text)
+
+
+def _plain(value: Any, depth: int = 0) -> bool:
+    """Whether ``value`` is made only of what the C encoder writes exactly as JCS does."""
+    kind = type(value)
+    if kind is str or kind is bool or value is None:
+        return True
+    if kind is int:
+        return -_INT_LIMIT <= value <= _INT_LIMIT
+    if depth >= _FAST_DEPTH:
+        return False
+    if kind is dict:
+        for key, item in value.items():
+            if not isinstance(key, str) or (not key.isascii() and _astral(key)):
+                return False
+            if not _plain(item, depth + 1):
+                return False
+        return True
+    if kind is list or kind is tuple:
+        for item in value:
+            if not _plain(item, depth + 1):
+                return False
+        return True
+    # A str subclass (the ledger's state and actor-kind enums) is written from its characters by
+    # both encoders; int subclasses and everything else go to the reference.
+    return isinstance(value, str)
+
+
+def dumps(value: Any) -> bytes:
+    """The RFC 8785 canonical JSON of ``value``; raises what ``rfc8785.dumps`` raises."""
+    if _plain(value):
+        try:
+            return _encode(value).encode("utf-8")
+        except UnicodeEncodeError:
+            pass  # a lone surrogate: let the reference refuse it in its own words
+    return rfc8785.dumps(value)

@@ -1,0 +1,122 @@
+"""attempts.jcs: the fast path writes exactly the reference's (rfc8785) bytes, or defers to it."""
+
+import enum
+
+import pytest
+import rfc8785
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attempts import jcs
+
+# Characters from every region that matters to JCS: controls (escaped), quotes and backslashes,
+# ASCII, U+E000..U+FFFF (where code point and UTF-16 order disagree with astral characters),
+# astral characters, and (in the surrogate strategy) lone surrogates.
+interesting_text = st.text(
+    alphabet=st.one_of(
+        st.characters(min_codepoint=0, max_codepoint=0x7F),
+        st.sampled_from(['"', "\\", "\b", "\f", "\n", "\r", "\t", "\x00", "\x1f", "\x7f"]),
+        st.characters(min_codepoint=0x80, max_codepoint=0xD7FF),
+        st.characters(min_codepoint=0xE000, max_codepoint=0xFFFF),
+        st.characters(min_codepoint=0x10000, max_codepoint=0x10FFFF),
+    ),
+    max_size=12,
+)
+integers = st.one_of(
+    st.integers(min_value=-(2**53) + 1, max_value=2**53 - 1),
+    st.sampled_from([2**53 - 1, -(2**53) + 1, 2**53, -(2**53), 2**64, 0]),
+)
+scalars = st.one_of(
+    st.none(), st.booleans(), integers, interesting_text, st.floats(allow_nan=False)
+)
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=5),
+        st.dictionaries(interesting_text, inner, max_size=6),
+    ),
+    max_leaves=30,
+)
+
+
+DEEP: list = [1]
+for _ in range(70):
+    DEEP = [DEEP]
+
+
+def outcome(function, value):
+    try:
+        return ("ok", function(value))
+    except (rfc8785.CanonicalizationError, ValueError) as exc:
+        # rfc8785 refuses a lone surrogate in a key with the codec's UnicodeEncodeError.
+        return ("error", type(exc).__name__)
+
+
+@settings(max_examples=600, deadline=None)
+@given(values)
+def test_fast_path_matches_the_reference_on_generated_values(value):
+    assert outcome(jcs.dumps, value) == outcome(rfc8785.dumps, value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(interesting_text, st.integers(-5, 5), min_size=2, max_size=8))
+def test_key_order_matches_utf16_order_including_astral_keys(value):
+    assert jcs.dumps(value) == rfc8785.dumps(value)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"\U0001f600": 1, "\ufb33": 2, "a": 3},  # astral vs U+FB33: the orders differ here
+        {"k": "\ud800"},  # lone surrogate in a value
+        {"\udfff": 1},  # lone surrogate in a key
+        {"n": 2**53},  # beyond the interoperable range
+        {"n": -(2**53)},
+        {"f": 1.0, "g": 1e21, "h": -0.0, "i": 5e-324},
+        {"t": (1, 2, [3, (4,)])},
+        {"deep": DEEP},
+        "",
+        "\x00\x1f\x7f\u2028\u2029",
+        True,
+        None,
+        [],
+        {},
+    ],
+)
+def test_edge_values_match_the_reference(value):
+    assert outcome(jcs.dumps, value) == outcome(rfc8785.dumps, value)
+
+
+class Colour(enum.IntEnum):
+    RED = 1
+
+
+class Label(enum.StrEnum):
+    A = "a\n"
+
+
+def test_int_subclasses_take_the_reference_path():
+    value = {"c": Colour.RED, "b": [True, False]}
+    assert jcs.dumps(value) == rfc8785.dumps(value) == b'{"b":[true,false],"c":1}'
+    assert not jcs._plain(value)
+
+
+def test_str_subclasses_are_written_from_their_characters_on_the_fast_path():
+    value = {"l": Label.A, Label.A: [Label.A]}
+    assert jcs._plain(value)
+    assert jcs.dumps(value) == rfc8785.dumps(value) == b'{"a\\n":["a\\n"],"l":"a\\n"}'
+
+
+
+def test_plain_values_take_the_fast_path():
+    value = {"title": "Printer on fire", "n": [1, -2, None, True], "nested": {"é": "ü\n"}}
+    assert jcs._plain(value)
+    assert jcs.dumps(value) == rfc8785.dumps(value)
+
+
+def test_refusals_are_the_references():
+    for value in ({"x": float("nan")}, {"x": float("inf")}, {"x": 2**60}, {"x": "\ud800"}):
+        with pytest.raises(rfc8785.CanonicalizationError):
+            jcs.dumps(value)
+    with pytest.raises(rfc8785.CanonicalizationError):
+        jcs.dumps({1: "non-string key"})
