@@ -219,20 +219,24 @@ def record_intent(
             raise NotGranted(str(exc), code=exc.code) from None
         raise
 
+    def create() -> Attempt:
+        return states.create(
+            state=State.INTENT_RECORDED,
+            actor=actor,
+            tenant_id=tenant,
+            task_id=task_id,
+            tool_name=tool_name,
+            idempotency_key=idempotency_key,
+            args=normalized.value,
+            args_hash=normalized.args_hash,
+            policy_version=auth.policy_version,
+            credential_scope=auth.scopes,
+        )
+
     try:
-        with write_transaction():
-            attempt = states.create(
-                state=State.INTENT_RECORDED,
-                actor=actor,
-                tenant_id=tenant,
-                task_id=task_id,
-                tool_name=tool_name,
-                idempotency_key=idempotency_key,
-                args=normalized.value,
-                args_hash=normalized.args_hash,
-                policy_version=auth.policy_version,
-                credential_scope=auth.scopes,
-            )
+        # Concurrent intents in this process share one transaction and one durable commit;
+        # this returns only once this intent's commit is done.
+        attempt = states.group_commit.run(create)
     except IntegrityError:
         # The key is already recorded: a replay of the same intent, a race, or a conflict.
         existing = Attempt.objects.filter(idempotency_key=idempotency_key).first()
