@@ -12,6 +12,7 @@ import contextlib
 import datetime as dt
 import fcntl
 import functools
+import logging
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -19,14 +20,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, models, transaction
+from django.db import DatabaseError, connection, models, transaction
 from django.db.models import F
 from django.db.models.expressions import CombinedExpression
 from django.utils import timezone
 
 from attempts import audit
-from attempts.canonical import canonical_bytes, hash_bytes
+from attempts.canonical import InvalidArguments, canonical_bytes, hash_bytes
 from attempts.models import ATTENTION_STATES, ActorKind, Attempt, AttemptEvent, State
+
+log = logging.getLogger("ledgerweb.ledger")
 
 S = State
 LEGAL_MOVES: dict[str, frozenset[str]] = {
@@ -171,6 +174,30 @@ def write_transaction() -> Iterator[None]:
     else:
         with _writer_queue.hold(database), _ledger_transaction():
             yield
+        _checkpoint_now_and_then()
+
+
+# Ledger write transactions this process commits between two WAL checkpoints of its own.
+CHECKPOINT_EVERY = 200
+_commits_since_checkpoint = 0
+
+
+def _checkpoint_now_and_then() -> None:
+    """Copy the WAL back into the database every CHECKPOINT_EVERY ledger commits, after the
+    writer queue is released. SQLite's automatic checkpoint would run inside the commit that
+    crosses its threshold, while the writer holds the queue; PASSIVE never waits for readers
+    or writers. A failed checkpoint is only logged: the next one (or SQLite's automatic
+    backstop, ``wal_autocheckpoint`` in settings) copies the same frames."""
+    global _commits_since_checkpoint
+    _commits_since_checkpoint += 1
+    if _commits_since_checkpoint < CHECKPOINT_EVERY:
+        return
+    _commits_since_checkpoint = 0
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("PRAGMA wal_checkpoint(PASSIVE)")
+    except DatabaseError as exc:
+        log.warning("WAL checkpoint failed (the next one retries): %s", exc)
 
 
 @contextlib.contextmanager
@@ -300,55 +327,125 @@ def _chain_hash(payload: dict[str, Any]) -> str:
     return hash_bytes(canonical_bytes(payload))
 
 
-def append_event(
-    attempt: Attempt,
-    *,
-    action: str,
-    actor: Actor,
-    from_state: str = "",
-    to_state: str = "",
-    reason: str = "",
-    details: dict[str, Any] | None = None,
-    now: dt.datetime | None = None,
-) -> AttemptEvent:
-    """Append one chained event to the attempt's history (inside a write transaction)."""
+class ChainedEvent:
+    """An event made ready for the chain before the write lock is taken: its row values and hash
+    payload are complete but for its place in the chain (the previous hash, its own hash and,
+    for an attempt's first event, the attempt's new id). ``write()`` then does only what must
+    happen under the lock: read the chain head, hash, insert."""
+
+    __slots__ = ("event", "payload", "values")
+
+    def __init__(
+        self,
+        attempt: Attempt,
+        *,
+        action: str,
+        actor: Actor,
+        from_state: str = "",
+        to_state: str = "",
+        reason: str = "",
+        details: dict[str, Any] | None = None,
+        now: dt.datetime | None = None,
+    ) -> None:
+        now = now or timezone.now()
+        details = details or {}
+        self.payload = audit.event_payload(
+            attempt_id=attempt.attempt_id,
+            action=action,
+            actor_kind=actor.kind,
+            actor=actor.name,
+            from_state=from_state,
+            to_state=to_state,
+            reason=reason,
+            details=details,
+            created_at=now,
+            prev_hash="",
+        )
+        self.event = AttemptEvent(
+            attempt_id=attempt.pk,
+            action=action,
+            actor_kind=actor.kind,
+            actor=actor.name,
+            from_state=from_state,
+            to_state=to_state,
+            reason=reason,
+            details=details,
+            created_at=now,
+        )
+        try:
+            self.values = _row_values(self.event)
+        except (TypeError, ValueError) as exc:
+            raise InvalidArguments(f"event details are not JSON: {exc}") from None
+
+    def write(self, cursor, attempt_pk: int | None = None) -> AttemptEvent:
+        """Link the event to the chain head and insert it (inside a write transaction)."""
+        pk, prev_hash, digest = _chain_values(cursor, self.values, self.payload, attempt_pk)
+        self.finish(pk, prev_hash, digest, attempt_pk)
+        return self.event
+
+    def finish(self, pk: int, prev_hash: str, digest: str, attempt_pk: int | None) -> None:
+        """Give the event instance what its insert decided."""
+        event = self.event
+        if attempt_pk is not None:
+            event.attempt_id = attempt_pk
+        event.prev_hash, event.hash, event.pk = prev_hash, digest, pk
+        event._state.adding = False
+        event._state.db = "default"
+
+
+def _chain_values(
+    cursor, values: list[Any], payload: dict[str, Any], attempt_pk: int | None = None
+) -> tuple[int, str, str]:
+    """Insert an event row from its prepared values at the head of the chain (inside a write
+    transaction): read the head, hash the payload with it, insert. Returns (pk, prev, hash)."""
+    cursor.execute(_head_sql())
+    row = cursor.fetchone()
+    prev_hash = row[0] if row else audit.GENESIS
+    payload["prev_hash"] = prev_hash
+    digest = _chain_hash(payload)
+    _, _, slots = _event_slots(connection.vendor)
+    if attempt_pk is not None:
+        values[slots[0]] = attempt_pk
+    values[slots[1]] = prev_hash
+    values[slots[2]] = digest
+    return _insert_values(cursor, AttemptEvent, values), prev_hash, digest
+
+
+def write_new_attempt(
+    cursor, attempt_values: list[Any], event_values: list[Any], payload: dict[str, Any]
+) -> tuple[int, int, str, str]:
+    """Insert a new attempt and its first, chained event from values prepared outside the lock
+    (inside a write transaction). Returns (attempt pk, event pk, previous hash, event hash)."""
     _require_write_transaction()
     lock_ledger()
-    now = now or timezone.now()
-    details = details or {}
+    attempt_pk = _insert_values(cursor, Attempt, attempt_values)
+    event_pk, prev_hash, digest = _chain_values(cursor, event_values, payload, attempt_pk)
+    return attempt_pk, event_pk, prev_hash, digest
+
+
+@functools.cache
+def _head_sql() -> str:
+    table = connection.ops.quote_name(AttemptEvent._meta.db_table)
+    return f"SELECT hash FROM {table} ORDER BY id DESC LIMIT 1"  # noqa: S608
+
+
+@functools.cache
+def _event_slots(vendor: str) -> tuple[str, tuple, tuple[int, int, int]]:
+    """Where the attempt id, previous hash and hash sit in an event's INSERT values."""
+    sql, plan, _ = _insert_plan(AttemptEvent, vendor)
+    names = [attname for attname, _ in plan]
+    return sql, plan, (names.index("attempt_id"), names.index("prev_hash"), names.index("hash"))
+
+
+def append_event(attempt: Attempt, **event: Any) -> AttemptEvent:
+    """Append one chained event to the attempt's history (inside a write transaction). Takes
+    ``action``, ``actor`` and optionally ``from_state``, ``to_state``, ``reason``, ``details``
+    and ``now``."""
+    _require_write_transaction()
+    lock_ledger()
+    chained = ChainedEvent(attempt, **event)
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT hash FROM {AttemptEvent._meta.db_table} ORDER BY id DESC LIMIT 1"  # noqa: S608
-        )
-        row = cursor.fetchone()
-    prev_hash = row[0] if row else audit.GENESIS
-    payload = audit.event_payload(
-        attempt_id=attempt.attempt_id,
-        action=action,
-        actor_kind=actor.kind,
-        actor=actor.name,
-        from_state=from_state,
-        to_state=to_state,
-        reason=reason,
-        details=details,
-        created_at=now,
-        prev_hash=prev_hash,
-    )
-    event = AttemptEvent(
-        attempt=attempt,
-        action=action,
-        actor_kind=actor.kind,
-        actor=actor.name,
-        from_state=from_state,
-        to_state=to_state,
-        reason=reason,
-        details=details,
-        created_at=now,
-        prev_hash=prev_hash,
-        hash=_chain_hash(payload),
-    )
-    _insert_row(event)
-    return event
+        return chained.write(cursor)
 
 
 # Fields whose Python value is not what the database driver takes as is.
@@ -372,22 +469,36 @@ def _insert_plan(model: type[models.Model], vendor: str) -> tuple[str, tuple, bo
     return sql, plan, returning
 
 
-def _insert_row(instance: models.Model) -> None:
-    """One INSERT of ``instance`` without the generic save() machinery: the hot path of every
-    ledger write. Values are the instance's own, prepared by their fields where the driver
+def _row_values(instance: models.Model) -> list[Any]:
+    """``instance``'s INSERT values in plan order, prepared by their fields where the driver
     needs it (timestamps, JSON)."""
-    sql, plan, returning = _insert_plan(type(instance), connection.vendor)
-    values = [
+    _, plan, _ = _insert_plan(type(instance), connection.vendor)
+    return [
         field.get_db_prep_save(getattr(instance, attname), connection)
         if field is not None
         else getattr(instance, attname)
         for attname, field in plan
     ]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, values)
-        instance.pk = cursor.fetchone()[0] if returning else cursor.lastrowid
+
+
+def _insert_values(cursor, model: type[models.Model], values: list[Any]) -> int:
+    sql, _, returning = _insert_plan(model, connection.vendor)
+    cursor.execute(sql, values)
+    return cursor.fetchone()[0] if returning else cursor.lastrowid
+
+
+def _execute_insert(cursor, instance: models.Model, values: list[Any]) -> None:
+    instance.pk = _insert_values(cursor, type(instance), values)
     instance._state.adding = False
     instance._state.db = "default"
+
+
+def _insert_row(instance: models.Model) -> None:
+    """One INSERT of ``instance`` without the generic save() machinery: the hot path of every
+    ledger write."""
+    values = _row_values(instance)
+    with connection.cursor() as cursor:
+        _execute_insert(cursor, instance, values)
 
 
 @functools.cache
@@ -421,51 +532,79 @@ def _owner_on_attention(attempt: Attempt, to_state: str, fields: dict[str, Any])
             fields["owner_id"] = owner_id
 
 
-def create(
-    *,
-    state: str,
-    actor: Actor,
-    reason: str = "",
-    details: dict[str, Any] | None = None,
-    now: dt.datetime | None = None,
-    **fields: Any,
-) -> Attempt:
-    """Create a new attempt in an initial state, with its first event."""
-    if state not in INITIAL_STATES:
-        raise TransitionError(f"an attempt cannot be created in {state}")
-    _require_write_transaction()
-    lock_ledger()
-    now = now or timezone.now()
-    attempt = Attempt(state=state, created_at=now, updated_at=now, **fields)
-    if "next_check_at" not in fields:
-        attempt.next_check_at = default_next_check(state, now)
-    extra: dict[str, Any] = {}
-    _owner_on_attention(attempt, state, extra)
-    if "owner_id" in extra:
-        attempt.owner_id = extra["owner_id"]
-    _insert_row(attempt)
-    record = {
-        "tenant": attempt.tenant_id,
-        "task_id": attempt.task_id,
-        "tool_name": attempt.tool_name,
-        "idempotency_key": attempt.idempotency_key,
-        "args_hash": attempt.args_hash,
-        "policy_version": attempt.policy_version,
-        "credential_scope": attempt.credential_scope,
-        "parent_attempt_id": attempt.parent.attempt_id if attempt.parent_id else None,
-    }
-    if attempt.owner_id:
-        record["owner_id"] = attempt.owner_id
-    append_event(
-        attempt,
-        action="attempt.created",
-        actor=actor,
-        to_state=state,
-        reason=reason,
-        details={**record, **(details or {})},
-        now=now,
-    )
-    return attempt
+class PreparedAttempt:
+    """A new attempt and its first event, built before the write lock is taken (row values,
+    defaults, owner, the event's payload) so that ``write()`` under the lock only inserts and
+    chains. ``write()`` runs once, inside a write transaction; it returns the saved attempt."""
+
+    __slots__ = ("attempt", "values", "first_event")
+
+    def __init__(
+        self,
+        *,
+        state: str,
+        actor: Actor,
+        reason: str = "",
+        details: dict[str, Any] | None = None,
+        now: dt.datetime | None = None,
+        **fields: Any,
+    ) -> None:
+        if state not in INITIAL_STATES:
+            raise TransitionError(f"an attempt cannot be created in {state}")
+        now = now or timezone.now()
+        attempt = Attempt(state=state, created_at=now, updated_at=now, **fields)
+        if "next_check_at" not in fields:
+            attempt.next_check_at = default_next_check(state, now)
+        extra: dict[str, Any] = {}
+        _owner_on_attention(attempt, state, extra)
+        if "owner_id" in extra:
+            attempt.owner_id = extra["owner_id"]
+        record = {
+            "tenant": attempt.tenant_id,
+            "task_id": attempt.task_id,
+            "tool_name": attempt.tool_name,
+            "idempotency_key": attempt.idempotency_key,
+            "args_hash": attempt.args_hash,
+            "policy_version": attempt.policy_version,
+            "credential_scope": attempt.credential_scope,
+            "parent_attempt_id": attempt.parent.attempt_id if attempt.parent_id else None,
+        }
+        if attempt.owner_id:
+            record["owner_id"] = attempt.owner_id
+        self.attempt = attempt
+        self.values = _row_values(attempt)
+        self.first_event = ChainedEvent(
+            attempt,
+            action="attempt.created",
+            actor=actor,
+            to_state=state,
+            reason=reason,
+            details={**record, **(details or {})},
+            now=now,
+        )
+
+    def write(self) -> Attempt:
+        with connection.cursor() as cursor:
+            written = write_new_attempt(
+                cursor, self.values, self.first_event.values, self.first_event.payload
+            )
+        return self.finish(*written)
+
+    def finish(self, attempt_pk: int, event_pk: int, prev_hash: str, digest: str) -> Attempt:
+        """Give the instances what the inserts decided (here, or in the intent writer)."""
+        attempt = self.attempt
+        attempt.pk = attempt_pk
+        attempt._state.adding = False
+        attempt._state.db = "default"
+        self.first_event.finish(event_pk, prev_hash, digest, attempt_pk)
+        return attempt
+
+
+def create(**fields: Any) -> Attempt:
+    """Create a new attempt in an initial state, with its first event (inside a write
+    transaction). Takes ``state``, ``actor``, optionally ``reason``, ``details``, ``now``, and
+    the attempt's fields."""
+    return PreparedAttempt(**fields).write()
 
 
 def _compare_and_set(attempt: Attempt, from_state: str, updates: dict[str, Any]) -> int:

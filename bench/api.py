@@ -97,13 +97,28 @@ def client_loop(args: tuple) -> dict:
     return {"ok": ok, "errors": errors, "created": created, "failures": failures[:5]}
 
 
+def cpu_times() -> tuple[int, int]:
+    """(busy, total) clock ticks of the whole machine so far, from /proc/stat (0, 0 elsewhere)."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = [int(v) for v in stat.readline().split()[1:]]
+    except OSError:
+        return 0, 0
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
 def run_phase(port: int, path: str, token: str, seconds: float, clients: int, phase: str) -> dict:
     with multiprocessing.get_context("spawn").Pool(clients) as pool:
+        # Start the clients, then measure: spawning the pool is not part of either phase.
+        pool.map(time.sleep, [0] * clients)
+        busy_before, total_before = cpu_times()
         started = time.monotonic()
         results = pool.map(
             client_loop, [(port, path, token, seconds, n, phase) for n in range(clients)]
         )
         elapsed = time.monotonic() - started
+        busy_after, total_after = cpu_times()
     total = {
         "ok": sum(r["ok"] for r in results),
         "errors": sum(r["errors"] for r in results),
@@ -112,6 +127,8 @@ def run_phase(port: int, path: str, token: str, seconds: float, clients: int, ph
     }
     total["rate"] = total["ok"] / seconds
     total["elapsed"] = elapsed
+    ticks = total_after - total_before
+    total["cpu_busy"] = (busy_after - busy_before) / ticks if ticks else float("nan")
     return total
 
 
@@ -242,8 +259,8 @@ def main() -> int:
     )
     for n, (b, a) in enumerate(zip(baseline, api, strict=True)):
         print(
-            f"  round {n + 1}: minimal JSON view {b['rate']:8.1f} req/s   "
-            f"intents {a['rate']:8.1f} /s"
+            f"  round {n + 1}: minimal JSON view {b['rate']:8.1f} req/s (CPU busy "
+            f"{b['cpu_busy']:.0%})   intents {a['rate']:8.1f} /s (CPU busy {a['cpu_busy']:.0%})"
         )
     print(f"minimal Django JSON view (baseline): {base_rate:8.1f} requests/s")
     print(f"POST /api/v1/attempts (intents):     {api_rate:8.1f} intents/s")

@@ -89,6 +89,9 @@ TEMPLATES = [
 ]
 
 
+WAL_AUTOCHECKPOINT_PAGES = 10000
+
+
 def _databases() -> dict:
     url = env_str("DATABASE_URL")
     if url:
@@ -125,6 +128,9 @@ def _databases() -> dict:
                     "PRAGMA journal_mode=WAL;"
                     "PRAGMA synchronous=FULL;"
                     f"PRAGMA busy_timeout={busy_ms};"
+                    # A backstop only: ledger writers checkpoint after their write lock is
+                    # released (attempts.states), not inside the commit that crosses the line.
+                    f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES};"
                     "PRAGMA foreign_keys=ON"
                 ),
                 "transaction_mode": "IMMEDIATE",

@@ -22,7 +22,10 @@ def test_sqlite_pragmas_really_apply():
         assert cursor.fetchone()[0] >= 5000
         cursor.execute("PRAGMA foreign_keys")
         assert cursor.fetchone()[0] == 1
+        cursor.execute("PRAGMA wal_autocheckpoint")
+        assert cursor.fetchone()[0] == 10000  # a backstop: ledger writers checkpoint themselves
     assert connection.transaction_mode == "IMMEDIATE"
+    assert connection.settings_dict["CONN_MAX_AGE"] > 0  # connections outlive a request
 
 
 @pytest.mark.django_db

@@ -255,3 +255,39 @@ def test_sqlite_writers_queue_on_a_lock_file_beside_the_database():
         fcntl.flock(probe, fcntl.LOCK_UN)
     finally:
         os.close(probe)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sqlite_checkpoints_run_after_the_writer_queue_is_released(monkeypatch):
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite only")
+    make_world()
+    monkeypatch.setattr(states, "CHECKPOINT_EVERY", 3)
+    monkeypatch.setattr(states, "_commits_since_checkpoint", 0)
+    lock_path = states._sqlite_file() + "-writers.lock"
+    seen = []
+
+    def watch(execute, sql, params, many, context):
+        if "wal_checkpoint" in sql:
+            probe = os.open(lock_path, os.O_RDWR)
+            try:
+                fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free: nobody holds it
+                fcntl.flock(probe, fcntl.LOCK_UN)
+                seen.append("free")
+            except BlockingIOError:
+                seen.append("held")
+            finally:
+                os.close(probe)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(watch):
+        for n in range(7):
+            ledger.record_intent(
+                tenant="acme",
+                task_id="checkpoint",
+                tool_name="open_ticket",
+                idempotency_key=f"group:checkpoint:{n}",
+                args={"n": n},
+                actor=AGENT,
+            )
+    assert seen == ["free", "free"]  # after the 3rd and the 6th commit, outside the queue
