@@ -18,7 +18,7 @@ from django.db import IntegrityError, connection
 from django.db.models import F
 from django.utils import timezone
 
-from attempts import authority, states
+from attempts import authority, states, writer
 from attempts.canonical import InvalidArguments, normalize_args
 from attempts.faults import crash_point, mutation
 from attempts.models import (
@@ -237,7 +237,9 @@ def record_intent(
     try:
         # Concurrent intents in this process share one transaction and one durable commit;
         # this returns only once this intent's commit is done.
-        attempt = states.group_commit.run(prepared.write)
+        # The intent writer (SQLite, when running) commits intents from every web worker
+        # together; without one, concurrent intents in this process share a commit.
+        attempt = writer.submit(prepared) or states.group_commit.run(prepared.write)
     except IntegrityError:
         # The key is already recorded: a replay of the same intent, a race, or a conflict.
         existing = Attempt.objects.filter(idempotency_key=idempotency_key).first()

@@ -154,7 +154,7 @@ class _WriterQueue:
 _writer_queue = _WriterQueue()
 
 
-def _sqlite_file() -> str | None:
+def sqlite_file() -> str | None:
     """The SQLite database file of ``connection``, or None (PostgreSQL, in-memory SQLite)."""
     if connection.vendor != "sqlite":
         return None
@@ -167,7 +167,7 @@ def _sqlite_file() -> str | None:
 @contextlib.contextmanager
 def write_transaction() -> Iterator[None]:
     """A transaction for ledger writes, holding the write lock from its first statement."""
-    database = None if connection.in_atomic_block else _sqlite_file()
+    database = None if connection.in_atomic_block else sqlite_file()
     if database is None:
         with _ledger_transaction():
             yield
@@ -275,32 +275,48 @@ class GroupCommit:
         return pending.outcome()
 
     def _commit(self, group: list[_Pending]) -> None:
-        try:
-            with write_transaction():
-                if len(group) == 1:
-                    # Alone: no savepoint; a failure rolls back the whole (one-piece) group.
-                    group[0].value = group[0].work()
-                else:
-                    for pending in group:
-                        try:
-                            with transaction.atomic():
-                                pending.value = pending.work()
-                        except Exception as exc:  # noqa: BLE001 (delivered to its caller)
-                            pending.error = exc
-                            pending.value = None
-        except BaseException as exc:
-            for pending in group:
-                if pending.error is None:
-                    pending.error = exc
-                    pending.value = None
-            if not isinstance(exc, Exception):
-                raise
-        else:
+        if commit_group(group):
             self.groups += 1
             self.pieces += len(group)
-        finally:
-            for pending in group:
-                pending.done = True
+
+
+def commit_group(group: list[_Pending]) -> bool:
+    """Run every piece of ``group`` in one write transaction, each in its own savepoint, and
+    commit once; each piece's value or error is set on it, and it is marked done. Returns
+    whether the transaction committed. A BaseException that is not an Exception (the process
+    is going down) fails every piece and propagates."""
+    try:
+        with write_transaction():
+            if len(group) == 1:
+                # Alone: no savepoint; a failure rolls back the whole (one-piece) group.
+                group[0].value = group[0].work()
+            else:
+                for pending in group:
+                    try:
+                        with transaction.atomic():
+                            pending.value = pending.work()
+                    except Exception as exc:  # noqa: BLE001 (delivered to its caller)
+                        pending.error = exc
+                        pending.value = None
+    except BaseException as exc:
+        for pending in group:
+            if pending.error is None:
+                pending.error = exc
+                pending.value = None
+        if not isinstance(exc, Exception):
+            raise
+        return False
+    finally:
+        for pending in group:
+            pending.done = True
+    return True
+
+
+def run_together(works: list[Callable[[], Any]]) -> list[_Pending]:
+    """``works`` as one group commit on this thread's connection; returns their outcomes."""
+    group = [_Pending(work) for work in works]
+    commit_group(group)
+    return group
 
 
 group_commit = GroupCommit()

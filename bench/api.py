@@ -279,6 +279,15 @@ def main() -> int:
     for phase in baseline + api:
         for failure in phase["failures"]:
             print("  failure:", failure)
+    writer_lines = [
+        line
+        for line in (data / "gunicorn.log").read_text(errors="replace").splitlines()
+        if "intent writer stopped" in line
+    ]
+    print(
+        "intent writer: "
+        + (writer_lines[-1].split("stopped: ", 1)[-1] if writer_lines else "not running")
+    )
     ok = errors == 0 and found == len(created) == stored
     if connection.vendor == "sqlite":
         shutil.rmtree(data, ignore_errors=True)

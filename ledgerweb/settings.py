@@ -249,6 +249,9 @@ LEDGER = {
     # Dashboard login throttling: this many failures per username and address lock it out.
     "LOGIN_MAX_FAILURES": env_int("LEDGERWEB_LOGIN_MAX_FAILURES", 5, minimum=1),
     "LOGIN_LOCK_SECONDS": env_int("LEDGERWEB_LOGIN_LOCK_SECONDS", 15 * 60, minimum=1),
+    # SQLite: web workers hand intents to the intent writer process (attempts/writer.py) when
+    # it is running; with this off they always record them themselves.
+    "INTENT_WRITER": env_bool("LEDGERWEB_INTENT_WRITER", True),
 }
 
 # Operations endpoints (docs/operations.md). /metrics answers loopback clients, or anyone sending

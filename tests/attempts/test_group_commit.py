@@ -239,7 +239,7 @@ def test_record_intent_from_many_threads_records_each_intent_once():
 def test_sqlite_writers_queue_on_a_lock_file_beside_the_database():
     if connection.vendor != "sqlite":
         pytest.skip("SQLite only: PostgreSQL queues writers on its advisory lock")
-    database = states._sqlite_file()
+    database = states.sqlite_file()
     assert database is not None
     with states.write_transaction():
         probe = os.open(database + "-writers.lock", os.O_RDWR)
@@ -264,7 +264,7 @@ def test_sqlite_checkpoints_run_after_the_writer_queue_is_released(monkeypatch):
     make_world()
     monkeypatch.setattr(states, "CHECKPOINT_EVERY", 3)
     monkeypatch.setattr(states, "_commits_since_checkpoint", 0)
-    lock_path = states._sqlite_file() + "-writers.lock"
+    lock_path = states.sqlite_file() + "-writers.lock"
     seen = []
 
     def watch(execute, sql, params, many, context):

@@ -107,7 +107,6 @@ def test_str_subclasses_are_written_from_their_characters_on_the_fast_path():
     assert jcs.dumps(value) == rfc8785.dumps(value) == b'{"a\\n":["a\\n"],"l":"a\\n"}'
 
 
-
 def test_plain_values_take_the_fast_path():
     value = {"title": "Printer on fire", "n": [1, -2, None, True], "nested": {"é": "ü\n"}}
     assert jcs._plain(value)

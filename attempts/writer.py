@@ -1,0 +1,318 @@
+"""The intent writer: one process that records the web workers' intents in shared commits.
+
+On the embedded SQLite database every ledger write takes one write lock and ends in a durable
+commit of about twenty pages. A web worker holds only a request or two at a time, so its own
+group commits (``states.GroupCommit``) stay small, and under load the lock holder shares the
+CPU with every other process. The writer is a single process on a Unix socket beside the
+database (``<database>-writer.sock``, mode 0600): a worker sends an intent already prepared
+outside the lock (its row values and first event, as JSON), the writer takes everything that
+has arrived, writes each piece in its own savepoint under one write transaction, commits once
+(``synchronous=FULL``), and only then answers each worker. It runs the same
+``states.write_new_attempt`` a worker would, under the same writer queue, so the chain and the
+lock order are the ledger's own.
+
+Nothing depends on the writer being there:
+
+- no writer (not started, stopped, crashed): the worker records the intent itself;
+- the writer dies or stalls after a request was sent: the worker cannot know whether the intent
+  was committed, so it records it itself. If the writer had committed it, the unique
+  idempotency key refuses the second insert and ``record_intent`` answers with the recorded
+  attempt, as for any replay. Never two rows, never a lost intent;
+- a piece the database refuses (the key is taken) is rolled back alone; the worker is told
+  ``integrity`` and takes the replay path; any other failure there makes the worker write the
+  intent itself (and meet the same error in its own words).
+
+PostgreSQL has no writer: its server groups concurrent commits itself.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import selectors
+import socket
+import threading
+import time
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, connection
+
+from attempts import states
+
+log = logging.getLogger("ledgerweb.writer")
+
+SOCKET_SUFFIX = "-writer.sock"
+MAX_FRAME = 8 * 1024 * 1024  # a prepared intent is its args (bounded) and a few hundred bytes
+REPLY_TIMEOUT = 30.0  # as long as a direct writer would wait for the lock (the busy timeout)
+RETRY_AFTER = 1.0  # how long a worker writes for itself after finding no writer
+
+
+def socket_path() -> str | None:
+    """The writer's socket for this process's database, or None (PostgreSQL, in-memory)."""
+    database = states.sqlite_file()
+    return database + SOCKET_SUFFIX if database else None
+
+
+def enabled() -> bool:
+    return settings.LEDGER.get("INTENT_WRITER", True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Framing: a 4-byte big-endian length, then that many bytes of UTF-8 JSON.
+
+
+def _frame(value: Any) -> bytes:
+    body = json.dumps(value, separators=(",", ":")).encode("utf-8")
+    return len(body).to_bytes(4, "big") + body
+
+
+def _read_exactly(sock: socket.socket, n: int) -> bytes:
+    chunks, got = [], 0
+    while got < n:
+        chunk = sock.recv(n - got)
+        if not chunk:
+            raise ConnectionError("the writer closed the connection")
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def _read_frame(sock: socket.socket) -> Any:
+    size = int.from_bytes(_read_exactly(sock, 4), "big")
+    if size > MAX_FRAME:
+        raise ConnectionError(f"a {size}-byte reply is not the writer's")
+    return json.loads(_read_exactly(sock, size))
+
+
+# ---------------------------------------------------------------------------------------------
+# The worker's side
+
+
+class _Connections(threading.local):
+    """Each thread's connection to the writer (a socket carries one request at a time)."""
+
+    sock: socket.socket | None = None
+    pid: int = 0
+    retry_at: float = 0.0
+
+
+_local = _Connections()
+submitted = 0  # intents this process recorded through the writer (tests and the bench)
+
+
+def _connection(path: str) -> socket.socket | None:
+    if _local.sock is not None and _local.pid == os.getpid():
+        return _local.sock
+    _local.sock = None
+    if time.monotonic() < _local.retry_at:
+        return None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(REPLY_TIMEOUT)
+    try:
+        sock.connect(path)
+    except OSError:
+        sock.close()
+        _local.retry_at = time.monotonic() + RETRY_AFTER
+        return None
+    _local.sock, _local.pid = sock, os.getpid()
+    return sock
+
+
+def _drop() -> None:
+    if _local.sock is not None:
+        try:
+            _local.sock.close()
+        except OSError:
+            pass
+    _local.sock = None
+
+
+def submit(prepared: states.PreparedAttempt):
+    """Record ``prepared`` through the writer. Returns the saved attempt; None when no writer
+    answered (the caller records it itself); raises IntegrityError when the database refused
+    it (the idempotency key or the attempt id is taken)."""
+    global submitted
+    if not enabled() or connection.in_atomic_block:
+        return None
+    path = socket_path()
+    if path is None:
+        return None
+    sock = _connection(path)
+    if sock is None:
+        return None
+    event = prepared.first_event
+    try:
+        sock.sendall(_frame({"a": prepared.values, "e": event.values, "p": event.payload}))
+        reply = _read_frame(sock)
+    except (OSError, ValueError) as exc:
+        # Lost (the writer died, stalled or is not one): the intent may or may not be
+        # committed. The caller's own write settles it either way (see the module docstring).
+        log.warning("intent writer did not answer (%s); writing the intent here", exc)
+        _drop()
+        return None
+    if isinstance(reply, dict) and isinstance(reply.get("ok"), list) and len(reply["ok"]) == 4:
+        submitted += 1
+        return prepared.finish(*reply["ok"])
+    if isinstance(reply, dict) and reply.get("refused") == "integrity":
+        raise IntegrityError(str(reply.get("message", "refused by the database")))
+    log.warning("intent writer failed (%s); writing the intent here", reply)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# The writer's side
+
+
+class _Peer:
+    __slots__ = ("sock", "buffer")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buffer = bytearray()
+
+    def frames(self) -> list[Any]:
+        """Complete requests in the buffer; ValueError for anything that is not one."""
+        found = []
+        while len(self.buffer) >= 4:
+            size = int.from_bytes(self.buffer[:4], "big")
+            if size > MAX_FRAME:
+                raise ValueError(f"a {size}-byte request is over the {MAX_FRAME}-byte limit")
+            if len(self.buffer) < 4 + size:
+                break
+            body = bytes(self.buffer[4 : 4 + size])
+            del self.buffer[: 4 + size]
+            found.append(_request(json.loads(body)))
+        return found
+
+
+def _request(value: Any) -> tuple[list, list, dict]:
+    if (
+        not isinstance(value, dict)
+        or not isinstance(value.get("a"), list)
+        or not isinstance(value.get("e"), list)
+        or not isinstance(value.get("p"), dict)
+    ):
+        raise ValueError("a request is {'a': [...], 'e': [...], 'p': {...}}")
+    return value["a"], value["e"], value["p"]
+
+
+def _work(attempt_values: list, event_values: list, payload: dict):
+    def write():
+        with connection.cursor() as cursor:
+            return states.write_new_attempt(cursor, attempt_values, event_values, payload)
+
+    return write
+
+
+def _reply(outcome) -> dict[str, Any]:
+    if outcome.error is None:
+        return {"ok": list(outcome.value)}
+    if isinstance(outcome.error, IntegrityError):
+        return {"refused": "integrity", "message": str(outcome.error)}
+    return {"error": f"{type(outcome.error).__name__}: {outcome.error}"}
+
+
+def _remove_stale(path: str) -> None:
+    """Remove a socket file nobody listens on; refuse to start beside a live writer."""
+    if not os.path.exists(path):
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except OSError:
+        os.unlink(path)
+    else:
+        raise RuntimeError(f"another intent writer is already listening on {path}")
+    finally:
+        probe.close()
+
+
+def serve(stop: threading.Event, *, ready: threading.Event | None = None) -> dict[str, int]:
+    """Serve until ``stop`` is set; returns counts (groups, intents, refused, peers)."""
+    path = socket_path()
+    if path is None:
+        raise RuntimeError("the intent writer serves the embedded SQLite database only")
+    _remove_stale(path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)  # the socket is born 0600: only this user may write intents
+    try:
+        listener.bind(path)
+    finally:
+        os.umask(old_umask)
+    listener.listen(256)
+    listener.setblocking(False)
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ, None)
+    counts = {"groups": 0, "intents": 0, "refused": 0, "peers": 0}
+    log.info("intent writer listening on %s", path)
+    if ready is not None:
+        ready.set()
+    try:
+        while not stop.is_set():
+            batch: list[tuple[_Peer, tuple]] = []
+            for key, _ in selector.select(timeout=0.2):
+                if key.data is None:
+                    _accept(listener, selector, counts)
+                    continue
+                peer = key.data
+                try:
+                    data = peer.sock.recv(1 << 20)
+                    if not data:
+                        raise ConnectionError("closed")
+                    peer.buffer += data
+                    batch.extend((peer, request) for request in peer.frames())
+                except (OSError, ValueError) as exc:
+                    if not isinstance(exc, ConnectionError):
+                        log.warning("intent writer: dropping a peer: %s", exc)
+                    _close(selector, peer)
+            if batch:
+                _write_batch(batch, selector, counts)
+    finally:
+        for key in list(selector.get_map().values()):
+            if key.data is not None:
+                _close(selector, key.data)
+        selector.close()
+        listener.close()
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        log.info("intent writer stopped: %s", counts)
+    return counts
+
+
+def _accept(listener: socket.socket, selector: selectors.BaseSelector, counts: dict) -> None:
+    while True:
+        try:
+            sock, _ = listener.accept()
+        except BlockingIOError:
+            return
+        sock.setblocking(True)
+        sock.settimeout(REPLY_TIMEOUT)
+        selector.register(sock, selectors.EVENT_READ, _Peer(sock))
+        counts["peers"] += 1
+
+
+def _close(selector: selectors.BaseSelector, peer: _Peer) -> None:
+    try:
+        selector.unregister(peer.sock)
+    except (KeyError, ValueError):
+        pass
+    peer.sock.close()
+
+
+def _write_batch(batch: list, selector: selectors.BaseSelector, counts: dict) -> None:
+    """One group commit for everything that arrived; each peer is answered after it."""
+    for start in range(0, len(batch), states.GroupCommit.MAX_GROUP):
+        chunk = batch[start : start + states.GroupCommit.MAX_GROUP]
+        outcomes = states.run_together([_work(*request) for _, request in chunk])
+        counts["groups"] += 1
+        for (peer, _), outcome in zip(chunk, outcomes, strict=True):
+            reply = _reply(outcome)
+            counts["intents" if "ok" in reply else "refused"] += 1
+            try:
+                peer.sock.sendall(_frame(reply))
+            except OSError:
+                _close(selector, peer)
