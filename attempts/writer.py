@@ -59,6 +59,23 @@ def enabled() -> bool:
     return settings.LEDGER.get("INTENT_WRITER", True)
 
 
+def status() -> str | None:
+    """ "ok" when a writer listens for this database, "absent" when none does, None when there
+    is no writer to expect (PostgreSQL, or turned off)."""
+    path = socket_path() if enabled() else None
+    if path is None:
+        return None
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(path)
+    except OSError:
+        return "absent"
+    finally:
+        probe.close()
+    return "ok"
+
+
 # ---------------------------------------------------------------------------------------------
 # Framing: a 4-byte big-endian length, then that many bytes of UTF-8 JSON.
 

@@ -21,6 +21,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
+from attempts import writer
 from attempts.models import TERMINAL_STATES, ActorKind, Attempt, AttemptEvent, State
 from reconciliation.models import WorkerHeartbeat
 
@@ -47,6 +48,10 @@ def healthz(request: HttpRequest) -> JsonResponse:
         return JsonResponse(
             {"status": "unhealthy", "database": "unreachable"}, status=503, headers=_no_store()
         )
+    # Informational: without the intent writer, web workers record intents themselves.
+    intent_writer = writer.status()
+    if intent_writer is not None:
+        body["intent_writer"] = intent_writer
     newest = WorkerHeartbeat.objects.aggregate(newest=Max("last_seen"))["newest"]
     if newest is None:
         body["worker"] = "missing"

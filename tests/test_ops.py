@@ -41,6 +41,34 @@ def test_healthz_needs_a_fresh_worker_heartbeat(client) -> None:
     assert (stale.status_code, stale.json()["worker"]) == (503, "stale")
 
 
+def test_healthz_says_whether_the_intent_writer_listens(client, settings, tmp_path) -> None:
+    import os
+    import socket
+
+    from django.db import connection
+
+    from attempts import writer
+
+    beat(5)
+    if connection.vendor != "sqlite":
+        assert "intent_writer" not in client.get("/healthz").json()
+        return
+    if os.path.exists(writer.socket_path()):
+        os.unlink(writer.socket_path())  # a writer killed by an earlier test left its socket
+    assert client.get("/healthz").json()["intent_writer"] == "absent"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(writer.socket_path())
+    listener.listen(1)
+    try:
+        body = client.get("/healthz").json()
+        assert (body["status"], body["intent_writer"]) == ("ok", "ok")
+    finally:
+        listener.close()
+        os.unlink(writer.socket_path())
+    settings.LEDGER = {**settings.LEDGER, "INTENT_WRITER": False}
+    assert "intent_writer" not in client.get("/healthz").json()
+
+
 def test_healthz_without_worker_requirement(client, settings) -> None:
     settings.OPS = {**settings.OPS, "HEALTHZ_REQUIRE_WORKER": False}
     assert client.get("/healthz").status_code == 200

@@ -66,6 +66,8 @@ def running_writer():
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
         process.communicate(timeout=30)
+    if os.path.exists(writer.socket_path()):
+        os.unlink(writer.socket_path())  # left by a writer that was killed
 
 
 def record(key: str, **args):
