@@ -108,17 +108,45 @@ def cpu_times() -> tuple[int, int]:
     return sum(fields) - idle, sum(fields)
 
 
-def run_phase(port: int, path: str, token: str, seconds: float, clients: int, phase: str) -> dict:
+def tree_cpu_seconds(root: int) -> float:
+    """CPU seconds (user + system) used so far by ``root`` and its live descendants: the
+    gunicorn master, its workers and the intent writer."""
+    children: dict[int, list[int]] = {}
+    stats: dict[int, list[str]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        stats[int(entry)] = fields
+        children.setdefault(int(fields[1]), []).append(int(entry))
+    ticks, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        if pid in stats:
+            ticks += int(stats[pid][11]) + int(stats[pid][12])
+        todo.extend(children.get(pid, []))
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def run_phase(
+    port: int, path: str, token: str, seconds: float, clients: int, phase: str, server: int
+) -> dict:
     with multiprocessing.get_context("spawn").Pool(clients) as pool:
         # Start the clients, then measure: spawning the pool is not part of either phase.
         pool.map(time.sleep, [0] * clients)
         busy_before, total_before = cpu_times()
+        server_before = tree_cpu_seconds(server)
         started = time.monotonic()
         results = pool.map(
             client_loop, [(port, path, token, seconds, n, phase) for n in range(clients)]
         )
         elapsed = time.monotonic() - started
         busy_after, total_after = cpu_times()
+        server_after = tree_cpu_seconds(server)
     total = {
         "ok": sum(r["ok"] for r in results),
         "errors": sum(r["errors"] for r in results),
@@ -129,6 +157,7 @@ def run_phase(port: int, path: str, token: str, seconds: float, clients: int, ph
     total["elapsed"] = elapsed
     ticks = total_after - total_before
     total["cpu_busy"] = (busy_after - busy_before) / ticks if ticks else float("nan")
+    total["server_ms"] = (server_after - server_before) * 1000 / max(total["ok"], 1)
     return total
 
 
@@ -209,8 +238,8 @@ def main() -> int:
                     raise SystemExit(f"gunicorn did not start; see {data}/gunicorn.log") from None
                 time.sleep(0.2)
         # Warm up every worker (imports, connections) before measuring.
-        run_phase(port, "/bench/echo", token, 1.0, options.clients, "warm")
-        run_phase(port, "/api/v1/attempts", token, 1.0, options.clients, "warm")
+        run_phase(port, "/bench/echo", token, 1.0, options.clients, "warm", gunicorn.pid)
+        run_phase(port, "/api/v1/attempts", token, 1.0, options.clients, "warm", gunicorn.pid)
         warm = Attempt.objects.count()
 
         baseline, api, ceilings = [], [], []
@@ -219,7 +248,13 @@ def main() -> int:
             ceilings.append(durable_commit_ceiling(data / f"ceiling-{round_number}"))
             baseline.append(
                 run_phase(
-                    port, "/bench/echo", token, options.seconds, options.clients, f"b{round_number}"
+                    port,
+                    "/bench/echo",
+                    token,
+                    options.seconds,
+                    options.clients,
+                    f"b{round_number}",
+                    gunicorn.pid,
                 )
             )
             api.append(
@@ -230,6 +265,7 @@ def main() -> int:
                     options.seconds,
                     options.clients,
                     f"a{round_number}",
+                    gunicorn.pid,
                 )
             )
     finally:
@@ -262,6 +298,12 @@ def main() -> int:
             f"  round {n + 1}: minimal JSON view {b['rate']:8.1f} req/s (CPU busy "
             f"{b['cpu_busy']:.0%})   intents {a['rate']:8.1f} /s (CPU busy {a['cpu_busy']:.0%})"
         )
+    base_ms = sum(p["server_ms"] for p in baseline) / len(baseline)
+    api_ms = sum(p["server_ms"] for p in api) / len(api)
+    print(
+        f"server CPU per request (gunicorn master, workers and intent writer): minimal view "
+        f"{base_ms:.2f} ms, intent {api_ms:.2f} ms"
+    )
     print(f"minimal Django JSON view (baseline): {base_rate:8.1f} requests/s")
     print(f"POST /api/v1/attempts (intents):     {api_rate:8.1f} intents/s")
     print(
