@@ -6,6 +6,7 @@ Observing (a lookup) is always allowed; acting (sending) only under the authorit
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from django.db import connection
 
@@ -31,7 +32,7 @@ def active_grant(tenant: str, tool_name: str) -> Grant | None:
 
 
 def authority_for_intent(
-    grant: Grant | None, *, policy_version: str | None, scopes: list[str] | None
+    grant: Grant | GrantTerms | None, *, policy_version: str | None, scopes: list[str] | None
 ) -> Authority:
     """The authority an intent is recorded under, or NotGranted saying why not.
 
@@ -52,7 +53,14 @@ def authority_for_intent(
     return Authority(policy_version=grant.policy_version, scopes=sorted(set(wanted)))
 
 
-def _active_terms(tenant: str, tool_name: str) -> Grant | None:
+class GrantTerms(NamedTuple):
+    """What intents and claims check against: an active grant's policy version and scopes."""
+
+    policy_version: str
+    allowed_scopes: list[str]
+
+
+def _active_terms(tenant: str, tool_name: str) -> GrantTerms | None:
     """The active grant's policy version and scopes in one small query (every claim asks)."""
     table = connection.ops.quote_name(Grant._meta.db_table)
     scopes_field = Grant._meta.get_field("allowed_scopes")
@@ -65,11 +73,10 @@ def _active_terms(tenant: str, tool_name: str) -> Grant | None:
         row = cursor.fetchone()
     if row is None:
         return None
-    scopes = scopes_field.from_db_value(row[1], None, connection)
-    return Grant(policy_version=row[0], allowed_scopes=scopes, active=True)
+    return GrantTerms(row[0], scopes_field.from_db_value(row[1], None, connection))
 
 
-def authority_holds(attempt: Attempt, grant: Grant | None = None) -> tuple[bool, str]:
+def authority_holds(attempt: Attempt, grant: Grant | GrantTerms | None = None) -> tuple[bool, str]:
     """Whether the attempt may still be sent under today's authority, and if not, why."""
     grant = grant if grant is not None else _active_terms(attempt.tenant_id, attempt.tool_name)
     if grant is None:

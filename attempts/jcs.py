@@ -49,27 +49,38 @@ def _astral(text: str) -> bool:
 def _plain(value: Any, depth: int = 0) -> bool:
     """Whether ``value`` is made only of what the C encoder writes exactly as JCS does."""
     kind = type(value)
+    if kind is dict:
+        if depth >= _FAST_DEPTH:
+            return False
+        for key, item in value.items():
+            if type(key) is not str and not isinstance(key, str):
+                return False
+            if not key.isascii() and _astral(key):
+                return False
+            if not _plain_leaf(item) and not _plain(item, depth + 1):
+                return False
+        return True
+    if kind is list or kind is tuple:
+        if depth >= _FAST_DEPTH:
+            return False
+        for item in value:
+            if not _plain_leaf(item) and not _plain(item, depth + 1):
+                return False
+        return True
+    return _plain_leaf(value)
+
+
+def _plain_leaf(value: Any) -> bool:
+    """A scalar the C encoder writes as JCS does (False for containers: the caller recurses).
+
+    A str subclass (the ledger's state and actor-kind enums) is written from its characters by
+    both encoders; int subclasses and everything else go to the reference."""
+    kind = type(value)
     if kind is str or kind is bool or value is None:
         return True
     if kind is int:
         return -_INT_LIMIT <= value <= _INT_LIMIT
-    if depth >= _FAST_DEPTH:
-        return False
-    if kind is dict:
-        for key, item in value.items():
-            if not isinstance(key, str) or (not key.isascii() and _astral(key)):
-                return False
-            if not _plain(item, depth + 1):
-                return False
-        return True
-    if kind is list or kind is tuple:
-        for item in value:
-            if not _plain(item, depth + 1):
-                return False
-        return True
-    # A str subclass (the ledger's state and actor-kind enums) is written from its characters by
-    # both encoders; int subclasses and everything else go to the reference.
-    return isinstance(value, str)
+    return kind is not dict and kind is not list and kind is not tuple and isinstance(value, str)
 
 
 def dumps(value: Any) -> bytes:

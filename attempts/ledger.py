@@ -249,7 +249,7 @@ def record_intent(
     return attempt, True
 
 
-def _grant_terms(tenant: str, tool_name: str) -> Grant | None:
+def _grant_terms(tenant: str, tool_name: str) -> authority.GrantTerms | None:
     """The active grant for an active tool, in one query (every intent asks)."""
     grants = connection.ops.quote_name(Grant._meta.db_table)
     tools = connection.ops.quote_name(Tool._meta.db_table)
@@ -264,7 +264,7 @@ def _grant_terms(tenant: str, tool_name: str) -> Grant | None:
     if row is None:
         return None
     scopes = Grant._meta.get_field("allowed_scopes").from_db_value(row[1], None, connection)
-    return Grant(policy_version=row[0], allowed_scopes=scopes, active=True)
+    return authority.GrantTerms(row[0], scopes)
 
 
 def _explain_missing_grant(tenant: str, tool_name: str) -> None:
