@@ -154,6 +154,12 @@ class _WriterQueue:
 _writer_queue = _WriterQueue()
 
 
+def writer_queue_held(database: str):
+    """Hold the SQLite writer queue of ``database`` (a context manager) for a caller that runs
+    its own transaction on the bare connection (the intent writer)."""
+    return _writer_queue.hold(database)
+
+
 def sqlite_file() -> str | None:
     """The SQLite database file of ``connection``, or None (PostgreSQL, in-memory SQLite)."""
     if connection.vendor != "sqlite":
@@ -174,7 +180,7 @@ def write_transaction() -> Iterator[None]:
     else:
         with _writer_queue.hold(database), _ledger_transaction():
             yield
-        _checkpoint_now_and_then()
+        checkpoint_now_and_then()
 
 
 # Ledger write transactions this process commits between two WAL checkpoints of its own.
@@ -182,7 +188,7 @@ CHECKPOINT_EVERY = 200
 _commits_since_checkpoint = 0
 
 
-def _checkpoint_now_and_then() -> None:
+def checkpoint_now_and_then() -> None:
     """Copy the WAL back into the database every CHECKPOINT_EVERY ledger commits, after the
     writer queue is released. SQLite's automatic checkpoint would run inside the commit that
     crosses its threshold, while the writer holds the queue; PASSIVE never waits for readers
@@ -312,13 +318,6 @@ def commit_group(group: list[_Pending]) -> bool:
     return True
 
 
-def run_together(works: list[Callable[[], Any]]) -> list[_Pending]:
-    """``works`` as one group commit on this thread's connection; returns their outcomes."""
-    group = [_Pending(work) for work in works]
-    commit_group(group)
-    return group
-
-
 group_commit = GroupCommit()
 
 
@@ -441,9 +440,44 @@ def write_new_attempt(
     (inside a write transaction). Returns (attempt pk, event pk, previous hash, event hash)."""
     _require_write_transaction()
     lock_ledger()
+    return write_new_attempt_rows(cursor, attempt_values, event_values, payload)
+
+
+def write_new_attempt_rows(
+    cursor, attempt_values: list[Any], event_values: list[Any], payload: dict[str, Any]
+) -> tuple[int, int, str, str]:
+    """``write_new_attempt`` for a caller that holds the write lock in a transaction of its
+    own making (the intent writer, on the bare sqlite3 connection through ``QmarkCursor``)."""
     attempt_pk = _insert_values(cursor, Attempt, attempt_values)
     event_pk, prev_hash, digest = _chain_values(cursor, event_values, payload, attempt_pk)
     return attempt_pk, event_pk, prev_hash, digest
+
+
+class QmarkCursor:
+    """A bare sqlite3 cursor that takes the ledger's ``%s``-style statements: the intent
+    writer's hot loop runs the same statements without Django's cursor wrappers (it holds the
+    writer queue and its own ``BEGIN IMMEDIATE``). The ledger's statements carry no literal
+    ``%``: table and column names and placeholders only."""
+
+    __slots__ = ("cursor",)
+
+    def __init__(self, cursor) -> None:
+        self.cursor = cursor
+
+    def execute(self, sql: str, params=()) -> None:
+        self.cursor.execute(_qmark(sql), params)
+
+    def fetchone(self):
+        return self.cursor.fetchone()
+
+    @property
+    def lastrowid(self) -> int | None:
+        return self.cursor.lastrowid
+
+
+@functools.lru_cache(maxsize=64)
+def _qmark(sql: str) -> str:
+    return sql.replace("%s", "?")
 
 
 @functools.cache

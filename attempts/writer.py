@@ -32,6 +32,7 @@ import logging
 import os
 import selectors
 import socket
+import sqlite3
 import threading
 import time
 from typing import Any
@@ -215,20 +216,62 @@ def _request(value: Any) -> tuple[list, list, dict]:
     return value["a"], value["e"], value["p"]
 
 
-def _work(attempt_values: list, event_values: list, payload: dict):
-    def write():
-        with connection.cursor() as cursor:
-            return states.write_new_attempt(cursor, attempt_values, event_values, payload)
-
-    return write
+def _refusal(exc: BaseException) -> dict[str, Any]:
+    if isinstance(exc, IntegrityError | sqlite3.IntegrityError):
+        return {"refused": "integrity", "message": str(exc)}
+    return {"error": f"{type(exc).__name__}: {exc}"}
 
 
-def _reply(outcome) -> dict[str, Any]:
-    if outcome.error is None:
-        return {"ok": list(outcome.value)}
-    if isinstance(outcome.error, IntegrityError):
-        return {"refused": "integrity", "message": str(outcome.error)}
-    return {"error": f"{type(outcome.error).__name__}: {outcome.error}"}
+def write_requests(requests: list[tuple[list, list, dict]]) -> list[dict[str, Any]]:
+    """Record ``requests`` in one transaction and one durable commit; returns one reply each.
+
+    Runs on the bare sqlite3 connection under Django's (which stays in autocommit): the writer
+    queue, then ``BEGIN IMMEDIATE``, each piece in its own savepoint when there are several (a
+    refused piece rolls back alone), ``COMMIT``. The statements are the ledger's own
+    (``states.write_new_attempt_rows``); only Django's cursor and transaction wrappers are left
+    out, which halves the writer's CPU per commit. If the transaction fails, no piece is kept
+    and every reply says so."""
+    database = states.sqlite_file()
+    connection.ensure_connection()
+    raw = connection.connection
+    alone = len(requests) == 1
+    replies: list[dict[str, Any]] = []
+    with states.writer_queue_held(database):
+        cursor = raw.cursor()
+        statements = states.QmarkCursor(cursor)
+        try:
+            cursor.execute("BEGIN IMMEDIATE")
+            for attempt_values, event_values, payload in requests:
+                if alone:
+                    written = states.write_new_attempt_rows(
+                        statements, attempt_values, event_values, payload
+                    )
+                    replies.append({"ok": list(written)})
+                    continue
+                cursor.execute("SAVEPOINT intent")
+                try:
+                    written = states.write_new_attempt_rows(
+                        statements, attempt_values, event_values, payload
+                    )
+                except Exception as exc:  # noqa: BLE001 (this piece's reply)
+                    cursor.execute("ROLLBACK TO intent")
+                    cursor.execute("RELEASE intent")
+                    replies.append(_refusal(exc))
+                    continue
+                cursor.execute("RELEASE intent")
+                replies.append({"ok": list(written)})
+            cursor.execute("COMMIT")
+        except BaseException as exc:
+            if raw.in_transaction:
+                raw.rollback()
+            if not isinstance(exc, Exception):
+                raise
+            failure = _refusal(exc) if alone else {"error": f"{type(exc).__name__}: {exc}"}
+            return [failure] * len(requests)
+        finally:
+            cursor.close()
+    states.checkpoint_now_and_then()
+    return replies
 
 
 def _remove_stale(path: str) -> None:
@@ -324,10 +367,9 @@ def _write_batch(batch: list, selector: selectors.BaseSelector, counts: dict) ->
     """One group commit for everything that arrived; each peer is answered after it."""
     for start in range(0, len(batch), states.GroupCommit.MAX_GROUP):
         chunk = batch[start : start + states.GroupCommit.MAX_GROUP]
-        outcomes = states.run_together([_work(*request) for _, request in chunk])
+        replies = write_requests([request for _, request in chunk])
         counts["groups"] += 1
-        for (peer, _), outcome in zip(chunk, outcomes, strict=True):
-            reply = _reply(outcome)
+        for (peer, _), reply in zip(chunk, replies, strict=True):
             counts["intents" if "ok" in reply else "refused"] += 1
             try:
                 peer.sock.sendall(_frame(reply))

@@ -218,3 +218,49 @@ def test_the_command_refuses_postgresql():
         pytest.skip("PostgreSQL only")
     with pytest.raises(CommandError, match="SQLite database only"):
         call_command("ledger_writer")
+
+
+def _prepared(key: str, **args):
+    from attempts import states
+    from attempts.canonical import normalize_args
+    from attempts.models import State
+
+    normalized = normalize_args(args or {"key": key})
+    prepared = states.PreparedAttempt(
+        state=State.INTENT_RECORDED,
+        actor=AGENT,
+        tenant_id="acme",
+        task_id="writer",
+        tool_name="open_ticket",
+        idempotency_key=key,
+        args=normalized.value,
+        args_hash=normalized.args_hash,
+        policy_version="v1",
+        credential_scope=[],
+    )
+    event = prepared.first_event
+    return list(prepared.values), list(event.values), dict(event.payload)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_group_keeps_its_good_pieces_and_refuses_the_others_alone():
+    sqlite_only()
+    make_world()
+    good = _prepared("writer:group:good")
+    unhashable = _prepared("writer:group:nan")
+    unhashable[2]["details"] = {"ratio": float("nan")}  # the chain cannot hash it
+    taken = _prepared("writer:group:good")  # the same key again, in the same group
+    replies = writer.write_requests([good, unhashable, taken])
+    assert "ok" in replies[0]
+    assert replies[1]["error"].startswith("InvalidArguments: number not representable")
+    assert replies[2]["refused"] == "integrity"
+    keys = set(Attempt.objects.values_list("idempotency_key", flat=True))
+    assert "writer:group:good" in keys and "writer:group:nan" not in keys
+    assert Attempt.objects.filter(idempotency_key="writer:group:good").count() == 1
+    assert verify_django_database().ok
+    assert not connection.in_atomic_block and connection.get_autocommit()
+    # Alone, a refused piece is refused the same way, and the connection is left clean.
+    assert writer.write_requests([_prepared("writer:group:good")]) == [
+        {"refused": "integrity", "message": writer.write_requests([taken])[0]["message"]}
+    ]
+    assert not connection.connection.in_transaction
