@@ -12,6 +12,7 @@ import contextlib
 import datetime as dt
 import fcntl
 import functools
+import json
 import logging
 import os
 import threading
@@ -529,12 +530,38 @@ def _insert_plan(model: type[models.Model], vendor: str) -> tuple[str, tuple, bo
 
 def _values_of(model: type[models.Model], row: dict[str, Any]) -> list[Any]:
     """INSERT values in plan order from a mapping of every attname to its Python value."""
-    _, plan, _ = _insert_plan(model, connection.vendor)
     db = connections[DEFAULT_DB_ALIAS]  # the wrapper itself, not the per-access proxy
+    _, plan, _ = _insert_plan(model, db.vendor)
+    shortcuts = _sqlite_shortcuts(db.vendor)
     return [
-        field.get_db_prep_save(row[attname], db) if field is not None else row[attname]
+        _prepare(field, row[attname], db, shortcuts) if field is not None else row[attname]
         for attname, field in plan
     ]
+
+
+@functools.cache
+def _sqlite_shortcuts(vendor: str) -> bool:
+    """Whether ``_prepare`` may write SQLite's two hot conversions out itself: Django stores an
+    aware datetime as naive UTC text there (when the connection's time zone is UTC) and JSON
+    as ``json.dumps`` text."""
+    return (
+        vendor == "sqlite"
+        and settings.USE_TZ
+        and connections[DEFAULT_DB_ALIAS].timezone_name == "UTC"
+    )
+
+
+def _prepare(field: models.Field, value: Any, db, shortcuts: bool) -> Any:
+    """``field.get_db_prep_save(value, db)``: the same value, with the SQLite cases every
+    ledger write hits done without the field machinery (a fifth of an intent's Python before
+    the lock). tests/attempts/test_states.py holds the shortcuts to the field's own result."""
+    if shortcuts:
+        kind = type(value)
+        if kind is dt.datetime and value.tzinfo is dt.UTC:
+            return str(value.replace(tzinfo=None))
+        if (kind is dict or kind is list) and type(field) is models.JSONField and not field.encoder:
+            return json.dumps(value)
+    return field.get_db_prep_save(value, db)
 
 
 @functools.cache
@@ -560,9 +587,11 @@ def _new_instance(model: type[models.Model], given: dict[str, Any]) -> models.Mo
 def _row_values(instance: models.Model) -> list[Any]:
     """``instance``'s INSERT values in plan order, prepared by their fields where the driver
     needs it (timestamps, JSON)."""
-    _, plan, _ = _insert_plan(type(instance), connection.vendor)
+    db = connections[DEFAULT_DB_ALIAS]
+    _, plan, _ = _insert_plan(type(instance), db.vendor)
+    shortcuts = _sqlite_shortcuts(db.vendor)
     return [
-        field.get_db_prep_save(getattr(instance, attname), connection)
+        _prepare(field, getattr(instance, attname), db, shortcuts)
         if field is not None
         else getattr(instance, attname)
         for attname, field in plan
@@ -708,7 +737,7 @@ def _compare_and_set(cursor, attempt: Attempt, from_state: str, updates: dict[st
         if name in increments:
             params.append(value.rhs.value)
         elif field is not None:
-            params.append(field.get_db_prep_save(value, db))
+            params.append(_prepare(field, value, db, _sqlite_shortcuts(db.vendor)))
         else:
             params.append(value)
     cursor.execute(sql, [*params, attempt.pk, from_state, attempt.version])

@@ -168,3 +168,41 @@ def test_postgresql_takes_the_ledger_lock_once_per_write_transaction(world):
     locks = [q for q in queries.captured_queries if "pg_advisory_xact_lock" in q["sql"]]
     assert len(locks) == 2  # one per write transaction, none per move or event
     assert not getattr(connection, "_ledger_lock_held", False)
+
+
+@pytest.mark.django_db
+def test_prepared_values_are_exactly_what_the_fields_would_store():
+    """states._prepare writes SQLite's datetime and JSON conversions out itself: it must give
+    the field's own result for every value the ledger writes, and defer for anything else."""
+    import datetime as dt
+    import zoneinfo
+
+    from django.db import connections
+
+    from attempts.models import Attempt, AttemptEvent
+
+    db = connections["default"]
+    shortcuts = states._sqlite_shortcuts(db.vendor)
+    assert shortcuts == (db.vendor == "sqlite")
+    created = Attempt._meta.get_field("created_at")
+    args = Attempt._meta.get_field("args")
+    details = AttemptEvent._meta.get_field("details")
+    values = [
+        (created, dt.datetime(2026, 11, 30, 6, 1, 2, 345678, tzinfo=dt.UTC)),
+        (created, dt.datetime(2026, 11, 30, 6, 1, 2, tzinfo=dt.UTC)),  # no microseconds
+        (created, dt.datetime(2026, 11, 30, 7, 1, 2, 5, tzinfo=zoneinfo.ZoneInfo("Europe/Paris"))),
+        (created, None),
+        (args, {"to": "ap@acme.test", "n": [1, 2.5, None, True], "é": "ü\n\u2028"}),
+        (args, []),
+        (details, {"nested": {"k": [{"a": "b"}]}, "owner_id": 3}),
+        (details, None),
+        (args, "a string is JSON too"),
+    ]
+
+    def comparable(prepared):
+        return getattr(prepared, "obj", prepared)  # psycopg's Jsonb wrapper has no __eq__
+
+    for field, value in values:
+        mine = states._prepare(field, value, db, shortcuts)
+        assert comparable(mine) == comparable(field.get_db_prep_save(value, db))
+        assert type(mine) is type(field.get_db_prep_save(value, db))
