@@ -22,7 +22,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from attempts import ledger
-from attempts.models import AgentToken, Attempt, State
+from attempts.models import AgentIdentity, AgentToken, Attempt, State
 from attempts.states import Actor, TransitionError
 
 log = logging.getLogger("ledgerweb.api")
@@ -122,7 +122,7 @@ def _attempt_response(attempt: Attempt, status: int = 200, **extra: Any) -> Json
 # Request handling
 
 
-def _bearer_token(request: HttpRequest) -> AgentToken:
+def _bearer_token(request: HttpRequest) -> AgentIdentity:
     header = request.META.get("HTTP_AUTHORIZATION", "")
     scheme, _, raw = header.partition(" ")
     if scheme.lower() != "bearer" or not raw.strip():
@@ -240,16 +240,16 @@ def api_view(*methods: str) -> Callable:
     return decorate
 
 
-def _scoped_attempt(token: AgentToken, attempt_id: str) -> Attempt:
+def _scoped_attempt(token: AgentIdentity, attempt_id: str) -> Attempt:
     """The attempt if it belongs to one of the token's tenants; 404 for everything else."""
     return ledger.get_attempt(attempt_id, tenants=set(token.tenant_slugs))
 
 
-def _actor(token: AgentToken) -> Actor:
+def _actor(token: AgentIdentity) -> Actor:
     return Actor.agent(token.name)
 
 
-def _log(event: str, attempt: Attempt, token: AgentToken, **fields: Any) -> None:
+def _log(event: str, attempt: Attempt, token: AgentIdentity, **fields: Any) -> None:
     """One structured log line per change: key=value text, and the same fields as ``extra``
     (top-level keys with LEDGERWEB_LOG_FORMAT=json)."""
     values = {
@@ -273,13 +273,13 @@ def _log(event: str, attempt: Attempt, token: AgentToken, **fields: Any) -> None
 
 
 @api_view("GET", "POST")
-def attempts_collection(request: HttpRequest, token: AgentToken) -> JsonResponse:
+def attempts_collection(request: HttpRequest, token: AgentIdentity) -> JsonResponse:
     if request.method == "POST":
         return _record_intent(request, token)
     return _list_attempts(request, token)
 
 
-def _record_intent(request: HttpRequest, token: AgentToken) -> JsonResponse:
+def _record_intent(request: HttpRequest, token: AgentIdentity) -> JsonResponse:
     body = _json_body(request, INTENT_FIELDS)
     tenant = _require(body, "tenant", str, "a string")
     task_id = _require(body, "task_id", str, "a string")
@@ -321,7 +321,7 @@ def _record_intent(request: HttpRequest, token: AgentToken) -> JsonResponse:
     return response
 
 
-def _list_attempts(request: HttpRequest, token: AgentToken) -> JsonResponse:
+def _list_attempts(request: HttpRequest, token: AgentIdentity) -> JsonResponse:
     params = request.GET
     unknown = sorted(set(params) - {"idempotency_key", "task_id", "state", "limit", "after"})
     if unknown:
@@ -356,12 +356,12 @@ def _list_attempts(request: HttpRequest, token: AgentToken) -> JsonResponse:
 
 
 @api_view("GET")
-def attempt_detail(request: HttpRequest, token: AgentToken, attempt_id: str) -> JsonResponse:
+def attempt_detail(request: HttpRequest, token: AgentIdentity, attempt_id: str) -> JsonResponse:
     return _attempt_response(_scoped_attempt(token, attempt_id))
 
 
 @api_view("POST")
-def attempt_dispatch(request: HttpRequest, token: AgentToken, attempt_id: str) -> JsonResponse:
+def attempt_dispatch(request: HttpRequest, token: AgentIdentity, attempt_id: str) -> JsonResponse:
     _json_body_optional(request)
     attempt, claimed = ledger.claim_dispatch(
         attempt_id, actor=_actor(token), tenants=set(token.tenant_slugs)
@@ -390,7 +390,7 @@ def _json_body_optional(request: HttpRequest) -> None:
 
 @api_view("POST")
 def attempt_provider_request(
-    request: HttpRequest, token: AgentToken, attempt_id: str
+    request: HttpRequest, token: AgentIdentity, attempt_id: str
 ) -> JsonResponse:
     body = _json_body(request, {"provider_request_id"})
     provider_request_id = _require(body, "provider_request_id", str, "a string")
@@ -405,7 +405,7 @@ def attempt_provider_request(
 
 
 @api_view("POST")
-def attempt_confirm(request: HttpRequest, token: AgentToken, attempt_id: str) -> JsonResponse:
+def attempt_confirm(request: HttpRequest, token: AgentIdentity, attempt_id: str) -> JsonResponse:
     body = _json_body(request, {"result_ref", "provider_request_id"})
     result_ref = _require(body, "result_ref", str, "a string")
     provider_request_id = _optional(body, "provider_request_id", str, "a string")
@@ -421,7 +421,7 @@ def attempt_confirm(request: HttpRequest, token: AgentToken, attempt_id: str) ->
 
 
 @api_view("POST")
-def attempt_fail(request: HttpRequest, token: AgentToken, attempt_id: str) -> JsonResponse:
+def attempt_fail(request: HttpRequest, token: AgentIdentity, attempt_id: str) -> JsonResponse:
     body = _json_body(request, {"reason", "retryable"})
     reason = _require(body, "reason", str, "a string")
     retryable = _require(body, "retryable", bool, "true or false")
@@ -437,7 +437,7 @@ def attempt_fail(request: HttpRequest, token: AgentToken, attempt_id: str) -> Js
 
 
 @api_view("POST")
-def attempt_unknown(request: HttpRequest, token: AgentToken, attempt_id: str) -> JsonResponse:
+def attempt_unknown(request: HttpRequest, token: AgentIdentity, attempt_id: str) -> JsonResponse:
     body = _json_body(request, {"reason"})
     reason = _require(body, "reason", str, "a string")
     attempt = ledger.mark_unknown(

@@ -10,6 +10,7 @@ import hashlib
 import os
 import secrets
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from django.conf import settings
@@ -321,6 +322,15 @@ class AttemptEvent(models.Model):
         return f"{self.attempt_id} {self.action} {self.from_state}->{self.to_state}"
 
 
+@dataclass(frozen=True, slots=True)
+class AgentIdentity:
+    """Who an authenticated API request acts as: the live token's id, agent name and tenants."""
+
+    id: int
+    name: str
+    tenant_slugs: frozenset[str]
+
+
 class AgentToken(models.Model):
     """A bearer token for one agent identity, allowed a set of tenants. Only its hash is kept."""
 
@@ -369,7 +379,7 @@ class AgentToken(models.Model):
         return raw
 
     @classmethod
-    def authenticate(cls, raw: str) -> AgentToken | None:
+    def authenticate(cls, raw: str) -> AgentIdentity | None:
         """The live (not revoked) token whose secret is ``raw``, with ``tenant_slugs`` loaded."""
         if not raw or len(raw) > 200:
             return None
@@ -394,12 +404,14 @@ class AgentToken(models.Model):
         if not rows:
             return None
         token_id, name, _, recent = rows[0]
-        token = cls(id=token_id, name=name, token_hash=token_hash)
-        # A live token without tenants authenticates, and is refused by every tenant check.
-        token.tenant_slugs = frozenset(row[2] for row in rows if row[2] is not None)
         if not recent:
-            token.touch()
-        return token
+            cls(id=token_id, name=name, token_hash=token_hash).touch()
+        # A live token without tenants authenticates, and is refused by every tenant check.
+        return AgentIdentity(
+            id=token_id,
+            name=name,
+            tenant_slugs=frozenset(row[2] for row in rows if row[2] is not None),
+        )
 
     def touch(self) -> None:
         """Record use, at most once per LAST_USED_RESOLUTION seconds per token."""

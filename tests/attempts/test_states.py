@@ -206,3 +206,31 @@ def test_prepared_values_are_exactly_what_the_fields_would_store():
         mine = states._prepare(field, value, db, shortcuts)
         assert comparable(mine) == comparable(field.get_db_prep_save(value, db))
         assert type(mine) is type(field.get_db_prep_save(value, db))
+
+
+@pytest.mark.django_db
+def test_a_prepared_attempt_inserts_what_its_instance_holds(world):
+    """PreparedAttempt builds its INSERT values from the positional row it built the instance
+    from; they must be the instance's own values, field by field."""
+    from attempts.canonical import normalize_args
+    from attempts.models import State
+
+    normalized = normalize_args({"to": "ap@acme.test", "n": [1, 2]})
+    prepared = states.PreparedAttempt(
+        state=State.INTENT_RECORDED,
+        actor=world.agent,
+        tenant_id="acme",
+        task_id="t-1",
+        tool_name="open_ticket",
+        idempotency_key="prepared:row",
+        args=normalized.value,
+        args_hash=normalized.args_hash,
+        policy_version="v1",
+        credential_scope=["tickets"],
+    )
+
+    def comparable(values):
+        return [getattr(v, "obj", v) for v in values]
+
+    assert comparable(prepared.values) == comparable(states._row_values(prepared.attempt))
+    assert prepared.attempt.attempt_id in prepared.values
