@@ -7,9 +7,10 @@ CPU with every other process. The writer is a single process on a Unix socket be
 database (``<database>-writer.sock``, mode 0600): a worker sends an intent already prepared
 outside the lock (its row values and first event, as JSON), the writer takes everything that
 has arrived, writes each piece in its own savepoint under one write transaction, commits once
-(``synchronous=FULL``), and only then answers each worker. It runs the same
-``states.write_new_attempt`` a worker would, under the same writer queue, so the chain and the
-lock order are the ledger's own.
+(``synchronous=FULL``), and only then answers each worker. It runs the statements a worker
+would (``states.write_new_attempt_rows``), under the same writer queue, so the chain and the
+lock order are the ledger's own; only Django's cursor and transaction wrappers are left out
+(``write_requests``).
 
 Nothing depends on the writer being there:
 
