@@ -282,41 +282,36 @@ class GroupCommit:
         return pending.outcome()
 
     def _commit(self, group: list[_Pending]) -> None:
-        if commit_group(group):
+        """Run every piece of ``group`` in one write transaction, each in its own savepoint,
+        and commit once; each piece's value or error is set on it, and it is marked done. A
+        BaseException that is not an Exception (the process is going down) fails every piece
+        and propagates."""
+        try:
+            with write_transaction():
+                if len(group) == 1:
+                    # Alone: no savepoint; a failure rolls back the whole (one-piece) group.
+                    group[0].value = group[0].work()
+                else:
+                    for pending in group:
+                        try:
+                            with transaction.atomic():
+                                pending.value = pending.work()
+                        except Exception as exc:  # noqa: BLE001 (delivered to its caller)
+                            pending.error = exc
+                            pending.value = None
+        except BaseException as exc:
+            for pending in group:
+                if pending.error is None:
+                    pending.error = exc
+                    pending.value = None
+            if not isinstance(exc, Exception):
+                raise
+        else:
             self.groups += 1
             self.pieces += len(group)
-
-
-def commit_group(group: list[_Pending]) -> bool:
-    """Run every piece of ``group`` in one write transaction, each in its own savepoint, and
-    commit once; each piece's value or error is set on it, and it is marked done. Returns
-    whether the transaction committed. A BaseException that is not an Exception (the process
-    is going down) fails every piece and propagates."""
-    try:
-        with write_transaction():
-            if len(group) == 1:
-                # Alone: no savepoint; a failure rolls back the whole (one-piece) group.
-                group[0].value = group[0].work()
-            else:
-                for pending in group:
-                    try:
-                        with transaction.atomic():
-                            pending.value = pending.work()
-                    except Exception as exc:  # noqa: BLE001 (delivered to its caller)
-                        pending.error = exc
-                        pending.value = None
-    except BaseException as exc:
-        for pending in group:
-            if pending.error is None:
-                pending.error = exc
-                pending.value = None
-        if not isinstance(exc, Exception):
-            raise
-        return False
-    finally:
-        for pending in group:
-            pending.done = True
-    return True
+        finally:
+            for pending in group:
+                pending.done = True
 
 
 group_commit = GroupCommit()
@@ -420,18 +415,24 @@ def _chain_values(
     cursor, values: list[Any], payload: dict[str, Any], attempt_pk: int | None = None
 ) -> tuple[int, str, str]:
     """Insert an event row from its prepared values at the head of the chain (inside a write
-    transaction): read the head, hash the payload with it, insert. Returns (pk, prev, hash)."""
+    transaction). Returns (pk, prev, hash)."""
+    prev_hash, digest = _link(cursor, payload)
+    attempt_slot, prev_slot, hash_slot = _event_slots(connection.vendor)
+    if attempt_pk is not None:
+        values[attempt_slot] = attempt_pk
+    values[prev_slot] = prev_hash
+    values[hash_slot] = digest
+    return _insert_values(cursor, AttemptEvent, values), prev_hash, digest
+
+
+def _link(cursor, payload: dict[str, Any]) -> tuple[str, str]:
+    """The chain step: read the head's hash and hash the payload with it. Returns (prev, hash).
+    bench/chain_cost.py measures the write path without exactly this."""
     cursor.execute(_head_sql())
     row = cursor.fetchone()
     prev_hash = row[0] if row else audit.GENESIS
     payload["prev_hash"] = prev_hash
-    digest = _chain_hash(payload)
-    _, _, slots = _event_slots(connection.vendor)
-    if attempt_pk is not None:
-        values[slots[0]] = attempt_pk
-    values[slots[1]] = prev_hash
-    values[slots[2]] = digest
-    return _insert_values(cursor, AttemptEvent, values), prev_hash, digest
+    return prev_hash, _chain_hash(payload)
 
 
 def write_new_attempt(
@@ -488,11 +489,11 @@ def _head_sql() -> str:
 
 
 @functools.cache
-def _event_slots(vendor: str) -> tuple[str, tuple, tuple[int, int, int]]:
+def _event_slots(vendor: str) -> tuple[int, int, int]:
     """Where the attempt id, previous hash and hash sit in an event's INSERT values."""
-    sql, plan, _ = _insert_plan(AttemptEvent, vendor)
+    _, plan, _ = _insert_plan(AttemptEvent, vendor)
     names = [attname for attname, _ in plan]
-    return sql, plan, (names.index("attempt_id"), names.index("prev_hash"), names.index("hash"))
+    return names.index("attempt_id"), names.index("prev_hash"), names.index("hash")
 
 
 def append_event(attempt: Attempt, **event: Any) -> AttemptEvent:
@@ -528,15 +529,22 @@ def _insert_plan(model: type[models.Model], vendor: str) -> tuple[str, tuple, bo
     return sql, plan, returning
 
 
-def _values_of(model: type[models.Model], row: dict[str, Any]) -> list[Any]:
-    """INSERT values in plan order from a mapping of every attname to its Python value."""
+def _prepared_values(model: type[models.Model], python_values) -> list[Any]:
+    """INSERT values for ``model`` from its Python values in plan order (every concrete field
+    but the auto id), prepared for the driver where the plan says so (timestamps, JSON)."""
     db = connections[DEFAULT_DB_ALIAS]  # the wrapper itself, not the per-access proxy
     _, plan, _ = _insert_plan(model, db.vendor)
     shortcuts = _sqlite_shortcuts(db.vendor)
     return [
-        _prepare(field, row[attname], db, shortcuts) if field is not None else row[attname]
-        for attname, field in plan
+        _prepare(field, value, db, shortcuts) if field is not None else value
+        for (_, field), value in zip(plan, python_values, strict=True)
     ]
+
+
+def _values_of(model: type[models.Model], row: dict[str, Any]) -> list[Any]:
+    """INSERT values from a mapping of every attname to its Python value."""
+    _, plan, _ = _insert_plan(model, connection.vendor)
+    return _prepared_values(model, [row[attname] for attname, _ in plan])
 
 
 @functools.cache
@@ -589,59 +597,23 @@ def _new_instance_and_row(
 
 
 def _values_from_row(model: type[models.Model], row: list[Any]) -> list[Any]:
-    """INSERT values from a positional row (the auto id left out, as the plan does)."""
-    db = connections[DEFAULT_DB_ALIAS]
-    _, plan, _ = _insert_plan(model, db.vendor)
-    shortcuts = _sqlite_shortcuts(db.vendor)
-    offset = _pk_offset(model)
-    return [
-        _prepare(field, row[i + offset], db, shortcuts) if field is not None else row[i + offset]
-        for i, (_, field) in enumerate(plan)
-    ]
-
-
-@functools.cache
-def _pk_offset(model: type[models.Model]) -> int:
-    """Rows hold every concrete field; the INSERT plan skips the primary key, which must come
-    first for the two to line up."""
-    fields = model._meta.concrete_fields
-    if not fields[0].primary_key or any(f.primary_key for f in fields[1:]):
+    """INSERT values from a positional row of every concrete field (the plan leaves out the
+    primary key, which Django puts first)."""
+    if not model._meta.concrete_fields[0].primary_key:
         raise RuntimeError(f"{model.__name__}: the primary key must be the first field")
-    return 1
+    return _prepared_values(model, row[1:])
 
 
 def _row_values(instance: models.Model) -> list[Any]:
-    """``instance``'s INSERT values in plan order, prepared by their fields where the driver
-    needs it (timestamps, JSON)."""
-    db = connections[DEFAULT_DB_ALIAS]
-    _, plan, _ = _insert_plan(type(instance), db.vendor)
-    shortcuts = _sqlite_shortcuts(db.vendor)
-    return [
-        _prepare(field, getattr(instance, attname), db, shortcuts)
-        if field is not None
-        else getattr(instance, attname)
-        for attname, field in plan
-    ]
+    """``instance``'s INSERT values, from its attributes."""
+    _, plan, _ = _insert_plan(type(instance), connection.vendor)
+    return _prepared_values(type(instance), [getattr(instance, attname) for attname, _ in plan])
 
 
 def _insert_values(cursor, model: type[models.Model], values: list[Any]) -> int:
     sql, _, returning = _insert_plan(model, connection.vendor)
     cursor.execute(sql, values)
     return cursor.fetchone()[0] if returning else cursor.lastrowid
-
-
-def _execute_insert(cursor, instance: models.Model, values: list[Any]) -> None:
-    instance.pk = _insert_values(cursor, type(instance), values)
-    instance._state.adding = False
-    instance._state.db = "default"
-
-
-def _insert_row(instance: models.Model) -> None:
-    """One INSERT of ``instance`` without the generic save() machinery: the hot path of every
-    ledger write."""
-    values = _row_values(instance)
-    with connection.cursor() as cursor:
-        _execute_insert(cursor, instance, values)
 
 
 @functools.cache
