@@ -53,9 +53,7 @@ def _plain(value: Any, depth: int = 0) -> bool:
         if depth >= _FAST_DEPTH:
             return False
         for key, item in value.items():
-            if type(key) is not str and not isinstance(key, str):
-                return False
-            if not key.isascii() and _astral(key):
+            if not isinstance(key, str) or (not key.isascii() and _astral(key)):
                 return False
             if not _plain_leaf(item) and not _plain(item, depth + 1):
                 return False
@@ -80,7 +78,7 @@ def _plain_leaf(value: Any) -> bool:
         return True
     if kind is int:
         return -_INT_LIMIT <= value <= _INT_LIMIT
-    return kind is not dict and kind is not list and kind is not tuple and isinstance(value, str)
+    return isinstance(value, str)
 
 
 def dumps(value: Any) -> bytes:

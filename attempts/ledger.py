@@ -235,10 +235,9 @@ def record_intent(
     )
 
     try:
-        # Concurrent intents in this process share one transaction and one durable commit;
-        # this returns only once this intent's commit is done.
         # The intent writer (SQLite, when running) commits intents from every web worker
-        # together; without one, concurrent intents in this process share a commit.
+        # together; without one, concurrent intents in this process share a commit. Either
+        # way this returns only once this intent's commit is done.
         attempt = writer.submit(prepared) or states.group_commit.run(prepared.write)
     except IntegrityError:
         # The key is already recorded: a replay of the same intent, a race, or a conflict.

@@ -67,15 +67,20 @@ def status() -> str | None:
     path = socket_path() if enabled() else None
     if path is None:
         return None
+    return "ok" if _listening(path) else "absent"
+
+
+def _listening(path: str) -> bool:
+    """Whether something accepts connections on the socket at ``path``."""
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     probe.settimeout(1.0)
     try:
         probe.connect(path)
     except OSError:
-        return "absent"
+        return False
     finally:
         probe.close()
-    return "ok"
+    return True
 
 
 # ---------------------------------------------------------------------------------------------
@@ -118,7 +123,7 @@ class _Connections(threading.local):
 
 
 _local = _Connections()
-submitted = 0  # intents this process recorded through the writer (tests and the bench)
+submitted = 0  # intents this process recorded through the writer (for tests)
 
 
 def _connection(path: str) -> socket.socket | None:
@@ -279,15 +284,9 @@ def _remove_stale(path: str) -> None:
     """Remove a socket file nobody listens on; refuse to start beside a live writer."""
     if not os.path.exists(path):
         return
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(path)
-    except OSError:
-        os.unlink(path)
-    else:
+    if _listening(path):
         raise RuntimeError(f"another intent writer is already listening on {path}")
-    finally:
-        probe.close()
+    os.unlink(path)
 
 
 def serve(stop: threading.Event, *, ready: threading.Event | None = None) -> dict[str, int]:

@@ -25,8 +25,9 @@ _intent_writer = None
 def _writer_wanted() -> bool:
     if os.environ.get("DATABASE_URL"):
         return False  # PostgreSQL groups concurrent commits itself
-    flag = os.environ.get("LEDGERWEB_INTENT_WRITER", "true").strip().lower()
-    return flag not in {"0", "false", "no", "off"}
+    from ledgerweb.env import env_bool  # the settings' own parsing (and error for a bad value)
+
+    return env_bool("LEDGERWEB_INTENT_WRITER", True)
 
 
 def when_ready(server):
