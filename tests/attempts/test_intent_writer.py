@@ -81,13 +81,12 @@ def record(key: str, **args):
     )
 
 
-@pytest.mark.django_db(transaction=True)
-def test_intents_from_many_threads_go_through_the_writer(running_writer):
-    before = writer.submitted
-    keys = [f"writer:{n}" for n in range(60)]
+def start_agents(keys: list[str], count: int):
+    """``count`` threads recording ``keys`` between them; returns (threads, results by key,
+    errors), filled in as they go."""
     results, errors = {}, []
 
-    def worker(chunk):
+    def agent(chunk):
         try:
             for key in chunk:
                 results[key] = record(key)
@@ -97,9 +96,17 @@ def test_intents_from_many_threads_go_through_the_writer(running_writer):
             writer._drop()
             connections.close_all()
 
-    threads = [threading.Thread(target=worker, args=(keys[n::6],)) for n in range(6)]
+    threads = [threading.Thread(target=agent, args=(keys[n::count],)) for n in range(count)]
     for thread in threads:
         thread.start()
+    return threads, results, errors
+
+
+@pytest.mark.django_db(transaction=True)
+def test_intents_from_many_threads_go_through_the_writer(running_writer):
+    before = writer.submitted
+    keys = [f"writer:{n}" for n in range(60)]
+    threads, results, errors = start_agents(keys, 6)
     for thread in threads:
         thread.join(60)
     assert errors == []
@@ -163,25 +170,10 @@ def test_garbage_on_the_socket_drops_that_peer_only(running_writer):
 @pytest.mark.django_db(transaction=True)
 def test_killing_the_writer_mid_stream_loses_and_doubles_nothing(running_writer):
     keys = [f"writer:kill:{n}" for n in range(150)]
-    errors, answers = [], {}
     before = writer.submitted
-
-    def worker(chunk):
-        try:
-            for key in chunk:
-                attempt, _ = record(key)
-                answers[key] = attempt.attempt_id
-        except Exception as exc:  # noqa: BLE001
-            errors.append(exc)
-        finally:
-            writer._drop()
-            connections.close_all()
-
-    threads = [threading.Thread(target=worker, args=(keys[n::4],)) for n in range(4)]
-    for thread in threads:
-        thread.start()
+    threads, results, errors = start_agents(keys, 4)
     deadline = time.monotonic() + 30
-    while len(answers) < 20:
+    while len(results) < 20:
         assert time.monotonic() < deadline
         time.sleep(0.005)
     running_writer.send_signal(signal.SIGKILL)
@@ -189,6 +181,7 @@ def test_killing_the_writer_mid_stream_loses_and_doubles_nothing(running_writer)
     for thread in threads:
         thread.join(120)
     assert errors == []
+    answers = {key: attempt.attempt_id for key, (attempt, _) in results.items()}
     assert len(answers) == 150
     assert 20 <= writer.submitted - before < 150  # some through the writer, the rest here
     rows = dict(
