@@ -52,3 +52,23 @@ def event_payload(
 
 def payload_hash(payload: dict[str, Any]) -> str:
     return hashlib.sha256(jcs.dumps(payload)).hexdigest()
+
+
+def payload_parts(payload: dict[str, Any]) -> tuple[bytes, bytes]:
+    """The canonical encoding of ``payload`` cut where its ``prev_hash`` value goes.
+
+    An event's hash needs the chain head, which is known only under the write lock; its
+    details are known long before. The top-level keys are fixed ASCII names, which JCS orders
+    as Python does, so the canonical bytes are the members before ``prev_hash``, then
+    ``prev_hash``, then the members after it; ``linked_hash(parts, prev)`` equals
+    ``payload_hash`` of the payload with that ``prev_hash`` (tests/attempts/test_audit_*)."""
+    before = {key: value for key, value in payload.items() if key < "prev_hash"}
+    after = {key: value for key, value in payload.items() if key > "prev_hash"}
+    if not before or not after:
+        raise ValueError("an event payload has members on both sides of prev_hash")
+    return jcs.dumps(before)[:-1] + b',"prev_hash":', b"," + jcs.dumps(after)[1:]
+
+
+def linked_hash(parts: tuple[bytes, bytes], prev_hash: str) -> str:
+    """The hash of the event whose payload was cut into ``parts``, linked after ``prev_hash``."""
+    return hashlib.sha256(parts[0] + jcs.dumps(prev_hash) + parts[1]).hexdigest()

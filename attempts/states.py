@@ -26,8 +26,8 @@ from django.db.models import F
 from django.db.models.expressions import CombinedExpression
 from django.utils import timezone
 
-from attempts import audit
-from attempts.canonical import InvalidArguments, canonical_bytes, hash_bytes
+from attempts import audit, jcs
+from attempts.canonical import InvalidArguments, canonical_bytes
 from attempts.models import ATTENTION_STATES, ActorKind, Attempt, AttemptEvent, State
 
 log = logging.getLogger("ledgerweb.ledger")
@@ -161,11 +161,12 @@ def writer_queue_held(database: str):
     return _writer_queue.hold(database)
 
 
-def sqlite_file() -> str | None:
-    """The SQLite database file of ``connection``, or None (PostgreSQL, in-memory SQLite)."""
-    if connection.vendor != "sqlite":
+def sqlite_file(using: str = DEFAULT_DB_ALIAS) -> str | None:
+    """The SQLite database file of connection ``using``, or None (PostgreSQL, in-memory)."""
+    db = connections[using]
+    if db.vendor != "sqlite":
         return None
-    name = str(connection.settings_dict["NAME"])
+    name = str(db.settings_dict["NAME"])
     if not name or name == ":memory:" or "mode=memory" in name:
         return None
     return name
@@ -332,10 +333,15 @@ def default_next_check(to_state: str, now: dt.datetime) -> dt.datetime | None:
     return None
 
 
-def _chain_hash(payload: dict[str, Any]) -> str:
-    """The event's chain hash; refuses (InvalidArguments) details the chain could not hash
-    reproducibly, before anything is written."""
-    return hash_bytes(canonical_bytes(payload))
+def _chain_parts(payload: dict[str, Any]) -> tuple[bytes, bytes]:
+    """The event's canonical bytes around its ``prev_hash`` (``audit.payload_parts``), made
+    before the lock; refuses (InvalidArguments) details the chain could not hash reproducibly,
+    before anything is written."""
+    try:
+        return audit.payload_parts(payload)
+    except (jcs.CanonicalizationError, TypeError, ValueError):
+        canonical_bytes(payload["details"])  # raises InvalidArguments in the usual words
+        raise InvalidArguments("event details are not JSON") from None
 
 
 class ChainedEvent:
@@ -345,7 +351,7 @@ class ChainedEvent:
     happen under the lock: read the chain head, hash, insert. No model instance is built unless
     asked for (``event()``): the hot path only inserts."""
 
-    __slots__ = ("row", "payload", "values", "pk")
+    __slots__ = ("row", "parts", "values", "pk")
 
     def __init__(
         self,
@@ -361,7 +367,7 @@ class ChainedEvent:
     ) -> None:
         now = now or timezone.now()
         details = details or {}
-        self.payload = audit.event_payload(
+        payload = audit.event_payload(
             attempt_id=attempt.attempt_id,
             action=action,
             actor_kind=actor.kind,
@@ -391,10 +397,11 @@ class ChainedEvent:
             self.values = _values_of(AttemptEvent, self.row)
         except (TypeError, ValueError) as exc:
             raise InvalidArguments(f"event details are not JSON: {exc}") from None
+        self.parts = _chain_parts(payload)
 
     def write(self, cursor, attempt_pk: int | None = None) -> None:
         """Link the event to the chain head and insert it (inside a write transaction)."""
-        pk, prev_hash, digest = _chain_values(cursor, self.values, self.payload, attempt_pk)
+        pk, prev_hash, digest = _chain_values(cursor, self.values, self.parts, attempt_pk)
         self.finish(pk, prev_hash, digest, attempt_pk)
 
     def finish(self, pk: int, prev_hash: str, digest: str, attempt_pk: int | None) -> None:
@@ -412,11 +419,11 @@ class ChainedEvent:
 
 
 def _chain_values(
-    cursor, values: list[Any], payload: dict[str, Any], attempt_pk: int | None = None
+    cursor, values: list[Any], parts: tuple[bytes, bytes], attempt_pk: int | None = None
 ) -> tuple[int, str, str]:
     """Insert an event row from its prepared values at the head of the chain (inside a write
     transaction). Returns (pk, prev, hash)."""
-    prev_hash, digest = _link(cursor, payload)
+    prev_hash, digest = _link(cursor, parts)
     attempt_slot, prev_slot, hash_slot = _event_slots(connection.vendor)
     if attempt_pk is not None:
         values[attempt_slot] = attempt_pk
@@ -425,33 +432,33 @@ def _chain_values(
     return _insert_values(cursor, AttemptEvent, values), prev_hash, digest
 
 
-def _link(cursor, payload: dict[str, Any]) -> tuple[str, str]:
-    """The chain step: read the head's hash and hash the payload with it. Returns (prev, hash).
-    bench/chain_cost.py measures the write path without exactly this."""
+def _link(cursor, parts: tuple[bytes, bytes]) -> tuple[str, str]:
+    """The chain step under the lock: read the head's hash and hash the event's prepared
+    canonical bytes with it. Returns (prev, hash). bench/chain_cost.py measures the write path
+    without exactly this and ``_chain_parts``."""
     cursor.execute(_head_sql())
     row = cursor.fetchone()
     prev_hash = row[0] if row else audit.GENESIS
-    payload["prev_hash"] = prev_hash
-    return prev_hash, _chain_hash(payload)
+    return prev_hash, audit.linked_hash(parts, prev_hash)
 
 
 def write_new_attempt(
-    cursor, attempt_values: list[Any], event_values: list[Any], payload: dict[str, Any]
+    cursor, attempt_values: list[Any], event_values: list[Any], parts: tuple[bytes, bytes]
 ) -> tuple[int, int, str, str]:
     """Insert a new attempt and its first, chained event from values prepared outside the lock
     (inside a write transaction). Returns (attempt pk, event pk, previous hash, event hash)."""
     _require_write_transaction()
     lock_ledger()
-    return write_new_attempt_rows(cursor, attempt_values, event_values, payload)
+    return write_new_attempt_rows(cursor, attempt_values, event_values, parts)
 
 
 def write_new_attempt_rows(
-    cursor, attempt_values: list[Any], event_values: list[Any], payload: dict[str, Any]
+    cursor, attempt_values: list[Any], event_values: list[Any], parts: tuple[bytes, bytes]
 ) -> tuple[int, int, str, str]:
     """``write_new_attempt`` for a caller that holds the write lock in a transaction of its
     own making (the intent writer, on the bare sqlite3 connection through ``QmarkCursor``)."""
     attempt_pk = _insert_values(cursor, Attempt, attempt_values)
-    event_pk, prev_hash, digest = _chain_values(cursor, event_values, payload, attempt_pk)
+    event_pk, prev_hash, digest = _chain_values(cursor, event_values, parts, attempt_pk)
     return attempt_pk, event_pk, prev_hash, digest
 
 
@@ -703,7 +710,7 @@ class PreparedAttempt:
     def write(self) -> Attempt:
         with connection.cursor() as cursor:
             written = write_new_attempt(
-                cursor, self.values, self.first_event.values, self.first_event.payload
+                cursor, self.values, self.first_event.values, self.first_event.parts
             )
         return self.finish(*written)
 

@@ -5,7 +5,7 @@ commit of about twenty pages. A web worker holds only a request or two at a time
 group commits (``states.GroupCommit``) stay small, and under load the lock holder shares the
 CPU with every other process. The writer is a single process on a Unix socket beside the
 database (``<database>-writer.sock``, mode 0600): a worker sends an intent already prepared
-outside the lock (its row values and first event, as JSON), the writer takes everything that
+outside the lock (its row values, its first event's values and canonical bytes, as JSON), the writer takes everything that
 has arrived, writes each piece in its own savepoint under one write transaction, commits once
 (``synchronous=FULL``), and only then answers each worker. It runs the statements a worker
 would (``states.write_new_attempt_rows``), under the same writer queue, so the chain and the
@@ -168,7 +168,12 @@ def submit(prepared: states.PreparedAttempt):
         return None
     event = prepared.first_event
     try:
-        sock.sendall(_frame({"a": prepared.values, "e": event.values, "p": event.payload}))
+        before, after = event.parts
+        sock.sendall(
+            _frame(
+                {"a": prepared.values, "e": event.values, "h": [before.decode(), after.decode()]}
+            )
+        )
         reply = _read_frame(sock)
     except (OSError, ValueError) as exc:
         # Lost (the writer died, stalled or is not one): the intent may or may not be
@@ -211,15 +216,19 @@ class _Peer:
         return found
 
 
-def _request(value: Any) -> tuple[list, list, dict]:
+def _request(value: Any) -> tuple[list, list, tuple[bytes, bytes]]:
+    """(attempt values, event values, the event's canonical bytes around its prev_hash)."""
+    parts = value.get("h") if isinstance(value, dict) else None
     if (
         not isinstance(value, dict)
         or not isinstance(value.get("a"), list)
         or not isinstance(value.get("e"), list)
-        or not isinstance(value.get("p"), dict)
+        or not isinstance(parts, list)
+        or len(parts) != 2
+        or not all(isinstance(part, str) for part in parts)
     ):
-        raise ValueError("a request is {'a': [...], 'e': [...], 'p': {...}}")
-    return value["a"], value["e"], value["p"]
+        raise ValueError("a request is {'a': [...], 'e': [...], 'h': [before, after]}")
+    return value["a"], value["e"], (parts[0].encode(), parts[1].encode())
 
 
 def _refusal(exc: BaseException) -> dict[str, Any]:
@@ -228,7 +237,7 @@ def _refusal(exc: BaseException) -> dict[str, Any]:
     return {"error": f"{type(exc).__name__}: {exc}"}
 
 
-def write_requests(requests: list[tuple[list, list, dict]]) -> list[dict[str, Any]]:
+def write_requests(requests: list[tuple[list, list, tuple[bytes, bytes]]]) -> list[dict[str, Any]]:
     """Record ``requests`` in one transaction and one durable commit; returns one reply each.
 
     Runs on the bare sqlite3 connection under Django's (which stays in autocommit): the writer
@@ -247,17 +256,17 @@ def write_requests(requests: list[tuple[list, list, dict]]) -> list[dict[str, An
         statements = states.QmarkCursor(cursor)
         try:
             cursor.execute("BEGIN IMMEDIATE")
-            for attempt_values, event_values, payload in requests:
+            for attempt_values, event_values, parts in requests:
                 if alone:
                     written = states.write_new_attempt_rows(
-                        statements, attempt_values, event_values, payload
+                        statements, attempt_values, event_values, parts
                     )
                     replies.append({"ok": list(written)})
                     continue
                 cursor.execute("SAVEPOINT intent")
                 try:
                     written = states.write_new_attempt_rows(
-                        statements, attempt_values, event_values, payload
+                        statements, attempt_values, event_values, parts
                     )
                 except Exception as exc:  # noqa: BLE001 (this piece's reply)
                     cursor.execute("ROLLBACK TO intent")
