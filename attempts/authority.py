@@ -57,7 +57,7 @@ class GrantTerms(NamedTuple):
     """What intents and claims check against: an active grant's policy version and scopes."""
 
     policy_version: str
-    allowed_scopes: list[str]
+    allowed_scopes: tuple[str, ...]
 
 
 def _active_terms(tenant: str, tool_name: str) -> GrantTerms | None:
@@ -73,7 +73,7 @@ def _active_terms(tenant: str, tool_name: str) -> GrantTerms | None:
         row = cursor.fetchone()
     if row is None:
         return None
-    return GrantTerms(row[0], scopes_field.from_db_value(row[1], None, connection))
+    return GrantTerms(row[0], tuple(scopes_field.from_db_value(row[1], None, connection)))
 
 
 def authority_holds(attempt: Attempt, grant: Grant | GrantTerms | None = None) -> tuple[bool, str]:

@@ -18,7 +18,7 @@ from django.db import IntegrityError, connection
 from django.db.models import F
 from django.utils import timezone
 
-from attempts import authority, states, writer
+from attempts import access_cache, authority, states, writer
 from attempts.canonical import InvalidArguments, normalize_args
 from attempts.faults import crash_point, mutation
 from attempts.models import (
@@ -249,7 +249,11 @@ def record_intent(
 
 
 def _grant_terms(tenant: str, tool_name: str) -> authority.GrantTerms | None:
-    """The active grant for an active tool, in one query (every intent asks)."""
+    """The active grant for an active tool, in one query (every intent asks), or as this
+    process remembers it while nothing about grants and tools changed (``access_cache``)."""
+    remembered = access_cache.grant_terms(tenant, tool_name)
+    if remembered.hit is not None:
+        return remembered.hit
     grants = connection.ops.quote_name(Grant._meta.db_table)
     tools = connection.ops.quote_name(Tool._meta.db_table)
     with connection.cursor() as cursor:
@@ -263,7 +267,9 @@ def _grant_terms(tenant: str, tool_name: str) -> authority.GrantTerms | None:
     if row is None:
         return None
     scopes = Grant._meta.get_field("allowed_scopes").from_db_value(row[1], None, connection)
-    return authority.GrantTerms(row[0], scopes)
+    terms = authority.GrantTerms(row[0], tuple(scopes))
+    remembered.keep(terms)
+    return terms
 
 
 def _explain_missing_grant(tenant: str, tool_name: str) -> None:

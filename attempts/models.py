@@ -17,6 +17,8 @@ from django.conf import settings
 from django.db import models, transaction
 from django.db.models import Q
 
+from attempts import access_cache
+
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
 
@@ -69,6 +71,17 @@ def new_attempt_id() -> str:
         chars.append(_CROCKFORD[value & 31])
         value >>= 5
     return "att_" + "".join(reversed(chars))
+
+
+class AccessQuerySet(models.QuerySet):
+    """Rows that decide who may do what (tokens, grants, tools). An ``update()`` sends no
+    signal, so it tells ``access_cache`` itself; recording a token's use changes nothing."""
+
+    def update(self, **kwargs) -> int:
+        count = super().update(**kwargs)
+        if count and set(kwargs) != {"last_used_at"}:
+            access_cache.access_changed(self.db)
+        return count
 
 
 class Tenant(models.Model):
@@ -125,6 +138,8 @@ class Tool(models.Model):
     active = models.BooleanField(default=True)
     updated_at = models.DateTimeField(auto_now=True)
 
+    objects = AccessQuerySet.as_manager()
+
     def __str__(self) -> str:
         return self.name
 
@@ -138,6 +153,8 @@ class Grant(models.Model):
     allowed_scopes = models.JSONField(default=list, blank=True)
     active = models.BooleanField(default=True)
     updated_at = models.DateTimeField(auto_now=True)
+
+    objects = AccessQuerySet.as_manager()
 
     class Meta:
         constraints = [
@@ -345,6 +362,8 @@ class AgentToken(models.Model):
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
 
+    objects = AccessQuerySet.as_manager()
+
     TOKEN_PREFIX = "lwt_"  # noqa: S105 (a public marker, not a secret)
     # Writing last_used_at costs a write per request; once a minute per token is enough.
     LAST_USED_RESOLUTION = 60
@@ -387,6 +406,9 @@ class AgentToken(models.Model):
         from django.utils import timezone
 
         token_hash = cls.hash_token(raw)
+        remembered = access_cache.identity(token_hash)
+        if remembered.hit is not None:
+            return remembered.hit
         cutoff = timezone.now() - dt.timedelta(seconds=cls.LAST_USED_RESOLUTION)
         # Every API call starts here: one prepared query (the ORM's M2M machinery costs a quarter
         # of an intent's CPU) for the token, its tenants, and whether its use was recorded lately.
@@ -407,11 +429,13 @@ class AgentToken(models.Model):
         if not recent:
             cls(id=token_id, name=name, token_hash=token_hash).touch()
         # A live token without tenants authenticates, and is refused by every tenant check.
-        return AgentIdentity(
+        identity = AgentIdentity(
             id=token_id,
             name=name,
             tenant_slugs=frozenset(row[2] for row in rows if row[2] is not None),
         )
+        remembered.keep(identity)
+        return identity
 
     def touch(self) -> None:
         """Record use, at most once per LAST_USED_RESOLUTION seconds per token."""
