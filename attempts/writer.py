@@ -93,22 +93,23 @@ def _frame(value: Any) -> bytes:
     return len(body).to_bytes(4, "big") + body
 
 
-def _read_exactly(sock: socket.socket, n: int) -> bytes:
-    chunks, got = [], 0
-    while got < n:
-        chunk = sock.recv(n - got)
+def _read_frame(sock: socket.socket) -> Any:
+    """The writer's one reply, usually in a single read (a reply is a few hundred bytes)."""
+    data = b""
+    while True:
+        chunk = sock.recv(RECV_SIZE)
         if not chunk:
             raise ConnectionError("the writer closed the connection")
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)
-
-
-def _read_frame(sock: socket.socket) -> Any:
-    size = int.from_bytes(_read_exactly(sock, 4), "big")
-    if size > MAX_FRAME:
-        raise ConnectionError(f"a {size}-byte reply is not the writer's")
-    return json.loads(_read_exactly(sock, size))
+        data += chunk
+        if len(data) < 4:
+            continue
+        size = int.from_bytes(data[:4], "big")
+        if size > MAX_FRAME:
+            raise ConnectionError(f"a {size}-byte reply is not the writer's")
+        if len(data) > 4 + size:
+            raise ConnectionError("the writer sent more than one reply")
+        if len(data) == 4 + size:
+            return json.loads(data[4:])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -31,3 +31,14 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry, ensure_ascii=False)
+
+
+def skip_unused_record_fields() -> None:
+    """Stop filling log record fields no configured format prints: the caller's file, line and
+    function (a walk up the stack for every line), the thread, and the multiprocessing and
+    asyncio task names (the logging HOWTO, "Optimization"). The process id stays: gunicorn's
+    error log prints it. The ledger logs a line for every change, so this is per request."""
+    logging._srcfile = None
+    logging.logThreads = False
+    logging.logMultiprocessing = False
+    logging.logAsyncioTasks = False

@@ -11,6 +11,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.csp import CSP
 
+from ledgerweb import logs
 from ledgerweb.env import env_bool, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -222,6 +223,7 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env_str("LEDGERWEB_LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }
+logs.skip_unused_record_fields()
 
 # The ledger's own knobs (seconds unless named otherwise).
 LEDGER = {

@@ -90,3 +90,19 @@ def test_missing_owner_configuration_is_reported(tmp_path):
     assert "attempts.W001" in result.stdout + result.stderr
     result = run_manage(tmp_path, "check", LEDGERWEB_DEFAULT_OWNER="oncall")
     assert "attempts.W001" not in result.stdout + result.stderr
+
+
+def test_log_records_skip_only_fields_no_format_prints():
+    import logging
+
+    from django.conf import settings
+
+    assert logging._srcfile is None and not logging.logThreads
+    assert logging.logProcesses  # gunicorn's error log prints the pid
+    used = " ".join(str(f.get("format", "")) for f in settings.LOGGING["formatters"].values())
+    for skipped in ("pathname", "filename", "lineno", "funcName", "thread", "processName"):
+        assert skipped not in used
+    record = logging.getLogger("ledgerweb.api").makeRecord(
+        "ledgerweb.api", logging.INFO, "(unknown file)", 0, "x", (), None
+    )
+    assert record.process is not None
