@@ -6,9 +6,10 @@ database, they were a query each per call, a fifth of an intent's CPU. A web wor
 keeps the answers it has read and trusts one only while both hold:
 
 - nothing they depend on changed since it was read. Every change to a token, its tenants, a
-  grant or a tool (save, delete, ``update()``; in the admin, by command or in code) appends a
-  byte to ``<database>-access.stamp`` beside the database; an answer read when the stamp had
-  another size is asked again. The size only grows, so no change is missed, and as the stamp
+  grant or a tool (save, delete, ``update()``; in the admin, by command or in code; not the
+  record of a token's last use, ``AccessQuerySet.record_use``) appends a byte to
+  ``<database>-access.stamp`` beside the database; an answer read when the stamp had another
+  size is asked again. The size only grows, so no change is missed, and as the stamp
   is read *before* the query, an answer read while a change commits is already stale. The
   stamp is touched when the change is made and again when it commits;
 - it was read less than ``MAX_AGE`` seconds ago: the backstop for a change made behind the
@@ -99,15 +100,19 @@ def grant_terms(tenant: str, tool_name: str) -> Reading:
     return Reading(("grant", tenant, tool_name))
 
 
+def _peek(key: Any) -> Any:
+    entry = _entries.get(key)
+    return entry[0] if entry else None
+
+
 def identity_if_remembered(token_hash: str) -> AgentIdentity | None:
     """For tests and the shell: the identity this process remembers for ``token_hash``."""
-    entry = _entries.get(("token", token_hash))
-    return entry[0] if entry else None
+    return _peek(("token", token_hash))
 
 
 def terms_if_remembered(tenant: str, tool_name: str) -> GrantTerms | None:
-    entry = _entries.get(("grant", tenant, tool_name))
-    return entry[0] if entry else None
+    """For tests and the shell: the grant terms this process remembers for the pair."""
+    return _peek(("grant", tenant, tool_name))
 
 
 def access_changed(using: str = DEFAULT_DB_ALIAS) -> None:

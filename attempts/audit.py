@@ -65,7 +65,7 @@ def payload_parts(payload: dict[str, Any]) -> tuple[bytes, bytes]:
     before = {key: value for key, value in payload.items() if key < "prev_hash"}
     after = {key: value for key, value in payload.items() if key > "prev_hash"}
     if not before or not after:
-        raise ValueError("an event payload has members on both sides of prev_hash")
+        raise ValueError("an event payload needs members on both sides of prev_hash")
     return jcs.dumps(before)[:-1] + b',"prev_hash":', b"," + jcs.dumps(after)[1:]
 
 

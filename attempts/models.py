@@ -75,13 +75,17 @@ def new_attempt_id() -> str:
 
 class AccessQuerySet(models.QuerySet):
     """Rows that decide who may do what (tokens, grants, tools). An ``update()`` sends no
-    signal, so it tells ``access_cache`` itself; recording a token's use changes nothing."""
+    signal, so it tells ``access_cache`` itself."""
 
     def update(self, **kwargs) -> int:
         count = super().update(**kwargs)
-        if count and set(kwargs) != {"last_used_at"}:
+        if count:
             access_cache.access_changed(self.db)
         return count
+
+    def record_use(self, **kwargs) -> int:
+        """An update that changes nobody's access (a token's last use): nothing to tell."""
+        return super().update(**kwargs)
 
 
 class Tenant(models.Model):
@@ -447,7 +451,7 @@ class AgentToken(models.Model):
             return
         AgentToken.objects.filter(pk=self.pk).filter(
             Q(last_used_at__isnull=True) | Q(last_used_at__lte=cutoff)
-        ).update(last_used_at=now)
+        ).record_use(last_used_at=now)
         self.last_used_at = now
 
     @property

@@ -5,8 +5,8 @@ commit of about twenty pages. A web worker holds only a request or two at a time
 group commits (``states.GroupCommit``) stay small, and under load the lock holder shares the
 CPU with every other process. The writer is a single process on a Unix socket beside the
 database (``<database>-writer.sock``, mode 0600): a worker sends an intent already prepared
-outside the lock (its row values, its first event's values and canonical bytes, as JSON), the writer takes everything that
-has arrived, writes each piece in its own savepoint under one write transaction, commits once
+outside the lock (its row values, its first event's values and canonical bytes, as JSON), the
+writer takes everything that has arrived, writes each piece in its own savepoint under one write transaction, commits once
 (``synchronous=FULL``), and only then answers each worker. It runs the statements a worker
 would (``states.write_new_attempt_rows``), under the same writer queue, so the chain and the
 lock order are the ledger's own; only Django's cursor and transaction wrappers are left out
@@ -93,23 +93,34 @@ def _frame(value: Any) -> bytes:
     return len(body).to_bytes(4, "big") + body
 
 
+def _take_frames(buffer: bytearray, what: str) -> list[bytes]:
+    """Remove the complete frames at the start of ``buffer`` and return their bodies (both
+    sides of the socket read this way); ValueError for a length over MAX_FRAME."""
+    bodies = []
+    while len(buffer) >= 4:
+        size = int.from_bytes(buffer[:4], "big")
+        if size > MAX_FRAME:
+            raise ValueError(f"a {size}-byte {what} is over the {MAX_FRAME}-byte limit")
+        if len(buffer) < 4 + size:
+            break
+        bodies.append(bytes(buffer[4 : 4 + size]))
+        del buffer[: 4 + size]
+    return bodies
+
+
 def _read_frame(sock: socket.socket) -> Any:
     """The writer's one reply, usually in a single read (a reply is a few hundred bytes)."""
-    data = b""
+    buffer = bytearray()
     while True:
         chunk = sock.recv(RECV_SIZE)
         if not chunk:
             raise ConnectionError("the writer closed the connection")
-        data += chunk
-        if len(data) < 4:
-            continue
-        size = int.from_bytes(data[:4], "big")
-        if size > MAX_FRAME:
-            raise ConnectionError(f"a {size}-byte reply is not the writer's")
-        if len(data) > 4 + size:
-            raise ConnectionError("the writer sent more than one reply")
-        if len(data) == 4 + size:
-            return json.loads(data[4:])
+        buffer += chunk
+        bodies = _take_frames(buffer, "reply")
+        if bodies:
+            if len(bodies) > 1 or buffer:
+                raise ConnectionError("the writer sent more than one reply")
+            return json.loads(bodies[0])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -205,17 +216,7 @@ class _Peer:
 
     def frames(self) -> list[Any]:
         """Complete requests in the buffer; ValueError for anything that is not one."""
-        found = []
-        while len(self.buffer) >= 4:
-            size = int.from_bytes(self.buffer[:4], "big")
-            if size > MAX_FRAME:
-                raise ValueError(f"a {size}-byte request is over the {MAX_FRAME}-byte limit")
-            if len(self.buffer) < 4 + size:
-                break
-            body = bytes(self.buffer[4 : 4 + size])
-            del self.buffer[: 4 + size]
-            found.append(_request(json.loads(body)))
-        return found
+        return [_request(json.loads(body)) for body in _take_frames(self.buffer, "request")]
 
 
 def _request(value: Any) -> tuple[list, list, tuple[bytes, bytes]]:

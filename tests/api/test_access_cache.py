@@ -81,7 +81,7 @@ def test_recording_use_keeps_what_is_remembered(issued) -> None:
     token, raw = issued
     first = AgentToken.authenticate(raw)
     token.touch()  # last_used_at only
-    AgentToken.objects.filter(pk=token.pk).update(last_used_at=None)
+    AgentToken.objects.filter(pk=token.pk).record_use(last_used_at=None)
     assert AgentToken.authenticate(raw) is first
 
 
