@@ -22,6 +22,7 @@ from attempts.models import (
     OwnershipRule,
     Tenant,
     Tool,
+    adapter_names,
 )
 
 
@@ -150,8 +151,29 @@ class LoginThrottleAdmin(admin.ModelAdmin):
         return False
 
 
+class ToolForm(forms.ModelForm):
+    # A choice among the adapters settings list, never a free-text import path.
+    adapter = forms.ChoiceField(choices=lambda: [(name, name) for name in adapter_names()])
+
+    class Meta:
+        model = Tool
+        fields = (
+            "name",
+            "description",
+            "effect_class",
+            "critical",
+            "active",
+            "adapter",
+            "dispatch_url",
+            "lookup_url",
+            "timeout_seconds",
+            "max_sends",
+        )
+
+
 @admin.register(Tool)
 class ToolAdmin(admin.ModelAdmin):
+    form = ToolForm
     list_display = (
         "name",
         "effect_class",
@@ -170,7 +192,7 @@ class ToolAdmin(admin.ModelAdmin):
             {
                 "fields": ("adapter", "dispatch_url", "lookup_url", "timeout_seconds", "max_sends"),
                 "description": "adapter 'http' is the generic HTTP provider (docs/providers.md); "
-                "or the dotted path of a custom adapter class.",
+                "custom adapters are added to the list by the deployment (LEDGERWEB_ADAPTERS).",
             },
         ),
     )

@@ -1,9 +1,10 @@
 """Named crash points and mutation switches: failure injection for ``manage.py crashtest``.
 
 Everything here is inert unless fault injection is enabled *for this process* by its
-environment, and it can only be enabled where ``settings.LEDGER["FAULTS_ALLOWED"]`` is true
-(never in production: ``LEDGERWEB_HTTPS=1`` turns it off, and asking for faults there makes the
-process refuse to start, see ``check_environment``).
+environment, and only where ``settings.LEDGER["FAULTS_ALLOWED"]`` is true: off by default, on
+only when a test process sets ``LEDGERWEB_FAULTS_ALLOWED=1`` (crashtest does for its children),
+and refused with production settings (``LEDGERWEB_HTTPS=1``). Asking for faults where they are
+not allowed makes the process refuse to start (see ``check_environment``).
 
 - ``LEDGERWEB_CRASH_AT=point[,point...]`` with optional ``LEDGERWEB_CRASH_AFTER=N``: the process
   kills itself with SIGKILL at the N-th hit (default the first) of any listed crash point.
@@ -72,8 +73,9 @@ def check_environment() -> None:
         raise ImproperlyConfigured(
             "fault injection was requested ("
             + ", ".join(sorted(wanted))
-            + ") but this deployment does not allow it: LEDGER['FAULTS_ALLOWED'] is off "
-            "(production, LEDGERWEB_HTTPS=1). Remove these variables."
+            + ") but this deployment does not allow it: LEDGER['FAULTS_ALLOWED'] is off. "
+            "Remove these variables, or (in a test process only, never with production "
+            "settings) set LEDGERWEB_FAULTS_ALLOWED=1."
         )
     for name, minimum in ((ENV_CRASH_AFTER, 1), (ENV_CRASH_TIMER_MS, 0)):
         if name in wanted:

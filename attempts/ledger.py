@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,28 @@ from attempts.states import Actor, write_transaction
 log = logging.getLogger("ledgerweb.ledger")
 
 MAX_TEXT = {"task_id": 200, "tool_name": 100, "idempotency_key": 255, "tenant": 64}
+# Free text (reasons, notes, evidence) may span lines; every other text is one line.
+MULTILINE_TEXT = frozenset({"reason", "note", "evidence"})
+LINE_BREAKS = frozenset("\n\r\t")
+
+
+def text_problem(value: str, *, multiline: bool = False) -> str:
+    """Why ``value`` cannot be stored and carried to a provider as it is ('' when it can).
+
+    Control characters (C0, DEL, C1) have no faithful form in an HTTP header, a CSV cell or a
+    log line, and lone surrogates cannot be encoded as UTF-8 at all: both are refused at intake.
+    Multi-line text may keep line breaks and tabs. Every other Unicode character is kept and
+    carried faithfully (see the generic HTTP provider's key encoding).
+    """
+    for position, char in enumerate(value):
+        if multiline and char in LINE_BREAKS:
+            continue
+        category = unicodedata.category(char)
+        if category == "Cc":
+            return f"contains the control character U+{ord(char):04X} at position {position}"
+        if category == "Cs":
+            return f"contains a lone surrogate U+{ord(char):04X} at position {position}"
+    return ""
 
 
 class LedgerError(Exception):
@@ -156,6 +179,10 @@ def _text(name: str, value: Any, *, required: bool = True) -> str:
         return ""
     if not isinstance(value, str):
         raise InvalidIntent(f"{name} must be a string")
+    # Checked before stripping: str.strip() would silently drop some control characters.
+    problem = text_problem(value, multiline=name in MULTILINE_TEXT)
+    if problem:
+        raise InvalidIntent(f"{name} {problem}")
     value = value.strip()
     if required and not value:
         raise InvalidIntent(f"{name} must not be empty")
@@ -193,9 +220,11 @@ def record_intent(
         policy_version = _text("policy_version", policy_version)
     if credential_scope is not None and (
         not isinstance(credential_scope, list)
-        or not all(isinstance(s, str) and s for s in credential_scope)
+        or not all(isinstance(s, str) and s and not text_problem(s) for s in credential_scope)
     ):
-        raise InvalidIntent("credential_scope must be a list of non-empty strings")
+        raise InvalidIntent(
+            "credential_scope must be a list of non-empty strings without control characters"
+        )
     try:
         normalized = normalize_args(args)
     except InvalidArguments as exc:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models, transaction
 from django.db.models import Q
 
@@ -117,11 +118,23 @@ class Membership(models.Model):
         return f"{self.user} is {self.role} in {self.tenant_id}"
 
 
+def adapter_names() -> list[str]:
+    """The adapter names a tool may choose: ``settings.LEDGER["ADAPTERS"]``, never a path."""
+    return sorted(settings.LEDGER["ADAPTERS"])
+
+
+def validate_adapter_name(value: str) -> None:
+    if value not in settings.LEDGER["ADAPTERS"]:
+        raise ValidationError(
+            f"unknown adapter {value!r}: choose one of {', '.join(adapter_names())}"
+        )
+
+
 class Tool(models.Model):
     """A tool agents may call, its effect class, and how to reach its provider.
 
-    ``adapter`` is ``http`` for the generic HTTP provider protocol, or a dotted path to a custom
-    adapter class (see ``reconciliation/providers``).
+    ``adapter`` names one of the adapters settings list (``LEDGER["ADAPTERS"]``): ``http`` is
+    the generic HTTP provider protocol (see ``reconciliation/providers``).
     """
 
     name = models.CharField(primary_key=True, max_length=100)
@@ -132,7 +145,12 @@ class Tool(models.Model):
         help_text="Payments, deletions, messages, deployments: never retried without a person, "
         "and a linked retry needs two distinct reviewers.",
     )
-    adapter = models.CharField(max_length=200, default="http")
+    adapter = models.CharField(
+        max_length=200,
+        default="http",
+        validators=[validate_adapter_name],
+        help_text="One of the adapters this deployment lists (LEDGER['ADAPTERS']).",
+    )
     dispatch_url = models.URLField(max_length=500, blank=True)
     lookup_url = models.URLField(max_length=500, blank=True)
     timeout_seconds = models.FloatField(default=10.0)

@@ -5,6 +5,7 @@ misconfigured deployment fails at start-up with a sentence, not a traceback deep
 """
 
 import os
+import re
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -49,3 +50,22 @@ def env_list(name: str, default: list[str]) -> list[str]:
     if raw is None:
         return list(default)
     return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
+_DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
+
+
+def env_names(name: str, default: dict[str, str]) -> dict[str, str]:
+    """``short-name=dotted.path`` pairs, comma-separated, added to ``default`` (a name listed
+    again replaces the default's entry)."""
+    found = dict(default)
+    for item in env_list(name, []):
+        short, sep, path = (part.strip() for part in item.partition("="))
+        if not sep or not _NAME.match(short) or not _DOTTED.match(path):
+            raise ImproperlyConfigured(
+                f"{name}: {item!r} is not name=dotted.path (name: lowercase letters, digits, "
+                "'-' and '_', at most 64)"
+            )
+        found[short] = path
+    return found

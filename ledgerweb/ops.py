@@ -52,11 +52,21 @@ def healthz(request: HttpRequest) -> JsonResponse:
     intent_writer = writer.status()
     if intent_writer is not None:
         body["intent_writer"] = intent_writer
-    newest = WorkerHeartbeat.objects.aggregate(newest=Max("last_seen"))["newest"]
-    if newest is None:
+    latest = (
+        WorkerHeartbeat.objects.order_by("-last_seen")
+        .values("last_seen", "started_at", "restarts", "last_exit")
+        .first()
+    )
+    if latest is None:
         body["worker"] = "missing"
         healthy = not ops["HEALTHZ_REQUIRE_WORKER"]
     else:
+        newest = latest["last_seen"]
+        # A supervisor (scripts/run) restarted a worker that died: say so, and how it ended.
+        body["worker_restarts"] = latest["restarts"]
+        if latest["restarts"]:
+            body["worker_restarted_at"] = latest["started_at"].isoformat()
+            body["worker_last_exit"] = latest["last_exit"]
         age = max(0.0, (timezone.now() - newest).total_seconds())
         body["worker_heartbeat_age_seconds"] = round(age, 3)
         fresh = age <= ops["HEARTBEAT_MAX_AGE"]

@@ -12,7 +12,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.csp import CSP
 
 from ledgerweb import logs
-from ledgerweb.env import env_bool, env_int, env_list, env_str
+from ledgerweb.env import env_bool, env_int, env_list, env_names, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(env_str("LEDGERWEB_DATA_DIR", str(BASE_DIR / "var"))).resolve()
@@ -246,25 +246,32 @@ LEDGER = {
     ),
     # Username that owns attention work when no ownership rule matches.
     "DEFAULT_OWNER": env_str("LEDGERWEB_DEFAULT_OWNER", ""),
-    # Fault injection (crash points) is only possible in non-production settings.
-    "FAULTS_ALLOWED": env_bool("LEDGERWEB_FAULTS_ALLOWED", not HTTPS),
+    # Fault injection (crash points, mutations) only where a test process asks for it
+    # explicitly; never with production settings (checked below).
+    "FAULTS_ALLOWED": env_bool("LEDGERWEB_FAULTS_ALLOWED", False),
     # Dashboard login throttling: this many failures per username and address lock it out.
     "LOGIN_MAX_FAILURES": env_int("LEDGERWEB_LOGIN_MAX_FAILURES", 5, minimum=1),
     "LOGIN_LOCK_SECONDS": env_int("LEDGERWEB_LOGIN_LOCK_SECONDS", 15 * 60, minimum=1),
+    # Provider adapters a tool may name (Tool.adapter): short name -> adapter class. The list
+    # is code and deployment configuration; the database only ever holds a name from it.
+    # LEDGERWEB_ADAPTERS=name=package.module.Class,... adds custom adapters.
+    "ADAPTERS": env_names(
+        "LEDGERWEB_ADAPTERS", {"http": "reconciliation.providers.http.GenericHttpAdapter"}
+    ),
     # SQLite: web workers hand intents to the intent writer process (attempts/writer.py) when
     # it is running; with this off they always record them themselves.
     "INTENT_WRITER": env_bool("LEDGERWEB_INTENT_WRITER", True),
 }
 
-# Operations endpoints (docs/operations.md). /metrics answers loopback clients, or anyone sending
-# "Authorization: Bearer <LEDGERWEB_METRICS_TOKEN>"; behind a reverse proxy on the same host set
-# LEDGERWEB_METRICS_ALLOW_LOOPBACK=0 so proxied requests need the token.
+# Operations endpoints (docs/operations.md). /metrics answers "Authorization: Bearer
+# <LEDGERWEB_METRICS_TOKEN>"; LEDGERWEB_METRICS_ALLOW_LOOPBACK=1 opens it to loopback clients too.
 OPS = {
     "HEARTBEAT_MAX_AGE": env_int("LEDGERWEB_HEARTBEAT_MAX_AGE", 60, minimum=1),
     "HEALTHZ_REQUIRE_WORKER": env_bool("LEDGERWEB_HEALTHZ_REQUIRE_WORKER", True),
     "METRICS_TOKEN": env_str("LEDGERWEB_METRICS_TOKEN"),
-    # Behind an HTTPS reverse proxy every client looks like loopback: require the token there.
-    "METRICS_ALLOW_LOOPBACK": env_bool("LEDGERWEB_METRICS_ALLOW_LOOPBACK", not HTTPS),
+    # Off unless explicitly opened: behind a reverse proxy on the same host every client looks
+    # like loopback, so by default /metrics needs the token.
+    "METRICS_ALLOW_LOOPBACK": env_bool("LEDGERWEB_METRICS_ALLOW_LOOPBACK", False),
 }
 if HTTPS and LEDGER["FAULTS_ALLOWED"]:
     raise ImproperlyConfigured(

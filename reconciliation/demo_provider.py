@@ -10,6 +10,8 @@ SIGKILL and start it again on the same database. It speaks the generic HTTP prov
   (required), ``X-Ledger-Attempt-Id`` and ``X-Ledger-Args-Hash`` (both optional, stored as
   received). A 2xx answer carries ``{"id": "<provider request id>", "args_hash": ...}``.
 * look up: ``GET /tools/<tool>/lookup?idempotency_key=<key>`` (alias ``?correlation=<key>``).
+  With ``Idempotency-Key-Encoding: percent`` (send and lookup) the key is percent-encoded UTF-8
+  and is decoded before it is stored or looked up, so effects carry the agent's exact key.
   200 ``{"id", "args_hash", "created_at", "count"}`` describes the FIRST effect recorded for that
   tool and key (``count`` = how many effects carry the key); 404 ``{"error": "not_found"}`` means
   not found; anything else (503, a hang) means unavailable.
@@ -93,7 +95,7 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import rfc8785
 
@@ -691,8 +693,23 @@ class ProviderHandler(BaseHTTPRequestHandler):
 
     # -- tools
 
+    def _wire_key(self, value: str) -> str:
+        """The exact key: percent-decoded when ``Idempotency-Key-Encoding: percent`` says the
+        ledger encoded it (a key outside printable ASCII, or with ``%``)."""
+        encoding = (self.headers.get("Idempotency-Key-Encoding") or "").strip().lower()
+        if not encoding:
+            return value
+        if encoding != "percent":
+            raise RequestError("bad_idempotency_key", f"unknown key encoding {encoding!r}")
+        try:
+            return unquote(value, errors="strict")
+        except UnicodeDecodeError:
+            raise RequestError(
+                "bad_idempotency_key", "the key is not percent-encoded UTF-8"
+            ) from None
+
     def _send(self, tool: str, body: bytes) -> tuple[int, Any, dict[str, str]]:
-        key = (self.headers.get("Idempotency-Key") or "").strip()
+        key = self._wire_key((self.headers.get("Idempotency-Key") or "").strip())
         if not key:
             raise RequestError("missing_idempotency_key", "the Idempotency-Key header is required")
         if len(key) > MAX_KEY_LENGTH:
@@ -722,7 +739,7 @@ class ProviderHandler(BaseHTTPRequestHandler):
         return send_answer(result)
 
     def _lookup(self, tool: str, query: dict[str, str]) -> Answer:
-        key = query.get("idempotency_key") or query.get("correlation")
+        key = self._wire_key(query.get("idempotency_key") or query.get("correlation") or "")
         if not key:
             raise RequestError("missing_key", "pass ?idempotency_key= (or ?correlation=)")
         plan = self.server.faults.plan_lookup(tool)

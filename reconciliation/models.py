@@ -13,6 +13,10 @@ class WorkerHeartbeat(models.Model):
     last_seen = models.DateTimeField(db_index=True)
     settled_total = models.PositiveBigIntegerField(default=0)
     lookups_total = models.PositiveBigIntegerField(default=0)
+    # Set by a supervisor that restarted this worker after its predecessor died (scripts/run):
+    # how many times, and how the last one ended. /healthz shows both.
+    restarts = models.PositiveIntegerField(default=0)
+    last_exit = models.CharField(max_length=200, blank=True, default="")
 
     def __str__(self) -> str:
         return self.worker_id

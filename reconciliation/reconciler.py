@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import InterfaceError, OperationalError, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -86,8 +86,13 @@ def max_sends_for(adapter: Adapter) -> int:
     return adapter.tool.max_sends or settings.LEDGER["MAX_SENDS"]
 
 
+# States an attempt may be handed to a person from when handling it fails.
+QUARANTINABLE = frozenset(
+    {State.INTENT_RECORDED, State.DISPATCHED, State.UNKNOWN, State.FAILED_RETRYABLE}
+)
+
 # Outcomes after which the attempt is still recovery's work.
-UNSETTLED = frozenset({"still_unknown", "blocked", "failed_retryable", "errors"})
+UNSETTLED = frozenset({"still_unknown", "blocked", "failed_retryable", "errors", "quarantined"})
 
 
 @dataclass
@@ -143,6 +148,34 @@ class _SendResult:
     confirmation: LookupAnswer | None
 
 
+@dataclass(frozen=True, slots=True)
+class _JobError:
+    """An adapter raised instead of answering: the attempt goes to a person, the pass goes on."""
+
+    error: BaseException
+
+
+class _NeedsSavepoints(Exception):
+    """A step run without a savepoint failed unexpectedly: the group is written again, each
+    attempt in its own savepoint (PostgreSQL cannot go on in a transaction after an error)."""
+
+
+def _error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".rstrip(": ")[:300]
+
+
+# Errors that say the database went away, not that one attempt is bad: the pass stops and the
+# worker's loop tries again later, nothing is quarantined.
+_DATABASE_DOWN = (OperationalError, InterfaceError)
+
+
+def _outcome(future: Future) -> LookupAnswer | _SendResult | _JobError:
+    try:
+        return future.result()
+    except Exception as exc:
+        return _JobError(exc)
+
+
 def _run_job(job: _Job) -> LookupAnswer | _SendResult:
     """Runs in a pool thread: provider I/O only, no database."""
     if job.kind == "lookup":
@@ -170,6 +203,8 @@ class Reconciler:
         batch_size: int = 200,
         lease_seconds: float | None = None,
         rng: random.Random | None = None,
+        restarts: int = 0,
+        last_exit: str = "",
     ) -> None:
         if concurrency < 1 or batch_size < 1:
             raise ValueError("concurrency and batch_size must be at least 1")
@@ -179,6 +214,8 @@ class Reconciler:
         self.batch_size = batch_size
         self.lease_seconds = lease_seconds
         self.rng = rng or random.Random()
+        self.restarts = restarts
+        self.last_exit = last_exit[:200]
 
     # -----------------------------------------------------------------------------------------
     # Claiming
@@ -281,7 +318,7 @@ class Reconciler:
                     done, _ = wait(list(in_flight), timeout=timeout, return_when=FIRST_COMPLETED)
                     if done and not finished:
                         first_finished_at = time.monotonic()
-                    finished += [(in_flight.pop(future), future.result()) for future in done]
+                    finished += [(in_flight.pop(future), _outcome(future)) for future in done]
                 if finished and (
                     not in_flight
                     or len(finished) >= self.FLUSH_SIZE
@@ -319,6 +356,8 @@ class Reconciler:
                     last_seen=now,
                     settled_total=summary.settled,
                     lookups_total=summary.lookups,
+                    restarts=self.restarts,
+                    last_exit=self.last_exit,
                 )
 
     # -----------------------------------------------------------------------------------------
@@ -365,13 +404,45 @@ class Reconciler:
             summary.lost += 1
             log.info("attempt %s changed under us: %s", attempt.attempt_id, exc)
             return None
-        except IntegrityError:
+        except _DATABASE_DOWN:
+            raise
+        except Exception as exc:
             if not savepoint:
-                raise
-            # Leave this attempt for the next pass; one bad row must not stall the batch.
-            summary.outcomes["errors"] += 1
-            log.exception("attempt %s could not be settled", attempt.attempt_id)
+                raise _NeedsSavepoints from exc
+            self._quarantine(attempt, exc, summary, during=getattr(step, "__name__", "step"))
             return None
+
+    def _quarantine(
+        self, attempt: Attempt, exc: BaseException, summary: Summary, *, during: str
+    ) -> None:
+        """Handling this attempt raised: it goes to a person (MANUAL_REVIEW with the error, an
+        owner and an event) and the pass goes on (protocol section 6, last row)."""
+        log.error(
+            "attempt %s: unexpected error in %s, quarantined for review",
+            attempt.attempt_id,
+            during,
+            exc_info=exc,
+        )
+        try:
+            with transaction.atomic():
+                # The failed step's writes were rolled back; its in-memory changes were not.
+                current = Attempt.objects.get(pk=attempt.pk)
+                if current.lease_owner != self.worker_id or current.state not in QUARANTINABLE:
+                    summary.lost += 1
+                    return
+                summary.outcomes["quarantined"] += 1
+                self._to_review(
+                    current,
+                    "worker_error",
+                    f"recovery failed on this attempt ({during}): {_error_text(exc)}",
+                    summary,
+                    {"error": {"type": type(exc).__name__, "message": str(exc)[:300]}},
+                )
+        except _DATABASE_DOWN:
+            raise
+        except Exception:
+            summary.outcomes["errors"] += 1
+            log.exception("attempt %s could not be quarantined", attempt.attempt_id)
 
     def _prepare_one(self, attempt: Attempt, registry: Registry, summary: Summary) -> _Job | None:
         adapter, problems = registry.usable(attempt.tool_name)
@@ -425,10 +496,12 @@ class Reconciler:
         """A stale or approved intent, or a retryable failure: send under today's authority."""
         holds, why = authority.authority_holds(attempt)
         if attempt.state == State.FAILED_RETRYABLE:
+            # The provider definitively did not perform it (or the connection never opened):
+            # sending again is safe in any class. When it may not be sent, a person decides;
+            # it is never dropped silently (protocol section 6).
             refusal = self._send_refusal(attempt, adapter, holds, why)
             if refusal:
-                self._move(attempt, State.FAILED, reason=refusal)
-                summary.outcomes["failed"] += 1
+                self._to_review(attempt, refusal[0], refusal[1], summary)
                 return None
         elif not holds:
             # Nothing was sent under the old authority; today's may send it after approval.
@@ -448,25 +521,49 @@ class Reconciler:
         summary.sends += 1
         return _Job("send", attempt, adapter, Call.of(attempt))
 
-    def _send_refusal(self, attempt: Attempt, adapter: Adapter, holds: bool, why: str) -> str:
-        """Why a FAILED_RETRYABLE attempt must not be sent again ('' when it may)."""
-        if adapter.effect_class != EffectClass.IDEMPOTENT:
-            return f"{adapter.effect_class} class is not resent automatically"
+    def _send_refusal(
+        self, attempt: Attempt, adapter: Adapter, holds: bool, why: str
+    ) -> tuple[str, str] | None:
+        """Why a FAILED_RETRYABLE attempt must not be sent again automatically, as (review
+        reason, explanation); None when it may be."""
         if not holds:
-            return f"authority changed: {why}"
+            return "authority_changed", f"not sent; authority changed since: {why}"
         if attempt.send_count >= max_sends_for(adapter):
-            return f"sends exhausted ({attempt.send_count} of {max_sends_for(adapter)})"
-        return ""
+            return (
+                "sends_exhausted",
+                f"not sent; sends exhausted ({attempt.send_count} of {max_sends_for(adapter)})",
+            )
+        if self._too_old(attempt):
+            return "max_age", "not sent; the maximum age passed while retrying"
+        return None
 
     # -----------------------------------------------------------------------------------------
     # Step 3: the provider answered
 
     def _apply(self, finished: list[tuple[_Job, Any]], summary: Summary) -> list[_Job]:
-        jobs: list[_Job] = []
         for job, _ in finished:
             crash_point("reconcile_looked_up" if job.kind == "lookup" else "reconcile_resent")
+        group = Summary()
+        try:
+            jobs = self._apply_group(finished, group, savepoints=False)
+        except _NeedsSavepoints:
+            # Nothing of the group was written: start again from the rows as they are.
+            for job, _ in finished:
+                job.attempt.refresh_from_db()
+            group = Summary()
+            jobs = self._apply_group(finished, group, savepoints=True)
+        summary.add(group)
+        return jobs
+
+    def _apply_group(
+        self, finished: list[tuple[_Job, Any]], summary: Summary, *, savepoints: bool
+    ) -> list[_Job]:
+        jobs: list[_Job] = []
         with write_transaction():
             for job, result in finished:
+                if isinstance(result, _JobError):
+                    self._quarantine(job.attempt, result.error, summary, during=job.kind)
+                    continue
                 if job.kind == "lookup":
                     summary.lookups += 1
                     step = self._after_lookup
@@ -477,7 +574,13 @@ class Reconciler:
                 # Answers settled by one move need no savepoint (see _guarded).
                 single_move = job.kind == "lookup" and result.status != LookupStatus.NOT_FOUND
                 follow_up = self._guarded(
-                    summary, step, job.attempt, job, result, summary, savepoint=not single_move
+                    summary,
+                    step,
+                    job.attempt,
+                    job,
+                    result,
+                    summary,
+                    savepoint=savepoints or not single_move,
                 )
                 if follow_up is not None:
                     jobs.append(follow_up)
@@ -631,9 +734,23 @@ class Reconciler:
                     next_check_at=self._next_check(attempt.send_count),
                 )
                 summary.outcomes["failed_retryable"] += 1
+            elif answer.retryable:
+                # Nothing happened, but recovery may not ask again: a person decides.
+                self._to_review(
+                    attempt,
+                    "sends_exhausted",
+                    f"not sent; sends exhausted ({attempt.send_count} of {max_sends}): "
+                    f"{answer.detail}",
+                    summary,
+                    details,
+                )
             else:
-                why = "sends exhausted" if answer.retryable else "provider refused for good"
-                self._move(attempt, State.FAILED, reason=f"{why}: {answer.detail}", details=details)
+                self._move(
+                    attempt,
+                    State.FAILED,
+                    reason=f"provider refused for good: {answer.detail}",
+                    details=details,
+                )
                 summary.outcomes["failed"] += 1
             return
         if answer.status == SendStatus.ACCEPTED and answer.provider_request_id:

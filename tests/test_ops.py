@@ -15,6 +15,12 @@ from reconciliation.models import WorkerHeartbeat
 pytestmark = pytest.mark.django_db
 
 
+@pytest.fixture
+def open_metrics(settings):
+    """A deployment that opened /metrics to loopback clients explicitly."""
+    settings.OPS = {**settings.OPS, "METRICS_ALLOW_LOOPBACK": True}
+
+
 def beat(seconds_ago: float, worker: str = "w1") -> None:
     now = timezone.now()
     WorkerHeartbeat.objects.update_or_create(
@@ -69,6 +75,25 @@ def test_healthz_says_whether_the_intent_writer_listens(client, settings, tmp_pa
     assert "intent_writer" not in client.get("/healthz").json()
 
 
+def test_healthz_says_when_a_supervisor_restarted_the_worker(client) -> None:
+    beat(1)
+    assert "worker_last_exit" not in client.get("/healthz").json()
+    now = timezone.now()
+    WorkerHeartbeat.objects.create(
+        worker_id="w2",
+        hostname="h",
+        pid=2,
+        started_at=now,
+        last_seen=now,
+        restarts=3,
+        last_exit="killed by signal 9 at 2026-12-01T02:00:00Z",
+    )
+    body = client.get("/healthz").json()
+    assert body["worker"] == "ok"
+    assert body["worker_restarts"] == 3
+    assert body["worker_last_exit"] == "killed by signal 9 at 2026-12-01T02:00:00Z"
+
+
 def test_healthz_without_worker_requirement(client, settings) -> None:
     settings.OPS = {**settings.OPS, "HEALTHZ_REQUIRE_WORKER": False}
     assert client.get("/healthz").status_code == 200
@@ -83,7 +108,7 @@ def parse(text: str) -> dict[str, float]:
     return samples
 
 
-def test_metrics_counts_attempts_by_state_tenant_and_tool(client, world) -> None:
+def test_metrics_counts_attempts_by_state_tenant_and_tool(client, world, open_metrics) -> None:
     agent = Actor.agent("a")
     for n in range(3):
         attempt, _ = ledger.record_intent(
@@ -128,7 +153,7 @@ def test_metrics_counts_attempts_by_state_tenant_and_tool(client, world) -> None
     assert State.UNKNOWN in response.content.decode()
 
 
-def test_reconcile_lag_reports_overdue_work(client, world) -> None:
+def test_reconcile_lag_reports_overdue_work(client, world, open_metrics) -> None:
     attempt, _ = ledger.record_intent(
         tenant="acme",
         task_id="t",
@@ -145,7 +170,15 @@ def test_reconcile_lag_reports_overdue_work(client, world) -> None:
     assert samples["ledger_reconcile_due_attempts"] == 1
 
 
+def test_metrics_need_the_token_by_default_even_from_loopback(client) -> None:
+    """Behind a reverse proxy on the same host every client is loopback: closed by default."""
+    response = client.get("/metrics", REMOTE_ADDR="127.0.0.1")
+    assert response.status_code == 403
+    assert b"ledger_attempts" not in response.content
+
+
 def test_metrics_from_elsewhere_needs_the_metrics_token(client, settings) -> None:
+    settings.OPS = {**settings.OPS, "METRICS_ALLOW_LOOPBACK": True}
     assert client.get("/metrics", REMOTE_ADDR="10.0.0.5").status_code == 403
     settings.OPS = {**settings.OPS, "METRICS_TOKEN": "s3cret-metrics"}
     wrong = client.get("/metrics", REMOTE_ADDR="10.0.0.5", headers={"Authorization": "Bearer no"})
@@ -158,7 +191,7 @@ def test_metrics_from_elsewhere_needs_the_metrics_token(client, settings) -> Non
     assert client.get("/metrics", REMOTE_ADDR="127.0.0.1").status_code == 403
 
 
-def test_metrics_count_recent_lookup_answers_by_kind(client, world) -> None:
+def test_metrics_count_recent_lookup_answers_by_kind(client, world, open_metrics) -> None:
     from attempts.states import append_event, write_transaction
 
     attempt, _ = ledger.record_intent(

@@ -10,6 +10,7 @@ let scripts/run create and install the clone's own .venv as a newcomer's machine
 from __future__ import annotations
 
 import http.cookiejar
+import json
 import os
 import re
 import signal
@@ -35,6 +36,33 @@ pytestmark = [
 ]
 PASSWORD = "demo-password-for-tests"
 START_TIMEOUT = 420
+STOP_WITHIN = 15.0
+
+
+def wait_for(probe, seconds: float, message: str):
+    deadline = time.monotonic() + seconds
+    while True:
+        found = probe()
+        if found:
+            return found
+        assert time.monotonic() < deadline, message
+        time.sleep(0.5)
+
+
+def worker_pids(data: Path) -> list[int]:
+    with sqlite3.connect(data / "ledger.sqlite3") as db:
+        return [row[0] for row in db.execute("SELECT pid FROM reconciliation_workerheartbeat")]
+
+
+def restarted(browser: Browser) -> bool:
+    status, body = browser.get("/healthz")
+    return status == 200 and json.loads(body).get("worker_restarts", 0) >= 1
+
+
+def load_the_machine() -> list[subprocess.Popen]:
+    """Busy loops on every core, twice over, as a loaded machine has."""
+    count = 2 * (os.cpu_count() or 2)
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
 
 
 def free_port() -> int:
@@ -143,6 +171,31 @@ def test_run_command_in_a_fresh_clone(tmp_path: Path) -> None:
         assert browser.get("/healthz")[0] in (200, 503)
         metrics_status, metrics = browser.get("/metrics")
         assert metrics_status == 200 and 'state="UNKNOWN"' in metrics
+
+        # A reconcile worker that dies is started again, and /healthz says so.
+        worker_pid = wait_for(lambda: worker_pids(data), 60, "no worker heartbeat")[0]
+        os.kill(worker_pid, signal.SIGKILL)
+        wait_for(lambda: restarted(browser), 90, "the worker was not restarted")
+        _, health = browser.get("/healthz")
+        assert "killed by signal 9" in json.loads(health)["worker_last_exit"]
+
+        # Ctrl-C on a busy machine still stops everything quickly.
+        burners = load_the_machine()
+        try:
+            time.sleep(2)
+            process.send_signal(signal.SIGINT)
+            interrupted = time.monotonic()
+            try:
+                code = process.wait(timeout=STOP_WITHIN + 20)
+            except subprocess.TimeoutExpired:
+                code = None
+            stopped_after = time.monotonic() - interrupted
+        finally:
+            for burner in burners:
+                burner.kill()
+                burner.wait()
+        assert code is not None, f"scripts/run did not stop:\n{log.read_text()}"
+        assert stopped_after <= STOP_WITHIN, f"stopping took {stopped_after:.1f}s"
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGINT)

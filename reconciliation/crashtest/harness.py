@@ -79,6 +79,8 @@ CHILD_TIMEOUT = 120.0  # a child process still running after this is a harness f
 
 # Knobs of the child processes: stale after one second, UNKNOWN due again at once.
 CHILD_SETTINGS = {
+    # The children are crashtest's own test processes: fault injection is on for them only.
+    "LEDGERWEB_FAULTS_ALLOWED": "1",
     "LEDGERWEB_STALE_AFTER": "1",
     "LEDGERWEB_BACKOFF_BASE": "0",
     "LEDGERWEB_BACKOFF_CAP": "1",

@@ -103,8 +103,9 @@ class LookupAnswer:
 
 
 class Adapter:
-    """One tool's provider. Subclass it for a custom provider and name the class by its dotted
-    path in ``Tool.adapter``; ``send`` and ``lookup`` must be safe to call from several threads.
+    """One tool's provider. Subclass it for a custom provider, list it in
+    ``LEDGER["ADAPTERS"]`` under a name (``LEDGERWEB_ADAPTERS``) and choose that name in
+    ``Tool.adapter``; ``send`` and ``lookup`` must be safe to call from several threads.
     """
 
     # Set to False in a subclass whose provider has no lookup (the manual class).

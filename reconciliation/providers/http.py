@@ -6,6 +6,15 @@
 - look up: ``GET <lookup_url>?idempotency_key=<key>``; 200 with ``{"id", "args_hash"}`` is found,
   404 is not found, anything else (or silence past the timeout) is unavailable.
 
+Keys travel faithfully. A key of printable ASCII (inner spaces included) without ``%`` goes into
+``Idempotency-Key`` as it is. Any other key (non-ASCII letters, ``%``, control characters of keys
+recorded before intake refused them) goes as its UTF-8 bytes percent-encoded
+(RFC 3986), with ``Idempotency-Key-Encoding: percent`` beside it, on the send and on the lookup
+alike (the lookup's ``idempotency_key`` carries the same wire form). A provider that decodes it
+gets the exact key; one that does not still sees one stable ASCII key per logical effect, the same
+on send and lookup, never equal to another key's. Control characters never reach here: intake
+refuses them (``attempts.ledger.text_problem``).
+
 A lookup URL may instead name the correlation field itself with placeholders, for providers that
 look effects up by another field: ``https://p.example/charges?metadata[ledger]={attempt_id}``
 (placeholders: ``{idempotency_key}``, ``{attempt_id}``, ``{args_hash}``, ``{tenant}``).
@@ -35,6 +44,18 @@ PLACEHOLDERS = ("idempotency_key", "attempt_id", "args_hash", "tenant")
 RETRYABLE_REFUSALS = frozenset({408, 409, 425, 429})
 MAX_ANSWER_BYTES = 1024 * 1024
 USER_AGENT = "ledgerweb-reconciler/1"
+KEY_ENCODING_HEADER = "Idempotency-Key-Encoding"
+# Characters a key may carry as they are: printable ASCII and inner spaces, except "%" (which
+# marks the encoding).
+_PLAIN_KEY_CHARS = frozenset(chr(c) for c in range(0x20, 0x7F)) - {"%"}
+
+
+def wire_key(key: str) -> tuple[str, bool]:
+    """The key as it travels in a header or query (see the module docstring), and whether it
+    is percent-encoded. Injective: a plain key has no ``%``, an encoded one always has."""
+    if key == key.strip(" ") and all(char in _PLAIN_KEY_CHARS for char in key):
+        return key, False
+    return quote(key, safe="".join(sorted(_PLAIN_KEY_CHARS - {" "}))), True
 
 
 class _Answer:
@@ -125,10 +146,11 @@ class GenericHttpAdapter(Adapter):
 
     def lookup_url_for(self, call: Call) -> str:
         url = self.tool.lookup_url
+        key, _ = wire_key(call.idempotency_key)
         if any("{" + name + "}" in url for name in PLACEHOLDERS):
             for name in PLACEHOLDERS:
                 value = {
-                    "idempotency_key": call.idempotency_key,
+                    "idempotency_key": key,
                     "attempt_id": call.attempt_id,
                     "args_hash": call.args_hash,
                     "tenant": call.tenant,
@@ -136,14 +158,29 @@ class GenericHttpAdapter(Adapter):
                 url = url.replace("{" + name + "}", quote(value, safe=""))
             return url
         separator = "&" if urlsplit(url).query else "?"
-        return f"{url}{separator}{urlencode({'idempotency_key': call.idempotency_key})}"
+        return f"{url}{separator}{urlencode({'idempotency_key': key})}"
+
+    @staticmethod
+    def key_headers(call: Call) -> dict[str, str]:
+        """``Idempotency-Key`` (and its encoding, when encoded) for a send or a lookup."""
+        key, encoded = wire_key(call.idempotency_key)
+        headers = {"Idempotency-Key": key}
+        if encoded:
+            headers[KEY_ENCODING_HEADER] = "percent"
+        return headers
+
+    @staticmethod
+    def lookup_headers(call: Call) -> dict[str, str]:
+        """A lookup says how its ``idempotency_key`` is encoded, when it is."""
+        _, encoded = wire_key(call.idempotency_key)
+        return {KEY_ENCODING_HEADER: "percent"} if encoded else {}
 
     def send(self, call: Call) -> SendAnswer:
         if not self.tool.dispatch_url:
             return SendAnswer(SendStatus.REFUSED, retryable=True, detail="no dispatch_url")
         headers = {
             "Content-Type": "application/json",
-            "Idempotency-Key": call.idempotency_key,
+            **self.key_headers(call),
             "X-Ledger-Attempt-Id": call.attempt_id,
             "X-Ledger-Args-Hash": call.args_hash,
         }
@@ -195,7 +232,7 @@ class GenericHttpAdapter(Adapter):
                 "GET",
                 self.lookup_url_for(call),
                 body=None,
-                headers={"Accept": "application/json"},
+                headers={"Accept": "application/json", **self.lookup_headers(call)},
                 timeout=self.timeout,
             )
         except (_Unsent, OSError, http.client.HTTPException) as exc:

@@ -1,36 +1,31 @@
-"""Tool name -> adapter. ``Tool.adapter`` is ``http`` (the generic provider), a name registered
-with ``register()``, or the dotted path of an ``Adapter`` subclass."""
+"""Tool name -> adapter. ``Tool.adapter`` is a short name from ``settings.LEDGER["ADAPTERS"]``
+(``http`` is the generic provider); the class behind it comes from settings, never from the
+database, so whoever edits a tool chooses among adapters the deployment installed and nothing
+else."""
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.utils.module_loading import import_string
 
 from attempts.models import Tool
 from reconciliation.providers.base import Adapter, ProviderError
-from reconciliation.providers.http import GenericHttpAdapter
-
-_ADAPTERS: dict[str, type[Adapter]] = {"http": GenericHttpAdapter}
-
-
-def register(name: str, adapter_class: type[Adapter]) -> None:
-    """Make ``adapter_class`` available under a short name for ``Tool.adapter``."""
-    if not (isinstance(adapter_class, type) and issubclass(adapter_class, Adapter)):
-        raise TypeError(f"{adapter_class!r} is not an Adapter subclass")
-    _ADAPTERS[name] = adapter_class
 
 
 def adapter_class(name: str) -> type[Adapter]:
-    """The adapter class named by ``name``; ProviderError when there is none."""
-    if name in _ADAPTERS:
-        return _ADAPTERS[name]
-    if "." not in name:
-        raise ProviderError(f"unknown adapter {name!r} (use 'http' or a dotted path)")
+    """The adapter class settings list under ``name``; ProviderError when there is none."""
+    listed = settings.LEDGER["ADAPTERS"]
+    if name not in listed:
+        raise ProviderError(
+            f"unknown adapter {name!r}: choose one of {', '.join(sorted(listed))} "
+            "(LEDGER['ADAPTERS'], extended with LEDGERWEB_ADAPTERS)"
+        )
     try:
-        found = import_string(name)
+        found = import_string(listed[name])
     except ImportError as exc:
-        raise ProviderError(f"cannot import adapter {name!r}: {exc}") from None
+        raise ProviderError(f"cannot import adapter {name!r}: {exc}", permanent=False) from None
     if not (isinstance(found, type) and issubclass(found, Adapter)):
-        raise ProviderError(f"{name!r} is not a reconciliation.providers.base.Adapter subclass")
+        raise ProviderError(f"adapter {name!r} is not a reconciliation.providers.base.Adapter")
     return found
 
 
@@ -67,11 +62,14 @@ class Registry:
         return self._adapters[tool_name]
 
     def usable(self, tool_name: str) -> tuple[Adapter | None, list[str]]:
-        """The adapter and its configuration problems (checked once per registry)."""
+        """The adapter and its configuration problems (checked once per registry). An adapter
+        that fails to build or check is a configuration problem of its tool, not a crash."""
         if tool_name not in self._usable:
             try:
                 adapter = self.get(tool_name)
                 self._usable[tool_name] = (adapter, adapter.check())
             except ProviderError as exc:
                 self._usable[tool_name] = (None, [str(exc)])
+            except Exception as exc:
+                self._usable[tool_name] = (None, [f"adapter failed: {type(exc).__name__}: {exc}"])
         return self._usable[tool_name]

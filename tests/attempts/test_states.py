@@ -20,6 +20,10 @@ PROTOCOL_MOVES = {
     (S.DISPATCHED, S.MANUAL_REVIEW),
     (S.FAILED_RETRYABLE, S.DISPATCHED),
     (S.FAILED_RETRYABLE, S.FAILED),
+    # Section 6: unsent work that may not be sent again goes to a person, never a silent FAILED;
+    # an attempt whose handling raised is quarantined for review, from any state recovery takes.
+    (S.FAILED_RETRYABLE, S.MANUAL_REVIEW),
+    (S.INTENT_RECORDED, S.MANUAL_REVIEW),
     (S.UNKNOWN, S.OUTCOME_CONFIRMED),
     (S.UNKNOWN, S.DISPATCHED),
     (S.UNKNOWN, S.FAILED),

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from django.core.checks import run_checks
+from django.core.exceptions import ValidationError
 from django.core.management import CommandError, call_command
 
 from attempts.models import EffectClass, OwnershipRule, Tool
@@ -23,7 +24,7 @@ from reconciliation.providers.base import (
     SendStatus,
 )
 from reconciliation.providers.http import GenericHttpAdapter
-from reconciliation.providers.registry import Registry, adapter_class, adapter_for, register
+from reconciliation.providers.registry import Registry, adapter_class, adapter_for
 from reconciliation.reconciler import Reconciler
 from tests.conftest import PYTHON, REPO
 from tests.reconciliation.conftest import make_due, unknown
@@ -118,7 +119,7 @@ def test_dump_round_trips(world, tmp_path) -> None:
         ),
         (
             [{"name": "x", "effect_class": "manual", "adapter": "no.such.Adapter"}],
-            "cannot import adapter",
+            "unknown adapter",
         ),
         (
             [{"name": "x", "effect_class": "manual"}, {"name": "x", "effect_class": "manual"}],
@@ -185,18 +186,32 @@ class RecordingAdapter(Adapter):
         )
 
 
-def test_registry_resolves_http_dotted_paths_and_registered_names(world) -> None:
+HERE = "tests.reconciliation.test_configuration"
+
+
+@pytest.fixture
+def custom_adapters(settings):
+    settings.LEDGER = {
+        **settings.LEDGER,
+        "ADAPTERS": {
+            **settings.LEDGER["ADAPTERS"],
+            "recording": f"{HERE}.RecordingAdapter",
+            "ambiguous": f"{HERE}.AmbiguousAdapter",
+            "not-an-adapter": "json.dumps",
+            "missing": "no.such.Thing",
+        },
+    }
+
+
+def test_registry_resolves_names_that_settings_list(world, custom_adapters) -> None:
     tool = Tool.objects.get(name="update_crm")
     assert adapter_class("http") is GenericHttpAdapter
-    tool.adapter = "tests.reconciliation.test_configuration.RecordingAdapter"
-    assert isinstance(adapter_for(tool), RecordingAdapter)
-    register("recording", RecordingAdapter)
     tool.adapter = "recording"
     assert isinstance(adapter_for(tool), RecordingAdapter)
     for bad, message in [
         ("nothing", "unknown adapter"),
-        ("no.such.Thing", "cannot import"),
-        ("json.dumps", "not a reconciliation.providers.base.Adapter"),
+        ("missing", "cannot import"),
+        ("not-an-adapter", "is not a reconciliation.providers.base.Adapter"),
     ]:
         tool.adapter = bad
         with pytest.raises(ProviderError, match=message):
@@ -205,10 +220,20 @@ def test_registry_resolves_http_dotted_paths_and_registered_names(world) -> None
         Registry([]).get("ghost")
 
 
-def test_a_custom_adapter_is_reconciled_like_any_other(world) -> None:
-    Tool.objects.filter(name="update_crm").update(
-        adapter="tests.reconciliation.test_configuration.RecordingAdapter"
-    )
+def test_a_dotted_path_stored_in_the_database_is_never_imported(world, custom_adapters) -> None:
+    """Whoever can edit a tool chooses among listed adapters, not what code the worker runs."""
+    tool = Tool.objects.get(name="update_crm")
+    tool.adapter = f"{HERE}.RecordingAdapter"
+    with pytest.raises(ProviderError, match="unknown adapter"):
+        adapter_for(tool)
+    with pytest.raises(ValidationError, match="unknown adapter"):
+        tool.full_clean()
+    tool.adapter = "recording"
+    tool.full_clean()
+
+
+def test_a_custom_adapter_is_reconciled_like_any_other(world, custom_adapters) -> None:
+    Tool.objects.filter(name="update_crm").update(adapter="recording")
     RecordingAdapter.effects.clear()
     attempt = make_due(unknown(world, "update_crm", "c:custom", {"a": 1}))
 
@@ -295,10 +320,8 @@ class AmbiguousAdapter(RecordingAdapter):
         return LookupAnswer(LookupStatus.AMBIGUOUS, detail="two partial matches")
 
 
-def test_an_ambiguous_answer_keeps_the_attempt_unknown(world) -> None:
-    Tool.objects.filter(name="update_crm").update(
-        adapter="tests.reconciliation.test_configuration.AmbiguousAdapter"
-    )
+def test_an_ambiguous_answer_keeps_the_attempt_unknown(world, custom_adapters) -> None:
+    Tool.objects.filter(name="update_crm").update(adapter="ambiguous")
     attempt = make_due(unknown(world, "update_crm", "c:amb", {"a": 1}))
 
     summary = Reconciler(worker_id="t").run_pass()

@@ -20,8 +20,14 @@ from tests.conftest import PYTHON, REPO
 pytestmark = pytest.mark.slow
 
 
-def crashtest(*args: str, **env: str) -> tuple[int, Any, str]:
-    environment = {**os.environ, "PYTHONPATH": str(REPO), **env}
+def crashtest(*args: str, **env: str | None) -> tuple[int, Any, str]:
+    environment = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "LEDGERWEB_FAULTS_ALLOWED": "1",
+        **env,
+    }
+    environment = {name: value for name, value in environment.items() if value is not None}
     done = subprocess.run(
         [PYTHON, "manage.py", "crashtest", "--quiet", *args],
         cwd=REPO,
@@ -105,12 +111,20 @@ def test_the_table_names_cases_and_invariants() -> None:
         (("--cases", "Z"), {}, "cases are letters"),
         (("--fuzz", "-1"), {}, "--fuzz must be 0 or more"),
         (("--no-cases",), {}, "--no-cases needs --fuzz N"),
-        (("--cases", "A"), {"LEDGERWEB_HTTPS": "1"}, "forbids"),
+        (
+            ("--cases", "A"),
+            {"LEDGERWEB_HTTPS": "1", "LEDGERWEB_FAULTS_ALLOWED": None},
+            "off unless enabled for this process",
+        ),
+        (("--cases", "A"), {"LEDGERWEB_FAULTS_ALLOWED": None}, "off unless enabled"),
+        (("--cases", "A"), {"LEDGERWEB_HTTPS": "1"}, "cannot be on in production"),
         (("--database-url", "mysql://a@localhost/x"), {}, "must be a postgres:// URL"),
         (("--database-url", "postgres://nobody@127.0.0.1:1/x"), {}, "cannot reach the PostgreSQL"),
     ],
 )
-def test_bad_use_is_a_clear_error(args: tuple[str, ...], env: dict[str, str], message: str) -> None:
+def test_bad_use_is_a_clear_error(
+    args: tuple[str, ...], env: dict[str, str | None], message: str
+) -> None:
     code, _, stderr = crashtest(*args, **env)
     assert code != 0
     assert message in stderr

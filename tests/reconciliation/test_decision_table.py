@@ -415,14 +415,74 @@ def test_retryable_refusal_is_sent_again_when_due(wired, demo) -> None:
     assert sent_count(demo, "c:429") == 1
 
 
-def test_retryable_failure_of_a_reconcilable_tool_is_not_resent(wired, demo) -> None:
+def test_retryable_failure_of_a_reconcilable_tool_is_sent_again(wired, demo) -> None:
+    """The provider definitively did not perform it: sending again is safe in any class."""
     attempt = dispatched(wired, "open_ticket", "t:retry", ARGS)
     ledger.fail(attempt, reason="429 from provider", retryable=True, actor=wired.agent)
     make_due(attempt)
 
     reconcile()
 
-    assert reload(attempt).state == State.FAILED
+    assert reload(attempt).state == State.OUTCOME_CONFIRMED
+    assert sent_count(demo, "t:retry") == 1
+
+
+def test_work_never_sent_while_the_provider_is_down_is_sent_when_it_is_back(wired, demo) -> None:
+    """Protocol section 6's FAILED_RETRYABLE row: a stale intent of a reconcilable tool meets
+    a provider that refuses connections; nothing was sent, so it is sent again later, never
+    FAILED silently."""
+    attempt = intent(wired, "open_ticket", "t:blip", ARGS)
+    Attempt.objects.filter(pk=attempt.pk).update(
+        next_check_at=timezone.now() - dt.timedelta(seconds=1)
+    )
+    real_url = Tool.objects.get(name="open_ticket").dispatch_url
+    Tool.objects.filter(name="open_ticket").update(
+        dispatch_url="http://127.0.0.1:9/tools/open_ticket/send"  # nothing listens on port 9
+    )
+    reconcile()
+    attempt = reload(attempt)
+    assert attempt.state == State.FAILED_RETRYABLE
+    make_due(attempt)
+    reconcile()  # still down: stays retryable (today's code made it FAILED here)
+    attempt = reload(attempt)
+    assert attempt.state == State.FAILED_RETRYABLE
+
+    Tool.objects.filter(name="open_ticket").update(dispatch_url=real_url)
+    make_due(attempt)
+    reconcile()
+
+    attempt = reload(attempt)
+    assert attempt.state == State.OUTCOME_CONFIRMED
+    assert sent_count(demo, "t:blip") == 1
+
+
+def test_unsent_work_past_the_send_limit_goes_to_a_person_with_an_owner(wired, demo) -> None:
+    attempt = intent(wired, "open_ticket", "t:exhausted", ARGS)
+    Tool.objects.filter(name="open_ticket").update(
+        dispatch_url="http://127.0.0.1:9/tools/open_ticket/send", max_sends=2
+    )
+    for _ in range(3):
+        make_due(attempt)
+        reconcile()
+        attempt = reload(attempt)
+
+    assert attempt.state == State.MANUAL_REVIEW
+    assert attempt.review_reason == "sends_exhausted"
+    assert attempt.owner == wired.triage
+    assert demo.summary()["total"] == 0
+
+
+def test_unsent_work_whose_authority_changed_goes_to_a_person(wired, demo) -> None:
+    attempt = dispatched(wired, "open_ticket", "t:revoked", ARGS)
+    ledger.fail(attempt, reason="429 from provider", retryable=True, actor=wired.agent)
+    Grant.objects.filter(tenant="acme", tool="open_ticket").update(policy_version="v2")
+    make_due(attempt)
+
+    reconcile()
+
+    attempt = reload(attempt)
+    assert (attempt.state, attempt.review_reason) == (State.MANUAL_REVIEW, "authority_changed")
+    assert attempt.owner == wired.triage
     assert demo.summary()["total"] == 0
 
 

@@ -37,7 +37,7 @@ def agent(plan_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [PYTHON, "manage.py", "crashtest_agent", str(plan_path)],
         cwd=REPO,
-        env=child_env(**env),
+        env=child_env(LEDGERWEB_FAULTS_ALLOWED="1", **env),
         capture_output=True,
         text=True,
         timeout=120,
@@ -117,7 +117,18 @@ def test_without_faults_the_agent_completes_in_the_safe_order(wired, demo, tmp_p
         ({"LEDGERWEB_HTTPS": "1", "LEDGERWEB_CRASH_AT": "intent_committed"}, "does not allow it"),
         ({"LEDGERWEB_HTTPS": "1", "LEDGERWEB_MUTATION": "blind_retry"}, "does not allow it"),
         ({"LEDGERWEB_HTTPS": "1", "LEDGERWEB_FAULTS_ALLOWED": "1"}, "cannot be on in production"),
-        ({"LEDGERWEB_CRASH_AT": "x", "LEDGERWEB_CRASH_AFTER": "zero"}, "whole number >= 1"),
+        (
+            {
+                "LEDGERWEB_FAULTS_ALLOWED": "1",
+                "LEDGERWEB_CRASH_AT": "x",
+                "LEDGERWEB_CRASH_AFTER": "zero",
+            },
+            "whole number >= 1",
+        ),
+        # Off unless a test process enables it: plain settings (say, behind a TLS-terminating
+        # proxy with LEDGERWEB_HTTPS off) refuse it too.
+        ({"LEDGERWEB_CRASH_AT": "intent_committed"}, "does not allow it"),
+        ({"LEDGERWEB_MUTATION": "blind_retry"}, "does not allow it"),
     ],
 )
 def test_fault_injection_in_production_refuses_to_start(env: dict[str, str], message: str) -> None:

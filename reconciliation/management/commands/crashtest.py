@@ -78,8 +78,9 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         if not settings.LEDGER["FAULTS_ALLOWED"]:
             raise CommandError(
-                "crashtest needs fault injection, which this deployment forbids "
-                "(LEDGER['FAULTS_ALLOWED'] is off in production). Run it in a staging checkout."
+                "crashtest needs fault injection, which is off unless enabled for this process: "
+                "run it as LEDGERWEB_FAULTS_ALLOWED=1 manage.py crashtest in a staging checkout "
+                "(never with production settings, LEDGERWEB_HTTPS=1)"
             )
         if options["fuzz"] < 0:
             raise CommandError("--fuzz must be 0 or more")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import threading
 import time
@@ -12,6 +13,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, close_old_connections
 
 from reconciliation.reconciler import Reconciler, Summary, tune_worker_process
+
+log = logging.getLogger("ledgerweb.reconciler")
 
 
 def _positive_int(value: str) -> int:
@@ -69,6 +72,17 @@ class Command(BaseCommand):
         parser.add_argument(
             "--json", action="store_true", help="Print the final summary as one JSON object."
         )
+        parser.add_argument(
+            "--restarts",
+            type=int,
+            default=0,
+            help="Set by a supervisor: how many times it restarted this worker (shown by /healthz).",
+        )
+        parser.add_argument(
+            "--last-exit",
+            default="",
+            help="Set by a supervisor: how the previous worker process ended (shown by /healthz).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         worker_id = options["worker_id"]
@@ -79,6 +93,8 @@ class Command(BaseCommand):
             concurrency=options["concurrency"],
             batch_size=options["batch_size"],
             lease_seconds=options["lease_seconds"],
+            restarts=max(0, options["restarts"]),
+            last_exit=options["last_exit"],
         )
         tune_worker_process()
         stop = threading.Event()
@@ -91,8 +107,11 @@ class Command(BaseCommand):
             if options["once"]:
                 try:
                     total = reconciler.run_once(stop=stop)
-                except DatabaseError as exc:
-                    raise CommandError(f"reconcile pass failed: {exc}") from exc
+                except Exception as exc:
+                    log.exception("reconcile pass failed")
+                    raise CommandError(
+                        f"reconcile pass failed: {type(exc).__name__}: {exc}"
+                    ) from exc
             else:
                 total = self._loop(reconciler, stop, options["interval"], options["verbosity"])
         finally:
@@ -123,9 +142,15 @@ class Command(BaseCommand):
         while not stop.is_set():
             try:
                 summary = reconciler.run_once(stop=stop)
-            except DatabaseError as exc:
-                # The database went away: say so, wait, and try again with a fresh connection.
-                self.stderr.write(f"reconcile pass failed, retrying in {interval}s: {exc}")
+            except Exception as exc:
+                # The database went away, or something outside any one attempt broke (one
+                # attempt's errors are quarantined inside the pass): say so, wait, and try
+                # again with a fresh connection. The worker never exits on its own.
+                if not isinstance(exc, DatabaseError):
+                    log.exception("reconcile pass failed")
+                self.stderr.write(
+                    f"reconcile pass failed, retrying in {interval}s: {type(exc).__name__}: {exc}"
+                )
                 close_old_connections()
                 stop.wait(interval)
                 continue
