@@ -111,7 +111,14 @@ def _parse_moment(value: Any, name: str) -> dt.datetime | None:
             ) from None
     if timezone.is_naive(moment):
         moment = moment.replace(tzinfo=dt.UTC)
-    return moment
+    try:
+        # Stored times are UTC: a moment that has no UTC form (0001-01-01T00:00+01:00) is
+        # refused here rather than overflowing in the query.
+        return moment.astimezone(dt.UTC)
+    except (OverflowError, ValueError):
+        raise ExportError(
+            f"{name} is outside the years 1 to 9999 in UTC: {str(value).strip()!r}"
+        ) from None
 
 
 def export_tenants(user: Any) -> set[str] | None:

@@ -386,6 +386,15 @@ def attach_provider_request(
                 code="not_dispatched",
                 attempt=current,
             )
+        if current.state not in (State.DISPATCHED, State.UNKNOWN):
+            # Never sent (INTENT_RECORDED -> FAILED), settled, or with a person: an id arriving
+            # now is not this attempt's send in flight.
+            raise StateConflict(
+                f"attempt is {current.state}: a provider request id is attached only while it "
+                "is DISPATCHED or UNKNOWN",
+                code="not_in_flight",
+                attempt=current,
+            )
         return states.move(
             current,
             None,

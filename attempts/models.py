@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import os
+import re
 import secrets
 import time
 from dataclasses import dataclass
@@ -62,6 +63,8 @@ class Role(models.TextChoices):
 ROLE_RANK = {Role.VIEWER: 0, Role.OPERATOR: 1, Role.REVIEWER: 2, Role.ADMIN: 3}
 
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+# What an attempt id may look like in a URL or a form (ids are ``att_`` + 26 Crockford letters).
+ATTEMPT_ID = re.compile(r"[A-Za-z0-9_-]{1,32}")
 
 
 def new_attempt_id() -> str:

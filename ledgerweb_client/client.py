@@ -404,12 +404,19 @@ def _error_class(status: int, code: str | None) -> type[LedgerError]:
     return LedgerError
 
 
+# The server refuses larger bodies (LEDGERWEB_MAX_BODY_BYTES, 1 MiB by default) with 413.
+DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+
+
 class LedgerClient:
     """A client of the ledger's agent API, over one persistent keep-alive connection.
 
     ``base_url`` is the server's root (``https://ledger.example.com``, optionally with a path
     prefix); the client adds ``/api/v1/``. ``token`` is the agent's bearer token. ``timeout``
-    (seconds) bounds connecting and each read.
+    (seconds) bounds connecting and each read. ``max_body_bytes`` (default 1 MiB, the server's
+    default ``LEDGERWEB_MAX_BODY_BYTES``) refuses a larger request body before sending it, with
+    ``InvalidRequest`` (status 413, code ``too_large``): not retryable, unlike
+    ``LedgerUnavailable``.
 
     Thread safety: a client may be shared between threads; a lock serialises the calls on its
     single connection. For calls in parallel, give each thread its own client.
@@ -426,6 +433,7 @@ class LedgerClient:
         *,
         timeout: float = 10.0,
         ssl_context: ssl.SSLContext | None = None,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     ) -> None:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https"):
@@ -438,6 +446,8 @@ class LedgerClient:
             raise ValueError("token must not be empty")
         if timeout <= 0:
             raise ValueError("timeout must be positive")
+        if max_body_bytes < 1:
+            raise ValueError("max_body_bytes must be at least 1")
         prefix = parts.path.rstrip("/")
         if prefix.endswith("/api/v1"):
             prefix = prefix[: -len("/api/v1")]
@@ -446,6 +456,7 @@ class LedgerClient:
         self._port = parts.port
         self._prefix = prefix + "/api/v1"
         self._timeout = timeout
+        self._max_body_bytes = max_body_bytes
         self._ssl_context = ssl_context
         self._headers = {
             "Authorization": f"Bearer {token}",
@@ -509,7 +520,16 @@ class LedgerClient:
                 conn = self._connection()
                 reused = self._conn_reused
                 try:
-                    conn.request(method, target, body=payload, headers=headers)
+                    try:
+                        conn.request(method, target, body=payload, headers=headers)
+                    except _DROPPED_CONNECTION_ERRORS:
+                        # A server may answer (413) and close before reading a whole body:
+                        # its answer, when it arrived, says more than the broken pipe.
+                        early = self._early_answer(conn) if payload else None
+                        if early is None:
+                            raise
+                        self._discard_connection()
+                        return early
                     response = conn.getresponse()
                     data = response.read()
                 except _DROPPED_CONNECTION_ERRORS as exc:
@@ -547,6 +567,15 @@ class LedgerClient:
                 return response.status, response.reason, data
         raise AssertionError("unreachable")  # pragma: no cover
 
+    @staticmethod
+    def _early_answer(conn: http.client.HTTPConnection) -> tuple[int, str, bytes] | None:
+        """The answer a server sent before the request body was all written, if any."""
+        try:
+            response = conn.getresponse()
+            return response.status, response.reason, response.read()
+        except (OSError, http.client.HTTPException):
+            return None
+
     # -- request / answer --------------------------------------------------------------------
 
     def _request(
@@ -573,6 +602,13 @@ class LedgerClient:
                     code="unserializable",
                 ) from exc
             headers["Content-Type"] = "application/json"
+            if len(payload) > self._max_body_bytes:
+                raise InvalidRequest(
+                    f"the request body is {len(payload)} bytes; the ledger accepts at most "
+                    f"{self._max_body_bytes} (max_body_bytes): not sent",
+                    status=413,
+                    code="too_large",
+                )
         status, reason, data = self._exchange(method, target, payload, headers)
         if 200 <= status < 300:
             try:

@@ -21,7 +21,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from attempts import audit_export, verify_export
-from attempts.models import Attempt, AttemptEvent, State, Tool
+from attempts.models import ATTEMPT_ID, Attempt, AttemptEvent, State, Tool
 
 DOWNLOADS = {
     "csv": ("text/csv; charset=utf-8", "csv"),
@@ -224,6 +224,8 @@ def report_lookup(request: HttpRequest) -> HttpResponse:
     """The report form on the exports page: go to the report of the attempt id typed in."""
     _allowed_tenants(request)
     attempt_id = request.GET.get("attempt", "").strip()
-    if not attempt_id or len(attempt_id) > 32:
-        return HttpResponseBadRequest("give an attempt id", content_type="text/plain")
+    if not ATTEMPT_ID.fullmatch(attempt_id):
+        return HttpResponseBadRequest(
+            "give an attempt id (letters, digits, _ and -, at most 32)", content_type="text/plain"
+        )
     return redirect("audit_report", attempt_id=attempt_id)

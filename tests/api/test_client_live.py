@@ -124,3 +124,24 @@ def test_errors_map_to_the_client_exceptions(ledger: LedgerClient, live_server, 
     assert AttemptEvent.objects.count() == events
     assert ledger.dispatch(attempt.attempt_id) is True
     assert ledger.dispatch(attempt.attempt_id) is False
+
+
+def test_a_body_too_large_is_a_non_retryable_413_not_unavailable(ledger: LedgerClient) -> None:
+    """8 MiB of arguments: refused as InvalidRequest 413 before sending (today's client said
+    LedgerUnavailable, which its docs call safe to retry: an agent would retry forever)."""
+    big = {"blob": "x" * (8 * 1024 * 1024)}
+    with pytest.raises(InvalidRequest) as refused:
+        ledger.record_intent(**{**intent("charge:live:huge"), "args": big})
+    assert (refused.value.status, refused.value.code) == (413, "too_large")
+    assert not Attempt.objects.exists()
+
+
+def test_the_servers_413_is_read_even_when_it_closes_mid_body(live_server, tokens) -> None:
+    """A client allowed bigger bodies than the server: the server answers 413 without reading
+    the body and closes; the client reports that answer, not a broken pipe."""
+    big = {"blob": "x" * (8 * 1024 * 1024)}
+    with LedgerClient(live_server.url, tokens.acme, max_body_bytes=64 * 1024 * 1024) as client:
+        with pytest.raises(InvalidRequest) as refused:
+            client.record_intent(**{**intent("charge:live:huge2"), "args": big})
+    assert refused.value.status == 413
+    assert not Attempt.objects.exists()

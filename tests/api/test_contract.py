@@ -9,7 +9,8 @@ import pytest
 from django.test import override_settings
 from django.utils import timezone
 
-from attempts import access_cache
+from attempts import access_cache, states
+from attempts.states import Actor, write_transaction
 from attempts.canonical import normalize_args
 from attempts.models import AgentToken, Attempt, AttemptEvent, Grant, State
 from tests.api.conftest import Api, Tokens, intent_body, ledger_snapshot
@@ -335,6 +336,47 @@ def test_provider_request_before_dispatch_is_409(api: Api) -> None:
     attempt_id = api.intent().body["attempt"]["attempt_id"]
     answer = api.post(f"attempts/{attempt_id}/provider-request", {"provider_request_id": "p"})
     assert_error(answer, 409, "not_dispatched")
+
+
+def _never_sent(api: Api) -> str:
+    attempt_id = api.intent("k:never-sent").body["attempt"]["attempt_id"]
+    answer = api.post(f"attempts/{attempt_id}/fail", {"reason": "abandoned", "retryable": False})
+    assert answer.body["attempt"]["state"] == "FAILED"
+    return attempt_id
+
+
+def _confirmed(api: Api) -> str:
+    attempt_id = dispatched(api, "k:confirmed")
+    api.post(f"attempts/{attempt_id}/confirm", {"result_ref": "receipt-1"})
+    return attempt_id
+
+
+def _in_review(api: Api) -> str:
+    attempt_id = dispatched(api, "k:review")
+    api.post(f"attempts/{attempt_id}/unknown", {"reason": "timed out"})
+    attempt = Attempt.objects.get(attempt_id=attempt_id)
+    with write_transaction():
+        states.move(attempt, State.MANUAL_REVIEW, actor=Actor.system(), reason="test")
+    return attempt_id
+
+
+@pytest.mark.parametrize("make", [_never_sent, _confirmed, _in_review])
+def test_provider_request_on_an_attempt_not_in_flight_is_409(api: Api, make) -> None:
+    """Never sent (INTENT_RECORDED -> FAILED), settled, or with a person: 409, nothing stored."""
+    attempt_id = make(api)
+    before = ledger_snapshot()
+    answer = api.post(f"attempts/{attempt_id}/provider-request", {"provider_request_id": "p"})
+    assert_error(answer, 409, "not_in_flight")
+    assert ledger_snapshot() == before
+    assert Attempt.objects.get(attempt_id=attempt_id).provider_request_id == ""
+
+
+def test_provider_request_repeated_after_confirmation_is_200(api: Api) -> None:
+    attempt_id = dispatched(api, "k:confirmed-with-id")
+    api.post(f"attempts/{attempt_id}/provider-request", {"provider_request_id": "prv_9"})
+    api.post(f"attempts/{attempt_id}/confirm", {"result_ref": "receipt-9"})
+    again = api.post(f"attempts/{attempt_id}/provider-request", {"provider_request_id": "prv_9"})
+    assert again.status == 200
 
 
 # ------------------------------------------------------------------------------ confirm

@@ -103,12 +103,37 @@ def test_another_tenants_data_cannot_be_asked_for(client, history):
         {"since": "2030-01-02", "until": "2030-01-01"},
         {"upto": "abc"},
         {"upto": "999999999"},
+        # Moments with no UTC form (they overflowed into a 500 before).
+        {"since": "0001-01-01T00:00:00+01:00"},
+        {"until": "0001-01-01T00:00:00+01:00"},
+        {"since": "9999-12-31T23:59:59-01:00"},
+        {"until": "9999-12-31T23:59:59-01:00"},
     ],
 )
 def test_bad_filters_are_400_not_500(client, history, params):
     login(client, "admin")
     assert client.get(reverse("audit_exports"), params).status_code == 400
-    assert client.get(reverse("audit_download", args=["jsonl"]), params).status_code == 400
+    for kind in ("csv", "jsonl", "manifest"):
+        response = client.get(reverse("audit_download", args=[kind]), params)
+        assert response.status_code == 400, (kind, params)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{"since": "0001-01-01T00:00:00Z"}, {"until": "9999-12-31T23:59:59+00:00"}],
+)
+def test_the_extremes_that_exist_in_utc_are_accepted(client, history, params):
+    login(client, "admin")
+    assert client.get(reverse("audit_exports"), params).status_code == 200
+    assert client.get(reverse("audit_download", args=["jsonl"]), params).status_code == 200
+
+
+@pytest.mark.parametrize("attempt", ["a/b", "../x", "att_1?x=1", "x" * 33, "a b", "é"])
+def test_report_lookup_refuses_what_is_not_an_attempt_id(client, history, attempt):
+    login(client, "reviewer")
+    response = client.get(reverse("audit_report_lookup"), {"attempt": attempt})
+    assert response.status_code == 400
+    assert b"attempt id" in response.content
 
 
 def test_unknown_format_is_404(client, history):
