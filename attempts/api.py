@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +31,7 @@ log = logging.getLogger("ledgerweb.api")
 API_PREFIX = "/api/"
 LIST_LIMIT_DEFAULT = 50
 LIST_LIMIT_MAX = 200
+ATTEMPT_CURSOR = re.compile(r"[A-Za-z0-9_-]{0,32}")
 
 INTENT_FIELDS = {
     "tenant",
@@ -290,8 +292,6 @@ def _record_intent(request: HttpRequest, token: AgentIdentity) -> JsonResponse:
     args = _require(body, "args", dict, "a JSON object")
     policy_version = _optional(body, "policy_version", str, "a string")
     scope = _optional(body, "credential_scope", list, "a list of strings")
-    if scope is not None and not all(isinstance(item, str) and item for item in scope):
-        raise ApiError(422, "invalid_field", "credential_scope must be a list of non-empty strings")
     if tenant.strip() not in token.tenant_slugs:
         raise ApiError(
             403, "tenant_not_granted", f"this token is not allowed tenant {tenant.strip()!r}"
@@ -328,6 +328,15 @@ def _list_attempts(request: HttpRequest, token: AgentIdentity) -> JsonResponse:
     unknown = sorted(set(params) - {"idempotency_key", "task_id", "state", "limit", "after"})
     if unknown:
         raise ApiError(422, "invalid_field", f"unknown query parameter(s): {', '.join(unknown)}")
+    for name, limit in (("idempotency_key", 255), ("task_id", 200)):
+        value = params.get(name, "")
+        problem = ledger.text_problem(value)
+        if problem or len(value) > limit:
+            raise ApiError(
+                422, "invalid_field", f"{name} {problem or f'is longer than {limit} characters'}"
+            )
+    if not ATTEMPT_CURSOR.fullmatch(params.get("after", "")):
+        raise ApiError(422, "invalid_field", "after must be an attempt id (a next_after cursor)")
     qs = Attempt.objects.for_tenants(token.tenant_slugs).select_related("parent", "owner")
     if "idempotency_key" in params:
         qs = qs.filter(idempotency_key=params["idempotency_key"])
@@ -337,10 +346,10 @@ def _list_attempts(request: HttpRequest, token: AgentIdentity) -> JsonResponse:
         if params["state"] not in State.values:
             raise ApiError(422, "invalid_field", f"state must be one of {', '.join(State.values)}")
         qs = qs.filter(state=params["state"])
-    try:
-        limit = int(params.get("limit", LIST_LIMIT_DEFAULT))
-    except ValueError:
-        raise ApiError(422, "invalid_field", "limit must be a whole number") from None
+    raw_limit = params.get("limit", str(LIST_LIMIT_DEFAULT))
+    if not re.fullmatch(r"[0-9]{1,4}", raw_limit):
+        raise ApiError(422, "invalid_field", "limit must be a whole number")
+    limit = int(raw_limit)
     if not 1 <= limit <= LIST_LIMIT_MAX:
         raise ApiError(422, "invalid_field", f"limit must be between 1 and {LIST_LIMIT_MAX}")
     if "after" in params:

@@ -52,6 +52,12 @@ def hash_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+# Every number, integer or not, within the range where JSON parsers agree on it exactly
+# (I-JSON, RFC 7493): 1e20 and 100000000000000000000 are the same number to JSON Schema and to
+# most parsers, so both are refused alike (docs/openapi.json says so).
+MAX_NUMBER = 2**53 - 1
+
+
 def _check_depth(value: Any, depth: int = 0) -> None:
     if depth > MAX_DEPTH:
         raise InvalidArguments(f"arguments nest deeper than {MAX_DEPTH} levels")
@@ -63,6 +69,11 @@ def _check_depth(value: Any, depth: int = 0) -> None:
     elif isinstance(value, list | tuple):
         for item in value:
             _check_depth(item, depth + 1)
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        if not -MAX_NUMBER <= value <= MAX_NUMBER:
+            raise InvalidArguments(
+                f"number out of the interoperable range (|n| <= 2**53 - 1): {value!r}"
+            )
 
 
 def normalize_args(args: Any, *, max_bytes: int | None = None) -> CanonicalArgs:

@@ -23,6 +23,7 @@ from attempts import access_cache, authority, states, writer
 from attempts.canonical import InvalidArguments, normalize_args
 from attempts.faults import crash_point, mutation
 from attempts.models import (
+    ATTEMPT_ID,
     ROLE_RANK,
     Attempt,
     AttemptEvent,
@@ -37,7 +38,15 @@ from attempts.states import Actor, write_transaction
 
 log = logging.getLogger("ledgerweb.ledger")
 
-MAX_TEXT = {"task_id": 200, "tool_name": 100, "idempotency_key": 255, "tenant": 64}
+MAX_TEXT = {
+    "task_id": 200,
+    "tool_name": 100,
+    "idempotency_key": 255,
+    "tenant": 64,
+    "provider_request_id": 255,
+    "policy_version": 64,
+}
+MAX_SCOPE = 500
 # Free text (reasons, notes, evidence) may span lines; every other text is one line.
 MULTILINE_TEXT = frozenset({"reason", "note", "evidence"})
 LINE_BREAKS = frozenset("\n\r\t")
@@ -123,6 +132,8 @@ class StateConflict(LedgerError):
 
 def get_attempt(attempt_id: str, *, tenants: set[str] | None = None) -> Attempt:
     """The attempt by public id, optionally only within ``tenants`` (404 for anyone else's)."""
+    if not isinstance(attempt_id, str) or not ATTEMPT_ID.fullmatch(attempt_id):
+        raise AttemptNotFound(f"no attempt {attempt_id!r}")
     qs = Attempt.objects.all()
     if tenants is not None:
         qs = qs.for_tenants(tenants)
@@ -183,12 +194,13 @@ def _text(name: str, value: Any, *, required: bool = True) -> str:
     problem = text_problem(value, multiline=name in MULTILINE_TEXT)
     if problem:
         raise InvalidIntent(f"{name} {problem}")
-    value = value.strip()
-    if required and not value:
-        raise InvalidIntent(f"{name} must not be empty")
+    # The limit counts what was sent, surrounding spaces included, as the OpenAPI document says.
     limit = MAX_TEXT.get(name, 500)
     if len(value) > limit:
         raise InvalidIntent(f"{name} is longer than {limit} characters")
+    value = value.strip()
+    if required and not value:
+        raise InvalidIntent(f"{name} must not be empty")
     return value
 
 
@@ -220,10 +232,14 @@ def record_intent(
         policy_version = _text("policy_version", policy_version)
     if credential_scope is not None and (
         not isinstance(credential_scope, list)
-        or not all(isinstance(s, str) and s and not text_problem(s) for s in credential_scope)
+        or not all(
+            isinstance(s, str) and 0 < len(s) <= MAX_SCOPE and not text_problem(s)
+            for s in credential_scope
+        )
     ):
         raise InvalidIntent(
-            "credential_scope must be a list of non-empty strings without control characters"
+            f"credential_scope must be a list of strings of 1 to {MAX_SCOPE} characters, "
+            "without control characters"
         )
     try:
         normalized = normalize_args(args)
@@ -304,7 +320,8 @@ def _grant_terms(tenant: str, tool_name: str) -> authority.GrantTerms | None:
 def _explain_missing_grant(tenant: str, tool_name: str) -> None:
     """Say precisely why there is no active grant (the error path may spend queries)."""
     if not Tool.objects.filter(name=tool_name, active=True).exists():
-        raise InvalidIntent(f"unknown tool {tool_name!r}", code="unknown_tool")
+        # A 403 like any other missing grant: the request is well formed (docs/openapi.json).
+        raise NotGranted(f"unknown tool {tool_name!r}", code="unknown_tool")
     if not Tenant.objects.filter(slug=tenant).exists():
         raise NotGranted(f"unknown tenant {tenant!r}", code="tenant_not_granted")
     raise NotGranted(

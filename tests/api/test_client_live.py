@@ -107,9 +107,9 @@ def test_errors_map_to_the_client_exceptions(ledger: LedgerClient, live_server, 
     events = AttemptEvent.objects.count()
     with pytest.raises(IdempotencyConflict):
         ledger.record_intent(**{**intent("charge:live:errors"), "args": {"amount_cents": 1}})
-    with pytest.raises(InvalidRequest) as invalid:
+    with pytest.raises(Refused) as unknown_tool:
         ledger.record_intent(**intent("charge:live:bad", tool_name="no_such_tool"))
-    assert invalid.value.code == "unknown_tool"
+    assert (unknown_tool.value.status, unknown_tool.value.code) == (403, "unknown_tool")
     with pytest.raises(Refused) as refused:
         ledger.record_intent(**intent("charge:live:globex", tenant="globex"))
     assert refused.value.code == "tenant_not_granted"

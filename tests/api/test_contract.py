@@ -10,9 +10,9 @@ from django.test import override_settings
 from django.utils import timezone
 
 from attempts import access_cache, states
-from attempts.states import Actor, write_transaction
 from attempts.canonical import normalize_args
 from attempts.models import AgentToken, Attempt, AttemptEvent, Grant, State
+from attempts.states import Actor, write_transaction
 from tests.api.conftest import Api, Tokens, intent_body, ledger_snapshot
 
 ATTEMPT_FIELDS = {
@@ -160,9 +160,9 @@ def test_wrong_types_are_422_and_store_nothing(api: Api, name: str, body) -> Non
     assert ledger_snapshot() == before
 
 
-def test_unknown_tool_is_422_unknown_tool(api: Api) -> None:
+def test_unknown_tool_is_403_unknown_tool(api: Api) -> None:
     before = ledger_snapshot()
-    assert_error(api.intent(tool_name="launch_rocket"), 422, "unknown_tool")
+    assert_error(api.intent(tool_name="launch_rocket"), 403, "unknown_tool")
     assert ledger_snapshot() == before
 
 

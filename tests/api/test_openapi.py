@@ -155,7 +155,7 @@ SCENARIOS: dict[tuple[str, str, str], Callable[[Api], Answer]] = {
     ("/attempts", "post", "403"): _scope_refused,
     ("/attempts", "post", "409"): _record_409,
     ("/attempts", "post", "413"): lambda api: _too_large(api, "attempts"),
-    ("/attempts", "post", "422"): lambda api: api.intent("k:422", tool_name="nope"),
+    ("/attempts", "post", "422"): lambda api: api.intent("k:422", task_id="line\nbreak"),
     ("/attempts", "post", "401"): lambda api: api.post("attempts", intent_body(), token=None),
     ("/attempts", "post", "405"): lambda api: api.call("DELETE", "attempts"),
     ("/attempts", "get", "200"): lambda api: (api.intent("k:list"), api.get("attempts"))[1],

@@ -104,7 +104,7 @@ def test_key_reuse_is_refused_on_the_safe_order_path_too(world):
 @pytest.mark.parametrize(
     ("overrides", "error", "code"),
     [
-        ({"tool_name": "launch_rockets"}, InvalidIntent, "unknown_tool"),
+        ({"tool_name": "launch_rockets"}, NotGranted, "unknown_tool"),
         ({"tenant": "initech"}, NotGranted, "tenant_not_granted"),
         ({"args": ["not", "an", "object"]}, InvalidIntent, "args_not_object"),
         ({"args": {"blob": "x" * 70_000}}, InvalidIntent, "args_too_large"),

@@ -228,7 +228,7 @@ class FakeLedger:
         if not isinstance(body.get("args"), dict):
             return _error(422, "invalid_field", "args must be a JSON object")
         if body["tool_name"] not in self.tools:
-            return _error(422, "unknown_tool", f"unknown tool {body['tool_name']}")
+            return _error(403, "unknown_tool", f"unknown tool {body['tool_name']}")
         grant = self.grants[token]
         if body["tenant"] not in grant["tenants"]:
             return _error(403, "tenant_not_granted", "tenant not granted to this token")
@@ -415,7 +415,7 @@ def test_reusing_a_key_with_other_args_is_a_conflict_and_overwrites_nothing(
 @pytest.mark.parametrize(
     ("overrides", "error", "status", "code"),
     [
-        ({"tool_name": "rocket.launch"}, InvalidRequest, 422, "unknown_tool"),
+        ({"tool_name": "rocket.launch"}, Refused, 403, "unknown_tool"),
         ({"task_id": ""}, InvalidRequest, 422, "invalid_field"),
         ({"args": {"blob": "x" * (MAX_BODY + 1)}}, InvalidRequest, 413, "too_large"),
         ({"tenant": "initech"}, Refused, 403, "tenant_not_granted"),
