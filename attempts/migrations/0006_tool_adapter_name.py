@@ -19,7 +19,7 @@ def paths_to_names(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-    dependencies = [("attempts", "0004_fewer_index_writes_per_intent")]
+    dependencies = [("attempts", "0005_chain_per_attempt")]
 
     operations = [
         migrations.RunPython(paths_to_names, migrations.RunPython.noop),
