@@ -12,6 +12,7 @@ from django.contrib.auth.admin import UserAdmin
 from django.http import HttpRequest
 from django.utils import timezone
 
+from attempts.config_history import delete_with_history, save_with_history
 from attempts.models import (
     AgentToken,
     Attempt,
@@ -24,6 +25,7 @@ from attempts.models import (
     Tool,
     adapter_names,
 )
+from attempts.states import Actor
 
 
 class MembershipInline(admin.TabularInline):
@@ -151,6 +153,21 @@ class LoginThrottleAdmin(admin.ModelAdmin):
         return False
 
 
+class ConfigHistoryAdmin(admin.ModelAdmin):
+    """Admin for configuration that decides authority or review: every save and delete is
+    recorded in the tamper-evident history with the person who made it."""
+
+    def save_model(self, request, obj, form, change) -> None:
+        save_with_history(obj, actor=Actor.user(request.user), reason="admin")
+
+    def delete_model(self, request, obj) -> None:
+        delete_with_history(obj, actor=Actor.user(request.user), reason="admin")
+
+    def delete_queryset(self, request, queryset) -> None:
+        for obj in queryset:
+            delete_with_history(obj, actor=Actor.user(request.user), reason="admin")
+
+
 class ToolForm(forms.ModelForm):
     # A choice among the adapters settings list, never a free-text import path.
     adapter = forms.ChoiceField(choices=lambda: [(name, name) for name in adapter_names()])
@@ -172,7 +189,7 @@ class ToolForm(forms.ModelForm):
 
 
 @admin.register(Tool)
-class ToolAdmin(admin.ModelAdmin):
+class ToolAdmin(ConfigHistoryAdmin):
     form = ToolForm
     list_display = (
         "name",
@@ -214,7 +231,7 @@ class GrantForm(forms.ModelForm):
 
 
 @admin.register(Grant)
-class GrantAdmin(admin.ModelAdmin):
+class GrantAdmin(ConfigHistoryAdmin):
     form = GrantForm
     list_display = ("tenant", "tool", "policy_version", "allowed_scopes", "active", "updated_at")
     list_filter = ("active", "tenant", "tool")
@@ -222,7 +239,7 @@ class GrantAdmin(admin.ModelAdmin):
 
 
 @admin.register(OwnershipRule)
-class OwnershipRuleAdmin(admin.ModelAdmin):
+class OwnershipRuleAdmin(ConfigHistoryAdmin):
     list_display = ("priority", "tenant_pattern", "tool_pattern", "owner")
     list_editable = ("tenant_pattern", "tool_pattern", "owner")
     list_display_links = ("priority",)

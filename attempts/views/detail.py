@@ -19,7 +19,7 @@ from django.views.decorators.http import require_GET
 
 from attempts import authority, ledger
 from attempts.canonical import canonical_bytes
-from attempts.models import Attempt, Role, State, Tool
+from attempts.models import Attempt, ConfigEvent, Role, State, Tool
 from attempts.views._common import get_attempt_for_user, has_role, redact, user_tenants
 
 MAX_EVENTS = 500
@@ -159,6 +159,10 @@ def detail_context(request: HttpRequest, attempt: Attempt) -> dict[str, Any]:
         "total_events": total_events,
         "lookups": [e for e in events if e.action == "attempt.lookup"],
         "notes": [e for e in events if e.action == "attempt.note"],
+        # Who changed what decides this attempt's authority or review (tool, grant, rules).
+        "config_changes": list(
+            ConfigEvent.objects.affecting(attempt).order_by("-created_at", "-id")[:CONFIG_SHOWN]
+        ),
         "can_operate": can_operate,
         "can_review": can_review,
         "can_take": can_operate and attempt.owner_id != user.pk and not attempt.is_terminal,
@@ -183,6 +187,9 @@ def detail_context(request: HttpRequest, attempt: Attempt) -> dict[str, Any]:
             .values_list("username", flat=True)
         ),
     }
+
+
+CONFIG_SHOWN = 20
 
 
 @require_GET

@@ -77,3 +77,78 @@ def test_staff_see_only_their_tenants_attempts_in_the_admin(world):
     assert client.get(f"/admin/attempts/attempt/{theirs.pk}/change/").status_code == 302
     events = client.get("/admin/attempts/attemptevent/").content.decode()
     assert theirs.attempt_id not in events
+
+
+def _superuser(world):
+    world.admin.is_staff = world.admin.is_superuser = True
+    world.admin.save()
+    return login(world.admin)
+
+
+def test_unticking_critical_is_recorded_with_who_and_shown_on_the_attempt(world):
+    """Authority and review settings changed in the admin land in the tamper-evident history,
+    with the person who changed them, and on the detail page of the attempts they affect."""
+    from attempts.models import ConfigEvent, Grant, OwnershipRule
+
+    attempt = make_review(world, tool="charge_card")  # critical: four eyes
+    client = _superuser(world)
+    tool = Tool.objects.get(name=attempt.tool_name)
+    assert tool.critical
+    response = client.post(
+        f"/admin/attempts/tool/{tool.name}/change/",
+        {
+            "description": tool.description,
+            "effect_class": tool.effect_class,
+            "adapter": "http",
+            "timeout_seconds": "10",
+            "active": "on",
+        },
+    )
+    assert response.status_code == 302, response.content[:2000]
+    assert not Tool.objects.get(name=tool.name).critical
+    [change] = ConfigEvent.objects.filter(subject=f"tool:{tool.name}")
+    assert (change.actor, change.actor_kind, change.action) == ("admin", "user", "changed")
+    assert change.before == {"critical": True} and change.after == {"critical": False}
+
+    grant = Grant.objects.get(tenant="acme", tool=tool)
+    response = client.post(
+        f"/admin/attempts/grant/{grant.pk}/change/",
+        {
+            "tenant": "acme",
+            "tool": tool.name,
+            "policy_version": "v2",
+            "allowed_scopes": '["charge_card:write"]',
+            "active": "on",
+        },
+    )
+    assert response.status_code == 302, response.content[:2000]
+    grant_change = ConfigEvent.objects.get(subject=f"grant:acme/{tool.name}")
+    assert grant_change.after["policy_version"] == "v2"
+
+    rule = OwnershipRule.objects.get(tenant_pattern="acme")
+    response = client.post(f"/admin/attempts/ownershiprule/{rule.pk}/delete/", {"post": "yes"})
+    assert response.status_code == 302
+    assert ConfigEvent.objects.get(subject=f"ownership_rule:{rule.pk}").action == "deleted"
+
+    reviewer = login(world.reviewer)
+    page = reviewer.get(f"/attempts/{attempt.attempt_id}/").content.decode()
+    assert f"tool:{tool.name} changed" in page
+    assert "critical=false" in page
+    assert f"grant:acme/{tool.name} changed" in page
+    assert f"ownership_rule:{rule.pk} deleted" in page
+
+
+def test_load_tools_records_its_changes(world, tmp_path):
+    import json
+
+    from django.core.management import call_command
+
+    from attempts.models import ConfigEvent
+
+    path = tmp_path / "tools.json"
+    path.write_text(json.dumps([{"name": "update_crm", "effect_class": "reconcilable"}]))
+    call_command("load_tools", str(path), stdout=__import__("io").StringIO())
+    change = ConfigEvent.objects.get(subject="tool:update_crm")
+    assert change.actor == "manage.py load_tools"
+    assert change.before["effect_class"] == "idempotent"
+    assert change.after["effect_class"] == "reconcilable"

@@ -12,7 +12,9 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
+from attempts.config_history import save_with_history
 from attempts.models import EffectClass, Tool
+from attempts.states import Actor
 from reconciliation.providers.base import ProviderError
 from reconciliation.providers.registry import adapter_for
 
@@ -127,7 +129,7 @@ class Command(BaseCommand):
             problems = adapter_for(tool).check()
         except ProviderError as exc:
             raise CommandError(f"{where}: {exc}") from None
-        tool.save()
+        save_with_history(tool, actor=Actor.system("manage.py load_tools"), reason=where)
         flags = ", critical" if tool.critical else ""
         action = "created" if created else "updated"
         line = f"{action} {tool.name} ({tool.effect_class}{flags}, adapter {tool.adapter})"
