@@ -17,9 +17,12 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
+from attempts.config_history import save_with_history
 from attempts.models import EffectClass, Grant, Membership, OwnershipRule, Role, Tenant, Tool
+from attempts.states import Actor
 
 TENANTS = {"acme": "Acme Corp", "globex": "Globex"}
+SEEDER = Actor.system("manage.py seed_demo")
 TOOLS = [
     # name, effect class, critical, has lookup, description
     ("send_invoice_email", EffectClass.IDEMPOTENT, True, True, "Email an invoice to a customer"),
@@ -70,28 +73,27 @@ class Command(BaseCommand):
                 slug: Tenant.objects.get_or_create(slug=slug, defaults={"name": name})[0]
                 for slug, name in TENANTS.items()
             }
+            # Tools, grants and ownership rules decide authority and review: their changes are
+            # recorded in the tamper-evident history like any other (attempts.config_history).
             for name, effect, critical, has_lookup, description in TOOLS:
-                tool, _ = Tool.objects.update_or_create(
-                    name=name,
-                    defaults={
-                        "description": description,
-                        "effect_class": effect,
-                        "critical": critical,
-                        "adapter": "http",
-                        "dispatch_url": f"{provider_url}/tools/{name}/send",
-                        "lookup_url": f"{provider_url}/tools/{name}/lookup" if has_lookup else "",
-                        "timeout_seconds": 5.0,
-                    },
-                )
+                tool = Tool.objects.filter(name=name).first() or Tool(name=name)
+                tool.description = description
+                tool.effect_class = effect
+                tool.critical = critical
+                tool.adapter = "http"
+                tool.dispatch_url = f"{provider_url}/tools/{name}/send"
+                tool.lookup_url = f"{provider_url}/tools/{name}/lookup" if has_lookup else ""
+                tool.timeout_seconds = 5.0
+                save_with_history(tool, actor=SEEDER)
                 for tenant in tenants.values():
-                    Grant.objects.get_or_create(
-                        tenant=tenant,
-                        tool=tool,
-                        defaults={
-                            "policy_version": "v1",
-                            "allowed_scopes": [f"{name}:write", f"{name}:read"],
-                        },
-                    )
+                    if not Grant.objects.filter(tenant=tenant, tool=tool).exists():
+                        grant = Grant(
+                            tenant=tenant,
+                            tool=tool,
+                            policy_version="v1",
+                            allowed_scopes=[f"{name}:write", f"{name}:read"],
+                        )
+                        save_with_history(grant, actor=SEEDER)
             users = {}
             created_any = False
             for username, role, staff in USERS:
@@ -118,11 +120,16 @@ class Command(BaseCommand):
                 ("deploy_service", "reviewer2", 50),
                 ("*", "reviewer", 100),
             ):
-                OwnershipRule.objects.get_or_create(
-                    tenant_pattern="*",
-                    tool_pattern=tool_pattern,
-                    defaults={"owner": users[owner], "priority": priority},
-                )
+                if not OwnershipRule.objects.filter(
+                    tenant_pattern="*", tool_pattern=tool_pattern
+                ).exists():
+                    rule = OwnershipRule(
+                        tenant_pattern="*",
+                        tool_pattern=tool_pattern,
+                        owner=users[owner],
+                        priority=priority,
+                    )
+                    save_with_history(rule, actor=SEEDER)
         if created_any or not logins_file.exists():
             logins_file.parent.mkdir(parents=True, exist_ok=True)
             logins_file.touch(mode=0o600)
