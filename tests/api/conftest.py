@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 from django.test import Client
 
 from attempts.models import AgentToken, Attempt, AttemptEvent
-from tests.conftest import World
+from tests.conftest import REPO, World, child_env
 
 
 @dataclass
@@ -105,3 +112,56 @@ def ledger_snapshot() -> tuple[int, int, list[tuple[str, int]]]:
         AttemptEvent.objects.count(),
         list(Attempt.objects.order_by("id").values_list("attempt_id", "version")),
     )
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def gunicorn(tokens: Tokens, tmp_path: Path):
+    """gunicorn serving the test database on 127.0.0.1 (for tests that commit: transaction=True);
+    yields its base URL."""
+    port = free_port()
+    env = child_env(
+        LEDGERWEB_BIND=f"127.0.0.1:{port}",
+        LEDGERWEB_WORKERS="2",
+        LEDGERWEB_THREADS="2",
+        LEDGERWEB_ACCESS_LOG=str(tmp_path / "access.log"),
+        LEDGERWEB_DATA_DIR=str(tmp_path),
+        LEDGERWEB_LOG_LEVEL="WARNING",
+    )
+    log = tmp_path / "gunicorn.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [
+                Path(sys.executable).parent / "gunicorn",
+                "-c",
+                "ledgerweb/gunicorn.conf.py",
+                "ledgerweb.wsgi",
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(f"{base}/api/v1/openapi.json", timeout=2).read()  # noqa: S310
+            break
+        except OSError:
+            assert process.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+    yield base
+    os.killpg(process.pid, 15)
+    try:
+        process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, 9)
+        process.wait()

@@ -126,11 +126,11 @@ def test_errors_map_to_the_client_exceptions(ledger: LedgerClient, live_server, 
     assert ledger.dispatch(attempt.attempt_id) is False
 
 
-def test_a_body_too_large_is_a_non_retryable_413_not_unavailable(ledger: LedgerClient) -> None:
-    """8 MiB of arguments: refused as InvalidRequest 413 before sending (today's client said
+def test_a_body_too_large_is_a_non_retryable_413_not_unavailable(gunicorn: str, tokens) -> None:
+    """8 MiB of arguments to gunicorn: InvalidRequest 413 (today's client said
     LedgerUnavailable, which its docs call safe to retry: an agent would retry forever)."""
     big = {"blob": "x" * (8 * 1024 * 1024)}
-    with pytest.raises(InvalidRequest) as refused:
+    with LedgerClient(gunicorn, tokens.acme) as ledger, pytest.raises(InvalidRequest) as refused:
         ledger.record_intent(**{**intent("charge:live:huge"), "args": big})
     assert (refused.value.status, refused.value.code) == (413, "too_large")
     assert not Attempt.objects.exists()
@@ -144,4 +144,15 @@ def test_the_servers_413_is_read_even_when_it_closes_mid_body(live_server, token
         with pytest.raises(InvalidRequest) as refused:
             client.record_intent(**{**intent("charge:live:huge2"), "args": big})
     assert refused.value.status == 413
+    assert not Attempt.objects.exists()
+
+
+def test_gunicorns_early_413_is_not_unavailable(gunicorn: str, tokens) -> None:
+    """The production server answers 413 from Content-Length and closes before reading the
+    body: the client reports that answer (today's client said LedgerUnavailable, BrokenPipe)."""
+    big = {"blob": "x" * (8 * 1024 * 1024)}
+    with LedgerClient(gunicorn, tokens.acme, max_body_bytes=64 * 1024 * 1024) as client:
+        with pytest.raises(InvalidRequest) as refused:
+            client.record_intent(**{**intent("charge:live:gunicorn"), "args": big})
+    assert (refused.value.status, refused.value.code) == (413, "too_large")
     assert not Attempt.objects.exists()
