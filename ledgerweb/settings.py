@@ -221,7 +221,11 @@ LOGGING = {
         }
     },
     "root": {"handlers": ["console"], "level": env_str("LEDGERWEB_LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        # The stripe library logs every request at INFO; the reconciler records what matters.
+        "stripe": {"level": "WARNING"},
+    },
 }
 logs.skip_unused_record_fields()
 
@@ -254,6 +258,8 @@ LEDGER = {
     # SQLite: web workers hand intents to the intent writer process (attempts/writer.py) when
     # it is running; with this off they always record them themselves.
     "INTENT_WRITER": env_bool("LEDGERWEB_INTENT_WRITER", True),
+    # Secret API key of the Stripe adapter (reconciliation/providers/stripe.py).
+    "STRIPE_API_KEY": env_str("LEDGERWEB_STRIPE_API_KEY", ""),
 }
 
 # Operations endpoints (docs/operations.md). /metrics answers loopback clients, or anyone sending

@@ -1,5 +1,6 @@
 """The agent that crashtest kills: performs tool calls through ``ledger.run_tool_call`` and sends
-them to the provider with the generic HTTP provider protocol (protocol section 10).
+them to the provider with the generic HTTP provider protocol (protocol section 10), or through
+the tool's adapter when the tool names another one (Stripe, say).
 
 It is a real agent in miniature: it records the intent, claims, sends with the idempotency key,
 attaches the provider's request id and confirms on a receipt that carries the payload hash. When
@@ -22,6 +23,8 @@ from attempts.canonical import canonical_bytes
 from attempts.models import Attempt, Tool
 from attempts.states import Actor
 from reconciliation.faults import arm_kill_timer, crash_point
+from reconciliation.providers.base import Call, LookupStatus, SendStatus
+from reconciliation.providers.registry import adapter_for
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +101,30 @@ def http_send(attempt: Attempt) -> ledger.SendResult:
     raise ledger.ProviderLostResponse(f"provider answered {answer.status} without a receipt")
 
 
+def adapter_send(attempt: Attempt) -> ledger.SendResult:
+    """Send one claimed attempt through its tool's adapter, then look it up: the lookup's
+    answer, when it finds exactly this payload, is the receipt (a 2xx alone is not)."""
+    adapter = adapter_for(Tool.objects.get(name=attempt.tool_name))
+    call = Call.of(attempt)
+    answer = adapter.send(call)
+    if answer.status == SendStatus.REFUSED:
+        raise ledger.ProviderRefused(answer.detail or "refused", retryable=answer.retryable)
+    if answer.status == SendStatus.UNCERTAIN:
+        raise ledger.ProviderLostResponse(answer.detail or "no answer")
+    found = adapter.lookup(call) if adapter.can_look_up else None
+    receipt = (
+        found is not None
+        and found.status == LookupStatus.FOUND
+        and found.count == 1
+        and found.args_hash == attempt.args_hash
+        and found.provider_request_id == answer.provider_request_id
+    )
+    return ledger.SendResult(
+        provider_request_id=answer.provider_request_id or None,
+        result_ref=found.result_ref if receipt and found is not None else None,
+    )
+
+
 def run_plan(
     calls: list[PlannedCall],
     *,
@@ -117,6 +144,10 @@ def run_plan(
     if not_before is not None:
         time.sleep(max(0.0, not_before - time.time()))
     arm_kill_timer()
+    senders = {
+        tool.name: http_send if tool.adapter in ("", "http") else adapter_send
+        for tool in Tool.objects.filter(name__in={call.tool_name for call in calls})
+    }
     done = 0
     end = len(calls) if count is None else min(len(calls), start + count)
     for index in range(start, end):
@@ -129,7 +160,7 @@ def run_plan(
                 tool_name=call.tool_name,
                 idempotency_key=call.idempotency_key,
                 args=call.args,
-                send=http_send,
+                send=senders.get(call.tool_name, http_send),
                 actor=actor,
             )
             state = outcome.attempt.state

@@ -1,5 +1,6 @@
-"""Tool name -> adapter. ``Tool.adapter`` is ``http`` (the generic provider), a name registered
-with ``register()``, or the dotted path of an ``Adapter`` subclass."""
+"""Tool name -> adapter. ``Tool.adapter`` is ``http`` (the generic provider), ``stripe`` (Stripe
+payment intents, needs the ``stripe`` extra), a name registered with ``register()``, or the dotted
+path of an ``Adapter`` subclass."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from reconciliation.providers.base import Adapter, ProviderError
 from reconciliation.providers.http import GenericHttpAdapter
 
 _ADAPTERS: dict[str, type[Adapter]] = {"http": GenericHttpAdapter}
+# Shipped adapters whose library is an optional extra: imported when a tool names them.
+_OPTIONAL = {"stripe": "reconciliation.providers.stripe.StripePaymentIntentAdapter"}
 
 
 def register(name: str, adapter_class: type[Adapter]) -> None:
@@ -23,8 +26,17 @@ def adapter_class(name: str) -> type[Adapter]:
     """The adapter class named by ``name``; ProviderError when there is none."""
     if name in _ADAPTERS:
         return _ADAPTERS[name]
+    if name in _OPTIONAL:
+        try:
+            return import_string(_OPTIONAL[name])
+        except ImportError as exc:
+            raise ProviderError(
+                f"adapter {name!r} needs its optional extra (pip install 'ledgerweb[{name}]'): {exc}"
+            ) from None
     if "." not in name:
-        raise ProviderError(f"unknown adapter {name!r} (use 'http' or a dotted path)")
+        raise ProviderError(
+            f"unknown adapter {name!r} (use {', '.join(['http', *_OPTIONAL])} or a dotted path)"
+        )
     try:
         found = import_string(name)
     except ImportError as exc:
