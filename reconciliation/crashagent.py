@@ -23,8 +23,7 @@ from attempts.canonical import canonical_bytes
 from attempts.models import Attempt, Tool
 from attempts.states import Actor
 from reconciliation.faults import arm_kill_timer, crash_point
-from reconciliation.providers.base import Call, LookupStatus, SendStatus
-from reconciliation.providers.registry import adapter_for
+from reconciliation.providers.registry import send_with_adapter
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,30 +100,6 @@ def http_send(attempt: Attempt) -> ledger.SendResult:
     raise ledger.ProviderLostResponse(f"provider answered {answer.status} without a receipt")
 
 
-def adapter_send(attempt: Attempt) -> ledger.SendResult:
-    """Send one claimed attempt through its tool's adapter, then look it up: the lookup's
-    answer, when it finds exactly this payload, is the receipt (a 2xx alone is not)."""
-    adapter = adapter_for(Tool.objects.get(name=attempt.tool_name))
-    call = Call.of(attempt)
-    answer = adapter.send(call)
-    if answer.status == SendStatus.REFUSED:
-        raise ledger.ProviderRefused(answer.detail or "refused", retryable=answer.retryable)
-    if answer.status == SendStatus.UNCERTAIN:
-        raise ledger.ProviderLostResponse(answer.detail or "no answer")
-    found = adapter.lookup(call) if adapter.can_look_up else None
-    receipt = (
-        found is not None
-        and found.status == LookupStatus.FOUND
-        and found.count == 1
-        and found.args_hash == attempt.args_hash
-        and found.provider_request_id == answer.provider_request_id
-    )
-    return ledger.SendResult(
-        provider_request_id=answer.provider_request_id or None,
-        result_ref=found.result_ref if receipt and found is not None else None,
-    )
-
-
 def run_plan(
     calls: list[PlannedCall],
     *,
@@ -145,7 +120,7 @@ def run_plan(
         time.sleep(max(0.0, not_before - time.time()))
     arm_kill_timer()
     senders = {
-        tool.name: http_send if tool.adapter in ("", "http") else adapter_send
+        tool.name: http_send if tool.adapter in ("", "http") else send_with_adapter
         for tool in Tool.objects.filter(name__in={call.tool_name for call in calls})
     }
     done = 0

@@ -5,6 +5,7 @@ separate process on 127.0.0.1."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -304,3 +305,29 @@ def test_an_unreachable_stripe_is_unavailable_and_nothing_is_sent(world, setting
 
     settings.LEDGER = {**settings.LEDGER, "STRIPE_API_KEY": ""}
     assert adapter.check() == ["LEDGERWEB_STRIPE_API_KEY is not set"]
+
+
+def doc_blocks(language: str) -> list[str]:
+    """The fenced ``language`` blocks of docs/integrations-stripe-ts.md's Stripe section."""
+    text = (REPO / "docs" / "integrations-stripe-ts.md").read_text()
+    section = text.split("## Stripe payment intents", 1)[1].split("\n## ", 1)[0]
+    return [block.split("```", 1)[0] for block in section.split(f"```{language}\n")[1:]]
+
+
+def test_the_documented_stripe_example_runs(
+    world, localstripe: LocalStripe, customer: str, settings, tmp_path: Path, capsys
+) -> None:
+    from django.core.management import call_command
+
+    settings.LEDGER = {**settings.LEDGER, "STRIPE_API_KEY": API_KEY}
+    [tools] = doc_blocks("json")
+    (tmp_path / "tools.json").write_text(tools)
+    call_command("load_tools", str(tmp_path / "tools.json"), stdout=open(os.devnull, "w"))
+    tool = Tool.objects.get(name=TOOL)
+    Tool.objects.filter(pk=tool.pk).update(dispatch_url=localstripe.base)  # not api.stripe.com
+    Grant.objects.create(tenant=world.acme, tool=tool, policy_version="v1", allowed_scopes=[])
+
+    [example] = doc_blocks("python")
+    exec(compile(example, "integrations-stripe-ts.md", "exec"), {"customer": customer})  # noqa: S102
+    [paid] = localstripe.payments("order:1001:charge")
+    assert capsys.readouterr().out.strip() == f"OUTCOME_CONFIRMED stripe:{paid['id']}"
