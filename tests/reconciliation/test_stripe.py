@@ -331,3 +331,40 @@ def test_the_documented_stripe_example_runs(
     exec(compile(example, "integrations-stripe-ts.md", "exec"), {"customer": customer})  # noqa: S102
     [paid] = localstripe.payments("order:1001:charge")
     assert capsys.readouterr().out.strip() == f"OUTCOME_CONFIRMED stripe:{paid['id']}"
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "retryable"),
+    [
+        (stripe.CardError("declined", None, "card_declined", http_status=402), "refused", False),
+        (
+            stripe.CardError(
+                "declined",
+                None,
+                "card_declined",
+                http_status=402,
+                json_body={"error": {"decline_code": "insufficient_funds"}},
+            ),
+            "refused",
+            True,
+        ),
+        (stripe.RateLimitError("slow down", http_status=429), "refused", True),
+        (
+            stripe.InvalidRequestError("no such customer", "customer", http_status=400),
+            "refused",
+            False,
+        ),
+        (stripe.IdempotencyError("key in use", http_status=409), "uncertain", False),
+        (stripe.APIError("internal", http_status=500), "uncertain", False),
+        (stripe.APIConnectionError("reset after the request left"), "uncertain", False),
+    ],
+)
+def test_stripe_errors_map_onto_send_answers(error, status: str, retryable: bool) -> None:
+    """Stripe's documented errors, as the library raises them (no server can be made to answer
+    every one of them: localstripe has no decline codes, no 409, no 5xx)."""
+    from reconciliation.providers.stripe import _send_error
+
+    if connection.vendor != "sqlite":
+        pytest.skip("no database behaviour under test: runs once, on SQLite")
+    answer = _send_error(error, 5)
+    assert (str(answer.status), answer.retryable) == (status, retryable)
