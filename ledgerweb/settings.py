@@ -219,7 +219,11 @@ LOGGING = {
         }
     },
     "root": {"handlers": ["console"], "level": env_str("LEDGERWEB_LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        # The stripe library logs every request at INFO; the reconciler records what matters.
+        "stripe": {"level": "WARNING"},
+    },
 }
 logs.skip_unused_record_fields()
 
@@ -252,6 +256,8 @@ LEDGER = {
     # The sealer (attempts/chain.py, run by the reconcile worker) seals new history into a
     # checkpoint this often; verify_audit reports anything left unsealed for longer.
     "SEAL_EVERY": env_int("LEDGERWEB_SEAL_EVERY", 5, minimum=1),
+    # Secret API key of the Stripe adapter (reconciliation/providers/stripe.py).
+    "STRIPE_API_KEY": env_str("LEDGERWEB_STRIPE_API_KEY", ""),
 }
 
 # Operations endpoints (docs/operations.md). /metrics answers loopback clients, or anyone sending
