@@ -120,7 +120,8 @@ class Tool(models.Model):
     """A tool agents may call, its effect class, and how to reach its provider.
 
     ``adapter`` names one of the adapters settings list (``LEDGER["ADAPTERS"]``): ``http`` is
-    the generic HTTP provider protocol (see ``reconciliation/providers``).
+    the generic HTTP provider protocol, ``stripe`` Stripe payment intents (see
+    ``reconciliation/providers``).
     """
 
     name = models.CharField(primary_key=True, max_length=100)

@@ -219,7 +219,11 @@ LOGGING = {
         }
     },
     "root": {"handlers": ["console"], "level": env_str("LEDGERWEB_LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        # The stripe library logs every request at INFO; the reconciler records what matters.
+        "stripe": {"level": "WARNING"},
+    },
 }
 logs.skip_unused_record_fields()
 
@@ -254,11 +258,18 @@ LEDGER = {
     # is code and deployment configuration; the database only ever holds a name from it.
     # LEDGERWEB_ADAPTERS=name=package.module.Class,... adds custom adapters.
     "ADAPTERS": env_names(
-        "LEDGERWEB_ADAPTERS", {"http": "reconciliation.providers.http.GenericHttpAdapter"}
+        "LEDGERWEB_ADAPTERS",
+        {
+            "http": "reconciliation.providers.http.GenericHttpAdapter",
+            # Needs the stripe extra; a tool naming it without the extra is reported unusable.
+            "stripe": "reconciliation.providers.stripe.StripePaymentIntentAdapter",
+        },
     ),
     # The sealer (attempts/chain.py, run by the reconcile worker) seals new history into a
     # checkpoint this often; verify_audit reports anything left unsealed for longer.
     "SEAL_EVERY": env_int("LEDGERWEB_SEAL_EVERY", 5, minimum=1),
+    # Secret API key of the Stripe adapter (reconciliation/providers/stripe.py).
+    "STRIPE_API_KEY": env_str("LEDGERWEB_STRIPE_API_KEY", ""),
 }
 
 # Operations endpoints (docs/operations.md). /metrics answers "Authorization: Bearer

@@ -1,5 +1,6 @@
 """Tool name -> adapter. ``Tool.adapter`` is a short name from ``settings.LEDGER["ADAPTERS"]``
-(``http`` is the generic provider); the class behind it comes from settings, never from the
+(``http`` is the generic provider, ``stripe`` Stripe payment intents with the ``stripe`` extra);
+the class behind it comes from settings, never from the
 database, so whoever edits a tool chooses among adapters the deployment installed and nothing
 else."""
 
@@ -8,8 +9,15 @@ from __future__ import annotations
 from django.conf import settings
 from django.utils.module_loading import import_string
 
-from attempts.models import Tool
-from reconciliation.providers.base import Adapter, ProviderError
+from attempts import ledger
+from attempts.models import Attempt, Tool
+from reconciliation.providers.base import (
+    Adapter,
+    Call,
+    LookupStatus,
+    ProviderError,
+    SendStatus,
+)
 
 
 def adapter_class(name: str) -> type[Adapter]:
@@ -23,7 +31,12 @@ def adapter_class(name: str) -> type[Adapter]:
     try:
         found = import_string(listed[name])
     except ImportError as exc:
-        raise ProviderError(f"cannot import adapter {name!r}: {exc}", permanent=False) from None
+        # Shipped adapters whose library is an optional extra (stripe) say which one.
+        raise ProviderError(
+            f"cannot import adapter {name!r} ({listed[name]}; an optional extra such as "
+            f"pip install 'ledgerweb[{name}]' may be missing): {exc}",
+            permanent=False,
+        ) from None
     if not (isinstance(found, type) and issubclass(found, Adapter)):
         raise ProviderError(f"adapter {name!r} is not a reconciliation.providers.base.Adapter")
     return found
@@ -73,3 +86,29 @@ class Registry:
             except Exception as exc:
                 self._usable[tool_name] = (None, [f"adapter failed: {type(exc).__name__}: {exc}"])
         return self._usable[tool_name]
+
+
+def send_with_adapter(attempt: Attempt) -> ledger.SendResult:
+    """An agent's send function (for ``ledger.run_tool_call``) for a tool with an adapter: sends
+    the claimed attempt through the tool's adapter, then looks it up. The lookup's answer, when
+    it finds exactly this payload, is the receipt (a 2xx alone is not); a refusal or an
+    uncertain send is raised as the ledger's ProviderRefused or ProviderLostResponse."""
+    adapter = adapter_for(Tool.objects.get(name=attempt.tool_name))
+    call = Call.of(attempt)
+    answer = adapter.send(call)
+    if answer.status == SendStatus.REFUSED:
+        raise ledger.ProviderRefused(answer.detail or "refused", retryable=answer.retryable)
+    if answer.status == SendStatus.UNCERTAIN:
+        raise ledger.ProviderLostResponse(answer.detail or "no answer")
+    found = adapter.lookup(call) if adapter.can_look_up else None
+    receipt = (
+        found is not None
+        and found.status == LookupStatus.FOUND
+        and found.count == 1
+        and found.args_hash == attempt.args_hash
+        and found.provider_request_id == answer.provider_request_id
+    )
+    return ledger.SendResult(
+        provider_request_id=answer.provider_request_id or None,
+        result_ref=found.result_ref if receipt and found is not None else None,
+    )

@@ -41,7 +41,8 @@ class Command(BaseCommand):
     help = (
         'Create or update tools from a JSON file: a list of objects (or {"tools": [...]}) with '
         "name, effect_class (idempotent|reconcilable|manual), critical, adapter (a name from "
-        "LEDGER['ADAPTERS'], default 'http'), dispatch_url, lookup_url, timeout_seconds, max_sends, description, active. "
+        "LEDGER['ADAPTERS']: 'http', 'stripe' or one the deployment adds), dispatch_url, "
+        "lookup_url, timeout_seconds, max_sends, description, active. "
         "All tools load or none do. Tools not in the file are left as they are. "
         "Use --dump to print the current configuration in the same format."
     )
