@@ -138,14 +138,29 @@ export interface components {
             attempt?: components["schemas"]["Attempt"];
             attempt_id?: string;
         };
+        /**
+         * @example {
+         *       "tenant": "acme",
+         *       "task_id": "task-42",
+         *       "tool_name": "update_crm",
+         *       "idempotency_key": "crm:acme:42:update",
+         *       "args": {
+         *         "contact": "c_17",
+         *         "stage": "won"
+         *       }
+         *     }
+         */
         IntentRequest: {
+            /** @description A tenant slug the token is allowed (403 otherwise). */
             tenant: string;
             task_id: string;
             tool_name: string;
-            /** @description Names the logical side effect; stable across restarts. */
+            /** @description Names the logical side effect; stable across restarts. Any Unicode letters, digits and punctuation; control characters are refused (422). The generic HTTP provider carries keys outside printable ASCII percent-encoded with `Idempotency-Key-Encoding: percent` (docs/providers.md). */
             idempotency_key: string;
-            /** @description Stored normalized; hashed with RFC 8785 + SHA-256. */
-            args: Record<string, unknown>;
+            /** @description Stored normalized; hashed with RFC 8785 + SHA-256. Numbers within ±(2**53 - 1), nesting at most 32 levels, at most LEDGERWEB_MAX_ARGS_BYTES (64 KiB) of canonical JSON (413 beyond). */
+            args: {
+                [key: string]: components["schemas"]["JsonValue1"];
+            };
             policy_version?: string | null;
             credential_scope?: string[] | null;
         };
@@ -199,6 +214,104 @@ export interface components {
             attempts: components["schemas"]["Attempt"][];
             next_after: string | null;
         };
+        /** @description A JSON scalar; numbers (integers or not) within ±(2**53 - 1), where JSON parsers agree on them exactly. */
+        JsonLeaf: null | boolean | string | number;
+        /** @description A value in args at nesting level 1 (JsonValueN holds values at level N). Spelled out level by level, not recursively, so that the schema says exactly what the server accepts (at most 32 levels) and code generators need no recursive types. */
+        JsonValue1: components["schemas"]["JsonLeaf"] | components["schemas"]["JsonValue2"][] | {
+            [key: string]: components["schemas"]["JsonValue2"];
+        };
+        JsonValue2: components["schemas"]["JsonLeaf"] | components["schemas"]["JsonValue3"][] | {
+            [key: string]: components["schemas"]["JsonValue3"];
+        };
+        JsonValue3: components["schemas"]["JsonLeaf"] | components["schemas"]["JsonValue4"][] | {
+            [key: string]: components["schemas"]["JsonValue4"];
+        };
+        JsonValue4: components["schemas"]["JsonLeaf"] | components["schemas"]["JsonValue5"][] | {
+            [key: string]: components["schemas"]["JsonValue5"];
+        };
+        JsonValue5: components["schemas"]["JsonLeaf"] | components["schemas"]["JsonValue6"][] | {
+            [key: string]: components["schemas"]["JsonValue6"];
+        };
+        JsonValue6: components["schemas"]["JsonLeaf"] | components["schemas"]["JsonValue7"][] | {
+            [key: string]: components["schemas"]["JsonValue7"];
+        };
+        JsonValue7: components["schemas"]["JsonLeaf"] | components["schemas"]["JsonValue8"][] | {
+            [key: string]: components["schemas"]["JsonValue8"];
+        };
+        JsonValue8: components["schemas"]["JsonLeaf"] | components["schemas"]["JsonValue9"][] | {
+            [key: string]: components["schemas"]["JsonValue9"];
+        };
+        JsonValue9: components["schemas"]["JsonLeaf"] | components["schemas"]["JsonValue10"][] | {
+            [key: string]: components["schemas"]["JsonValue10"];
+        };
+        JsonValue10: components["schemas"]["JsonLeaf"] | components["schemas"]["JsonValue11"][] | {
+            [key: string]: components["schemas"]["JsonValue11"];
+        };
+        JsonValue11: components["schemas"]["JsonLeaf"] | components["schemas"]["JsonValue12"][] | {
+            [key: string]: components["schemas"]["JsonValue12"];
+        };
+        JsonValue12: components["schemas"]["JsonLeaf"] | components["schemas"]["JsonValue13"][] | {
+            [key: string]: components["schemas"]["JsonValue13"];
+        };
+        JsonValue13: components["schemas"]["JsonLeaf"] | components["schemas"]["JsonValue14"][] | {
+            [key: string]: components["schemas"]["JsonValue14"];
+        };
+        JsonValue14: components["schemas"]["JsonLeaf"] | components["schemas"]["JsonValue15"][] | {
+            [key: string]: components["schemas"]["JsonValue15"];
+        };
+        JsonValue15: components["schemas"]["JsonLeaf"] | components["schemas"]["JsonValue16"][] | {
+            [key: string]: components["schemas"]["JsonValue16"];
+        };
+        JsonValue16: components["schemas"]["JsonLeaf"] | components["schemas"]["JsonValue17"][] | {
+            [key: string]: components["schemas"]["JsonValue17"];
+        };
+        JsonValue17: components["schemas"]["JsonLeaf"] | components["schemas"]["JsonValue18"][] | {
+            [key: string]: components["schemas"]["JsonValue18"];
+        };
+        JsonValue18: components["schemas"]["JsonLeaf"] | components["schemas"]["JsonValue19"][] | {
+            [key: string]: components["schemas"]["JsonValue19"];
+        };
+        JsonValue19: components["schemas"]["JsonLeaf"] | components["schemas"]["JsonValue20"][] | {
+            [key: string]: components["schemas"]["JsonValue20"];
+        };
+        JsonValue20: components["schemas"]["JsonLeaf"] | components["schemas"]["JsonValue21"][] | {
+            [key: string]: components["schemas"]["JsonValue21"];
+        };
+        JsonValue21: components["schemas"]["JsonLeaf"] | components["schemas"]["JsonValue22"][] | {
+            [key: string]: components["schemas"]["JsonValue22"];
+        };
+        JsonValue22: components["schemas"]["JsonLeaf"] | components["schemas"]["JsonValue23"][] | {
+            [key: string]: components["schemas"]["JsonValue23"];
+        };
+        JsonValue23: components["schemas"]["JsonLeaf"] | components["schemas"]["JsonValue24"][] | {
+            [key: string]: components["schemas"]["JsonValue24"];
+        };
+        JsonValue24: components["schemas"]["JsonLeaf"] | components["schemas"]["JsonValue25"][] | {
+            [key: string]: components["schemas"]["JsonValue25"];
+        };
+        JsonValue25: components["schemas"]["JsonLeaf"] | components["schemas"]["JsonValue26"][] | {
+            [key: string]: components["schemas"]["JsonValue26"];
+        };
+        JsonValue26: components["schemas"]["JsonLeaf"] | components["schemas"]["JsonValue27"][] | {
+            [key: string]: components["schemas"]["JsonValue27"];
+        };
+        JsonValue27: components["schemas"]["JsonLeaf"] | components["schemas"]["JsonValue28"][] | {
+            [key: string]: components["schemas"]["JsonValue28"];
+        };
+        JsonValue28: components["schemas"]["JsonLeaf"] | components["schemas"]["JsonValue29"][] | {
+            [key: string]: components["schemas"]["JsonValue29"];
+        };
+        JsonValue29: components["schemas"]["JsonLeaf"] | components["schemas"]["JsonValue30"][] | {
+            [key: string]: components["schemas"]["JsonValue30"];
+        };
+        JsonValue30: components["schemas"]["JsonLeaf"] | components["schemas"]["JsonValue31"][] | {
+            [key: string]: components["schemas"]["JsonValue31"];
+        };
+        JsonValue31: components["schemas"]["JsonLeaf"] | components["schemas"]["JsonValue32"][] | {
+            [key: string]: components["schemas"]["JsonValue32"];
+        };
+        /** @description The deepest level args may reach (32): scalars and empty containers. */
+        JsonValue32: components["schemas"]["JsonLeaf"] | unknown[] | Record<string, unknown>;
     };
     responses: {
         /** @description Missing, unknown or revoked token (`unauthorized`); carries `WWW-Authenticate: Bearer`. */
@@ -310,7 +423,7 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
-            /** @description Tenant not allowed to this token (`tenant_not_granted`), tool not granted to the tenant (`tool_not_granted`), scope not granted (`scope_not_granted`) or policy version not current (`policy_version_mismatch`). */
+            /** @description Tenant not allowed to this token (`tenant_not_granted`), tool not granted to the tenant (`tool_not_granted`), scope not granted (`scope_not_granted`) or policy version not current (`policy_version_mismatch`); or the tool is unknown (`unknown_tool`). */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -338,7 +451,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Invalid field (`invalid_field`, `args_not_object`, `invalid_args`) or unknown tool (`unknown_tool`). */
+            /** @description Invalid field (`invalid_field`, `args_not_object`, `invalid_args`): a field missing, of the wrong type, blank, too long, with control characters, or unknown. */
             422: {
                 headers: {
                     [name: string]: unknown;
@@ -499,7 +612,7 @@ export interface operations {
                 };
             };
             405: components["responses"]["MethodNotAllowed"];
-            /** @description A different id is already recorded (`provider_request_conflict`) or nothing was dispatched (`not_dispatched`). */
+            /** @description A different id is already recorded (`provider_request_conflict`), the attempt was never dispatched (`not_dispatched`), or it is not in flight: never sent and FAILED, settled, or in MANUAL_REVIEW (`not_in_flight`). */
             409: {
                 headers: {
                     [name: string]: unknown;

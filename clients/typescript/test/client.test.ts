@@ -120,7 +120,7 @@ describe("against a live ledger", live, () => {
     );
     await assert.rejects(
       ledger.recordIntent(intent("ts:bad", { tool_name: "no_such_tool" })),
-      (e) => e instanceof InvalidRequest && e.code === "unknown_tool",
+      (e) => e instanceof Refused && e.status === 403 && e.code === "unknown_tool",
     );
     await assert.rejects(
       ledger.recordIntent(intent("ts:globex", { tenant: "globex" })),
