@@ -117,7 +117,6 @@ def test_the_table_names_cases_and_invariants() -> None:
             "off unless enabled for this process",
         ),
         (("--cases", "A"), {"LEDGERWEB_FAULTS_ALLOWED": None}, "off unless enabled"),
-        (("--cases", "A"), {"LEDGERWEB_HTTPS": "1"}, "cannot be on in production"),
         (("--database-url", "mysql://a@localhost/x"), {}, "must be a postgres:// URL"),
         (("--database-url", "postgres://nobody@127.0.0.1:1/x"), {}, "cannot reach the PostgreSQL"),
     ],

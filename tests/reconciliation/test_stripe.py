@@ -111,6 +111,7 @@ def run_agent(tmp_path: Path, key: str, args: dict[str, Any], crash_at: str | No
     env = {"LEDGERWEB_STRIPE_API_KEY": API_KEY}
     if crash_at:
         env["LEDGERWEB_CRASH_AT"] = crash_at
+        env["LEDGERWEB_FAULTS_ALLOWED"] = "1"
     return subprocess.run(
         [PYTHON, "manage.py", "crashtest_agent", str(plan)],
         cwd=REPO,
