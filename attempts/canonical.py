@@ -56,6 +56,9 @@ def hash_bytes(data: bytes) -> str:
 # (I-JSON, RFC 7493): 1e20 and 100000000000000000000 are the same number to JSON Schema and to
 # most parsers, so both are refused alike (docs/openapi.json says so).
 MAX_NUMBER = 2**53 - 1
+# PostgreSQL's jsonb cannot hold U+0000, so no database may: the same args are accepted (or not)
+# whatever the ledger runs on.
+NUL_REFUSED = "strings and keys in args must not contain U+0000 (NUL)"
 
 
 def _check_depth(value: Any, depth: int = 0) -> None:
@@ -65,7 +68,12 @@ def _check_depth(value: Any, depth: int = 0) -> None:
         for key, item in value.items():
             if not isinstance(key, str):
                 raise InvalidArguments("object keys must be strings")
+            if "\x00" in key:
+                raise InvalidArguments(NUL_REFUSED)
             _check_depth(item, depth + 1)
+    elif isinstance(value, str):
+        if "\x00" in value:
+            raise InvalidArguments(NUL_REFUSED)
     elif isinstance(value, list | tuple):
         for item in value:
             _check_depth(item, depth + 1)

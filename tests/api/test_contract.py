@@ -584,3 +584,13 @@ def test_a_server_failure_under_api_is_a_json_500(client, tokens: Tokens, monkey
     assert answer.status == 500
     assert answer.body["error"]["code"] == "server_error"
     assert "disk on fire" not in answer.body["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "args", [{"key\x00": 1}, {"a": "text\x00"}, {"a": [{"b": "\x00"}]}], ids=repr
+)
+def test_nul_in_args_is_422_on_every_database(api: Api, args) -> None:
+    """PostgreSQL's jsonb cannot hold U+0000 (it answered 500); SQLite refuses it alike."""
+    before = ledger_snapshot()
+    assert_error(api.intent("k:nul", args=args), 422, "invalid_args")
+    assert ledger_snapshot() == before

@@ -157,7 +157,7 @@ export interface components {
             tool_name: string;
             /** @description Names the logical side effect; stable across restarts. Any Unicode letters, digits and punctuation; control characters are refused (422). The generic HTTP provider carries keys outside printable ASCII percent-encoded with `Idempotency-Key-Encoding: percent` (docs/providers.md). */
             idempotency_key: string;
-            /** @description Stored normalized; hashed with RFC 8785 + SHA-256. Numbers within ±(2**53 - 1), nesting at most 32 levels, at most LEDGERWEB_MAX_ARGS_BYTES (64 KiB) of canonical JSON (413 beyond). */
+            /** @description Stored normalized; hashed with RFC 8785 + SHA-256. Numbers within ±(2**53 - 1), nesting at most 32 levels, at most LEDGERWEB_MAX_ARGS_BYTES (64 KiB) of canonical JSON (413 beyond). No string or key may contain U+0000. */
             args: {
                 [key: string]: components["schemas"]["JsonValue1"];
             };
