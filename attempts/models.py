@@ -54,7 +54,7 @@ DECISIVE_ACTIONS = (
     "attempt.provider_request_attached",
 )
 # Shortest search term matched as a prefix (shorter ones match exactly only).
-MIN_PREFIX = 3
+MIN_PREFIX = 4
 PREFIX_FIELDS = ("idempotency_key", "provider_request_id", "task_id", "attempt_id", "args_hash")
 
 

@@ -106,8 +106,22 @@ def test_search_by_every_identifier(world, clients):
         assert ids_in(clients.viewer.get("/queues/all/", {"q": term})) == [target.attempt_id], term
     assert ids_in(clients.viewer.get("/queues/all/", {"q": "req-globex-9"})) == []
     assert ids_in(clients.viewer.get("/queues/all/", {"q": other_tenant.attempt_id})) == []
-    # Too short a hash prefix is not a prefix search (it would match everything).
-    assert ids_in(clients.viewer.get("/queues/all/", {"q": target.args_hash[:3]})) == []
+    # Too short a prefix is not a prefix search (it would match everything), and the page
+    # says so instead of silently finding nothing.
+    short = clients.viewer.get("/queues/all/", {"q": target.args_hash[:3]})
+    assert ids_in(short) == []
+    assert "only exact matches" in short.content.decode()
+    # Prefixes of every identifier, from MIN_PREFIX characters on.
+    for term in (
+        "acme:sea",
+        "req-abc",
+        target.task_id[:5],
+        target.attempt_id[:-3],
+        target.args_hash[:5],
+    ):
+        found = ids_in(clients.viewer.get("/queues/all/", {"q": term}))
+        assert target.attempt_id in found, term
+        assert other_tenant.attempt_id not in found, term
 
 
 def test_keyset_pagination_walks_every_row_once_forwards_and_back(world, clients, monkeypatch):
