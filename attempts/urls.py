@@ -16,9 +16,7 @@ urlpatterns = [
     path("attempts/<str:attempt_id>/note/", actions.note, name="attempt-note"),
     path("attempts/<str:attempt_id>/confirm/", actions.mark_confirmed, name="attempt-confirm"),
     path("attempts/<str:attempt_id>/fail/", actions.mark_failed, name="attempt-fail"),
-    path(
-        "attempts/<str:attempt_id>/acknowledge/", actions.acknowledge, name="attempt-acknowledge"
-    ),
+    path("attempts/<str:attempt_id>/acknowledge/", actions.acknowledge, name="attempt-acknowledge"),
     path("attempts/<str:attempt_id>/approve/", actions.approve, name="attempt-approve"),
     path("attempts/<str:attempt_id>/reject/", actions.reject, name="attempt-reject"),
     path("audit/", exports.audit_exports, name="audit_exports"),
