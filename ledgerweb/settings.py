@@ -256,6 +256,44 @@ LEDGER = {
     "INTENT_WRITER": env_bool("LEDGERWEB_INTENT_WRITER", True),
 }
 
+# Notifications (attempts/notify.py): email through Django's SMTP backend, and a
+# Slack-compatible chat webhook. Both off until configured; the reconcile worker delivers them.
+_EMAIL_HOST = env_str("LEDGERWEB_EMAIL_HOST", "")
+_EMAIL_TLS = env_bool("LEDGERWEB_EMAIL_USE_TLS", False)
+_EMAIL_SSL = env_bool("LEDGERWEB_EMAIL_USE_SSL", False)
+if _EMAIL_TLS and _EMAIL_SSL:
+    raise ImproperlyConfigured("set LEDGERWEB_EMAIL_USE_TLS or LEDGERWEB_EMAIL_USE_SSL, not both")
+MAILERS = {
+    "default": {
+        "BACKEND": env_str(
+            "LEDGERWEB_EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend"
+        ),
+        "OPTIONS": {
+            "host": _EMAIL_HOST or "localhost",
+            "port": env_int("LEDGERWEB_EMAIL_PORT", 25, minimum=1, maximum=65535),
+            "username": env_str("LEDGERWEB_EMAIL_USER", ""),
+            "password": env_str("LEDGERWEB_EMAIL_PASSWORD", ""),
+            "use_tls": _EMAIL_TLS,
+            "use_ssl": _EMAIL_SSL,
+            "timeout": env_int("LEDGERWEB_EMAIL_TIMEOUT", 10, minimum=1),
+        },
+    }
+}
+DEFAULT_FROM_EMAIL = env_str("LEDGERWEB_EMAIL_FROM", "ledgerweb@localhost")
+NOTIFY = {
+    # Email goes out only when an SMTP host is configured (or another backend chosen).
+    "EMAIL": bool(_EMAIL_HOST) or bool(env_str("LEDGERWEB_EMAIL_BACKEND")),
+    "CHAT_WEBHOOK_URL": env_str("LEDGERWEB_CHAT_WEBHOOK_URL", ""),
+    "CHAT_TIMEOUT": env_int("LEDGERWEB_CHAT_TIMEOUT", 10, minimum=1),
+    # Links in notices: the dashboard's public address (e.g. https://ledger.example.com).
+    "BASE_URL": env_str("LEDGERWEB_BASE_URL", "").rstrip("/"),
+    # A claimed notice not recorded as sent within this many seconds is delivered again.
+    "LEASE_SECONDS": env_int("LEDGERWEB_NOTIFY_LEASE_SECONDS", 60, minimum=1),
+    "MAX_TRIES": env_int("LEDGERWEB_NOTIFY_MAX_TRIES", 8, minimum=1),
+    # How often the worker looks for SLA breaches (seconds).
+    "SLA_EVERY": env_int("LEDGERWEB_SLA_EVERY", 30, minimum=1),
+}
+
 # Operations endpoints (docs/operations.md). /metrics answers loopback clients, or anyone sending
 # "Authorization: Bearer <LEDGERWEB_METRICS_TOKEN>"; behind a reverse proxy on the same host set
 # LEDGERWEB_METRICS_ALLOW_LOOPBACK=0 so proxied requests need the token.

@@ -11,6 +11,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, close_old_connections
 
+from attempts.notify import NotifyStep
 from reconciliation.reconciler import Reconciler, Summary, tune_worker_process
 
 
@@ -31,8 +32,9 @@ def _positive_float(value: str) -> float:
 class Command(BaseCommand):
     help = (
         "Reconcile interrupted attempts with their providers: claim stale intents and dispatches "
-        "and due UNKNOWN attempts, look them up, and settle them by the decision table. Runs in a "
-        "loop until SIGTERM (or once with --once). Safe to run on many machines at once."
+        "and due UNKNOWN attempts, look them up, and settle them by the decision table; then "
+        "escalate SLA breaches and deliver notifications from the outbox. Runs in a loop until "
+        "SIGTERM (or once with --once). Safe to run on many machines at once."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -69,6 +71,11 @@ class Command(BaseCommand):
         parser.add_argument(
             "--json", action="store_true", help="Print the final summary as one JSON object."
         )
+        parser.add_argument(
+            "--no-notify",
+            action="store_true",
+            help="Do not escalate SLAs or deliver notifications in this process.",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         worker_id = options["worker_id"]
@@ -81,6 +88,7 @@ class Command(BaseCommand):
             lease_seconds=options["lease_seconds"],
         )
         tune_worker_process()
+        self.notify = None if options["no_notify"] else NotifyStep()
         stop = threading.Event()
         previous = {
             sig: signal.signal(sig, lambda *_: stop.set())
@@ -91,6 +99,7 @@ class Command(BaseCommand):
             if options["once"]:
                 try:
                     total = reconciler.run_once(stop=stop)
+                    self._notify()
                 except DatabaseError as exc:
                     raise CommandError(f"reconcile pass failed: {exc}") from exc
             else:
@@ -132,6 +141,18 @@ class Command(BaseCommand):
             total.add(summary)
             if summary.claimed and verbosity >= 1:
                 self.stdout.write(f"pass: {summary}")
+            try:
+                notified = self._notify()
+            except DatabaseError as exc:
+                self.stderr.write(f"notification step failed, retrying: {exc}")
+                close_old_connections()
+                notified = {}
+            if notified.get("sent") and verbosity >= 1:
+                self.stdout.write(f"notify: {notified}")
             if summary.claimed == 0:
                 stop.wait(interval)
         return total
+
+    def _notify(self) -> dict[str, int]:
+        """One notification step (SLA escalation, enqueue, delivery) unless --no-notify."""
+        return self.notify.run() if self.notify is not None else {}
