@@ -28,7 +28,7 @@ from django.db import connection
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from attempts.models import Attempt, AttemptEvent, Membership, Role, State
+from attempts.models import Attempt, AttemptEvent, Role, State, tenants_where
 from attempts.verify_export import (
     CSV_COLUMNS,
     EXPORT_FORMAT,
@@ -119,24 +119,17 @@ def export_tenants(user: Any) -> set[str] | None:
     (a superuser)."""
     if user.is_superuser:
         return None
-    return set(
-        Membership.objects.filter(user=user, role__in=EXPORT_ROLES).values_list(
-            "tenant_id", flat=True
-        )
-    )
+    return set(tenants_where(user, Role.REVIEWER))
 
 
 def scoped_attempts(user: Any | None, filters: ExportFilters) -> QuerySet[Attempt]:
-    """The attempts an export covers: the person's tenants (``Attempt.objects.for_user``, then
-    only those where they review or administer), narrowed by the filters. ``user`` None is the
+    """The attempts an export covers: the person's tenants (``Attempt.objects.visible_to`` with
+    the reviewer role: only tenants where they review or administer), narrowed by the filters. ``user`` None is the
     operator's command line: every tenant."""
     if user is None:
         attempts = Attempt.objects.all()
     else:
-        attempts = Attempt.objects.for_user(user)
-        allowed = export_tenants(user)
-        if allowed is not None:
-            attempts = attempts.filter(tenant_id__in=allowed)
+        attempts = Attempt.objects.visible_to(user, Role.REVIEWER)
     if filters.tenant:
         attempts = attempts.filter(tenant_id=filters.tenant)
     if filters.state:

@@ -1,12 +1,13 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from attempts.views import actions, auth, detail, exports, overview, queues
+from attempts.views import actions, auth, detail, exports, overview, preferences, queues
 
 urlpatterns = [
     path("", overview.overview, name="overview"),
     path("login/", auth.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("settings/", preferences.preferences, name="preferences"),
     path("queues/bulk/", queues.bulk_action, name="queue-bulk"),
     path("queues/<slug:slug>/", queues.queue_view, name="queue"),
     path("attempts/<str:attempt_id>/", detail.attempt_detail, name="attempt-detail"),

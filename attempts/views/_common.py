@@ -4,10 +4,12 @@ redaction of secret argument fields, and turning a ledger refusal into a clear a
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any
 
 from django.conf import settings
 from django.contrib import messages
+from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django_htmx.http import HttpResponseClientRedirect, reswap, retarget
@@ -128,3 +130,35 @@ def bad_request(request: HttpRequest, message: str, *, status: int = 400) -> Htt
         )
         return reswap(retarget(response, "#action-feedback"), "innerHTML")
     return render(request, "attempts/error.html", {"message": message}, status=status)
+
+
+log = logging.getLogger("ledgerweb.dashboard")
+
+
+def forbidden(request: HttpRequest, reason: str) -> HttpResponse:
+    """A 403 page inside the layout that says why; one log line, no traceback (an ordinary
+    refusal is not an error of the server)."""
+    log.info("forbidden %s for %s: %s", request.path, request.user.get_username(), reason)
+    if request.htmx:
+        response = render(
+            request,
+            "attempts/detail.html#feedback",
+            {"feedback_error": reason, "feedback_code": "forbidden"},
+            status=403,
+        )
+        return reswap(retarget(response, "#action-feedback"), "innerHTML")
+    return render(request, "403.html", {"exception": reason}, status=403)
+
+
+def refuse_politely(view):
+    """Turn a ``PermissionDenied`` raised by the view into ``forbidden`` (Django would log the
+    refusal with its traceback)."""
+
+    @functools.wraps(view)
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        try:
+            return view(request, *args, **kwargs)
+        except PermissionDenied as exc:
+            return forbidden(request, str(exc) or "your role does not allow this")
+
+    return wrapper

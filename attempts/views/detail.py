@@ -186,7 +186,7 @@ def approval_preview(attempt: Attempt) -> dict[str, Any]:
     }
 
 
-def _name_owners(events: list[Any]) -> None:
+def name_owners(events: list[Any]) -> None:
     """Show people by name in event details (``owner_id=6`` becomes ``owner=triage``)."""
     ids = {
         value
@@ -256,11 +256,11 @@ def live_context(request: HttpRequest, attempt: Attempt) -> dict[str, Any]:
     history = attempt.events.exclude(action="attempt.lookup")
     events = list(history.order_by("-id")[:MAX_EVENTS])
     events.reverse()
-    _name_owners(events)
+    name_owners(events)
     total_events = history.count() if len(events) == MAX_EVENTS else len(events)
     lookups = list(attempt.events.filter(LOOKUP_Q).order_by("-id")[:MAX_LOOKUPS])
     lookups.reverse()
-    _name_owners(lookups)
+    name_owners(lookups)
     for e in lookups:
         inner = (e.details or {}).get("lookup")
         e.answer = (inner or {}).get("status") if isinstance(inner, dict) else None
