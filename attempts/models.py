@@ -636,12 +636,16 @@ class LoginThrottle(models.Model):
     """
 
     key = models.CharField(max_length=64, unique=True)
+    # Who and from where, for the admin (an address-wide row has no username).
+    username = models.CharField(max_length=150, blank=True, default="")
+    address = models.CharField(max_length=64, blank=True, default="")
     failures = models.PositiveIntegerField(default=0)
     first_failure_at = models.DateTimeField()
     locked_until = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
-        return f"{self.key[:12]}… {self.failures} failures"
+        who = self.username or "any user"
+        return f"{who} from {self.address or '?'}: {self.failures} failures"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -26,8 +26,9 @@ from attempts.models import (
     State,
 )
 from tests.conftest import PYTHON, REPO, child_env, make_world
-from tests.dashboard.conftest import WORKER, make_review, make_unknown
+from tests.dashboard.conftest import make_review, make_unknown
 from tests.notify_servers import MailSink, Webhook
+
 
 def mail_to(settings, port: int) -> None:
     """Point the default mailer at an SMTP server on 127.0.0.1:port."""
@@ -48,9 +49,7 @@ def channels(settings):
 
 def pending(**filters) -> list[tuple[str, str, str]]:
     return sorted(
-        Notification.objects.filter(**filters).values_list(
-            "kind", "recipient__username", "channel"
-        )
+        Notification.objects.filter(**filters).values_list("kind", "recipient__username", "channel")
     )
 
 
@@ -264,9 +263,7 @@ def test_a_worker_killed_mid_send_loses_and_doubles_nothing(transactional_db, se
 
 
 @pytest.mark.slow
-def test_a_crash_between_accepted_and_recorded_resends_the_same_notice(
-    transactional_db, settings
-):
+def test_a_crash_between_accepted_and_recorded_resends_the_same_notice(transactional_db, settings):
     with MailSink() as mail, Webhook() as hook:
         mail_to(settings, mail.port)
         settings.NOTIFY = {**settings.NOTIFY, "EMAIL": True, "CHAT_WEBHOOK_URL": hook.url}
