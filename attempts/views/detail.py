@@ -27,6 +27,8 @@ from attempts.views._common import get_attempt_for_user, has_role, redact, user_
 MAX_EVENTS = 500
 MAX_LINEAGE = 25
 MAX_LOOKUPS = 100
+# How often the open page refreshes its live part.
+DETAIL_POLL_SECONDS = 10
 
 
 def pretty_json(value: Any) -> str:
@@ -292,7 +294,7 @@ def live_context(request: HttpRequest, attempt: Attempt) -> dict[str, Any]:
         "total_lookups": total_lookups,
         "now": now,
         "changed_since_open": changed,
-        "poll_seconds": 10,
+        "poll_seconds": DETAIL_POLL_SECONDS,
         "live_url": f"{request.path}?since={since}" if since.isdigit() else "",
     }
 

@@ -215,7 +215,9 @@ def test_bulk_confirm_fail_and_note_check_role_and_version_per_attempt(world, cl
     clients.operator.post("/queues/bulk/", {"action": "note", "attempt": pick, "text": "seen"})
     assert Attempt.objects.get(pk=d.pk).events.last().reason == "seen"
     # Evidence is required: nothing changes without it.
-    clients.reviewer.post("/queues/bulk/", {"action": "confirm", "attempt": pick, "result_ref": "r"})
+    clients.reviewer.post(
+        "/queues/bulk/", {"action": "confirm", "attempt": pick, "result_ref": "r"}
+    )
     assert Attempt.objects.get(pk=d.pk).state == State.MANUAL_REVIEW
 
 
