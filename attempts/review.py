@@ -25,6 +25,7 @@ from attempts.ledger import (
     _text,
     linked_preview,
 )
+from attempts.locking import write_transaction
 from attempts.models import (
     APPROVAL_ACTION,
     ATTENTION_STATES,
@@ -37,7 +38,7 @@ from attempts.models import (
     has_role,
     tenant_roles,
 )
-from attempts.states import Actor, write_transaction
+from attempts.states import Actor
 
 MAX_NOTE = 5000
 MAX_COMMENT = 2000
@@ -160,14 +161,8 @@ def add_note(attempt: Attempt | str, *, user: Any, text: str) -> AttemptEvent:
     with write_transaction():
         current = _reload(attempt)
         require_role(user, current, Role.OPERATOR)
-        return states.append_event(
-            current,
-            action="attempt.note",
-            actor=Actor.user(user),
-            from_state=current.state,
-            to_state=current.state,
-            reason=text,
-        )
+        states.move(current, None, action="attempt.note", actor=Actor.user(user), reason=text)
+        return current.events.order_by("-id").first()
 
 
 def acknowledge_sla(attempt: Attempt | str, *, user: Any, comment: str = "") -> SlaEscalation:
@@ -187,12 +182,11 @@ def acknowledge_sla(attempt: Attempt | str, *, user: Any, comment: str = "") -> 
         row.acknowledged_by = user
         row.acknowledged_at = timezone.now()
         row.save(update_fields=["acknowledged_by", "acknowledged_at"])
-        states.append_event(
+        states.move(
             current,
+            None,
             action="attempt.sla_acknowledged",
             actor=Actor.user(user),
-            from_state=current.state,
-            to_state=current.state,
             reason=comment,
         )
         return row
@@ -283,12 +277,11 @@ def _approve(current: Attempt, user: Any, kind: str, comment: str) -> tuple[bool
             attempt=current,
         )
     if len(approved_by) + 1 < needed:
-        states.append_event(
+        states.move(
             current,
+            None,
             action=APPROVAL_ACTION,
             actor=Actor.user(user),
-            from_state=current.state,
-            to_state=current.state,
             reason=comment,
             details={"kind": kind, "approvals": len(approved_by) + 1, "needed": needed},
         )

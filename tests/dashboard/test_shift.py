@@ -24,7 +24,7 @@ def worker_lookup(attempt: Attempt) -> None:
     """What the reconciler records when a lookup cannot decide: the attempt stays UNKNOWN, its
     lookup count and version go up."""
     from attempts import states
-    from attempts.states import write_transaction
+    from attempts.locking import write_transaction
     from tests.dashboard.conftest import WORKER
 
     current = Attempt.objects.get(pk=attempt.pk)

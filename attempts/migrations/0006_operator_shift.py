@@ -33,7 +33,7 @@ def drop_pattern_indexes(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("attempts", "0004_fewer_index_writes_per_intent"),
+        ("attempts", "0005_chain_per_attempt"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
