@@ -39,7 +39,7 @@ from django.db.models import Exists, OuterRef, Q
 from django.urls import reverse
 from django.utils import timezone
 
-from attempts.faults import crash_point, register_point
+from attempts.faults import crash_point
 from attempts.models import (
     APPROVAL_ACTION,
     ATTENTION_STATES,
@@ -59,8 +59,6 @@ from attempts.models import (
 
 log = logging.getLogger("ledgerweb.notify")
 
-register_point("notify_claimed", "notifications: a notice's lease is committed, nothing sent")
-register_point("notify_sent", "notifications: the notice was accepted, not yet recorded as sent")
 
 CURSOR = "events"
 EVENT_BATCH = 1000
