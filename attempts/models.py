@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 from django.db import models, transaction
 from django.db.models import Exists, F, OuterRef, Q, Subquery
-from django.db.models.functions import Coalesce
+from django.db.models.functions import Coalesce, Collate
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
@@ -154,25 +154,25 @@ class Tool(models.Model):
         return cls(critical=bool(critical)).approvals_needed
 
 
-def prefix_q(term: str, fields: tuple[str, ...] = PREFIX_FIELDS) -> Q:
-    """Rows where any of ``fields`` starts with ``term``, written so each is an index range:
-    ``LIKE 'term%'`` on PostgreSQL (read from the ``*_prefix_idx`` pattern indexes, right under
-    any collation), ``>= term AND < term + U+10FFFF`` on SQLite (binary collation, the ordinary
-    index; SQLite's LIKE is case-insensitive and cannot use it)."""
+def search_key(field: str) -> Any:
+    """The expression a prefix search reads and orders by: the column in byte order. On
+    PostgreSQL that is ``column COLLATE "C"``, read from the ``attempt_*_prefix_idx`` indexes
+    (migration 0006; a range under the database's own collation is not a prefix range); on
+    SQLite the column itself (binary collation, its ordinary index)."""
     from django.db import connection
 
-    q = Q()
-    for field in fields:
-        value = term
-        if field == "args_hash":
-            value = term.lower()
-            if not all(c in "0123456789abcdef" for c in value):
-                continue
-        if connection.vendor == "postgresql":
-            q |= Q(**{f"{field}__startswith": value})
-        else:
-            q |= Q(**{f"{field}__gte": value, f"{field}__lt": value + "\U0010ffff"})
-    return q
+    if connection.vendor == "postgresql":
+        return Collate(F(field), "C")
+    return F(field)
+
+
+def prefix_value(term: str, field: str) -> str | None:
+    """``term`` as ``field`` stores it (hashes are lower-case hex), or None when it cannot
+    be a prefix of that field."""
+    if field == "args_hash":
+        value = term.lower()
+        return value if all(c in "0123456789abcdef" for c in value) else None
+    return term
 
 
 class Grant(models.Model):
@@ -269,10 +269,15 @@ class AttemptQuerySet(models.QuerySet):
             .exclude(Exists(approvals.filter(actor=user.get_username())))
         )
 
-    def prefix_search(self, term: str) -> AttemptQuerySet:
-        """Attempts whose idempotency key, provider request id, task id, attempt id or args
-        hash starts with ``term``, each an index range (see ``prefix_q``)."""
-        return self.filter(prefix_q(term))
+    def prefix_search(self, term: str, field: str) -> AttemptQuerySet:
+        """Attempts whose ``field`` (one of PREFIX_FIELDS) starts with ``term``: one range
+        ``>= term AND < term + U+10FFFF`` of the field in byte order (``search_key``), with the
+        alias ``search_key`` to order by. Empty when ``term`` cannot be such a prefix."""
+        value = prefix_value(term, field)
+        keyed = self.alias(search_key=search_key(field))
+        if value is None:
+            return keyed.none()
+        return keyed.filter(search_key__gte=value, search_key__lt=value + "\U0010ffff")
 
     def for_tenants(self, tenants: list[str] | set[str]) -> AttemptQuerySet:
         """Tenant scoping for agent tokens."""
@@ -378,19 +383,9 @@ class Attempt(models.Model):
                 fields=["state", "tenant", "tool_name", "owner"],
                 name="attempt_state_tenant_tool_idx",
             ),
-            models.Index(
-                fields=["task_id"], name="attempt_task_idx", opclasses=["varchar_pattern_ops"]
-            ),
-            models.Index(
-                fields=["provider_request_id"],
-                name="attempt_provider_req_idx",
-                opclasses=["varchar_pattern_ops"],
-            ),
-            models.Index(
-                fields=["args_hash"],
-                name="attempt_args_hash_idx",
-                opclasses=["varchar_pattern_ops"],
-            ),
+            models.Index(fields=["task_id"], name="attempt_task_idx"),
+            models.Index(fields=["provider_request_id"], name="attempt_provider_req_idx"),
+            models.Index(fields=["args_hash"], name="attempt_args_hash_idx"),
             # Linked attempts by parent (most attempts have none).
             models.Index(
                 fields=["parent"], name="attempt_parent_idx", condition=Q(parent__isnull=False)

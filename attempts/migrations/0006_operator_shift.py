@@ -6,28 +6,32 @@ import django.db.models.deletion
 from django.conf import settings
 from django.db import migrations, models
 
-# Prefix search on the two unique text columns: on PostgreSQL a LIKE 'x%' needs a pattern
-# operator-class index (the unique indexes use the database collation). SQLite's prefix ranges
-# use the unique indexes as they are, so nothing is added there.
-PATTERN_INDEXES = {
+# Prefix search (attempts.models.search_key): on PostgreSQL each identifier is read as
+# ``column COLLATE "C"`` so that a prefix is one contiguous index range whatever the database's
+# collation, walked in order. SQLite compares in byte order already and uses the ordinary
+# indexes, so nothing is added there.
+PREFIX_INDEXES = {
     "attempt_key_prefix_idx": "idempotency_key",
     "attempt_id_prefix_idx": "attempt_id",
+    "attempt_task_prefix_idx": "task_id",
+    "attempt_req_prefix_idx": "provider_request_id",
+    "attempt_hash_prefix_idx": "args_hash",
 }
 
 
-def add_pattern_indexes(apps, schema_editor):
+def add_prefix_indexes(apps, schema_editor):
     if schema_editor.connection.vendor != "postgresql":
         return
-    for name, column in PATTERN_INDEXES.items():
+    for name, column in PREFIX_INDEXES.items():
         schema_editor.execute(
-            f"CREATE INDEX IF NOT EXISTS {name} ON attempts_attempt ({column} varchar_pattern_ops)"
+            f'CREATE INDEX IF NOT EXISTS {name} ON attempts_attempt (({column} COLLATE "C"))'
         )
 
 
-def drop_pattern_indexes(apps, schema_editor):
+def drop_prefix_indexes(apps, schema_editor):
     if schema_editor.connection.vendor != "postgresql":
         return
-    for name in PATTERN_INDEXES:
+    for name in PREFIX_INDEXES:
         schema_editor.execute(f"DROP INDEX IF EXISTS {name}")
 
 
@@ -166,18 +170,6 @@ class Migration(migrations.Migration):
                 "verbose_name_plural": "SLA policies",
             },
         ),
-        migrations.RemoveIndex(
-            model_name="attempt",
-            name="attempt_task_idx",
-        ),
-        migrations.RemoveIndex(
-            model_name="attempt",
-            name="attempt_provider_req_idx",
-        ),
-        migrations.RemoveIndex(
-            model_name="attempt",
-            name="attempt_args_hash_idx",
-        ),
         migrations.AddField(
             model_name="loginthrottle",
             name="address",
@@ -187,28 +179,6 @@ class Migration(migrations.Migration):
             model_name="loginthrottle",
             name="username",
             field=models.CharField(blank=True, default="", max_length=150),
-        ),
-        migrations.AddIndex(
-            model_name="attempt",
-            index=models.Index(
-                fields=["task_id"], name="attempt_task_idx", opclasses=["varchar_pattern_ops"]
-            ),
-        ),
-        migrations.AddIndex(
-            model_name="attempt",
-            index=models.Index(
-                fields=["provider_request_id"],
-                name="attempt_provider_req_idx",
-                opclasses=["varchar_pattern_ops"],
-            ),
-        ),
-        migrations.AddIndex(
-            model_name="attempt",
-            index=models.Index(
-                fields=["args_hash"],
-                name="attempt_args_hash_idx",
-                opclasses=["varchar_pattern_ops"],
-            ),
         ),
         migrations.AddField(
             model_name="notification",
@@ -334,5 +304,5 @@ class Migration(migrations.Migration):
                 name="sla_unique_tool",
             ),
         ),
-        migrations.RunPython(add_pattern_indexes, drop_pattern_indexes),
+        migrations.RunPython(add_prefix_indexes, drop_prefix_indexes),
     ]

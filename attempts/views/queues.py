@@ -20,7 +20,8 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import get_user_model
 from django.db import connection
-from django.db.models import Max, Q
+from django.db.models import BooleanField, Max, Q
+from django.db.models.expressions import RawSQL
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
@@ -41,7 +42,6 @@ from attempts.models import (
     SlaPolicy,
     State,
     Tool,
-    prefix_q,
 )
 from attempts.review import Seen
 from attempts.views._common import (
@@ -239,17 +239,34 @@ def parse_filters(request: HttpRequest, queue: Queue) -> Filters:
     return f
 
 
-def search_lanes(term: str) -> list[Q]:
-    """One condition per identifier, each an index range (``Attempt.objects.prefix_search``
-    explains how): exact for terms shorter than MIN_PREFIX, prefixes from there on."""
-    if len(term) < MIN_PREFIX:
-        return [
-            Q(attempt_id=term),
-            Q(idempotency_key=term),
-            Q(provider_request_id=term),
-            Q(task_id=term),
-        ]
-    return [prefix_q(term, (field,)) for field in PREFIX_FIELDS if prefix_q(term, (field,))]
+def exact_search(term: str) -> Q:
+    """A term shorter than MIN_PREFIX matches identifiers exactly (a prefix would match too
+    much to be useful)."""
+    return (
+        Q(attempt_id=term) | Q(idempotency_key=term) | Q(provider_request_id=term) | Q(task_id=term)
+    )
+
+
+def _search_scope(tenants: list[str], states: tuple[str, ...]) -> Q:
+    """The tenant and state limits of a search lane. On SQLite they are written so the planner
+    cannot read them from an index (``+column``): it must walk the identifier's own index in
+    order, never gather every match of a broad prefix by tenant and sort them."""
+    every_state = set(states) == set(State.values)
+    if connection.vendor != "sqlite":
+        return Q(tenant_id__in=tenants) & (Q() if every_state else Q(state__in=states))
+    table = Attempt._meta.db_table
+    scope = Q(_unindexed_in(f'"{table}"."tenant_id"', tenants))
+    if not every_state:
+        scope &= Q(_unindexed_in(f'"{table}"."state"', list(states)))
+    return scope
+
+
+def _unindexed_in(column: str, values: list[str]) -> RawSQL:
+    if not values:
+        return RawSQL("0 = 1", [], output_field=BooleanField())
+    marks = ", ".join(["%s"] * len(values))
+    # The column name is ours; the values are parameters.
+    return RawSQL(f"+{column} IN ({marks})", list(values), output_field=BooleanField())  # noqa: S611
 
 
 def _keyset(cursor: tuple[dt.datetime, int], *, forward_ascending: bool) -> Q:
@@ -270,6 +287,7 @@ class Page:
     prev_cursor: str = ""
     total: int = 0
     total_exact: bool = True
+    more_matches: bool = False
 
 
 def fetch_page(
@@ -286,7 +304,9 @@ def fetch_page(
     chosen_states = (filters.state,) if filters.state else queue.states
     if filters.awaiting:
         chosen_states = tuple(s for s in chosen_states if s == State.MANUAL_REVIEW)
-    base = Attempt.objects.visible_to(user).filter(tenant_id__in=tenants)
+    # ``tenants`` are the user's own (``user_tenants``, the one scoping rule) or one of them;
+    # every lane below is limited to them.
+    base = Attempt.objects.all()
     if filters.tool:
         base = base.filter(tool_name=filters.tool)
     owner_id = user.pk if filters.owner == "me" else filters.owner_id
@@ -315,31 +335,46 @@ def fetch_page(
     order = ("created_at", "id") if walk_ascending else ("-created_at", "-id")
     want = page_size + 1
 
+    prefix_search = bool(filters.q) and len(filters.q) >= MIN_PREFIX
     if not chosen_states:
-        specs: list[Q] = []
-    elif filters.q:
-        # One lane per identifier: each is a prefix range on its own index (or, for a broad
-        # prefix, the created_at order filtered), never an OR the planner must sort whole.
-        specs = [cond & Q(state__in=chosen_states) for cond in search_lanes(filters.q)]
+        lanes, lanes_without_cursor = [], []
+    elif prefix_search:
+        # One lane per identifier, each a range of that identifier's own index walked in
+        # order (``Attempt.objects.prefix_search``); a prefix may match most of the ledger
+        # ("acme:"), so no lane gathers and sorts all its matches. The page shows the first
+        # matches by identifier; a longer prefix narrows it (no further pages).
+        scope = _search_scope(tenants, chosen_states)
+        lanes = [
+            base.prefix_search(filters.q, field).filter(scope).order_by("search_key", "id")
+            for field in PREFIX_FIELDS
+        ]
+        lanes_without_cursor = lanes
     else:
-        # One equality prefix per lane, so each lane is an ordered index range: (tenant) when
-        # every state is wanted, (tenant, state) otherwise; (owner, tenant, state) for an owner.
-        every_state = set(chosen_states) == set(State.values)
-        if every_state and owner_id is None:
-            specs = [Q(tenant_id=t) for t in tenants]
+        if filters.q:
+            specs = [exact_search(filters.q) & _search_scope(tenants, chosen_states)]
         else:
-            specs = [Q(tenant_id=t, state=s) for t in tenants for s in chosen_states]
-    lanes = [base.filter(spec) for spec in specs]
-    lanes_without_cursor = [uncursored.filter(spec) for spec in specs]
-    # Phase one reads only (created_at, id) from each lane: both are in every queue index, so
-    # each lane is an index-only range. Phase two loads the winning rows by primary key.
-    keys = [list(lane.order_by(*order).values_list("created_at", "id")[:want]) for lane in lanes]
-    merged_keys = []
-    for key in heapq.merge(*keys, reverse=not walk_ascending):
-        if not merged_keys or merged_keys[-1] != key:  # a row found by two identifiers
-            merged_keys.append(key)
-        if len(merged_keys) == want:
-            break
+            # One equality prefix per lane, so each lane is an ordered index range: (tenant)
+            # when every state is wanted, (tenant, state) otherwise; (owner, tenant, state)
+            # for an owner.
+            every_state = set(chosen_states) == set(State.values)
+            if every_state and owner_id is None:
+                specs = [Q(tenant_id=t) for t in tenants]
+            else:
+                specs = [Q(tenant_id=t, state=s) for t in tenants for s in chosen_states]
+        lanes = [base.filter(spec).order_by(*order) for spec in specs]
+        lanes_without_cursor = [uncursored.filter(spec) for spec in specs]
+    # Phase one reads only (created_at, id) from each lane (for the queues, both are in every
+    # queue index, so each lane is an index-only range); phase two loads the rows by key.
+    keys = [list(lane.values_list("created_at", "id")[:want]) for lane in lanes]
+    if prefix_search:
+        merged_keys = sorted(set().union(*keys), reverse=not walk_ascending)
+    else:
+        merged_keys = []
+        for key in heapq.merge(*keys, reverse=not walk_ascending):
+            if not merged_keys or merged_keys[-1] != key:  # a row found by two identifiers
+                merged_keys.append(key)
+            if len(merged_keys) == want:
+                break
     by_pk = {
         row["id"]: row
         for row in Attempt.objects.visible_to(user)
@@ -354,7 +389,10 @@ def fetch_page(
         has_prev, has_next = more, True
     else:
         has_next, has_prev = more, filters.after is not None
+    if prefix_search:
+        has_next = has_prev = False
     page = Page(rows=rows, has_next=has_next and bool(rows), has_prev=has_prev and bool(rows))
+    page.more_matches = prefix_search and more
     if rows:
         page.next_cursor = encode_cursor(rows[-1]["created_at"], rows[-1]["id"])
         page.prev_cursor = encode_cursor(rows[0]["created_at"], rows[0]["id"])
