@@ -370,7 +370,7 @@ def _json_event_sql() -> str:
 
 def _where(plan: ExportPlan) -> tuple[str, list[Any]]:
     """The plan's filters as SQL over ``e`` (events), scoped through the ORM's own query for the
-    person's attempts (``Attempt.objects.for_user`` and the filters)."""
+    person's attempts (``Attempt.objects.visible_to`` and the filters)."""
     clauses = ["e.id <= %s"]
     params: list[Any] = [plan.upto]
     if plan.scoped:

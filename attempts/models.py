@@ -249,10 +249,6 @@ class AttemptQuerySet(models.QuerySet):
         and notifications use it. ``minimum`` narrows to tenants where the role is at least it."""
         return self.filter(tenant_id__in=tenants_where(user, minimum))
 
-    def for_user(self, user: AbstractBaseUser) -> AttemptQuerySet:
-        """Tenant scoping for people (``visible_to``)."""
-        return self.visible_to(user)
-
     def awaiting_approval_of(self, user: Any) -> AttemptQuerySet:
         """Attempts in MANUAL_REVIEW that wait for this reviewer's approval: a prepared linked
         attempt, or a linked retry one reviewer approved already (critical tools need two), and
