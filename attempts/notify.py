@@ -228,7 +228,18 @@ def enqueue_from_events(now: dt.datetime | None = None) -> int:
     """Read the history after the cursor and enqueue what it calls for. The cursor only moves
     past events older than OVERLAP, so an event that commits late is still read."""
     now = now or timezone.now()
-    cursor, _ = NotifyCursor.objects.get_or_create(name=CURSOR)
+    cursor, created = NotifyCursor.objects.get_or_create(name=CURSOR)
+    if created:
+        # The first run tells nobody about the past: it starts just before now.
+        start = (
+            AttemptEvent.objects.filter(created_at__lt=now - OVERLAP)
+            .order_by("-id")
+            .values_list("id", flat=True)
+            .first()
+        )
+        if start:
+            NotifyCursor.objects.filter(name=CURSOR).update(last_event_id=start)
+            cursor.last_event_id = start
     interesting = Q(action__in=["attempt.owner_changed", APPROVAL_ACTION]) | (
         Q(to_state=State.MANUAL_REVIEW) & ~Q(from_state=State.MANUAL_REVIEW)
     )

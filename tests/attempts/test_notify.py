@@ -288,3 +288,10 @@ def test_a_crash_between_accepted_and_recorded_resends_the_same_notice(transacti
     # The one notice in flight at the crash arrived twice, as the same notice (same id), which
     # the receiver drops; every other notice arrived once.
     assert sorted(delivered.values()) == [1] * (len(expected) - 1) + [2]
+
+
+def test_the_first_run_tells_nobody_about_the_past(world, channels):
+    make_review(world)  # history from before the first run (seen from a day later)
+    assert notify.enqueue_from_events(timezone.now() + dt.timedelta(days=1)) == 0
+    make_review(world)
+    assert notify.enqueue_from_events() == 2
