@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime as dt
 import subprocess
-from pathlib import Path
 
 import pytest
 from django.utils import timezone
@@ -16,8 +15,7 @@ from django.utils import timezone
 from attempts import ledger, notify, review
 from attempts.models import Attempt, Grant, Notification, SlaPolicy, State
 from tests.conftest import PASSWORD, PYTHON, REPO, child_env, make_world
-from tests.dashboard.conftest import WORKER, make_awaiting, make_review, make_unknown
-from tests.dashboard.test_browser import ARGS, CHROMIUM, SHOTS  # noqa: F401
+from tests.dashboard.conftest import SHOTS, WORKER, make_awaiting, make_review, make_unknown
 from tests.dashboard.test_shift import worker_lookup
 from tests.notify_servers import MailSink, Webhook
 
@@ -25,20 +23,6 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 AXE = REPO / "node_modules" / "axe-core" / "axe.min.js"
 PHONE = {"width": 390, "height": 844}
-
-
-@pytest.fixture
-def chromium(monkeypatch):
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    if not Path(CHROMIUM).exists():
-        pytest.skip("Debian's chromium is not installed at /usr/bin/chromium")
-    from playwright.sync_api import sync_playwright
-
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield browser
-        browser.close()
 
 
 class Tab:
@@ -90,7 +74,7 @@ def _csp_errors(*tabs: Tab) -> list[str]:
 
 
 def test_an_open_form_survives_the_worker_and_keeps_typing_through_a_conflict(
-    live_server, chromium, monkeypatch
+    live_server, browser, monkeypatch
 ):
     from attempts.views import detail
 
@@ -98,7 +82,7 @@ def test_an_open_form_survives_the_worker_and_keeps_typing_through_a_conflict(
     world = make_world()
     quiet = make_unknown(world)
     contested = make_review(world)
-    me = Tab(chromium, live_server.url)
+    me = Tab(browser, live_server.url)
     me.login("reviewer")
 
     # 1. The worker looks the attempt up (UNKNOWN stays UNKNOWN) while the form is open.
@@ -134,12 +118,12 @@ def test_an_open_form_survives_the_worker_and_keeps_typing_through_a_conflict(
     assert not _csp_errors(me)
 
 
-def test_awaiting_my_approval_from_the_overview(live_server, chromium):
+def test_awaiting_my_approval_from_the_overview(live_server, browser):
     world = make_world()
     half = make_review(world, tool="charge_card")
     review.approve_linked_retry(half, user=world.reviewer)
     make_review(world)
-    me = Tab(chromium, live_server.url)
+    me = Tab(browser, live_server.url)
     me.login("reviewer2")
     me.goto("/")
     assert me.page.inner_text("[data-testid=count-awaiting]") == "1"
@@ -150,7 +134,7 @@ def test_awaiting_my_approval_from_the_overview(live_server, chromium):
     me.shot("02-awaiting-my-approval")
 
 
-def test_a_notice_reaches_a_real_mailbox_and_chat(live_server, chromium):
+def test_a_notice_reaches_a_real_mailbox_and_chat(live_server, browser):
     world = make_world()
     attempt = make_unknown(world)
     with MailSink() as mail, Webhook() as hook:
@@ -161,7 +145,7 @@ def test_a_notice_reaches_a_real_mailbox_and_chat(live_server, chromium):
         )
         worker = [PYTHON, "manage.py", "reconcile", "--once", "--worker-id", "notifier"]
         subprocess.run(worker, cwd=REPO, env=env, check=True, capture_output=True, timeout=120)
-        me = Tab(chromium, live_server.url)
+        me = Tab(browser, live_server.url)
         me.login("operator")
         me.goto(f"/attempts/{attempt.attempt_id}/")
         me.page.select_option("select[name=owner]", "reviewer2")
@@ -174,7 +158,7 @@ def test_a_notice_reaches_a_real_mailbox_and_chat(live_server, chromium):
     assert set(Notification.objects.values_list("status", flat=True)) == {"sent"}
 
 
-def test_an_sla_breach_is_coloured_escalated_and_acknowledged(live_server, chromium, settings):
+def test_an_sla_breach_is_coloured_escalated_and_acknowledged(live_server, browser, settings):
     world = make_world()
     settings.NOTIFY = {**settings.NOTIFY, "EMAIL": True}
     SlaPolicy.objects.create(
@@ -187,7 +171,7 @@ def test_an_sla_breach_is_coloured_escalated_and_acknowledged(live_server, chrom
     Attempt.objects.filter(pk=late.pk).update(created_at=timezone.now() - dt.timedelta(hours=2))
     assert notify.escalate_slas() == 1
     assert Notification.objects.get().recipient == world.admin
-    me = Tab(chromium, live_server.url)
+    me = Tab(browser, live_server.url)
     me.login("operator")
     me.goto("/queues/unknown/")
     cell = me.page.locator(f"tr[data-attempt='{late.attempt_id}'] td[data-sla]")
@@ -202,12 +186,12 @@ def test_an_sla_breach_is_coloured_escalated_and_acknowledged(live_server, chrom
     assert Attempt.objects.get(pk=late.pk).owner == world.triage  # acknowledging is not taking
 
 
-def test_prefix_search_from_the_keyboard_and_j_k(live_server, chromium):
+def test_prefix_search_from_the_keyboard_and_j_k(live_server, browser):
     world = make_world()
     target = make_unknown(world, provider_request_id="prv_2e63bbed91")
     for _ in range(3):
         make_unknown(world)
-    me = Tab(chromium, live_server.url)
+    me = Tab(browser, live_server.url)
     me.login("viewer")
     me.goto("/queues/all/")
     me.page.keyboard.press("j")
@@ -229,11 +213,11 @@ def test_prefix_search_from_the_keyboard_and_j_k(live_server, chromium):
     me.shot("04-prefix-search")
 
 
-def test_bulk_resolve(live_server, chromium):
+def test_bulk_resolve(live_server, browser):
     world = make_world()
     picked = [make_review(world) for _ in range(2)]
     left = make_review(world)
-    me = Tab(chromium, live_server.url)
+    me = Tab(browser, live_server.url)
     me.login("reviewer")
     me.goto("/queues/review/")
     for attempt in picked:
@@ -247,12 +231,12 @@ def test_bulk_resolve(live_server, chromium):
     me.shot("05-bulk-failed")
 
 
-def test_the_diff_of_linked_attempts(live_server, chromium):
+def test_the_diff_of_linked_attempts(live_server, browser):
     world = make_world()
     original = make_unknown(world)
     Grant.objects.filter(tenant="acme", tool="open_ticket").update(policy_version="v2")
     child = ledger.create_linked_attempt(original, actor=WORKER, reason="policy changed")
-    me = Tab(chromium, live_server.url)
+    me = Tab(browser, live_server.url)
     me.login("reviewer")
     for path in (f"/attempts/{child.attempt_id}/", f"/attempts/{child.attempt_id}/approve/"):
         me.goto(path)
@@ -288,7 +272,7 @@ def _every_page(world) -> list[tuple[str, str]]:
 
 
 @pytest.mark.parametrize("dark", [False, True], ids=["light", "dark"])
-def test_axe_finds_nothing_serious_on_any_page(live_server, chromium, dark):
+def test_axe_finds_nothing_serious_on_any_page(live_server, browser, dark):
     if not AXE.exists():
         pytest.skip("axe-core is not installed (scripts/setup runs npm ci)")
     world = make_world()
@@ -297,7 +281,7 @@ def test_axe_finds_nothing_serious_on_any_page(live_server, chromium, dark):
     found = {}
     for who, path in pages:
         if who not in tabs:
-            tabs[who] = Tab(chromium, live_server.url, dark=dark, axe=True)
+            tabs[who] = Tab(browser, live_server.url, dark=dark, axe=True)
             if who:
                 tabs[who].login(who)
         tab = tabs[who]
@@ -313,14 +297,14 @@ def test_axe_finds_nothing_serious_on_any_page(live_server, chromium, dark):
     assert not found, found
 
 
-def test_phone_layout_has_no_sideways_scroll(live_server, chromium):
+def test_phone_layout_has_no_sideways_scroll(live_server, browser):
     world = make_world()
     pages = _every_page(world)
     tabs: dict[str, Tab] = {}
     wide = []
     for who, path in pages:
         if who not in tabs:
-            tabs[who] = Tab(chromium, live_server.url, viewport=PHONE)
+            tabs[who] = Tab(browser, live_server.url, viewport=PHONE)
             if who:
                 tabs[who].login(who)
         tab = tabs[who]
