@@ -24,6 +24,7 @@ from django.views.decorators.csrf import csrf_exempt
 from attempts import ledger
 from attempts.models import AgentIdentity, AgentToken, Attempt, State
 from attempts.states import Actor, TransitionError
+from ledgerweb.paths import shipped
 
 log = logging.getLogger("ledgerweb.api")
 
@@ -496,7 +497,7 @@ def server_error(request: HttpRequest):
     return default_server_error(request)
 
 
-OPENAPI_PATH = settings.BASE_DIR / "docs" / "openapi.json"
+OPENAPI_PATH = shipped("docs") / "openapi.json"
 
 
 @functools.cache

@@ -117,6 +117,23 @@ class Membership(models.Model):
         return f"{self.user} is {self.role} in {self.tenant_id}"
 
 
+class SsoGroupRole(models.Model):
+    """A role in one tenant for people whose identity provider puts them in ``group``
+    (OpenID Connect sign-in, ``attempts.sso``). Configured through ``ledger_config``."""
+
+    group = models.CharField(max_length=200)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="sso_group_roles")
+    role = models.CharField(max_length=16, choices=Role.choices)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["group", "tenant"], name="ssogrouprole_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"group {self.group} is {self.role} in {self.tenant_id}"
+
+
 class Tool(models.Model):
     """A tool agents may call, its effect class, and how to reach its provider.
 

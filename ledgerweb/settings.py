@@ -11,11 +11,11 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.csp import CSP
 
-from ledgerweb import logs
 from ledgerweb.env import env_bool, env_int, env_list, env_str
+from ledgerweb.paths import CHECKOUT_DIR, default_data_dir, shipped
 
-BASE_DIR = Path(__file__).resolve().parent.parent
-DATA_DIR = Path(env_str("LEDGERWEB_DATA_DIR", str(BASE_DIR / "var"))).resolve()
+BASE_DIR = CHECKOUT_DIR
+DATA_DIR = Path(env_str("LEDGERWEB_DATA_DIR", str(default_data_dir()))).resolve()
 
 DEBUG = env_bool("LEDGERWEB_DEBUG", False)
 HTTPS = env_bool("LEDGERWEB_HTTPS", False)
@@ -76,7 +76,7 @@ WSGI_APPLICATION = "ledgerweb.wsgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        "DIRS": [shipped("templates")],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -163,7 +163,7 @@ USE_I18N = False
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATICFILES_DIRS = [BASE_DIR / "static"]
+STATICFILES_DIRS = [shipped("static")]
 STATIC_ROOT = Path(env_str("LEDGERWEB_STATIC_ROOT", str(DATA_DIR / "staticfiles")))
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
@@ -191,7 +191,7 @@ SECURE_CSP = {
 }
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SAMESITE = "Lax"
-CSRF_COOKIE_HTTPONLY = False  # htmx reads the token from the page, not the cookie
+CSRF_COOKIE_HTTPONLY = True  # htmx reads the token from the page, never from the cookie
 SESSION_COOKIE_SECURE = HTTPS
 CSRF_COOKIE_SECURE = HTTPS
 SECURE_SSL_REDIRECT = HTTPS and env_bool("LEDGERWEB_SSL_REDIRECT", True)
@@ -223,7 +223,6 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env_str("LEDGERWEB_LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }
-logs.skip_unused_record_fields()
 
 # The ledger's own knobs (seconds unless named otherwise).
 LEDGER = {

@@ -11,6 +11,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, close_old_connections
 
+from ledgerweb import logs
 from reconciliation.reconciler import Reconciler, Summary, tune_worker_process
 
 
@@ -81,6 +82,7 @@ class Command(BaseCommand):
             lease_seconds=options["lease_seconds"],
         )
         tune_worker_process()
+        logs.skip_unused_record_fields()  # this process logs a line per settled attempt
         stop = threading.Event()
         previous = {
             sig: signal.signal(sig, lambda *_: stop.set())
