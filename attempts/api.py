@@ -253,8 +253,8 @@ def _actor(token: AgentIdentity) -> Actor:
 def _log(event: str, attempt: Attempt, token: AgentIdentity, **fields: Any) -> None:
     """One structured log line per change: key=value text, and the same fields as ``extra``
     (top-level keys with LEDGERWEB_LOG_FORMAT=json)."""
-    if not log.isEnabledFor(logging.INFO):
-        return
+    if attempt.repeated_call or not log.isEnabledFor(logging.INFO):
+        return  # a repeated call changed nothing: nothing to log
     values = {
         "attempt_id": attempt.attempt_id,
         "tenant": attempt.tenant_id,

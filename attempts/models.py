@@ -134,6 +134,20 @@ class SsoGroupRole(models.Model):
         return f"group {self.group} is {self.role} in {self.tenant_id}"
 
 
+class SsoIdentity(models.Model):
+    """The account a person signing in through OpenID Connect uses: matched by the identity
+    provider's stable subject, never by a name another account could carry."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="sso_identity"
+    )
+    subject = models.CharField(max_length=255, unique=True)
+    last_login_groups = models.JSONField(default=list, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.user} (sso {self.subject})"
+
+
 class Tool(models.Model):
     """A tool agents may call, its effect class, and how to reach its provider.
 
@@ -272,6 +286,8 @@ class Attempt(models.Model):
     updated_at = models.DateTimeField()
 
     objects = AttemptQuerySet.as_manager()
+    # Set on the copy a ledger call returns when it repeated a move and wrote nothing.
+    repeated_call = False
 
     class Meta:
         indexes = [
@@ -470,10 +486,6 @@ class AgentToken(models.Model):
             Q(last_used_at__isnull=True) | Q(last_used_at__lte=cutoff)
         ).record_use(last_used_at=now)
         self.last_used_at = now
-
-    @property
-    def is_revoked(self) -> bool:
-        return self.revoked_at is not None
 
     def revoke(self) -> bool:
         """Revoke the token (idempotent). Returns whether this call revoked it."""

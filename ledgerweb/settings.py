@@ -153,6 +153,47 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+AUTHENTICATION_BACKENDS = ["django.contrib.auth.backends.ModelBackend"]
+
+# Single sign-on through OpenID Connect (attempts/sso.py, docs/deploy.md): on when a client id is
+# configured. Roles come from the provider's groups claim through the configuration file's
+# [[sso_groups]]; someone in no mapped group is refused.
+SSO = {
+    "ENABLED": bool(env_str("LEDGERWEB_OIDC_CLIENT_ID")),
+    "GROUPS_CLAIM": env_str("LEDGERWEB_OIDC_GROUPS_CLAIM", "groups"),
+    "USERNAME_CLAIM": env_str("LEDGERWEB_OIDC_USERNAME_CLAIM", "preferred_username"),
+    "LABEL": env_str("LEDGERWEB_OIDC_LABEL", "single sign-on"),
+}
+if SSO["ENABLED"]:
+    AUTHENTICATION_BACKENDS.append("attempts.sso.GroupRoleBackend")
+    OIDC_RP_CLIENT_ID = env_str("LEDGERWEB_OIDC_CLIENT_ID")
+    OIDC_RP_CLIENT_SECRET = env_str("LEDGERWEB_OIDC_CLIENT_SECRET")
+    OIDC_OP_AUTHORIZATION_ENDPOINT = env_str("LEDGERWEB_OIDC_AUTHORIZATION_ENDPOINT")
+    OIDC_OP_TOKEN_ENDPOINT = env_str("LEDGERWEB_OIDC_TOKEN_ENDPOINT")
+    OIDC_OP_USER_ENDPOINT = env_str("LEDGERWEB_OIDC_USERINFO_ENDPOINT")
+    OIDC_OP_JWKS_ENDPOINT = env_str("LEDGERWEB_OIDC_JWKS_ENDPOINT")
+    OIDC_RP_SIGN_ALGO = env_str("LEDGERWEB_OIDC_SIGN_ALGO", "RS256")
+    OIDC_RP_SCOPES = env_str("LEDGERWEB_OIDC_SCOPES", "openid email profile")
+    OIDC_USE_PKCE = True
+    OIDC_CREATE_USER = True
+    OIDC_TIMEOUT = env_int("LEDGERWEB_OIDC_TIMEOUT", 10, minimum=1)
+    LOGIN_REDIRECT_URL_FAILURE = "login"
+    _missing = [
+        name
+        for name, value in (
+            ("LEDGERWEB_OIDC_CLIENT_SECRET", OIDC_RP_CLIENT_SECRET),
+            ("LEDGERWEB_OIDC_AUTHORIZATION_ENDPOINT", OIDC_OP_AUTHORIZATION_ENDPOINT),
+            ("LEDGERWEB_OIDC_TOKEN_ENDPOINT", OIDC_OP_TOKEN_ENDPOINT),
+            ("LEDGERWEB_OIDC_USERINFO_ENDPOINT", OIDC_OP_USER_ENDPOINT),
+            ("LEDGERWEB_OIDC_JWKS_ENDPOINT", OIDC_OP_JWKS_ENDPOINT),
+        )
+        if not value
+    ]
+    if _missing:
+        raise ImproperlyConfigured(
+            f"LEDGERWEB_OIDC_CLIENT_ID is set, so single sign-on also needs {', '.join(_missing)}"
+        )
+
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "overview"
 LOGOUT_REDIRECT_URL = "login"

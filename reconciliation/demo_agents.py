@@ -349,13 +349,6 @@ def crashing_task(
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-@dataclass
-class Outcome:
-    tasks: int = 0
-    crashed: int = 0
-    errors: int = 0
-
-
 def run(
     *,
     api: str,

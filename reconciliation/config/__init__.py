@@ -23,10 +23,10 @@ from reconciliation.config.sections import (
     REMOVE,
     SECTIONS,
     UPDATE,
+    By,
     Change,
     Refused,
     Section,
-    Users,
 )
 
 __all__ = ["ConfigError", "Document", "Plan", "apply", "dump", "plan", "read"]
@@ -154,12 +154,12 @@ def apply(document: Document, *, actor: Actor, reason: str = "") -> Plan:
     from attempts.chain import record_config_change
     from attempts.locking import write_transaction
 
-    reason = reason or f"ledger_config apply {document.path}"
+    by = By(actor, reason or f"ledger_config apply {document.path}")
     with write_transaction():
         result = plan(document)
         for change in result.ordered():
             try:
-                subject = _make(change)
+                subject = _make(change, by)
             except Refused as exc:
                 raise ConfigError(document.path, [document.error(change.where, str(exc))]) from None
             except (IntegrityError, DatabaseError) as exc:
@@ -171,32 +171,18 @@ def apply(document: Document, *, actor: Actor, reason: str = "") -> Plan:
                 actor=actor,
                 before=change.before,
                 after=change.after,
-                reason=reason,
+                reason=by.reason,
             )
-            if isinstance(change.section, Users):
-                for subject, action, old, new in Users.membership_changes(
-                    change.key,
-                    (change.before or {}).get("roles", {}),
-                    (change.after or {}).get("roles", {}),
-                ):
-                    record_config_change(
-                        subject=subject,
-                        action=action,
-                        actor=actor,
-                        before=old,
-                        after=new,
-                        reason=reason,
-                    )
     return result
 
 
-def _make(change: Change) -> str:
+def _make(change: Change, by: By) -> str:
     section = change.section
     if change.action == CREATE:
-        return section.create(change.after)
+        return section.create(change.after, by)
     if change.action == UPDATE:
-        return section.update(change.key, change.before, change.after)
-    return section.remove(change.key, change.before)
+        return section.update(change.key, change.before, change.after, by)
+    return section.remove(change.key, change.before, by)
 
 
 def dump() -> str:

@@ -15,6 +15,7 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.db.models import ProtectedError
 
+from attempts import memberships
 from attempts.models import (
     TERMINAL_STATES,
     Attempt,
@@ -25,6 +26,7 @@ from attempts.models import (
     Tenant,
     Tool,
 )
+from attempts.states import Actor
 from reconciliation.providers.base import ProviderError
 from reconciliation.providers.registry import adapter_for
 
@@ -33,6 +35,14 @@ CREATE, UPDATE, REMOVE = "created", "updated", "removed"
 
 class Refused(Exception):
     """A change the database's current state does not allow; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class By:
+    """Who applies the file and why: what the history records with each change."""
+
+    actor: Actor
+    reason: str
 
 
 @dataclass
@@ -99,14 +109,14 @@ class Section:
         """Today's objects as normalized entries, by key."""
         raise NotImplementedError
 
-    def create(self, entry: dict[str, Any]) -> str:
+    def create(self, entry: dict[str, Any], by: By) -> str:
         """Make the object; returns its history subject."""
         raise NotImplementedError
 
-    def update(self, key: str, before: dict[str, Any], after: dict[str, Any]) -> str:
+    def update(self, key: str, before: dict[str, Any], after: dict[str, Any], by: By) -> str:
         raise NotImplementedError
 
-    def remove(self, key: str, before: dict[str, Any]) -> str:
+    def remove(self, key: str, before: dict[str, Any], by: By) -> str:
         raise NotImplementedError
 
     def subject(self, key: str) -> str:
@@ -141,15 +151,15 @@ class Tenants(Section):
     def current(self) -> dict[str, dict[str, Any]]:
         return {t.slug: {"slug": t.slug, "name": t.name} for t in Tenant.objects.order_by("slug")}
 
-    def create(self, entry: dict[str, Any]) -> str:
+    def create(self, entry: dict[str, Any], by: By) -> str:
         Tenant.objects.create(**entry)
         return self.subject(entry["slug"])
 
-    def update(self, key: str, before: dict[str, Any], after: dict[str, Any]) -> str:
+    def update(self, key: str, before: dict[str, Any], after: dict[str, Any], by: By) -> str:
         Tenant.objects.filter(slug=key).update(name=after["name"])
         return self.subject(key)
 
-    def remove(self, key: str, before: dict[str, Any]) -> str:
+    def remove(self, key: str, before: dict[str, Any], by: By) -> str:
         if Attempt.objects.filter(tenant_id=key).exists():
             raise Refused(f"tenant {key} has attempts, whose history stays; deactivate its grants")
         if Grant.objects.filter(tenant_id=key).exists():
@@ -204,15 +214,15 @@ class Tools(Section):
             for tool in Tool.objects.order_by("name")
         }
 
-    def create(self, entry: dict[str, Any]) -> str:
+    def create(self, entry: dict[str, Any], by: By) -> str:
         self._instance(entry).save(force_insert=True)
         return self.subject(entry["name"])
 
-    def update(self, key: str, before: dict[str, Any], after: dict[str, Any]) -> str:
+    def update(self, key: str, before: dict[str, Any], after: dict[str, Any], by: By) -> str:
         self._instance(after).save(force_update=True)
         return self.subject(key)
 
-    def remove(self, key: str, before: dict[str, Any]) -> str:
+    def remove(self, key: str, before: dict[str, Any], by: By) -> str:
         open_work = Attempt.objects.filter(tool_name=key).exclude(state__in=TERMINAL_STATES)
         if open_work.exists():
             raise Refused(f"tool {key} has unsettled attempts; set active = false instead")
@@ -267,61 +277,31 @@ class Users(Section):
             for user in users
         }
 
-    def create(self, entry: dict[str, Any]) -> str:
+    def create(self, entry: dict[str, Any], by: By) -> str:
         user = get_user_model()(username=entry["username"])
         for field, column in self.FIELDS.items():
             setattr(user, column, entry[field])
         user.set_unusable_password()  # the person sets it: manage.py password_link
         user.save()
-        self._set_roles(user, {}, entry["roles"])
+        memberships.set_roles(user, entry["roles"], actor=by.actor, reason=by.reason)
         return self.subject(entry["username"])
 
-    def update(self, key: str, before: dict[str, Any], after: dict[str, Any]) -> str:
+    def update(self, key: str, before: dict[str, Any], after: dict[str, Any], by: By) -> str:
         user = get_user_model().objects.get(username=key)
         for field, column in self.FIELDS.items():
             setattr(user, column, after[field])
         user.save()
-        self._set_roles(user, before["roles"], after["roles"])
+        memberships.set_roles(user, after["roles"], actor=by.actor, reason=by.reason)
         return self.subject(key)
 
-    def remove(self, key: str, before: dict[str, Any]) -> str:
+    def remove(self, key: str, before: dict[str, Any], by: By) -> str:
         user = get_user_model().objects.get(username=key)
+        memberships.set_roles(user, {}, actor=by.actor, reason=by.reason)
         _protected(
             f"user {key}",
             "they own attempts or ownership rules: set active = false instead",
         )(user.delete)()
         return self.subject(key)
-
-    @staticmethod
-    def _set_roles(user: Any, before: dict[str, str], after: dict[str, str]) -> None:
-        for tenant in before.keys() - after.keys():
-            Membership.objects.filter(user=user, tenant_id=tenant).delete()
-        for tenant, role in after.items():
-            if before.get(tenant) != role:
-                Membership.objects.update_or_create(
-                    user=user, tenant_id=tenant, defaults={"role": role}
-                )
-
-    @staticmethod
-    def membership_changes(
-        username: str, before: dict[str, str], after: dict[str, str]
-    ) -> list[tuple[str, str, dict[str, Any] | None, dict[str, Any] | None]]:
-        """(subject, action, before, after) for each membership the roles change touches."""
-        changes = []
-        for tenant in sorted(before.keys() | after.keys()):
-            old, new = before.get(tenant), after.get(tenant)
-            if old == new:
-                continue
-            action = CREATE if old is None else REMOVE if new is None else UPDATE
-            changes.append(
-                (
-                    f"membership:{tenant}/{username}",
-                    action,
-                    None if old is None else {"role": old},
-                    None if new is None else {"role": new},
-                )
-            )
-        return changes
 
     def tenants_named(self, entry: dict[str, Any]) -> list[str]:
         return sorted(entry["roles"])
@@ -352,20 +332,20 @@ class Grants(Section):
             "active": entry["active"],
         }
 
-    def create(self, entry: dict[str, Any]) -> str:
+    def create(self, entry: dict[str, Any], by: By) -> str:
         Grant.objects.create(
             tenant_id=entry["tenant"], tool_id=entry["tool"], **self._values(entry)
         )
         return self.subject(self.key(entry))
 
-    def update(self, key: str, before: dict[str, Any], after: dict[str, Any]) -> str:
+    def update(self, key: str, before: dict[str, Any], after: dict[str, Any], by: By) -> str:
         grant = Grant.objects.get(tenant_id=after["tenant"], tool_id=after["tool"])
         for field, value in self._values(after).items():
             setattr(grant, field, value)
         grant.save()
         return self.subject(key)
 
-    def remove(self, key: str, before: dict[str, Any]) -> str:
+    def remove(self, key: str, before: dict[str, Any], by: By) -> str:
         Grant.objects.get(tenant_id=before["tenant"], tool_id=before["tool"]).delete()
         return self.subject(key)
 
@@ -397,7 +377,7 @@ class OwnershipRules(Section):
             .first()
         )
 
-    def create(self, entry: dict[str, Any]) -> str:
+    def create(self, entry: dict[str, Any], by: By) -> str:
         owner = get_user_model().objects.get(username=entry["owner"])
         rule = OwnershipRule.objects.create(
             tenant_pattern=entry["tenant"],
@@ -407,14 +387,14 @@ class OwnershipRules(Section):
         )
         return f"{self.subject_prefix}:{rule.pk}"
 
-    def update(self, key: str, before: dict[str, Any], after: dict[str, Any]) -> str:
+    def update(self, key: str, before: dict[str, Any], after: dict[str, Any], by: By) -> str:
         rule = self._rule(after)
         rule.owner = get_user_model().objects.get(username=after["owner"])
         rule.priority = after["priority"]
         rule.save()
         return f"{self.subject_prefix}:{rule.pk}"
 
-    def remove(self, key: str, before: dict[str, Any]) -> str:
+    def remove(self, key: str, before: dict[str, Any], by: By) -> str:
         rule = self._rule(before)
         subject = f"{self.subject_prefix}:{rule.pk}"
         rule.delete()
@@ -439,10 +419,10 @@ class SsoGroups(Section):
             found.setdefault(group, {"group": group, "roles": {}})["roles"][tenant] = role
         return found
 
-    def create(self, entry: dict[str, Any]) -> str:
-        return self.update(entry["group"], {"roles": {}}, entry)
+    def create(self, entry: dict[str, Any], by: By) -> str:
+        return self.update(entry["group"], {"roles": {}}, entry, by)
 
-    def update(self, key: str, before: dict[str, Any], after: dict[str, Any]) -> str:
+    def update(self, key: str, before: dict[str, Any], after: dict[str, Any], by: By) -> str:
         SsoGroupRole.objects.filter(group=key).exclude(tenant_id__in=after["roles"]).delete()
         for tenant, role in after["roles"].items():
             SsoGroupRole.objects.update_or_create(
@@ -450,7 +430,7 @@ class SsoGroups(Section):
             )
         return self.subject(key)
 
-    def remove(self, key: str, before: dict[str, Any]) -> str:
+    def remove(self, key: str, before: dict[str, Any], by: By) -> str:
         SsoGroupRole.objects.filter(group=key).delete()
         return self.subject(key)
 
