@@ -9,6 +9,7 @@ format, so ``apply(dump())`` changes nothing.
 
 from __future__ import annotations
 
+import getpass
 import json
 import re
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from typing import Any
 
 from django.db import DatabaseError, IntegrityError
 
+from attempts.models import ActorKind
 from attempts.states import Actor
 from reconciliation.config.document import FORMAT_VERSION, ConfigError, Document, read
 from reconciliation.config.sections import (
@@ -146,6 +148,20 @@ def _reference_problems(
                 )
             )
     return problems
+
+
+def applied_by(name: str | None) -> Actor:
+    """Who applies a file, as the history records it: ``name``, else the operating-system
+    user running the command. ValueError when neither is usable."""
+    if name is None:
+        try:
+            name = getpass.getuser()
+        except (KeyError, OSError):
+            raise ValueError("cannot tell who you are: give --actor NAME") from None
+    name = name.strip()
+    if not 0 < len(name) <= 150:
+        raise ValueError("--actor must be 1 to 150 characters")
+    return Actor(ActorKind.USER, name)
 
 
 def apply(document: Document, *, actor: Actor, reason: str = "") -> Plan:

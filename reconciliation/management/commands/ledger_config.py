@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import getpass
 import sys
 from pathlib import Path
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from attempts.models import ActorKind
 from attempts.states import Actor
 from reconciliation import config
 
@@ -85,11 +83,7 @@ class Command(BaseCommand):
 
     @staticmethod
     def _actor(name: str | None) -> Actor:
-        if name is not None and not (0 < len(name.strip()) <= 150):
-            raise CommandError("--actor must be 1 to 150 characters")
-        if name is None:
-            try:
-                name = getpass.getuser()
-            except (KeyError, OSError):
-                raise CommandError("cannot tell who you are: give --actor NAME") from None
-        return Actor(ActorKind.USER, name.strip())
+        try:
+            return config.applied_by(name)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
