@@ -43,6 +43,8 @@ RECOVERABLE_STATES = (
     State.FAILED_RETRYABLE,
 )
 ATTENTION_STATES = (State.UNKNOWN, State.MANUAL_REVIEW)
+# Sent or about to be sent by an agent that may still be at work: stale after STALE_AFTER.
+IN_FLIGHT_STATES = (State.INTENT_RECORDED, State.DISPATCHED)
 
 
 class EffectClass(models.TextChoices):
@@ -229,7 +231,14 @@ class AttemptQuerySet(models.QuerySet):
         return self.filter(tenant_id__in=list(tenants))
 
     def due(self, now) -> AttemptQuerySet:
+        """Attempts whose scheduled check (``next_check_at``) has come."""
         return self.filter(state__in=RECOVERABLE_STATES, next_check_at__lte=now)
+
+    def stale_in_flight(self, now) -> AttemptQuerySet:
+        """INTENT_RECORDED and DISPATCHED attempts unchanged for ``LEDGERWEB_STALE_AFTER``
+        seconds, read now: the setting applies to attempts recorded before it changed."""
+        since = now - dt.timedelta(seconds=settings.LEDGER["STALE_AFTER"])
+        return self.filter(state__in=IN_FLIGHT_STATES, updated_at__lte=since)
 
 
 class Attempt(models.Model):

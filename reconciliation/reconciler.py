@@ -204,10 +204,18 @@ class Reconciler:
         free = Q(lease_until__isnull=True) | Q(lease_until__lt=now)
         claimed: list[int] = []
         with transaction.atomic():
-            candidates = Attempt.objects.due(cutoff).filter(free).order_by("next_check_at", "id")
+            # Scheduled checks, and in-flight work stale by today's LEDGERWEB_STALE_AFTER
+            # (not the value in force when the attempt was recorded).
+            scheduled = Attempt.objects.due(cutoff).filter(free).order_by("next_check_at", "id")
+            stale = (
+                Attempt.objects.stale_in_flight(cutoff).filter(free).order_by("updated_at", "id")
+            )
             if connection.vendor == "postgresql":
-                candidates = candidates.select_for_update(skip_locked=True)
-            rows = list(candidates.values_list("pk", "version")[:limit])
+                scheduled = scheduled.select_for_update(skip_locked=True)
+                stale = stale.select_for_update(skip_locked=True)
+            found = dict(scheduled.values_list("pk", "version")[:limit])
+            found.update(stale.values_list("pk", "version")[:limit])
+            rows = sorted(found.items())[:limit]
             if rows:
                 claimed = self._claim_rows(rows, now=now, lease_until=now + lease)
             return list(
