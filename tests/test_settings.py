@@ -2,6 +2,7 @@
 database really runs durable (WAL, synchronous=FULL, immediate transactions, busy timeout)."""
 
 import subprocess
+import sys
 
 import pytest
 from django.db import connection
@@ -84,25 +85,43 @@ def test_production_settings_pass_the_deploy_check(tmp_path):
     assert "no issues" in result.stdout
 
 
-def test_missing_owner_configuration_is_reported(tmp_path):
+def test_missing_owner_configuration_is_reported_where_it_matters(tmp_path):
     assert run_manage(tmp_path, "migrate", "-v0").returncode == 0
+    # An ordinary command does not query the database for it...
     result = run_manage(tmp_path, "check", LEDGERWEB_DEFAULT_OWNER="")
+    assert "attempts.W001" not in result.stdout + result.stderr
+    result = run_manage(tmp_path, "showmigrations", "attempts", LEDGERWEB_DEFAULT_OWNER="")
+    assert "attempts.W001" not in result.stdout + result.stderr
+    # ...the database checks do, and so does the worker, which hands work to people.
+    result = run_manage(tmp_path, "check", "--database", "default", LEDGERWEB_DEFAULT_OWNER="")
     assert "attempts.W001" in result.stdout + result.stderr
-    result = run_manage(tmp_path, "check", LEDGERWEB_DEFAULT_OWNER="oncall")
+    result = run_manage(tmp_path, "reconcile", "--once", LEDGERWEB_DEFAULT_OWNER="")
+    assert result.returncode == 0, result.stderr
+    assert "attempts.W001" in result.stdout + result.stderr
+    result = run_manage(
+        tmp_path, "check", "--database", "default", LEDGERWEB_DEFAULT_OWNER="oncall"
+    )
     assert "attempts.W001" not in result.stdout + result.stderr
 
 
-def test_log_records_skip_only_fields_no_format_prints():
+def test_log_records_skip_only_fields_no_format_prints_in_server_processes():
     import logging
 
     from django.conf import settings
 
-    assert logging._srcfile is None and not logging.logThreads
-    assert logging.logProcesses  # gunicorn's error log prints the pid
+    # Loading the settings leaves the standard library's logging alone...
+    assert logging._srcfile is not None and logging.logThreads
     used = " ".join(str(f.get("format", "")) for f in settings.LOGGING["formatters"].values())
     for skipped in ("pathname", "filename", "lineno", "funcName", "thread", "processName"):
         assert skipped not in used
-    record = logging.getLogger("ledgerweb.api").makeRecord(
-        "ledgerweb.api", logging.INFO, "(unknown file)", 0, "x", (), None
+    # ...the server's own process (gunicorn imports ledgerweb.wsgi) switches the fields off.
+    probe = (
+        "import logging, ledgerweb.wsgi\n"
+        "assert logging._srcfile is None and not logging.logThreads\n"
+        "assert logging.logProcesses\n"  # gunicorn's error log prints the pid
+        "print('ok')"
     )
-    assert record.process is not None
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert done.stdout.strip() == "ok", done.stderr
