@@ -177,7 +177,7 @@ if SSO["ENABLED"]:
     OIDC_USE_PKCE = True
     OIDC_CREATE_USER = True
     OIDC_TIMEOUT = env_int("LEDGERWEB_OIDC_TIMEOUT", 10, minimum=1)
-    LOGIN_REDIRECT_URL_FAILURE = "login"
+    LOGIN_REDIRECT_URL_FAILURE = "/login/"  # a path: mozilla-django-oidc does not resolve names
     _missing = [
         name
         for name, value in (
