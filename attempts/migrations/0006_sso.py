@@ -7,7 +7,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("attempts", "0004_fewer_index_writes_per_intent"),
+        ("attempts", "0005_chain_per_attempt"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
