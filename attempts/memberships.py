@@ -29,7 +29,7 @@ def set_roles(user: Any, roles: dict[str, str], *, actor: Actor, reason: str) ->
             action = "created" if old is None else "updated"
         record_config_change(
             subject=f"membership:{tenant}/{username}",
-            action=action,
+            action=f"config.membership.{action}",
             actor=actor,
             before=None if old is None else {"role": old},
             after=None if new is None else {"role": new},

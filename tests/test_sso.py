@@ -23,7 +23,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.core.management import call_command
 
-from attempts.models import Membership, SsoIdentity
+from attempts.models import ConfigEvent, Membership, SsoIdentity
 from tests.conftest import PYTHON, REPO, child_env
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -196,6 +196,17 @@ def test_a_person_signs_in_with_roles_from_their_groups(provider, ledger_server)
     assert "Log out" in page
     assert roles_of("alice") == {"globex": "admin"}
     assert User.objects.filter(username="alice").count() == 1
+    # Each membership the sign-ins made or removed is in the configuration history.
+    changes = list(
+        ConfigEvent.objects.filter(subject__startswith="membership:")
+        .order_by("seq")
+        .values_list("subject", "action", "actor_kind", "actor")
+    )
+    assert changes == [
+        ("membership:acme/alice", "config.membership.created", "system", "sso"),
+        ("membership:acme/alice", "config.membership.removed", "system", "sso"),
+        ("membership:globex/alice", "config.membership.created", "system", "sso"),
+    ]
 
 
 def test_a_person_in_no_mapped_group_is_refused(provider, ledger_server) -> None:

@@ -183,7 +183,7 @@ def apply(document: Document, *, actor: Actor, reason: str = "") -> Plan:
                 raise ConfigError(document.path, [document.error(change.where, message)]) from None
             record_config_change(
                 subject=subject,
-                action=change.action,
+                action=f"config.{change.section.subject_prefix}.{change.action}",
                 actor=actor,
                 before=change.before,
                 after=change.after,

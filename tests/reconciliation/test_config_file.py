@@ -16,7 +16,15 @@ from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 from django.test import Client
 
-from attempts.models import Grant, Membership, OwnershipRule, SsoGroupRole, Tenant, Tool
+from attempts.models import (
+    ConfigEvent,
+    Grant,
+    Membership,
+    OwnershipRule,
+    SsoGroupRole,
+    Tenant,
+    Tool,
+)
 from reconciliation import config
 from tests.conftest import PASSWORD, PYTHON, REPO, child_env
 
@@ -255,6 +263,91 @@ def test_a_refusal_half_way_rolls_back_every_earlier_change(world, tmp_path) -> 
     assert f"ledger.toml:{line}: tool open_ticket has unsettled attempts" in str(caught.value)
     assert snapshot() == before
     assert not Tenant.objects.filter(slug="initech").exists()
+
+
+def test_every_change_is_in_the_verified_history_with_who_applied_it(world, tmp_path) -> None:
+    from attempts import chain
+    from tests.attempts.audit_helpers import drop_triggers, seal_all, sql
+
+    path = write(tmp_path, FILE)
+    run("apply", path, "--actor", "alice")
+    events = {e.subject: e for e in ConfigEvent.objects.all()}
+    rule = OwnershipRule.objects.get(tenant_pattern="initech")
+    assert set(events) == {
+        "tenant:initech",
+        "tool:send_fax",
+        "user:rita",
+        "membership:acme/rita",
+        "membership:initech/rita",
+        "grant:initech/send_fax",
+        f"ownership_rule:{rule.pk}",
+        "sso_group:fax-reviewers",
+    }
+    assert {(e.actor_kind, e.actor, e.reason) for e in events.values()} == {
+        ("user", "alice", f"ledger_config apply {path}")
+    }
+    grant = events["grant:initech/send_fax"]
+    assert (grant.action, grant.before) == ("config.grant.created", None)
+    assert grant.after["policy_version"] == "2026-12"
+    assert events["membership:initech/rita"].after == {"role": "reviewer"}
+
+    # A change records before and after; removing records what was there.
+    changed = FILE.replace('policy_version = "2026-12"', 'policy_version = "2027-01"')
+    run("apply", write(tmp_path, changed, "changed.toml"), "--actor", "bob")
+    update = ConfigEvent.objects.filter(subject="grant:initech/send_fax").last()
+    assert (update.action, update.actor) == ("config.grant.updated", "bob")
+    assert (update.before["policy_version"], update.after["policy_version"]) == (
+        "2026-12",
+        "2027-01",
+    )
+    # The history of an attempt's authority shows it (ConfigEvent.objects.affecting).
+    from attempts import ledger
+
+    Tool.objects.filter(name="send_fax").update(dispatch_url="https://fax.example/send")
+    attempt, _ = ledger.record_intent(
+        tenant="initech",
+        task_id="t",
+        tool_name="send_fax",
+        idempotency_key="fax-1",
+        args={"to": "+1"},
+        actor=world.agent,
+    )
+    assert update in ConfigEvent.objects.affecting(attempt)
+
+    seal_all()
+    out = io.StringIO()
+    call_command("verify_audit", stdout=out)
+    assert out.getvalue().startswith("OK:")
+    assert chain.config_head_now()[0] == ConfigEvent.objects.count()
+    # Rewriting who applied a change is seen by verification.
+    drop_triggers()
+    sql(
+        "UPDATE attempts_configevent SET actor = %s WHERE id = %s",
+        ["mallory", update.pk],
+    )
+    with pytest.raises(CommandError):
+        call_command("verify_audit", stdout=io.StringIO())
+
+
+def test_the_applier_defaults_to_the_operating_system_user(world, tmp_path) -> None:
+    import getpass
+
+    run("apply", write(tmp_path, FILE))
+    assert set(ConfigEvent.objects.values_list("actor", flat=True)) == {getpass.getuser()}
+
+
+def test_load_tools_records_its_changes_too(world, tmp_path) -> None:
+    path = tmp_path / "tools.json"
+    path.write_text(
+        json.dumps([{"name": "open_ticket", "effect_class": "reconcilable", "critical": True}])
+    )
+    call_command("load_tools", str(path), "--actor", "carol", stdout=io.StringIO())
+    event = ConfigEvent.objects.get(subject="tool:open_ticket")
+    assert (event.actor, event.before["critical"], event.after["critical"]) == (
+        "carol",
+        False,
+        True,
+    )
 
 
 def test_the_command_runs_from_the_shell_with_help(tmp_path) -> None:
