@@ -92,6 +92,15 @@ def test_the_published_schema_is_a_valid_json_schema_and_the_demo_file_follows_i
     config.read("demo.toml", demo.replace("{provider}", "http://127.0.0.1:9"))
 
 
+def test_the_guide_example_is_a_valid_file(world) -> None:
+    import re
+
+    guide = (REPO / "docs" / "config.md").read_text()
+    example = re.search(r"```toml\n(version = 1\n.*?)```", guide, flags=re.S).group(1)
+    plan = config.plan(config.read("docs/config.md", example))
+    assert {change.key for change in plan.changes} >= {"acme", "charge_card", "rita"}
+
+
 def test_plan_shows_the_changes_and_changes_nothing(world, tmp_path) -> None:
     before = snapshot()
     out = run("plan", write(tmp_path, FILE))
