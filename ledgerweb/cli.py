@@ -49,7 +49,10 @@ def manage(args: list[str]) -> int:
     try:
         execute_from_command_line(["ledgerweb", *args])
     except SystemExit as exc:  # argparse and CommandError exit through here
-        return exc.code if isinstance(exc.code, int) else 1
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        print(exc.code, file=sys.stderr)
+        return 1
     return 0
 
 
