@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import time
 import tomllib
@@ -18,7 +17,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from tests.conftest import PYTHON, REPO
+from tests.conftest import PYTHON, REPO, free_port
 
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 
@@ -38,12 +37,6 @@ def test_every_folder_the_server_needs_is_in_the_package_list() -> None:
     assert needed - listed == set(), "add these to [tool.setuptools] packages"
     for package, folder in mapped.items():
         assert (REPO / folder).is_dir(), (package, folder)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def get(url: str) -> tuple[int, str]:

@@ -105,23 +105,38 @@ def test_missing_owner_configuration_is_reported_where_it_matters(tmp_path):
 
 
 def test_log_records_skip_only_fields_no_format_prints_in_server_processes():
-    import logging
-
     from django.conf import settings
 
-    # Loading the settings leaves the standard library's logging alone...
-    assert logging._srcfile is not None and logging.logThreads
     used = " ".join(str(f.get("format", "")) for f in settings.LOGGING["formatters"].values())
     for skipped in ("pathname", "filename", "lineno", "funcName", "thread", "processName"):
         assert skipped not in used
-    # ...the server's own process (gunicorn imports ledgerweb.wsgi) switches the fields off.
-    probe = (
-        "import logging, ledgerweb.wsgi\n"
-        "assert logging._srcfile is None and not logging.logThreads\n"
-        "assert logging.logProcesses\n"  # gunicorn's error log prints the pid
-        "print('ok')"
+
+    def probe(code: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=REPO,
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        return done.stdout.strip() or done.stderr
+
+    # A program that only loads the settings keeps the standard library's logging as it was...
+    assert (
+        probe(
+            "import django, logging\n"
+            "django.setup()\n"
+            "print(logging._srcfile is not None and logging.logThreads)"
+        )
+        == "True"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=60
+    # ...the server's own process (gunicorn imports ledgerweb.wsgi) switches the fields off,
+    # keeping the process id that gunicorn's error log prints.
+    assert (
+        probe(
+            "import logging, ledgerweb.wsgi\n"
+            "print(logging._srcfile is None and not logging.logThreads and logging.logProcesses)"
+        )
+        == "True"
     )
-    assert done.stdout.strip() == "ok", done.stderr

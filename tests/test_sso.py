@@ -10,7 +10,6 @@ import http.cookiejar
 import io
 import json
 import re
-import socket
 import subprocess
 import textwrap
 import time
@@ -24,7 +23,7 @@ from django.contrib.auth.models import User
 from django.core.management import call_command
 
 from attempts.models import ConfigEvent, Membership, SsoIdentity
-from tests.conftest import PYTHON, REPO, child_env
+from tests.conftest import PYTHON, REPO, child_env, free_port
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -63,12 +62,6 @@ MAPPINGS = textwrap.dedent(
     roles = { acme = "viewer" }
     """
 )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_for(url: str, process: subprocess.Popen, log: Path, seconds: float = 60) -> None:
