@@ -254,6 +254,9 @@ LEDGER = {
     # SQLite: web workers hand intents to the intent writer process (attempts/writer.py) when
     # it is running; with this off they always record them themselves.
     "INTENT_WRITER": env_bool("LEDGERWEB_INTENT_WRITER", True),
+    # The MCP gateway's configuration file: the "mcp" provider adapter finds each tool's upstream
+    # server and lookup tool there (docs/integrations.md).
+    "MCP_GATEWAY_CONFIG": env_str("LEDGERWEB_MCP_GATEWAY_CONFIG", ""),
 }
 
 # Operations endpoints (docs/operations.md). /metrics answers loopback clients, or anyone sending

@@ -1,5 +1,6 @@
-"""Tool name -> adapter. ``Tool.adapter`` is ``http`` (the generic provider), a name registered
-with ``register()``, or the dotted path of an ``Adapter`` subclass."""
+"""Tool name -> adapter. ``Tool.adapter`` is ``http`` (the generic provider), ``mcp`` (tools behind
+the MCP gateway), a name registered with ``register()``, or the dotted path of an ``Adapter``
+subclass."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from django.utils.module_loading import import_string
 from attempts.models import Tool
 from reconciliation.providers.base import Adapter, ProviderError
 from reconciliation.providers.http import GenericHttpAdapter
+from reconciliation.providers.mcp import McpAdapter
 
-_ADAPTERS: dict[str, type[Adapter]] = {"http": GenericHttpAdapter}
+_ADAPTERS: dict[str, type[Adapter]] = {"http": GenericHttpAdapter, "mcp": McpAdapter}
 
 
 def register(name: str, adapter_class: type[Adapter]) -> None:
@@ -24,7 +26,7 @@ def adapter_class(name: str) -> type[Adapter]:
     if name in _ADAPTERS:
         return _ADAPTERS[name]
     if "." not in name:
-        raise ProviderError(f"unknown adapter {name!r} (use 'http' or a dotted path)")
+        raise ProviderError(f"unknown adapter {name!r} (use 'http', 'mcp' or a dotted path)")
     try:
         found = import_string(name)
     except ImportError as exc:
