@@ -15,6 +15,15 @@ __all__ = ["ConfigError", "GatewayConfig", "ToolConfig", "Upstream", "load_confi
 
 def main(argv: list[str] | None = None) -> int:
     """The ``ledgerweb-mcp-gateway`` command."""
-    from .gateway import main as gateway_main
+    try:
+        from .gateway import main as gateway_main
+    except ImportError as exc:
+        import sys
 
+        print(
+            f"ledgerweb-mcp-gateway needs the MCP SDK ({exc.name} is missing): "
+            "pip install 'ledgerweb-client[mcp]'",
+            file=sys.stderr,
+        )
+        return 2
     return gateway_main(argv)

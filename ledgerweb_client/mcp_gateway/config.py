@@ -4,7 +4,7 @@ provider adapter alike, so both ends agree on upstreams, keys and lookups.
 ::
 
     [ledger]
-    url = "http://127.0.0.1:8000"
+    url = "http://127.0.0.1:8000"     # or the LEDGERWEB_URL environment variable
     token_env = "LEDGERWEB_TOKEN"     # the agent token is read from this variable, never the file
     tenant = "acme"                   # defaults for calls whose _meta does not name them
     task_id = "support-agent"

@@ -321,11 +321,16 @@ async def serve(
 ) -> None:
     """Connect the upstreams and serve MCP on stdio, or on streamable HTTP at 127.0.0.1."""
     token = os.environ.get(config.ledger.token_env, "")
-    if not config.ledger.url:
-        raise ConfigError(f"{config.path}: [ledger] url is not set")
+    url = config.ledger.url or os.environ.get("LEDGERWEB_URL", "")
+    if not url:
+        raise ConfigError(f"{config.path}: set [ledger] url, or export LEDGERWEB_URL")
     if not token:
         raise ConfigError(f"the ledger token is not set: export {config.ledger.token_env}")
-    with LedgerClient(config.ledger.url, token, timeout=config.ledger.timeout_seconds) as ledger:
+    try:
+        ledger = LedgerClient(url, token, timeout=config.ledger.timeout_seconds)
+    except ValueError as exc:
+        raise ConfigError(f"{config.path}: [ledger] url: {exc}") from None
+    with ledger:
         gateway = Gateway(config, ledger, tenant=tenant, task_id=task_id)
         async with AsyncExitStack() as stack:
             await gateway.connect(stack)

@@ -57,9 +57,14 @@ def result_ref_for(result: Mapping[str, Any], fields: Sequence[str] | None = Non
 
 def kept_result(result_ref: str | None) -> dict[str, Any] | None:
     """The MCP result (``content`` and, when kept, ``structuredContent``) that ``result_ref``
-    holds, or ``None`` when it holds none (a digest, or another adapter's reference)."""
+    holds (an object kept as ``json:`` by another integration counts as structured content), or
+    ``None`` when it holds none (a digest, or another adapter's reference)."""
     kept = read_json_receipt(result_ref, prefix=MCP_RECEIPT_PREFIX)
-    if not has_value(kept) or not isinstance(kept, dict):
+    if not has_value(kept):
+        # A receipt another integration kept for the same ledger tool (``json:``).
+        other = read_json_receipt(result_ref)
+        kept = {"s": other} if isinstance(other, dict) else None
+    if not isinstance(kept, dict):
         return None
     if "s" in kept:
         text = json.dumps(kept["s"], ensure_ascii=False)

@@ -190,6 +190,7 @@ def _ledger_code(error: MCPError) -> str:
     return error.data["code"]
 
 
+@sqlite_only  # the gateway's own behaviour; the crash test below runs on both databases
 def test_gateway_lists_unchanged_records_replays_and_refuses(
     live_server, world_tools: Tokens, upstreams, tmp_path: Path, async_orm
 ) -> None:
