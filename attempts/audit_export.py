@@ -1,17 +1,17 @@
 """Audit exports: the history of the attempts a person may see, as CSV or JSON Lines, streamed.
 
-An export is pinned to the ledger head at the moment it was planned (``upto``: the newest event
-id), so the CSV, its manifest and a JSON Lines copy made from the same plan hold exactly the same
-events however many are written meanwhile. Rows are read with one raw query in event-id order
-through a streaming cursor (a server-side cursor on PostgreSQL) and written in chunks, so memory
-stays flat however large the export.
+An export is pinned when it is planned to the newest event id (``upto``) and the newest
+checkpoint, so the CSV, its manifest and a JSON Lines copy made from the same plan hold exactly
+the same events however many are written meanwhile. Rows are read with one raw query in event-id
+order through a streaming cursor (a server-side cursor on PostgreSQL) and written in chunks.
 
-JSON Lines: a header line, one ``event`` line per exported event, a ``link`` line (id, prev_hash,
-hash only, no content) for each event in between that the filter or the person's tenants leave
-out, so the file is one unbroken stretch of the chain, and a ``manifest`` line last (filters, row
-count, first and last event, head hash). CSV: the exported events only, every text cell safe
-against spreadsheet formula injection, with a separate manifest that also carries the file's
-SHA-256. ``attempts/verify_export.py`` checks both without a database.
+Each attempt has its own hash chain, so an export of some tenants' attempts holds whole chains
+and nothing of anyone else's. JSON Lines: a header, the ``checkpoint`` lines from the oldest one
+the export needs to the pinned one (hashes only, no tenant data), a ``seal`` line per exported
+attempt that a checkpoint sealed (its sealed head and the Merkle proof that the checkpoint's root
+covers it), one ``event`` line per exported event, and a ``manifest`` line last. CSV: the exported
+events only, every text cell safe against spreadsheet formula injection, with a separate manifest
+that also carries the file's SHA-256. ``attempts/verify_export.py`` checks both without a database.
 """
 
 from __future__ import annotations
@@ -28,13 +28,23 @@ from django.db import connection
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from attempts.models import Attempt, AttemptEvent, Membership, Role, State
+from attempts.models import (
+    Attempt,
+    AttemptEvent,
+    Checkpoint,
+    CheckpointLeaf,
+    Membership,
+    Role,
+    State,
+)
 from attempts.verify_export import (
     CSV_COLUMNS,
     EXPORT_FORMAT,
     EXPORT_VERSION,
     FORMULA_STARTS,
+    MerkleTree,
     chain_time,
+    leaf_hash,
 )
 
 FETCH = 5000
@@ -148,14 +158,20 @@ def scoped_attempts(user: Any | None, filters: ExportFilters) -> QuerySet[Attemp
 
 @dataclass
 class ExportPlan:
-    """One export, pinned to the ledger head at ``upto``."""
+    """One export, pinned to the newest event id ``upto`` and the newest checkpoint."""
 
     filters: ExportFilters
     user_label: str
-    scoped: bool  # whether tenants or filters can leave events out
+    scoped: bool  # whether tenants or filters can leave attempts out
     upto: int
     head_hash: str | None
     attempts: QuerySet[Attempt] = field(repr=False)
+    checkpoint: tuple[int, str] | None = None  # (seq, hash)
+
+    @property
+    def complete_chains(self) -> bool:
+        """Whether every exported attempt's chain is whole (no date range cuts it)."""
+        return not (self.filters.since or self.filters.until)
 
     def events(self) -> QuerySet[AttemptEvent]:
         """The exported events (all filters applied), in id order."""
@@ -189,7 +205,8 @@ def plan_export(*, user: Any | None, filters: ExportFilters, upto: int | None = 
     attempts = scoped_attempts(user, filters)
     scoped = filters.filters_attempts or (user is not None and export_tenants(user) is not None)
     label = "command line" if user is None else user.get_username()
-    return ExportPlan(filters, label, scoped, head_id, head_hash, attempts)
+    checkpoint = Checkpoint.objects.order_by("-seq").values_list("seq", "hash").first()
+    return ExportPlan(filters, label, scoped, head_id, head_hash, attempts, checkpoint)
 
 
 def _vendor_sql() -> dict[str, str]:
@@ -260,6 +277,7 @@ def _csv_cells(
         # UTC as "YYYY-MM-DD HH:MM:SS.ffffff", which spreadsheets read as a time (SQLite's own
         # text; the verifier reads it back into the chain's form).
         "created_at": (plain, [v["csv_time"]]),
+        "v": (plain, ["e.chain_format"]),
         "prev_hash": (plain, ["e.prev_hash"]),
         "hash": (plain, ["e.hash"]),
         "tenant": free("a.tenant_id"),
@@ -344,6 +362,7 @@ def _json_event_sql() -> str:
         ("reason", "e.reason"),
         ("details", v["details_json"]),
         ("created_at", v["time"]),
+        ("v", "e.chain_format"),
         ("prev_hash", "e.prev_hash"),
         ("hash", "e.hash"),
         ("tenant", "a.tenant_id"),
@@ -354,14 +373,6 @@ def _json_event_sql() -> str:
     ]
     inner = ", ".join(f"'{key}', {value}" for key, value in pairs)
     return f"{v['object']}({inner}){v['text']}"
-
-
-def _json_link_sql() -> str:
-    v = _vendor_sql()
-    return (
-        f"{v['object']}('type', 'link', 'id', e.id, 'prev_hash', e.prev_hash, "
-        f"'hash', e.hash){v['text']}"
-    )
 
 
 def _where(plan: ExportPlan) -> tuple[str, list[Any]]:
@@ -426,10 +437,10 @@ def _manifest(
     *,
     export_format: str,
     rows: int,
-    links: int,
     first: int | None,
     last: int | None,
-    contiguous: bool,
+    seals: int = 0,
+    checkpoints: int = 0,
 ) -> dict[str, Any]:
     last_ref = _event_ref(last)
     return {
@@ -440,13 +451,87 @@ def _manifest(
         "filters": plan.filters.as_dict(),
         "exported_by": plan.user_label,
         "row_count": rows,
-        "link_count": links,
+        "seal_count": seals,
+        "checkpoint_count": checkpoints,
         "first_event": _event_ref(first),
         "last_event": last_ref,
-        "head_hash": last_ref["hash"] if last_ref else None,
-        "contiguous": contiguous,
+        "complete_chains": plan.complete_chains,
         "ledger_head": {"id": plan.upto, "hash": plan.head_hash},
+        "checkpoint": _checkpoint_ref(plan),
     }
+
+
+def _checkpoint_ref(plan: ExportPlan) -> dict[str, Any] | None:
+    return {"seq": plan.checkpoint[0], "hash": plan.checkpoint[1]} if plan.checkpoint else None
+
+
+def _seal_lines(plan: ExportPlan) -> tuple[list[dict[str, Any]], int | None]:
+    """A ``seal`` record for every exported attempt that a checkpoint (up to the pinned one)
+    sealed: its newest sealed head and the Merkle proof into that checkpoint's root. Returns the
+    records and the oldest checkpoint they need."""
+    if plan.checkpoint is None:
+        return [], None
+    leaves = CheckpointLeaf.objects.filter(checkpoint__seq__lte=plan.checkpoint[0])
+    if plan.scoped:
+        leaves = leaves.filter(attempt_id__in=plan.attempts.values("attempt_id"))
+    newest: dict[str, tuple[int, int]] = {}  # attempt id -> (checkpoint pk, position)
+    for attempt_id, checkpoint_pk, position in leaves.values_list(
+        "attempt_id", "checkpoint_id", "position"
+    ).iterator(chunk_size=FETCH):
+        if attempt_id not in newest or newest[attempt_id][0] < checkpoint_pk:
+            newest[attempt_id] = (checkpoint_pk, position)
+    wanted: dict[int, list[int]] = {}
+    for checkpoint_pk, position in newest.values():
+        wanted.setdefault(checkpoint_pk, []).append(position)
+    records: list[dict[str, Any]] = []
+    oldest = None
+    for checkpoint_pk in sorted(wanted):
+        checkpoint = Checkpoint.objects.get(pk=checkpoint_pk)
+        oldest = checkpoint.seq if oldest is None else min(oldest, checkpoint.seq)
+        rows = list(
+            CheckpointLeaf.objects.filter(checkpoint_id=checkpoint_pk)
+            .order_by("position")
+            .values_list("attempt_id", "length", "head")
+        )
+        tree = MerkleTree([leaf_hash(*row) for row in rows])
+        for position in sorted(wanted[checkpoint_pk]):
+            attempt_id, length, head = rows[position]
+            records.append(
+                {
+                    "type": "seal",
+                    "attempt_id": attempt_id,
+                    "length": length,
+                    "head": head,
+                    "checkpoint": checkpoint.seq,
+                    "index": position,
+                    "size": len(rows),
+                    "proof": tree.proof(position),
+                }
+            )
+    return records, oldest
+
+
+def _checkpoint_lines(plan: ExportPlan, oldest: int | None) -> list[dict[str, Any]]:
+    """The checkpoints from ``oldest`` to the pinned one, each with what its hash covers."""
+    if plan.checkpoint is None:
+        return []
+    start = oldest if oldest is not None else plan.checkpoint[0]
+    return [
+        {
+            "type": "checkpoint",
+            "seq": row["seq"],
+            "prev_hash": row["prev_hash"],
+            "root": row["root"],
+            "size": row["size"],
+            "config_length": row["config_length"],
+            "config_head": row["config_head"],
+            "sealed_at": chain_time(row["sealed_at"]),
+            "hash": row["hash"],
+        }
+        for row in Checkpoint.objects.filter(seq__gte=start, seq__lte=plan.checkpoint[0])
+        .order_by("seq")
+        .values()
+    ]
 
 
 @dataclass
@@ -505,19 +590,7 @@ def stream_csv(plan: ExportPlan, result: CsvResult | None = None) -> Iterator[by
         digest.update(data)
         yield data
     if result is not None:
-        contiguous = (
-            first is None
-            or AttemptEvent.objects.filter(id__gte=first, id__lte=last).count() == rows
-        )
-        result.manifest = _manifest(
-            plan,
-            export_format="csv",
-            rows=rows,
-            links=0,
-            first=first,
-            last=last,
-            contiguous=contiguous,
-        )
+        result.manifest = _manifest(plan, export_format="csv", rows=rows, first=first, last=last)
         result.manifest["sha256"] = digest.hexdigest()
 
 
@@ -532,12 +605,8 @@ def csv_manifest(plan: ExportPlan) -> dict[str, Any]:
 
 
 def stream_jsonl(plan: ExportPlan) -> Iterator[bytes]:
-    """The JSON Lines export in chunks: header, events (and chain links), manifest last.
-
-    When tenants or filters leave events out, every event between the first and the last
-    exported one still appears as a content-free ``link`` line, so the file is one unbroken
-    stretch of the chain that an auditor can follow. The database builds each line.
-    """
+    """The JSON Lines export in chunks: header, checkpoints, seals, events, manifest last. The
+    database builds each event line."""
     header = {
         "type": "header",
         "format": EXPORT_FORMAT,
@@ -546,36 +615,27 @@ def stream_jsonl(plan: ExportPlan) -> Iterator[bytes]:
         "exported_by": plan.user_label,
         "generated_at": chain_time(timezone.now()),
         "ledger_head": {"id": plan.upto, "hash": plan.head_hash},
+        "checkpoint": _checkpoint_ref(plan),
+        "complete_chains": plan.complete_chains,
         "hashed_fields": "v, attempt_id, action, actor_kind, actor, from_state, to_state, "
-        "reason, details, created_at, prev_hash (RFC 8785, SHA-256)",
+        "reason, details, created_at, prev_hash (RFC 8785, SHA-256); prev_hash is the hash of "
+        "the attempt's event before (format 2) or of the ledger's event before (format 1)",
     }
-    yield (json.dumps(header, ensure_ascii=False) + "\n").encode("utf-8")
+    seals, oldest = _seal_lines(plan)
+    checkpoints = _checkpoint_lines(plan, oldest)
+    lines = [header, *checkpoints, *seals]
+    yield ("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)).encode("utf-8")
     where, params = _where(plan)
-    if plan.scoped or plan.filters.since or plan.filters.until:
-        bounds = f"SELECT MIN(e.id), MAX(e.id) FROM attempts_attemptevent e WHERE {where}"  # noqa: S608
-        with connection.cursor() as cursor:
-            cursor.execute(bounds, params)
-            lo, hi = cursor.fetchone()
-        sql = (
-            f"SELECT e.id, CASE WHEN {where} THEN {_json_event_sql()} "  # noqa: S608
-            f"ELSE {_json_link_sql()} END, CASE WHEN {where} THEN 1 ELSE 0 END "
-            f"{_FROM} WHERE e.id >= %s AND e.id <= %s ORDER BY e.id"
-        )
-        params = [*params, *params, lo if lo is not None else 0, hi if hi is not None else -1]
-    else:
-        sql = f"SELECT e.id, {_json_event_sql()}, 1 {_FROM} WHERE {where} ORDER BY e.id"  # noqa: S608
-    rows = links = 0
+    sql = f"SELECT e.id, {_json_event_sql()} {_FROM} WHERE {where} ORDER BY e.id"  # noqa: S608
+    rows = 0
     first = last = None
     parts: list[str] = []
     size = 0
     for chunk in _stream_rows(sql, params):
-        matched = [row[0] for row in chunk if row[2]]
-        if matched:
-            if first is None:
-                first = matched[0]
-            last = matched[-1]
-        rows += len(matched)
-        links += len(chunk) - len(matched)
+        if first is None:
+            first = chunk[0][0]
+        last = chunk[-1][0]
+        rows += len(chunk)
         text = "\n".join([row[1] for row in chunk]) + "\n"
         parts.append(text)
         size += len(text)
@@ -586,10 +646,10 @@ def stream_jsonl(plan: ExportPlan) -> Iterator[bytes]:
         plan,
         export_format="jsonl",
         rows=rows,
-        links=links,
         first=first,
         last=last,
-        contiguous=True,
+        seals=len(seals),
+        checkpoints=len(checkpoints),
     )
     parts.append(json.dumps(manifest, ensure_ascii=False) + "\n")
     yield "".join(parts).encode("utf-8")

@@ -1,25 +1,29 @@
-"""Verify the audit chain of a whole ledger database, and each attempt row against its history.
+"""Verify the tamper-evident history of a whole ledger database: every attempt's chain, every
+checkpoint, the config chain, and each attempt row against its history.
 
 Works on any DB-API connection that holds ledgerweb's tables (the live Django connection, or a
-plain ``sqlite3`` connection to a backup copy), reading with raw SQL in event-id order so memory
-stays flat however long the history is. The chain itself is walked by
-``attempts.verify_export.ChainChecker``, the same code an auditor runs on an export.
+plain ``sqlite3`` connection to a backup copy), streaming rows so memory stays flat (one attempt's
+events at a time). The hash formats are ``attempts.verify_export``'s, the code an auditor runs on
+an export. Checks, each naming the first event, attempt or checkpoint where it fails:
 
-Checks, each naming the first event (or attempt) where it fails:
-
-1. every event's stored hash equals the hash recomputed from its row (edits show here);
-2. every event's ``prev_hash`` is the hash of the event before it by id, starting from GENESIS
-   (deletions, insertions, reordering, and deleting a whole attempt with its history show here);
-3. every event belongs to an existing attempt;
-4. every attempt row agrees with its history: it has a creation event; its tenant, task, tool,
-   key, args hash, policy version, scope and parent equal what the creation event recorded; its
-   args still hash to ``args_hash``; its state is the last event's ``to_state``; its provider
-   request id and result reference are the last ones its history recorded;
-5. optionally, head hashes kept elsewhere (``anchors``) are still in the chain.
+1. ``[content]`` every event's stored hash equals the hash recomputed from its row;
+2. ``[link]`` every event's ``prev_hash`` is its attempt's previous event's hash (GENESIS first);
+   events written before per-attempt chains (format 1) link through the whole ledger in id
+   order, as they always did;
+3. ``[orphan]`` every event belongs to an existing attempt;
+4. ``[attempt]`` every attempt row agrees with its history: creation event, key fields, args
+   hash, state, provider request id, result reference, chain head and length;
+5. ``[seal]`` each attempt's newest sealed head (its latest checkpoint leaf) is the hash at that
+   place of its chain, and no sealed attempt is missing (``[missing]``);
+6. ``[checkpoint]`` checkpoints run 1, 2, 3, ... each hashing the one before, each root is the
+   Merkle root of its leaves; ``[config]`` the config chain links and matches every checkpoint;
+7. ``[anchor]`` checkpoint hashes (or, for old ledgers, head hashes) kept elsewhere are still
+   there; ``[window]`` optionally, nothing has stayed unsealed longer than allowed.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Iterator
@@ -27,41 +31,67 @@ from typing import Any
 
 import rfc8785
 
-from attempts.verify_export import GENESIS, ChainChecker, Problem, Report, anchor_check
+from attempts.verify_export import (
+    GENESIS,
+    LEGACY_FORMAT,
+    ChainChecker,
+    MerkleTree,
+    Problem,
+    Report,
+    chain_time,
+    checkpoint_hash,
+    config_event_hash,
+    event_hash,
+    leaf_hash,
+)
 
 EVENTS = "attempts_attemptevent"
 ATTEMPTS = "attempts_attempt"
+LEAVES = "attempts_checkpointleaf"
+CHECKPOINTS = "attempts_checkpoint"
+CONFIG = "attempts_configevent"
 
-EVENT_SQL = f"""
-SELECT e.id, a.attempt_id, e.action, e.actor_kind, e.actor, e.from_state, e.to_state, e.reason,
-       e.details, e.created_at, e.prev_hash, e.hash
-FROM {EVENTS} e LEFT JOIN {ATTEMPTS} a ON a.id = e.attempt_id
-ORDER BY e.id
+# Format-1 events, in id order: the ledger-wide chain they were written into.
+LEGACY_SQL = f"""
+SELECT id, prev_hash, hash FROM {EVENTS} WHERE chain_format = {LEGACY_FORMAT} ORDER BY id
 """  # noqa: S608 -- constant table names only
-EVENT_COLUMNS = (
-    "id",
-    "attempt_id",
-    "action",
-    "actor_kind",
-    "actor",
-    "from_state",
-    "to_state",
-    "reason",
-    "details",
-    "created_at",
-    "prev_hash",
-    "hash",
-)
 
+# Every attempt with its events in order and its newest checkpoint leaf.
 ATTEMPT_SQL = f"""
 SELECT a.id, a.attempt_id, a.state, a.tenant_id, a.task_id, a.tool_name, a.idempotency_key,
        a.args, a.args_hash, a.policy_version, a.credential_scope, p.attempt_id,
-       a.provider_request_id, a.result_ref, e.id, e.action, e.to_state, e.details
+       a.provider_request_id, a.result_ref, a.chain_head, a.chain_length, a.sealed,
+       l.length, l.head, l.checkpoint_id,
+       e.id, e.action, e.actor_kind, e.actor, e.from_state, e.to_state, e.reason, e.details,
+       e.created_at, e.prev_hash, e.hash, e.chain_format
 FROM {ATTEMPTS} a
 LEFT JOIN {ATTEMPTS} p ON p.id = a.parent_id
+LEFT JOIN {LEAVES} l ON l.attempt_id = a.attempt_id
+     AND l.checkpoint_id = (SELECT MAX(l2.checkpoint_id) FROM {LEAVES} l2
+                            WHERE l2.attempt_id = a.attempt_id)
 LEFT JOIN {EVENTS} e ON e.attempt_id = a.id
 ORDER BY a.id, e.id
 """  # noqa: S608 -- constant table names only
+ORPHAN_SQL = f"""
+SELECT e.id FROM {EVENTS} e LEFT JOIN {ATTEMPTS} a ON a.id = e.attempt_id WHERE a.id IS NULL
+ORDER BY e.id
+"""  # noqa: S608
+MISSING_SQL = f"""
+SELECT DISTINCT l.attempt_id FROM {LEAVES} l LEFT JOIN {ATTEMPTS} a ON a.attempt_id = l.attempt_id
+WHERE a.id IS NULL ORDER BY l.attempt_id
+"""  # noqa: S608
+CHECKPOINT_SQL = f"""
+SELECT id, seq, prev_hash, root, size, config_length, config_head, sealed_at, hash
+FROM {CHECKPOINTS} ORDER BY seq
+"""  # noqa: S608
+LEAF_SQL = f"""
+SELECT checkpoint_id, position, attempt_id, length, head FROM {LEAVES}
+ORDER BY checkpoint_id, position
+"""  # noqa: S608
+CONFIG_SQL = f"""
+SELECT id, seq, subject, action, actor_kind, actor, before, after, reason, created_at,
+       prev_hash, hash FROM {CONFIG} ORDER BY seq
+"""  # noqa: S608
 
 # Attempt columns that must equal the creation event's details.
 KEY_FIELDS = (
@@ -88,6 +118,10 @@ def load_json(value: Any) -> Any:
     return value
 
 
+def _moment(value: Any) -> dt.datetime:
+    return dt.datetime.fromisoformat(chain_time(value).replace("Z", "+00:00"))
+
+
 def _rows(cursor: Any, sql: str) -> Iterator[tuple]:
     cursor.execute(sql)
     while True:
@@ -97,55 +131,404 @@ def _rows(cursor: Any, sql: str) -> Iterator[tuple]:
         yield from chunk
 
 
+class _Verifier:
+    def __init__(
+        self,
+        cursor_factory: Callable[[], Any],
+        *,
+        anchors: Iterable[str],
+        max_problems: int,
+        max_unsealed_seconds: float | None,
+        now: dt.datetime | None,
+    ) -> None:
+        self.cursor_factory = cursor_factory
+        self.anchors = frozenset(anchors)
+        self.found: set[str] = set()
+        self.checker = ChainChecker(start_prev=GENESIS, max_problems=max_problems)
+        self.max_unsealed_seconds = max_unsealed_seconds
+        self.now = now or dt.datetime.now(dt.UTC)
+        self.events = 0
+        self.attempts = 0
+        self.unsealed_attempts = 0
+        self.oldest_unsealed: dt.datetime | None = None
+        self.checkpoint: tuple[int, str] | None = None
+
+    def bad(self, kind: str, message: str, event_id: int | None = None, attempt_id=None) -> None:
+        self.checker.problem(Problem(kind, message, event_id, attempt_id))
+
+    def stream(self, sql: str) -> Iterator[tuple]:
+        cursor = self.cursor_factory()
+        try:
+            yield from _rows(cursor, sql)
+        finally:
+            cursor.close()
+
+    # -- 2 (format 1): the ledger-wide chain of events written before per-attempt chains
+    def legacy(self) -> None:
+        legacy = ChainChecker(start_prev=GENESIS, max_problems=self.checker.max_problems)
+        for event_id, prev_hash, stored in self.stream(LEGACY_SQL):
+            legacy.link_only(int(event_id), prev_hash, stored, line=None)
+            if stored in self.anchors:
+                self.found.add(stored)
+        for problem in legacy.problems:
+            self.checker.problem(problem)
+
+    # -- 1, 2, 4, 5: attempts and their chains
+    def attempts_and_events(self) -> None:
+        group: list[tuple] = []
+        for values in self.stream(ATTEMPT_SQL):
+            if group and values[0] != group[0][0]:
+                self.attempt(group)
+                group = []
+            group.append(values)
+        if group:
+            self.attempt(group)
+        for (event_id,) in self.stream(ORPHAN_SQL):
+            self.bad("orphan", "the event's attempt no longer exists: it was deleted", event_id)
+        for (attempt_id,) in self.stream(MISSING_SQL):
+            self.bad(
+                "missing",
+                "a checkpoint sealed this attempt's history but the attempt is gone: it was "
+                "deleted with its history",
+                attempt_id=attempt_id,
+            )
+
+    def attempt(self, group: list[tuple]) -> None:
+        first = group[0]
+        (_pk, attempt_id, state, *_rest) = first
+        chain_head, chain_length, sealed = first[14], first[15], first[16]
+        leaf_length, leaf_head = first[17], first[18]
+        self.attempts += 1
+        hashes: list[str] = []
+        times: list[Any] = []
+        details_seen: list[Any] = []
+        prev = GENESIS
+        for values in group:
+            event_id = values[20]
+            if event_id is None:
+                continue
+            self.events += 1
+            row = {
+                "id": event_id,
+                "attempt_id": attempt_id,
+                "action": values[21],
+                "actor_kind": values[22],
+                "actor": values[23],
+                "from_state": values[24],
+                "to_state": values[25],
+                "reason": values[26],
+                "created_at": values[28],
+                "prev_hash": values[29],
+                "hash": values[30],
+                "v": values[31],
+            }
+            try:
+                row["details"] = load_json(values[27])
+                recomputed = event_hash(row)
+            except (TypeError, ValueError, KeyError, rfc8785.CanonicalizationError) as exc:
+                recomputed = f"unhashable ({exc})"
+                row["details"] = None
+            if recomputed != row["hash"]:
+                self.bad(
+                    "content",
+                    f"the event's fields do not match its hash {str(row['hash'])[:16]}…: "
+                    "it was edited",
+                    event_id,
+                    attempt_id,
+                )
+            if row["v"] != LEGACY_FORMAT and row["prev_hash"] != prev:
+                self.bad(
+                    "link",
+                    f"event {len(hashes) + 1} of this attempt records prev_hash "
+                    f"{str(row['prev_hash'])[:16]}… but the attempt's event before it has "
+                    f"{prev[:16]}…: an event of this attempt was changed, deleted, inserted or "
+                    "reordered",
+                    event_id,
+                    attempt_id,
+                )
+            prev = row["hash"]
+            hashes.append(row["hash"])
+            times.append(row["created_at"])
+            details_seen.append(row["details"])
+        self.check_row(group, hashes, details_seen)
+        if (chain_head, chain_length) != ((hashes[-1] if hashes else ""), len(hashes)):
+            self.bad(
+                "attempt",
+                f"its chain head says {chain_length} events ending {str(chain_head)[:16]}… but "
+                f"its history has {len(hashes)}: events were deleted or the row was edited",
+                attempt_id=attempt_id,
+            )
+        # 5: the newest sealed head is the hash at that place of the chain.
+        sealed_length = 0
+        if leaf_length is not None:
+            sealed_length = int(leaf_length)
+            if sealed_length > len(hashes) or hashes[sealed_length - 1] != leaf_head:
+                self.bad(
+                    "seal",
+                    f"checkpoint {first[19]} sealed this attempt at {sealed_length} events ending "
+                    f"{str(leaf_head)[:16]}…, but its history "
+                    + (
+                        f"has only {len(hashes)} events: sealed events were deleted"
+                        if sealed_length > len(hashes)
+                        else f"has {hashes[sealed_length - 1][:16]}… there: sealed history "
+                        "was rewritten"
+                    ),
+                    attempt_id=attempt_id,
+                )
+        if len(hashes) > sealed_length:
+            self.unsealed_attempts += 1
+            moment = _moment(times[sealed_length])
+            if self.oldest_unsealed is None or moment < self.oldest_unsealed:
+                self.oldest_unsealed = moment
+            if sealed and leaf_length is not None:
+                self.bad(
+                    "seal",
+                    f"marked sealed, but events after the first {sealed_length} are in no "
+                    "checkpoint: the row was edited so the sealer would pass them over",
+                    attempt_id=attempt_id,
+                )
+
+    def check_row(self, group: list[tuple], hashes: list[str], details: list[Any]) -> None:
+        (
+            _pk,
+            attempt_id,
+            state,
+            tenant,
+            task_id,
+            tool_name,
+            key,
+            args,
+            args_hash,
+            policy_version,
+            scope,
+            parent_attempt_id,
+            provider_request_id,
+            result_ref,
+        ) = group[0][:14]
+        first_event_id, first_action = group[0][20], group[0][21]
+
+        def bad(message: str, event_id: int | None = None) -> None:
+            self.bad("attempt", message, event_id, attempt_id)
+
+        if first_event_id is None:
+            bad(
+                "the attempt has no history: it was inserted without one or its history was deleted"
+            )
+            return
+        if first_action != "attempt.created":
+            bad(
+                f"its first event is {first_action!r}, not 'attempt.created': its creation event "
+                "was deleted",
+                first_event_id,
+            )
+        else:
+            try:
+                created = details[0] or {}
+                actual = {
+                    "tenant": tenant,
+                    "task_id": task_id,
+                    "tool_name": tool_name,
+                    "idempotency_key": key,
+                    "args_hash": args_hash,
+                    "policy_version": policy_version,
+                    "credential_scope": load_json(scope),
+                    "parent_attempt_id": parent_attempt_id,
+                }
+            except ValueError as exc:
+                bad(f"unreadable JSON in the attempt or its creation event: {exc}")
+                return
+            for name in KEY_FIELDS:
+                if created.get(name) != actual[name]:
+                    bad(
+                        f"{name} is {actual[name]!r} but its creation event recorded "
+                        f"{created.get(name)!r}: the attempt row was edited",
+                        first_event_id,
+                    )
+        try:
+            if args_digest(load_json(args)) != args_hash:
+                bad("its args no longer hash to its args_hash: the args were edited")
+        except (ValueError, TypeError, rfc8785.CanonicalizationError) as exc:
+            bad(f"its args cannot be hashed: {exc}")
+        last = group[-1]
+        last_event_id, last_to_state = last[20], last[25]
+        if state != last_to_state:
+            bad(
+                f"its state is {state} but its last event (id {last_event_id}) moved it to "
+                f"{last_to_state}: the state was edited or its latest events were deleted",
+                last_event_id,
+            )
+        recorded = {"provider_request_id": "", "result_ref": ""}
+        for detail in details:
+            if isinstance(detail, dict):
+                for name in TRACKED_FIELDS:
+                    if name in detail and isinstance(detail[name], str):
+                        recorded[name] = detail[name]
+        for name, value in (
+            ("provider_request_id", provider_request_id),
+            ("result_ref", result_ref),
+        ):
+            if (value or "") != recorded[name]:
+                bad(
+                    f"its {name} is {value!r} but its history last recorded "
+                    f"{recorded[name]!r}: the attempt row was edited",
+                    last_event_id,
+                )
+
+    # -- 6: checkpoints and the config chain
+    def checkpoints(self) -> None:
+        config_hashes: list[str] = []
+        prev = GENESIS
+        for values in self.stream(CONFIG_SQL):
+            row = dict(
+                zip(
+                    (
+                        "id",
+                        "seq",
+                        "subject",
+                        "action",
+                        "actor_kind",
+                        "actor",
+                        "before",
+                        "after",
+                        "reason",
+                        "created_at",
+                        "prev_hash",
+                        "hash",
+                    ),
+                    values,
+                    strict=True,
+                )
+            )
+            where = f"config change {row['seq']} ({row['subject']})"
+            try:
+                row["before"], row["after"] = load_json(row["before"]), load_json(row["after"])
+                recomputed = config_event_hash(row)
+            except (TypeError, ValueError, rfc8785.CanonicalizationError) as exc:
+                recomputed = f"unhashable ({exc})"
+            if recomputed != row["hash"]:
+                self.bad("config", f"{where}: its fields do not match its hash: it was edited")
+            if row["seq"] != len(config_hashes) + 1:
+                self.bad(
+                    "config",
+                    f"{where}: expected change {len(config_hashes) + 1}: changes were deleted, "
+                    "inserted or reordered",
+                )
+            if row["prev_hash"] != prev:
+                self.bad("config", f"{where}: broken link to the change before it")
+            prev = row["hash"]
+            config_hashes.append(row["hash"])
+
+        leaves = self.stream(LEAF_SQL)
+        pending: tuple | None = next(leaves, None)
+        prev = GENESIS
+        expected_seq = 1
+        for values in self.stream(CHECKPOINT_SQL):
+            pk, seq, prev_hash, root, size, config_length, config_head, sealed_at, stored = values
+            fields = {
+                "seq": seq,
+                "prev_hash": prev_hash,
+                "root": root,
+                "size": size,
+                "config_length": config_length,
+                "config_head": config_head,
+                "sealed_at": sealed_at,
+            }
+            where = f"checkpoint {seq}"
+            if checkpoint_hash(fields) != stored:
+                self.bad("checkpoint", f"{where}: its fields do not match its hash: it was edited")
+            if seq != expected_seq:
+                self.bad(
+                    "checkpoint",
+                    f"{where}: expected checkpoint {expected_seq}: checkpoints were deleted or "
+                    "inserted",
+                )
+            if prev_hash != prev:
+                self.bad(
+                    "checkpoint",
+                    f"{where}: its prev_hash is not the hash of the checkpoint before it: an "
+                    "earlier checkpoint was changed, deleted or inserted",
+                )
+            mine: list[bytes] = []
+            while pending is not None and pending[0] == pk:
+                _, position, attempt_id, length, head = pending
+                if position != len(mine):
+                    self.bad("checkpoint", f"{where}: leaf {position} is out of place")
+                mine.append(leaf_hash(attempt_id, length, head))
+                pending = next(leaves, None)
+            if len(mine) != size or MerkleTree(mine).root() != root:
+                self.bad(
+                    "checkpoint",
+                    f"{where}: its {len(mine)} leaves do not give its root over {size}: sealed "
+                    "heads were edited, deleted or added",
+                )
+            if config_length > len(config_hashes) or (
+                config_length and config_hashes[config_length - 1] != config_head
+            ):
+                self.bad(
+                    "config",
+                    f"{where} sealed {config_length} config changes ending "
+                    f"{str(config_head)[:16]}…, which the config chain no longer has",
+                )
+            if stored in self.anchors:
+                self.found.add(stored)
+            prev = stored
+            expected_seq = seq + 1
+            self.checkpoint = (seq, stored)
+        leaves.close()
+
+    def finish(self, report: Report) -> None:
+        for anchor in sorted(self.anchors - self.found):
+            self.bad(
+                "anchor",
+                f"the hash {anchor} kept elsewhere is neither a checkpoint nor a head of this "
+                "ledger: history up to it was rewritten, or the checkpoints after it were cut",
+            )
+        age = (
+            (self.now - self.oldest_unsealed).total_seconds()
+            if self.oldest_unsealed is not None
+            else 0.0
+        )
+        if self.max_unsealed_seconds is not None and age > self.max_unsealed_seconds:
+            self.bad(
+                "window",
+                f"{self.unsealed_attempts} attempts have history that no checkpoint seals, the "
+                f"oldest for {age:.0f}s (allowed {self.max_unsealed_seconds:.0f}s): the sealer "
+                "is not running, or checkpoints were removed",
+            )
+        report.events = self.events
+        report.checkpoint = self.checkpoint
+        report.notes.append(f"{self.attempts} attempts checked against their history")
+        report.notes.append(
+            f"unsealed: {self.unsealed_attempts} attempts"
+            + (f", oldest unsealed change {age:.0f}s ago" if self.unsealed_attempts else "")
+            + " (detected from the next checkpoint on; keep the newest checkpoint hash elsewhere)"
+        )
+        report.truncated = self.checker.truncated
+
+
 def verify_database(
     cursor_factory: Callable[[], Any],
     *,
     anchors: Iterable[str] = (),
     max_problems: int = 50,
+    max_unsealed_seconds: float | None = None,
+    now: dt.datetime | None = None,
     what: str = "database",
 ) -> Report:
-    """Verify the chain and every attempt row. ``cursor_factory`` returns a fresh DB-API cursor
-    (``django.db.connection.chunked_cursor`` streams on PostgreSQL)."""
-    checker = ChainChecker(
-        start_prev=GENESIS, max_problems=max_problems, anchors=frozenset(anchors)
+    """Verify the history and every attempt row. ``cursor_factory`` returns a fresh DB-API
+    cursor (``django.db.connection.chunked_cursor`` streams on PostgreSQL)."""
+    verifier = _Verifier(
+        cursor_factory,
+        anchors=anchors,
+        max_problems=max_problems,
+        max_unsealed_seconds=max_unsealed_seconds,
+        now=now,
     )
-    report = Report(what=what, problems=checker.problems)
-    cursor = cursor_factory()
-    try:
-        for values in _rows(cursor, EVENT_SQL):
-            row = dict(zip(EVENT_COLUMNS, values, strict=True))
-            try:
-                row["details"] = load_json(row["details"])
-            except ValueError as exc:
-                checker.problem(
-                    Problem("content", f"details are not JSON: {exc}", row["id"], row["attempt_id"])
-                )
-                row["details"] = None
-            checker.full(row)
-    finally:
-        cursor.close()
-    report.events = checker.count
-    report.head_hash, report.head_id = checker.last_hash, checker.last_id
-
-    cursor = cursor_factory()
-    attempts = 0
-    try:
-        group: list[tuple] = []
-        for values in _rows(cursor, ATTEMPT_SQL):
-            if group and values[0] != group[0][0]:
-                _check_attempt(checker, group)
-                attempts += 1
-                group = []
-            group.append(values)
-        if group:
-            _check_attempt(checker, group)
-            attempts += 1
-    finally:
-        cursor.close()
-    report.notes.append(f"{attempts} attempts checked against their history")
-
-    anchor_check(checker)
-    report.truncated = checker.truncated
+    report = Report(what=what, problems=verifier.checker.problems)
+    verifier.legacy()
+    verifier.attempts_and_events()
+    verifier.checkpoints()
+    verifier.finish(report)
     return report
 
 
@@ -153,106 +536,12 @@ def args_digest(args: Any) -> str:
     return hashlib.sha256(rfc8785.dumps(args)).hexdigest()
 
 
-def _check_attempt(checker: ChainChecker, group: list[tuple]) -> None:
-    (
-        _pk,
-        attempt_id,
-        state,
-        tenant,
-        task_id,
-        tool_name,
-        key,
-        args,
-        args_hash,
-        policy_version,
-        scope,
-        parent_attempt_id,
-        provider_request_id,
-        result_ref,
-        first_event_id,
-        first_action,
-        _,
-        first_details,
-    ) = group[0]
-
-    def bad(kind: str, message: str, event_id: int | None = None) -> None:
-        checker.problem(Problem(kind, message, event_id, attempt_id))
-
-    if first_event_id is None:
-        bad(
-            "attempt",
-            "the attempt has no history: it was inserted without one or its history was deleted",
-        )
-        return
-    if first_action != "attempt.created":
-        bad(
-            "attempt",
-            f"its first event is {first_action!r}, not 'attempt.created': its creation event "
-            "was deleted",
-            first_event_id,
-        )
-    else:
-        try:
-            created = load_json(first_details) or {}
-            actual = {
-                "tenant": tenant,
-                "task_id": task_id,
-                "tool_name": tool_name,
-                "idempotency_key": key,
-                "args_hash": args_hash,
-                "policy_version": policy_version,
-                "credential_scope": load_json(scope),
-                "parent_attempt_id": parent_attempt_id,
-            }
-        except ValueError as exc:
-            bad("attempt", f"unreadable JSON in the attempt or its creation event: {exc}")
-            return
-        for name in KEY_FIELDS:
-            if created.get(name) != actual[name]:
-                bad(
-                    "attempt",
-                    f"{name} is {actual[name]!r} but its creation event recorded "
-                    f"{created.get(name)!r}: the attempt row was edited",
-                    first_event_id,
-                )
-    try:
-        if args_digest(load_json(args)) != args_hash:
-            bad("attempt", "its args no longer hash to its args_hash: the args were edited")
-    except (ValueError, TypeError, rfc8785.CanonicalizationError) as exc:
-        bad("attempt", f"its args cannot be hashed: {exc}")
-
-    last_event_id, last_to_state = group[-1][14], group[-1][16]
-    if state != last_to_state:
-        bad(
-            "attempt",
-            f"its state is {state} but its last event (id {last_event_id}) moved it to "
-            f"{last_to_state}: the state was edited or its latest events were deleted",
-            last_event_id,
-        )
-    recorded = {"provider_request_id": "", "result_ref": ""}
-    for values in group:
-        if values[17] is None:
-            continue
-        try:
-            details = load_json(values[17])
-        except ValueError:
-            continue  # the chain walk already named this event
-        if isinstance(details, dict):
-            for name in TRACKED_FIELDS:
-                if name in details and isinstance(details[name], str):
-                    recorded[name] = details[name]
-    for name, value in (("provider_request_id", provider_request_id), ("result_ref", result_ref)):
-        if (value or "") != recorded[name]:
-            bad(
-                "attempt",
-                f"its {name} is {value!r} but its history last recorded {recorded[name]!r}: "
-                "the attempt row was edited",
-                last_event_id,
-            )
-
-
 def verify_django_database(
-    *, anchors: Iterable[str] = (), max_problems: int = 50, using: str = "default"
+    *,
+    anchors: Iterable[str] = (),
+    max_problems: int = 50,
+    max_unsealed_seconds: float | None = None,
+    using: str = "default",
 ) -> Report:
     """Verify the database Django is configured with."""
     from django.db import connections
@@ -263,11 +552,18 @@ def verify_django_database(
         connection.chunked_cursor,
         anchors=anchors,
         max_problems=max_problems,
+        max_unsealed_seconds=max_unsealed_seconds,
         what=f"{connection.vendor} database {name}",
     )
 
 
-def verify_sqlite_file(path: str, *, anchors: Iterable[str] = (), max_problems: int = 50) -> Report:
+def verify_sqlite_file(
+    path: str,
+    *,
+    anchors: Iterable[str] = (),
+    max_problems: int = 50,
+    max_unsealed_seconds: float | None = None,
+) -> Report:
     """Verify a SQLite ledger file (a backup or a restored copy), opened read-only."""
     import sqlite3
     from pathlib import Path
@@ -276,7 +572,11 @@ def verify_sqlite_file(path: str, *, anchors: Iterable[str] = (), max_problems: 
     conn = sqlite3.connect(uri, uri=True)
     try:
         return verify_database(
-            conn.cursor, anchors=anchors, max_problems=max_problems, what=f"SQLite file {path}"
+            conn.cursor,
+            anchors=anchors,
+            max_problems=max_problems,
+            max_unsealed_seconds=max_unsealed_seconds,
+            what=f"SQLite file {path}",
         )
     finally:
         conn.close()

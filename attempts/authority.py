@@ -8,8 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from django.db import connection
-
 from attempts.models import Attempt, Grant
 
 
@@ -60,25 +58,19 @@ class GrantTerms(NamedTuple):
     allowed_scopes: tuple[str, ...]
 
 
-def _active_terms(tenant: str, tool_name: str) -> GrantTerms | None:
-    """The active grant's policy version and scopes in one small query (every claim asks)."""
-    table = connection.ops.quote_name(Grant._meta.db_table)
-    scopes_field = Grant._meta.get_field("allowed_scopes")
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT policy_version, allowed_scopes FROM {table} "  # noqa: S608
-            "WHERE tenant_id = %s AND tool_id = %s AND active",
-            [tenant, tool_name],
-        )
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    return GrantTerms(row[0], tuple(scopes_field.from_db_value(row[1], None, connection)))
+def active_terms(tenant: str, tool_name: str, *, tool_active: bool = False) -> GrantTerms | None:
+    """The active grant's policy version and scopes in one small query (every intent and claim
+    asks); with ``tool_active``, only while the tool itself is active too (new intents)."""
+    grants = Grant.objects.filter(tenant_id=tenant, tool_id=tool_name, active=True)
+    if tool_active:
+        grants = grants.filter(tool__active=True)
+    row = grants.values_list("policy_version", "allowed_scopes").first()
+    return GrantTerms(row[0], tuple(row[1])) if row else None
 
 
 def authority_holds(attempt: Attempt, grant: Grant | GrantTerms | None = None) -> tuple[bool, str]:
     """Whether the attempt may still be sent under today's authority, and if not, why."""
-    grant = grant if grant is not None else _active_terms(attempt.tenant_id, attempt.tool_name)
+    grant = grant if grant is not None else active_terms(attempt.tenant_id, attempt.tool_name)
     if grant is None:
         return False, "grant revoked or inactive"
     if grant.policy_version != attempt.policy_version:

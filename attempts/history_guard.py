@@ -1,5 +1,6 @@
 """Database triggers that make history append-only: UPDATE, DELETE (and TRUNCATE on PostgreSQL)
-of attempt events are refused by the database itself, whoever asks.
+of attempt events, configuration changes, checkpoints and their leaves are refused by the
+database itself, whoever asks.
 
 Installed by migration 0002 and re-installed after every ``migrate`` or ``flush`` (post_migrate),
 so a database can never be left without them by the tools we ship.
@@ -7,62 +8,100 @@ so a database can never be left without them by the tools we ship.
 
 from __future__ import annotations
 
-TABLE = "attempts_attemptevent"
-
-_SQLITE_INSTALL = [
-    f"""CREATE TRIGGER IF NOT EXISTS attemptevent_no_update BEFORE UPDATE ON {TABLE}
-        BEGIN SELECT RAISE(ABORT, 'attempt history is append-only: UPDATE refused'); END""",
-    f"""CREATE TRIGGER IF NOT EXISTS attemptevent_no_delete BEFORE DELETE ON {TABLE}
-        BEGIN SELECT RAISE(ABORT, 'attempt history is append-only: DELETE refused'); END""",
-]
-_SQLITE_REMOVE = [
-    "DROP TRIGGER IF EXISTS attemptevent_no_update",
-    "DROP TRIGGER IF EXISTS attemptevent_no_delete",
-]
-_PG_INSTALL = [
-    """CREATE OR REPLACE FUNCTION ledger_refuse_history_change() RETURNS trigger AS $$
-       BEGIN
-         RAISE EXCEPTION 'attempt history is append-only: % refused', TG_OP
-           USING ERRCODE = 'insufficient_privilege';
-       END; $$ LANGUAGE plpgsql""",
-    f"""CREATE OR REPLACE TRIGGER attemptevent_append_only BEFORE UPDATE OR DELETE ON {TABLE}
-        FOR EACH ROW EXECUTE FUNCTION ledger_refuse_history_change()""",
-    f"""CREATE OR REPLACE TRIGGER attemptevent_no_truncate BEFORE TRUNCATE ON {TABLE}
-        FOR EACH STATEMENT EXECUTE FUNCTION ledger_refuse_history_change()""",
-]
-_PG_REMOVE = [
-    f"DROP TRIGGER IF EXISTS attemptevent_no_truncate ON {TABLE}",
-    f"DROP TRIGGER IF EXISTS attemptevent_append_only ON {TABLE}",
-]
+TABLES = (
+    "attempts_attemptevent",
+    "attempts_configevent",
+    "attempts_checkpoint",
+    "attempts_checkpointleaf",
+)
 
 
-def _run(connection, statements: dict[str, list[str]]) -> None:
-    sql = statements.get(connection.vendor, [])
-    if not sql or TABLE not in connection.introspection.table_names():
-        return
+def _short(table: str) -> str:
+    return table.removeprefix("attempts_")
+
+
+def _sqlite_install(table: str) -> list[str]:
+    name = _short(table)
+    return [
+        f"""CREATE TRIGGER IF NOT EXISTS {name}_no_update BEFORE UPDATE ON {table}
+            BEGIN SELECT RAISE(ABORT, 'audit history is append-only: UPDATE refused'); END""",
+        f"""CREATE TRIGGER IF NOT EXISTS {name}_no_delete BEFORE DELETE ON {table}
+            BEGIN SELECT RAISE(ABORT, 'audit history is append-only: DELETE refused'); END""",
+    ]
+
+
+def _sqlite_remove(table: str) -> list[str]:
+    name = _short(table)
+    return [f"DROP TRIGGER IF EXISTS {name}_no_update", f"DROP TRIGGER IF EXISTS {name}_no_delete"]
+
+
+_PG_FUNCTION = """CREATE OR REPLACE FUNCTION ledger_refuse_history_change() RETURNS trigger AS $$
+   BEGIN
+     RAISE EXCEPTION 'audit history is append-only: % refused', TG_OP
+       USING ERRCODE = 'insufficient_privilege';
+   END; $$ LANGUAGE plpgsql"""
+
+
+def _pg_install(table: str) -> list[str]:
+    name = _short(table)
+    return [
+        f"""CREATE OR REPLACE TRIGGER {name}_append_only BEFORE UPDATE OR DELETE ON {table}
+            FOR EACH ROW EXECUTE FUNCTION ledger_refuse_history_change()""",
+        f"""CREATE OR REPLACE TRIGGER {name}_no_truncate BEFORE TRUNCATE ON {table}
+            FOR EACH STATEMENT EXECUTE FUNCTION ledger_refuse_history_change()""",
+    ]
+
+
+def _pg_remove(table: str) -> list[str]:
+    name = _short(table)
+    return [
+        f"DROP TRIGGER IF EXISTS {name}_no_truncate ON {table}",
+        f"DROP TRIGGER IF EXISTS {name}_append_only ON {table}",
+    ]
+
+
+def _run(connection, install: bool) -> None:
+    existing = set(connection.introspection.table_names())
     with connection.cursor() as cursor:
-        for statement in sql:
-            cursor.execute(statement)
+        if connection.vendor == "postgresql" and install:
+            cursor.execute(_PG_FUNCTION)
+        for table in TABLES:
+            if table not in existing:
+                continue
+            if connection.vendor == "sqlite":
+                statements = _sqlite_install(table) if install else _sqlite_remove(table)
+            elif connection.vendor == "postgresql":
+                statements = _pg_install(table) if install else _pg_remove(table)
+            else:
+                statements = []
+            for statement in statements:
+                cursor.execute(statement)
 
 
 def install(connection) -> None:
-    _run(connection, {"sqlite": _SQLITE_INSTALL, "postgresql": _PG_INSTALL})
+    _run(connection, install=True)
 
 
 def remove(connection) -> None:
     """Drop the guards. Only for test teardown (flush) and deliberate tamper tests."""
-    _run(connection, {"sqlite": _SQLITE_REMOVE, "postgresql": _PG_REMOVE})
+    _run(connection, install=False)
 
 
 def installed(connection) -> bool:
+    """Whether every history table has both of its guards."""
     with connection.cursor() as cursor:
-        if connection.vendor == "sqlite":
-            cursor.execute(
-                "SELECT count(*) FROM sqlite_master WHERE type='trigger' AND tbl_name=%s", [TABLE]
-            )
-            return cursor.fetchone()[0] == 2
-        cursor.execute(
-            "SELECT count(*) FROM pg_trigger WHERE tgrelid = %s::regclass AND NOT tgisinternal",
-            [TABLE],
-        )
-        return cursor.fetchone()[0] == 2
+        for table in TABLES:
+            if connection.vendor == "sqlite":
+                cursor.execute(
+                    "SELECT count(*) FROM sqlite_master WHERE type='trigger' AND tbl_name=%s",
+                    [table],
+                )
+            else:
+                cursor.execute(
+                    "SELECT count(*) FROM pg_trigger WHERE tgrelid = %s::regclass "
+                    "AND NOT tgisinternal",
+                    [table],
+                )
+            if cursor.fetchone()[0] != 2:
+                return False
+    return True

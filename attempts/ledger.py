@@ -14,25 +14,25 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import IntegrityError, connection
+from django.db import IntegrityError
 from django.db.models import F
 from django.utils import timezone
 
-from attempts import access_cache, authority, states, writer
+from attempts import authority, states
 from attempts.canonical import InvalidArguments, normalize_args
 from attempts.faults import crash_point, mutation
+from attempts.locking import write_transaction
 from attempts.models import (
     ROLE_RANK,
     Attempt,
     AttemptEvent,
-    Grant,
     Membership,
     Role,
     State,
     Tenant,
     Tool,
 )
-from attempts.states import Actor, write_transaction
+from attempts.states import Actor
 
 log = logging.getLogger("ledgerweb.ledger")
 
@@ -201,7 +201,7 @@ def record_intent(
     except InvalidArguments as exc:
         raise InvalidIntent(str(exc), code=exc.code) from None
 
-    terms = _grant_terms(tenant, tool_name)
+    terms = authority.active_terms(tenant, tool_name, tool_active=True)
     try:
         if terms is None:
             _explain_missing_grant(tenant, tool_name)
@@ -219,26 +219,20 @@ def record_intent(
             raise NotGranted(str(exc), code=exc.code) from None
         raise
 
-    # Everything but the inserts is done before the write lock: under load the lock holder
-    # shares the CPU with every other process, so each step inside it costs several times over.
-    prepared = states.PreparedAttempt(
-        state=State.INTENT_RECORDED,
-        actor=actor,
-        tenant_id=tenant,
-        task_id=task_id,
-        tool_name=tool_name,
-        idempotency_key=idempotency_key,
-        args=normalized.value,
-        args_hash=normalized.args_hash,
-        policy_version=auth.policy_version,
-        credential_scope=auth.scopes,
-    )
-
     try:
-        # The intent writer (SQLite, when running) commits intents from every web worker
-        # together; without one, concurrent intents in this process share a commit. Either
-        # way this returns only once this intent's commit is done.
-        attempt = writer.submit(prepared) or states.group_commit.run(prepared.write)
+        with write_transaction():
+            attempt = states.create(
+                state=State.INTENT_RECORDED,
+                actor=actor,
+                tenant_id=tenant,
+                task_id=task_id,
+                tool_name=tool_name,
+                idempotency_key=idempotency_key,
+                args=normalized.value,
+                args_hash=normalized.args_hash,
+                policy_version=auth.policy_version,
+                credential_scope=auth.scopes,
+            )
     except IntegrityError:
         # The key is already recorded: a replay of the same intent, a race, or a conflict.
         existing = Attempt.objects.filter(idempotency_key=idempotency_key).first()
@@ -246,30 +240,6 @@ def record_intent(
             raise
         return _same_intent_or_conflict(existing, tenant, tool_name, normalized.args_hash), False
     return attempt, True
-
-
-def _grant_terms(tenant: str, tool_name: str) -> authority.GrantTerms | None:
-    """The active grant for an active tool, in one query (every intent asks), or as this
-    process remembers it while nothing about grants and tools changed (``access_cache``)."""
-    remembered = access_cache.grant_terms(tenant, tool_name)
-    if remembered.hit is not None:
-        return remembered.hit
-    grants = connection.ops.quote_name(Grant._meta.db_table)
-    tools = connection.ops.quote_name(Tool._meta.db_table)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT g.policy_version, g.allowed_scopes FROM {grants} g "  # noqa: S608
-            f"JOIN {tools} t ON t.name = g.tool_id "
-            "WHERE g.tenant_id = %s AND g.tool_id = %s AND g.active AND t.active",
-            [tenant, tool_name],
-        )
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    scopes = Grant._meta.get_field("allowed_scopes").from_db_value(row[1], None, connection)
-    terms = authority.GrantTerms(row[0], tuple(scopes))
-    remembered.keep(terms)
-    return terms
 
 
 def _explain_missing_grant(tenant: str, tool_name: str) -> None:
@@ -646,14 +616,8 @@ def add_note(attempt: Attempt | str, *, user: Any, text: str) -> AttemptEvent:
     with write_transaction():
         current = _reload(attempt)
         require_role(user, current, Role.OPERATOR)
-        return states.append_event(
-            current,
-            action="attempt.note",
-            actor=Actor.user(user),
-            from_state=current.state,
-            to_state=current.state,
-            reason=text,
-        )
+        states.move(current, None, action="attempt.note", actor=Actor.user(user), reason=text)
+        return current.events.order_by("-id").first()
 
 
 @_refreshes_caller
@@ -832,12 +796,11 @@ def _approve(current: Attempt, user: Any, kind: str) -> tuple[bool, int]:
             attempt=current,
         )
     if len(approved_by) + 1 < needed:
-        states.append_event(
+        states.move(
             current,
+            None,
             action="attempt.approval",
             actor=Actor.user(user),
-            from_state=current.state,
-            to_state=current.state,
             details={"kind": kind, "approvals": len(approved_by) + 1, "needed": needed},
         )
         return False, needed

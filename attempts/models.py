@@ -17,8 +17,6 @@ from django.conf import settings
 from django.db import models, transaction
 from django.db.models import Q
 
-from attempts import access_cache
-
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
 
@@ -71,21 +69,6 @@ def new_attempt_id() -> str:
         chars.append(_CROCKFORD[value & 31])
         value >>= 5
     return "att_" + "".join(reversed(chars))
-
-
-class AccessQuerySet(models.QuerySet):
-    """Rows that decide who may do what (tokens, grants, tools). An ``update()`` sends no
-    signal, so it tells ``access_cache`` itself."""
-
-    def update(self, **kwargs) -> int:
-        count = super().update(**kwargs)
-        if count:
-            access_cache.access_changed(self.db)
-        return count
-
-    def record_use(self, **kwargs) -> int:
-        """An update that changes nobody's access (a token's last use): nothing to tell."""
-        return super().update(**kwargs)
 
 
 class Tenant(models.Model):
@@ -142,8 +125,6 @@ class Tool(models.Model):
     active = models.BooleanField(default=True)
     updated_at = models.DateTimeField(auto_now=True)
 
-    objects = AccessQuerySet.as_manager()
-
     def __str__(self) -> str:
         return self.name
 
@@ -157,8 +138,6 @@ class Grant(models.Model):
     allowed_scopes = models.JSONField(default=list, blank=True)
     active = models.BooleanField(default=True)
     updated_at = models.DateTimeField(auto_now=True)
-
-    objects = AccessQuerySet.as_manager()
 
     class Meta:
         constraints = [
@@ -251,6 +230,13 @@ class Attempt(models.Model):
     # Reconciler lease; the fencing token is ``version``.
     lease_owner = models.CharField(max_length=100, blank=True, default="")
     lease_until = models.DateTimeField(null=True, blank=True)
+    # The attempt's own hash chain (attempts/chain.py): the hash of its newest event and how many
+    # events it has. Every event changes them in the same compare-and-set as the version, so two
+    # writers can never link two events after the same one. ``sealed`` is False from a write until
+    # the sealer puts this head into a checkpoint.
+    chain_head = models.CharField(max_length=64, editable=False)
+    chain_length = models.PositiveIntegerField(default=0, editable=False)
+    sealed = models.BooleanField(default=False, editable=False)
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
 
@@ -297,6 +283,8 @@ class Attempt(models.Model):
             models.Index(
                 fields=["parent"], name="attempt_parent_idx", condition=Q(parent__isnull=False)
             ),
+            # The sealer's work list: attempts whose newest events are in no checkpoint yet.
+            models.Index(fields=["id"], name="attempt_unsealed_idx", condition=Q(sealed=False)),
         ]
 
     def __str__(self) -> str:
@@ -317,7 +305,9 @@ class ActorKind(models.TextChoices):
 class AttemptEvent(models.Model):
     """One entry of an attempt's history. Append-only (database triggers refuse UPDATE/DELETE),
     and chained: ``hash`` covers this event's canonical encoding and ``prev_hash``, the hash of the
-    event before it in the whole ledger, so any edit, deletion, insertion or reordering shows.
+    attempt's event before it (format 2; format 1, written before per-attempt chains, links to the
+    event before it in the whole ledger), so any edit, deletion, insertion or reordering shows.
+    See attempts/chain.py and docs/audit-chain.md.
     """
 
     # Looked up through event_attempt_idx (attempt, id); no second index on the column alone.
@@ -333,7 +323,8 @@ class AttemptEvent(models.Model):
     details = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField()
     prev_hash = models.CharField(max_length=64)
-    hash = models.CharField(max_length=64, unique=True)
+    hash = models.CharField(max_length=64)
+    chain_format = models.PositiveSmallIntegerField(default=2, editable=False)
 
     class Meta:
         ordering = ["id"]
@@ -341,6 +332,89 @@ class AttemptEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.attempt_id} {self.action} {self.from_state}->{self.to_state}"
+
+
+class ConfigEventQuerySet(models.QuerySet):
+    def affecting(self, attempt: Attempt) -> ConfigEventQuerySet:
+        """Changes to what decides the attempt's authority or review: its tenant, its tool, the
+        tenant's grant for the tool, and ownership rules (which may match any attempt)."""
+        return self.filter(
+            Q(subject=f"tenant:{attempt.tenant_id}")
+            | Q(subject=f"tool:{attempt.tool_name}")
+            | Q(subject=f"grant:{attempt.tenant_id}/{attempt.tool_name}")
+            | Q(subject__startswith="ownership_rule:")
+        )
+
+
+class ConfigEvent(models.Model):
+    """One change to configuration that decides authority or review (tenants, tools, grants,
+    ownership rules, users and roles), with who made it. Append-only and hash-chained like
+    attempt history, in one chain of its own that checkpoints seal (attempts/chain.py)."""
+
+    subject = models.CharField(max_length=200)
+    action = models.CharField(max_length=64)
+    actor_kind = models.CharField(max_length=16, choices=ActorKind.choices)
+    actor = models.CharField(max_length=150)
+    before = models.JSONField(null=True, blank=True)
+    after = models.JSONField(null=True, blank=True)
+    reason = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField()
+    seq = models.PositiveIntegerField(unique=True)
+    prev_hash = models.CharField(max_length=64)
+    hash = models.CharField(max_length=64)
+
+    objects = ConfigEventQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["seq"]
+        indexes = [models.Index(fields=["subject", "seq"], name="configevent_subject_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.seq} {self.subject} {self.action}"
+
+
+class Checkpoint(models.Model):
+    """A seal over the history: the Merkle root of the attempt chain heads written since the
+    checkpoint before it (``CheckpointLeaf``), the config chain's head, and that checkpoint's hash.
+    Keeping the newest checkpoint's hash outside the database is what makes rewriting everything
+    up to it detectable (docs/audit-chain.md)."""
+
+    seq = models.PositiveIntegerField(unique=True)
+    prev_hash = models.CharField(max_length=64)
+    root = models.CharField(max_length=64)
+    size = models.PositiveIntegerField()
+    config_length = models.PositiveIntegerField()
+    config_head = models.CharField(max_length=64)
+    sealed_at = models.DateTimeField()
+    hash = models.CharField(max_length=64, unique=True)
+
+    class Meta:
+        ordering = ["seq"]
+
+    def __str__(self) -> str:
+        return f"checkpoint {self.seq} {self.hash[:12]}"
+
+
+class CheckpointLeaf(models.Model):
+    """One attempt's chain head as a checkpoint sealed it: the attempt's public id (kept as text,
+    so a deleted attempt still shows), how many events its chain had and the newest one's hash."""
+
+    checkpoint = models.ForeignKey(Checkpoint, on_delete=models.PROTECT, related_name="leaves")
+    position = models.PositiveIntegerField()
+    attempt_id = models.CharField(max_length=32)
+    length = models.PositiveIntegerField()
+    head = models.CharField(max_length=64)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["checkpoint", "position"], name="checkpointleaf_unique_position"
+            )
+        ]
+        indexes = [models.Index(fields=["attempt_id", "checkpoint"], name="leaf_attempt_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.attempt_id}@{self.length} in checkpoint {self.checkpoint_id}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,8 +439,6 @@ class AgentToken(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
-
-    objects = AccessQuerySet.as_manager()
 
     TOKEN_PREFIX = "lwt_"  # noqa: S105 (a public marker, not a secret)
     # Writing last_used_at costs a write per request; once a minute per token is enough.
@@ -410,9 +482,6 @@ class AgentToken(models.Model):
         from django.utils import timezone
 
         token_hash = cls.hash_token(raw)
-        remembered = access_cache.identity(token_hash)
-        if remembered.hit is not None:
-            return remembered.hit
         cutoff = timezone.now() - dt.timedelta(seconds=cls.LAST_USED_RESOLUTION)
         # Every API call starts here: one prepared query (the ORM's M2M machinery costs a quarter
         # of an intent's CPU) for the token, its tenants, and whether its use was recorded lately.
@@ -433,13 +502,11 @@ class AgentToken(models.Model):
         if not recent:
             cls(id=token_id, name=name, token_hash=token_hash).touch()
         # A live token without tenants authenticates, and is refused by every tenant check.
-        identity = AgentIdentity(
+        return AgentIdentity(
             id=token_id,
             name=name,
             tenant_slugs=frozenset(row[2] for row in rows if row[2] is not None),
         )
-        remembered.keep(identity)
-        return identity
 
     def touch(self) -> None:
         """Record use, at most once per LAST_USED_RESOLUTION seconds per token."""
@@ -451,7 +518,7 @@ class AgentToken(models.Model):
             return
         AgentToken.objects.filter(pk=self.pk).filter(
             Q(last_used_at__isnull=True) | Q(last_used_at__lte=cutoff)
-        ).record_use(last_used_at=now)
+        ).update(last_used_at=now)
         self.last_used_at = now
 
     @property

@@ -3,17 +3,19 @@
 
 An auditor who does not trust the server copies this one file and runs::
 
-    python verify_export.py audit.jsonl [--expect-head HASH ...]
+    python verify_export.py audit.jsonl [--expect-head CHECKPOINT_HASH ...]
     python verify_export.py audit.csv [--manifest audit.csv.manifest.json]
 
 It needs only the Python standard library and the ``rfc8785`` package (the RFC 8785 JSON
-canonicalization the chain hashes). It recomputes every event's hash from its fields, follows the
-``prev_hash`` links in event-id order, checks the manifest (row count, first and last event, head
-hash, and for CSV the file's SHA-256), and names the first broken link. Exit status 0 means the
-export verifies; 1 means it does not; 2 means it could not be read.
+canonicalization the chain hashes). It recomputes every event's hash from its fields, follows each
+attempt's ``prev_hash`` links, checks the checkpoints (each hashing the one before) and each
+attempt's seal (a Merkle proof that a checkpoint covers its head, which must be the attempt's event
+at that place), checks the manifest (counts, first and last event, pinned checkpoint, and for CSV
+the file's SHA-256), and names the first problem. Exit status 0 means the export verifies; 1 means
+it does not; 2 means it could not be read.
 
-The same ``ChainChecker`` walks the live database in ``attempts.audit_verify``, so the export and
-the database are judged by one algorithm. See docs/audit-chain.md for what it proves.
+The hash formats here are the only implementation: ``attempts.chain`` writes with them and
+``attempts.audit_verify`` checks the live database with them. See docs/audit-chain.md.
 """
 
 from __future__ import annotations
@@ -32,9 +34,14 @@ from typing import Any
 import rfc8785
 
 GENESIS = "0" * 64
-CHAIN_FORMAT = 1
+# Format 1: an event links to the event before it in the whole ledger (ledgers written before
+# per-attempt chains). Format 2: an event links to the event before it of the same attempt.
+LEGACY_FORMAT = 1
+CHAIN_FORMAT = 2
+CHECKPOINT_FORMAT = 1
+CONFIG_FORMAT = 1
 EXPORT_FORMAT = "ledgerweb-audit-export"
-EXPORT_VERSION = 1
+EXPORT_VERSION = 2
 
 # The fields an event's hash covers (with ``v`` and ``prev_hash``); everything else in an export
 # row (tenant, tool, the attempt's current state) is a convenience copy and is not proven.
@@ -53,6 +60,7 @@ HASHED_FIELDS = (
 CSV_COLUMNS = (
     "event_id",
     *HASHED_FIELDS,
+    "v",
     "prev_hash",
     "hash",
     "tenant",
@@ -85,9 +93,9 @@ def chain_time(value: Any) -> str:
 
 
 def event_payload(row: dict[str, Any]) -> dict[str, Any]:
-    """What an event's hash covers. Must equal ``attempts.audit.event_payload`` (a test checks)."""
+    """What an event's hash covers: its fields, its chain format ``v`` and ``prev_hash``."""
     return {
-        "v": CHAIN_FORMAT,
+        "v": int(row.get("v", CHAIN_FORMAT)),
         "attempt_id": row["attempt_id"],
         "action": row["action"],
         "actor_kind": row["actor_kind"],
@@ -104,6 +112,122 @@ def event_payload(row: dict[str, Any]) -> dict[str, Any]:
 def event_hash(row: dict[str, Any]) -> str:
     """Recompute an event's hash from its fields."""
     return hashlib.sha256(rfc8785.dumps(event_payload(row))).hexdigest()
+
+
+CONFIG_FIELDS = ("seq", "subject", "action", "actor_kind", "actor", "before", "after", "reason")
+
+
+def config_event_hash(row: dict[str, Any]) -> str:
+    """Recompute a configuration change's hash: its fields, ``created_at`` and ``prev_hash``
+    (the previous change's hash, GENESIS for the first)."""
+    payload = {name: row[name] for name in CONFIG_FIELDS}
+    payload.update(
+        v=CONFIG_FORMAT, created_at=chain_time(row["created_at"]), prev_hash=row["prev_hash"]
+    )
+    return hashlib.sha256(rfc8785.dumps(payload)).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints: a Merkle tree (RFC 6962's shape) over the attempt chain heads a checkpoint seals,
+# and a chain of checkpoints, each hashing the one before it.
+
+
+def leaf_hash(attempt_id: str, length: int, head: str) -> bytes:
+    """The tree hash of one sealed chain head (0x00 prefix: a leaf can never pass for a node)."""
+    leaf = rfc8785.dumps({"attempt_id": attempt_id, "length": int(length), "head": head})
+    return hashlib.sha256(b"\x00" + leaf).digest()
+
+
+def _node(left: bytes, right: bytes) -> bytes:
+    return hashlib.sha256(b"\x01" + left + right).digest()
+
+
+def _split(n: int) -> int:
+    """The largest power of two smaller than ``n`` (n >= 2)."""
+    k = 1
+    while k * 2 < n:
+        k *= 2
+    return k
+
+
+class MerkleTree:
+    """The tree over leaf hashes in order; subtree roots are computed once and kept, so the root
+    and every inclusion proof together cost about one hash per node."""
+
+    def __init__(self, leaves: list[bytes]) -> None:
+        self.leaves = leaves
+        self._roots: dict[tuple[int, int], bytes] = {}
+
+    def _root(self, lo: int, hi: int) -> bytes:
+        if hi - lo == 1:
+            return self.leaves[lo]
+        value = self._roots.get((lo, hi))
+        if value is None:
+            k = _split(hi - lo)
+            value = _node(self._root(lo, lo + k), self._root(lo + k, hi))
+            self._roots[(lo, hi)] = value
+        return value
+
+    def root(self) -> str:
+        """The root as hex (SHA-256 of nothing for an empty tree)."""
+        if not self.leaves:
+            return hashlib.sha256(b"").hexdigest()
+        return self._root(0, len(self.leaves)).hex()
+
+    def proof(self, index: int) -> list[str]:
+        """The sibling hashes (hex, from the leaf up) that prove leaf ``index`` is in the tree."""
+        siblings: list[bytes] = []
+        lo, hi = 0, len(self.leaves)
+        while hi - lo > 1:
+            k = _split(hi - lo)
+            if index < lo + k:
+                siblings.append(self._root(lo + k, hi))
+                hi = lo + k
+            else:
+                siblings.append(self._root(lo, lo + k))
+                lo = lo + k
+        return [h.hex() for h in reversed(siblings)]
+
+
+def merkle_root(leaves: list[bytes]) -> str:
+    """The root (hex) of the tree over ``leaves``."""
+    return MerkleTree(leaves).root()
+
+
+def root_from_proof(leaf: bytes, index: int, size: int, proof: list[str]) -> str | None:
+    """The root that ``proof`` leads to from ``leaf`` at ``index`` in a tree of ``size`` leaves,
+    or None when the proof has the wrong length for that place."""
+    if not 0 <= index < size:
+        return None
+    # Walk down to find which side each sibling is on, then fold from the leaf up.
+    sides: list[bool] = []  # True: the sibling is on the right
+    lo, hi = 0, size
+    while hi - lo > 1:
+        k = _split(hi - lo)
+        if index < lo + k:
+            sides.append(True)
+            hi = lo + k
+        else:
+            sides.append(False)
+            lo = lo + k
+    if len(sides) != len(proof):
+        return None
+    value = leaf
+    for sibling_hex, right in zip(proof, reversed(sides), strict=True):
+        sibling = bytes.fromhex(sibling_hex)
+        value = _node(value, sibling) if right else _node(sibling, value)
+    return value.hex()
+
+
+CHECKPOINT_FIELDS = ("seq", "prev_hash", "root", "size", "config_length", "config_head")
+
+
+def checkpoint_hash(row: dict[str, Any]) -> str:
+    """A checkpoint's hash: its sequence number, the previous checkpoint's hash, the Merkle root
+    and size of what it sealed, the config chain's length and head, and when it was sealed."""
+    payload = {name: row[name] for name in CHECKPOINT_FIELDS}
+    payload.update(v=CHECKPOINT_FORMAT, sealed_at=chain_time(row["sealed_at"]))
+    return hashlib.sha256(rfc8785.dumps(payload)).hexdigest()
 
 
 def escape_cell(value: str) -> str:
@@ -266,6 +390,7 @@ class Report:
     links: int = 0
     head_hash: str | None = None
     head_id: int | None = None
+    checkpoint: tuple[int, str] | None = None  # (seq, hash) of the newest checkpoint verified
     notes: list[str] = field(default_factory=list)
     truncated: bool = False
 
@@ -280,6 +405,11 @@ class Report:
                 f"OK: {self.what}: {self.events} events verify"
                 + (f" (+{self.links} chain links outside the filter)" if self.links else "")
                 + (f"; head {self.head_hash} (event {self.head_id})" if self.head_hash else "")
+                + (
+                    f"; newest checkpoint {self.checkpoint[0]}: {self.checkpoint[1]}"
+                    if self.checkpoint
+                    else ""
+                )
             )
         else:
             lines.append(f"BROKEN: {self.what}: first broken link: {self.problems[0]}")
@@ -291,26 +421,255 @@ class Report:
         return "\n".join(lines)
 
 
-def anchor_check(checker: ChainChecker) -> None:
-    """Report every kept head hash that the chain no longer contains."""
-    for anchor in sorted(checker.anchors - checker.found):
-        checker.problem(
-            Problem(
-                "anchor",
-                f"the head hash {anchor} kept elsewhere is not in this chain: the event it "
-                "named, or history after it, was removed or rewritten",
+@dataclass
+class ExportChecker:
+    """Checks an export's events, seals and checkpoints, streaming events in file order.
+
+    Memory grows with the number of exported attempts (a counter and the last hash of each), not
+    with the number of events."""
+
+    complete_chains: bool
+    whole_ledger: bool
+    anchors: frozenset[str] = frozenset()
+    max_problems: int = 50
+    problems: list[Problem] = field(default_factory=list)
+    truncated: bool = False
+    count: int = 0
+    first_event: dict[str, Any] | None = None
+    last_event: dict[str, Any] | None = None
+    found: set[str] = field(default_factory=set)
+    checkpoints: dict[int, dict[str, Any]] = field(default_factory=dict)
+    seals: dict[str, dict[str, Any]] = field(default_factory=dict)
+    chains: dict[str, list[Any]] = field(default_factory=dict)  # attempt -> [count, last, whole]
+    legacy_last: str | None = None
+    last_id: int | None = None
+
+    def problem(self, problem: Problem) -> None:
+        if len(self.problems) < self.max_problems:
+            self.problems.append(problem)
+        else:
+            self.truncated = True
+
+    def checkpoint(self, record: dict[str, Any], line: int | None) -> None:
+        seq = int(record["seq"])
+        where = f"checkpoint {seq}"
+        if checkpoint_hash(record) != record["hash"]:
+            self.problem(Problem("checkpoint", f"{where}: fields do not match its hash", line=line))
+        before = self.checkpoints.get(seq - 1)
+        if self.checkpoints and before is None:
+            self.problem(
+                Problem("checkpoint", f"{where}: the checkpoint before it is missing", line=line)
             )
+        if before is not None and record["prev_hash"] != before["hash"]:
+            self.problem(
+                Problem(
+                    "checkpoint",
+                    f"{where}: its prev_hash is not checkpoint {seq - 1}'s hash",
+                    line=line,
+                )
+            )
+        self.checkpoints[seq] = record
+        if record["hash"] in self.anchors:
+            self.found.add(record["hash"])
+
+    def seal(self, record: dict[str, Any], line: int | None) -> None:
+        attempt_id = record["attempt_id"]
+        checkpoint = self.checkpoints.get(int(record["checkpoint"]))
+        leaf = leaf_hash(attempt_id, int(record["length"]), record["head"])
+        root = root_from_proof(
+            leaf, int(record["index"]), int(record["size"]), list(record["proof"])
         )
+        if checkpoint is None:
+            self.problem(
+                Problem(
+                    "seal",
+                    f"its checkpoint {record['checkpoint']} is not in the file",
+                    attempt_id=attempt_id,
+                    line=line,
+                )
+            )
+        elif (
+            root is None
+            or root != checkpoint["root"]
+            or int(record["size"]) != int(checkpoint["size"])
+        ):
+            self.problem(
+                Problem(
+                    "seal",
+                    f"the proof does not lead to checkpoint {record['checkpoint']}'s root: the sealed head was changed",
+                    attempt_id=attempt_id,
+                    line=line,
+                )
+            )
+        self.seals[attempt_id] = {**record, "line": line, "matched": False}
+
+    def event(self, row: dict[str, Any], line: int | None) -> None:
+        event_id = int(row["id"])
+        attempt_id = row["attempt_id"]
+        if self.last_id is not None and event_id <= self.last_id:
+            self.problem(
+                Problem(
+                    "order",
+                    f"event ids go backwards ({event_id} after {self.last_id})",
+                    event_id,
+                    attempt_id,
+                    line,
+                )
+            )
+        self.last_id = event_id
+        try:
+            recomputed = event_hash(row)
+        except (TypeError, ValueError, KeyError, rfc8785.CanonicalizationError) as exc:
+            recomputed = f"unhashable ({exc})"
+        if recomputed != row["hash"]:
+            self.problem(
+                Problem(
+                    "content",
+                    f"the event's fields do not match its hash {str(row['hash'])[:16]}…: it was edited",
+                    event_id,
+                    attempt_id,
+                    line,
+                )
+            )
+        legacy = int(row.get("v", CHAIN_FORMAT)) == LEGACY_FORMAT
+        if legacy and self.whole_ledger:
+            expected = self.legacy_last if self.legacy_last is not None else GENESIS
+            if row["prev_hash"] != expected:
+                self.problem(
+                    Problem(
+                        "link",
+                        "broken link to the ledger's event before it (format 1)",
+                        event_id,
+                        attempt_id,
+                        line,
+                    )
+                )
+            self.legacy_last = row["hash"]
+        state = self.chains.get(attempt_id)
+        if state is None:
+            whole = row["action"] == "attempt.created"
+            if not legacy and whole and row["prev_hash"] != GENESIS:
+                self.problem(
+                    Problem(
+                        "link",
+                        "the attempt's first event does not start its chain",
+                        event_id,
+                        attempt_id,
+                        line,
+                    )
+                )
+            if self.complete_chains and not whole:
+                self.problem(
+                    Problem(
+                        "link",
+                        "the attempt's history starts without its creation event: earlier events were removed",
+                        event_id,
+                        attempt_id,
+                        line,
+                    )
+                )
+            state = self.chains[attempt_id] = [0, None, whole]
+        elif not legacy and row["prev_hash"] != state[1]:
+            self.problem(
+                Problem(
+                    "link",
+                    f"this event records prev_hash {str(row['prev_hash'])[:16]}… but the attempt's event before it has {str(state[1])[:16]}…: an event of this attempt was changed, deleted, inserted or reordered",
+                    event_id,
+                    attempt_id,
+                    line,
+                )
+            )
+        state[0] += 1
+        state[1] = row["hash"]
+        seal = self.seals.get(attempt_id)
+        if seal is not None and state[2] and state[0] == int(seal["length"]):
+            seal["matched"] = row["hash"] == seal["head"]
+            if not seal["matched"]:
+                self.problem(
+                    Problem(
+                        "seal",
+                        f"the sealed head of this attempt is {str(seal['head'])[:16]}…, but its event {state[0]} has another hash: sealed history was rewritten",
+                        event_id,
+                        attempt_id,
+                        line,
+                    )
+                )
+            seal["checked"] = True
+        if row["hash"] in self.anchors:
+            self.found.add(row["hash"])
+        if self.first_event is None:
+            self.first_event = row
+        self.last_event = row
+        self.count += 1
+
+    def finish(self) -> None:
+        for attempt_id, seal in self.seals.items():
+            chain = self.chains.get(attempt_id)
+            if chain is None or not chain[2]:
+                continue  # the date range left the sealed place out of the file
+            if not seal.get("checked"):
+                self.problem(
+                    Problem(
+                        "seal",
+                        f"a checkpoint sealed {seal['length']} events of this attempt but the file holds {chain[0]}: sealed events were removed",
+                        attempt_id=attempt_id,
+                        line=seal["line"],
+                    )
+                )
+        for anchor in sorted(self.anchors - self.found):
+            self.problem(
+                Problem(
+                    "anchor",
+                    f"the hash {anchor} kept elsewhere is not a checkpoint or event of this export: history up to it was rewritten or cut",
+                )
+            )
+
+
+def _check_manifest(
+    checker: ExportChecker,
+    manifest: dict[str, Any],
+    header: dict[str, Any],
+    seals: int,
+    checkpoints: int,
+) -> None:
+    def bad(message: str) -> None:
+        checker.problem(Problem("manifest", message))
+
+    if manifest.get("row_count") != checker.count:
+        bad(
+            f"the manifest counts {manifest.get('row_count')} events but the file holds {checker.count}: events were added or removed"
+        )
+    if "seal_count" in manifest and manifest.get("seal_count") != seals:
+        bad(f"the manifest counts {manifest.get('seal_count')} seals, the file {seals}")
+    if "checkpoint_count" in manifest and manifest.get("checkpoint_count") != checkpoints:
+        bad(
+            f"the manifest counts {manifest.get('checkpoint_count')} checkpoints, the file {checkpoints}"
+        )
+    for name, record in (("first_event", checker.first_event), ("last_event", checker.last_event)):
+        claimed = manifest.get(name)
+        actual = _event_ref(record)
+        if (claimed and {"id": claimed.get("id"), "hash": claimed.get("hash")}) != actual:
+            bad(f"the manifest's {name} {claimed} is not the file's {actual}")
+    pinned = manifest.get("checkpoint")
+    if checkpoints and (
+        not pinned
+        or checker.checkpoints.get(pinned.get("seq"), {}).get("hash") != pinned.get("hash")
+    ):
+        bad(f"the manifest's checkpoint {pinned} is not a checkpoint of the file")
+    if checkpoints and pinned and max(checker.checkpoints) != pinned.get("seq"):
+        bad("the file has checkpoints after the one the manifest pins")
+    if header and manifest.get("filters") != header.get("filters"):
+        bad("the manifest's filters differ from the header's")
 
 
 def verify_jsonl(path: Path, *, anchors: Iterable[str] = ()) -> Report:
-    """Verify a JSON Lines export: header, events and links, manifest."""
-    checker = ChainChecker(start_prev=None, anchors=frozenset(anchors))
-    report = Report(what=str(path), problems=checker.problems)
+    """Verify a JSON Lines export: header, checkpoints, seals, events, manifest."""
+    checker: ExportChecker | None = None
+    problems: list[Problem] = []
+    report = Report(what=str(path), problems=problems)
     header: dict[str, Any] | None = None
     manifest: dict[str, Any] | None = None
-    first_event: dict[str, Any] | None = None
-    last_event: dict[str, Any] | None = None
+    seals = checkpoints = 0
     with path.open("rb") as handle:
         for number, raw in enumerate(handle, start=1):
             if not raw.strip():
@@ -318,12 +677,42 @@ def verify_jsonl(path: Path, *, anchors: Iterable[str] = ()) -> Report:
             try:
                 record = json.loads(raw)
             except ValueError as exc:
-                checker.problem(Problem("format", f"not JSON: {exc}", line=number))
+                (checker.problem if checker else problems.append)(
+                    Problem("format", f"not JSON: {exc}", line=number)
+                )
                 continue
             if not isinstance(record, dict):
-                checker.problem(Problem("format", "a line that is not a JSON object", line=number))
+                (checker.problem if checker else problems.append)(
+                    Problem("format", "a line that is not a JSON object", line=number)
+                )
                 continue
             kind = record.get("type")
+            if checker is None:
+                if kind != "header":
+                    problems.append(Problem("format", "the header line is missing", line=number))
+                    header = {}
+                else:
+                    header = record
+                    if (
+                        record.get("format") != EXPORT_FORMAT
+                        or record.get("version") != EXPORT_VERSION
+                    ):
+                        problems.append(
+                            Problem(
+                                "format",
+                                "not a ledgerweb audit export of this version (format/version)",
+                                line=number,
+                            )
+                        )
+                filters = (header or {}).get("filters") or {}
+                checker = ExportChecker(
+                    complete_chains=bool((header or {}).get("complete_chains")),
+                    whole_ledger=not any(filters.values()),
+                    anchors=frozenset(anchors),
+                )
+                checker.problems = problems
+                if kind == "header":
+                    continue
             if manifest is not None:
                 checker.problem(
                     Problem(
@@ -331,26 +720,10 @@ def verify_jsonl(path: Path, *, anchors: Iterable[str] = ()) -> Report:
                     )
                 )
                 break
-            if kind == "header":
-                if header is not None or checker.count:
-                    checker.problem(Problem("format", "a second header", line=number))
-                header = record
-                if record.get("format") != EXPORT_FORMAT or record.get("version") != EXPORT_VERSION:
-                    checker.problem(
-                        Problem(
-                            "format", "not a ledgerweb audit export (format/version)", line=number
-                        )
-                    )
-                continue
-            if header is None:
-                checker.problem(Problem("format", "the header line is missing", line=number))
-                header = {}
             try:
                 if kind == "event":
                     missing = [
-                        name
-                        for name in ("id", *HASHED_FIELDS, "prev_hash", "hash")
-                        if name not in record
+                        n for n in ("id", *HASHED_FIELDS, "prev_hash", "hash") if n not in record
                     ]
                     if missing:
                         checker.problem(
@@ -363,30 +736,40 @@ def verify_jsonl(path: Path, *, anchors: Iterable[str] = ()) -> Report:
                             )
                         )
                         continue
-                    checker.full(record, line=number)
-                    if first_event is None:
-                        first_event = record
-                    last_event = record
-                elif kind == "link":
-                    checker.link_only(
-                        int(record["id"]), record["prev_hash"], record["hash"], line=number
-                    )
-                    report.links += 1
+                    checker.event(record, number)
+                elif kind == "seal":
+                    checker.seal(record, number)
+                    seals += 1
+                elif kind == "checkpoint":
+                    checker.checkpoint(record, number)
+                    checkpoints += 1
                 elif kind == "manifest":
                     manifest = record
+                elif kind == "header":
+                    checker.problem(Problem("format", "a second header", line=number))
                 else:
                     checker.problem(Problem("format", f"unknown record type {kind!r}", line=number))
             except (KeyError, TypeError, ValueError) as exc:
                 checker.problem(Problem("format", f"malformed {kind} record: {exc}", line=number))
-    report.events = checker.full_count
-    report.head_hash, report.head_id = checker.last_hash, checker.last_id
+    if checker is None:
+        problems.append(Problem("format", "the file is empty"))
+        return report
+    checker.finish()
+    report.events = checker.count
+    if checker.last_event is not None:
+        report.head_hash, report.head_id = checker.last_event["hash"], int(checker.last_event["id"])
+    if checker.checkpoints:
+        newest = max(checker.checkpoints)
+        report.checkpoint = (newest, checker.checkpoints[newest]["hash"])
     if manifest is None:
         checker.problem(
             Problem("manifest", "no manifest line at the end: the export was cut short or edited")
         )
     else:
-        _check_manifest(checker, manifest, header or {}, first_event, last_event, report.links)
-    anchor_check(checker)
+        _check_manifest(checker, manifest, header or {}, seals, checkpoints)
+    report.notes.append(
+        f"{len(checker.chains)} attempts, {seals} sealed heads checked against {checkpoints} checkpoints"
+    )
     report.truncated = checker.truncated
     return report
 
@@ -397,62 +780,30 @@ def _event_ref(record: dict[str, Any] | None) -> dict[str, Any] | None:
     return {"id": int(record["id"]), "hash": record["hash"]}
 
 
-def _check_manifest(
-    checker: ChainChecker,
-    manifest: dict[str, Any],
-    header: dict[str, Any],
-    first_event: dict[str, Any] | None,
-    last_event: dict[str, Any] | None,
-    links: int,
-) -> None:
-    def bad(message: str) -> None:
-        checker.problem(Problem("manifest", message))
-
-    if manifest.get("row_count") != checker.full_count:
-        bad(
-            f"the manifest counts {manifest.get('row_count')} events but the file holds "
-            f"{checker.full_count}: events were added or removed"
-        )
-    if "link_count" in manifest and manifest.get("link_count") != links:
-        bad(f"the manifest counts {manifest.get('link_count')} chain links, the file {links}")
-    for name, record in (("first_event", first_event), ("last_event", last_event)):
-        claimed = manifest.get(name)
-        actual = _event_ref(record)
-        if (claimed and {"id": claimed.get("id"), "hash": claimed.get("hash")}) != actual:
-            bad(f"the manifest's {name} {claimed} is not the file's {actual}")
-    if manifest.get("head_hash") != checker.last_hash:
-        bad(
-            f"the manifest's head hash {manifest.get('head_hash')} is not the hash of the last "
-            f"event in the file ({checker.last_hash})"
-        )
-    if header and manifest.get("filters") != header.get("filters"):
-        bad("the manifest's filters differ from the header's")
-
-
 def _csv_row(record: dict[str, str]) -> dict[str, Any]:
     row: dict[str, Any] = {name: unescape_cell(record.get(name) or "") for name in CSV_COLUMNS}
     row["id"] = int(row.pop("event_id"))
     row["details"] = json.loads(row["details"] or "{}")
+    row["v"] = int(row["v"] or CHAIN_FORMAT)
     return row
 
 
 def verify_csv(
     path: Path, *, manifest_path: Path | None = None, anchors: Iterable[str] = ()
 ) -> Report:
-    """Verify a CSV export and, when present, its ``.manifest.json``.
-
-    Each row's hash is recomputed and event ids must rise. When the manifest says the export is
-    contiguous (no filter left events out), every ``prev_hash`` link is followed too; otherwise the
-    manifest's SHA-256 of the file is what shows a row was removed.
-    """
+    """Verify a CSV export and, when present, its ``.manifest.json``: each row's hash, each
+    attempt's links, and the manifest's counts and SHA-256 of the file."""
     manifest_path = manifest_path or path.with_name(path.name + ".manifest.json")
     manifest: dict[str, Any] | None = None
     if manifest_path.exists():
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    contiguous = bool(manifest and manifest.get("contiguous"))
-    checker = ChainChecker(start_prev=None, anchors=frozenset(anchors))
+    filters = (manifest or {}).get("filters") or {}
+    checker = ExportChecker(
+        complete_chains=bool(manifest and manifest.get("complete_chains")),
+        whole_ledger=bool(manifest) and not any(filters.values()),
+        anchors=frozenset(anchors),
+    )
     report = Report(what=str(path), problems=checker.problems)
-    first_event = last_event = None
     digest = hashlib.sha256()
     with path.open("rb") as binary:
         for chunk in iter(lambda: binary.read(1 << 20), b""):
@@ -473,19 +824,18 @@ def verify_csv(
             except (ValueError, TypeError) as exc:
                 checker.problem(Problem("format", f"malformed row: {exc}", line=number))
                 continue
-            checker.full(row, line=number, check_link=contiguous)
-            if first_event is None:
-                first_event = row
-            last_event = row
-    report.events = checker.full_count
-    report.head_hash, report.head_id = checker.last_hash, checker.last_id
+            checker.event(row, number)
+    checker.finish()
+    report.events = checker.count
+    if checker.last_event is not None:
+        report.head_hash, report.head_id = checker.last_event["hash"], int(checker.last_event["id"])
     if manifest is None:
         report.notes.append(
             f"no manifest at {manifest_path}: rows were checked one by one, but a removed row "
             "would not show"
         )
     else:
-        _check_manifest(checker, manifest, {}, first_event, last_event, 0)
+        _check_manifest(checker, manifest, {}, 0, 0)
         if manifest.get("sha256") and manifest["sha256"] != digest.hexdigest():
             checker.problem(
                 Problem(
@@ -494,7 +844,6 @@ def verify_csv(
                     f"{manifest['sha256']}: the file was changed after export",
                 )
             )
-    anchor_check(checker)
     report.truncated = checker.truncated
     return report
 
@@ -525,7 +874,7 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=[],
         metavar="HASH",
-        help="a head hash kept elsewhere (e.g. from an earlier export) that must be in the chain",
+        help="a checkpoint hash kept elsewhere (or an event hash) that must be in the export",
     )
     args = parser.parse_args(argv)
     try:

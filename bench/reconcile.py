@@ -86,13 +86,14 @@ def _create_unknown_attempts(group: str, count: int, port: int) -> list[int]:
 
     from attempts import states
     from attempts.canonical import normalize_args
+    from attempts.locking import write_transaction
     from attempts.models import State
 
     agent = states.Actor.agent("bench-agent")
     later = timezone.now() + dt.timedelta(days=1)
     ids = []
     keys_and_args = []
-    with states.write_transaction():
+    with write_transaction():
         for i in range(count):
             args = normalize_args({"group": group, "i": i, "note": "benchmark effect"})
             key = f"bench:{group}:{i}"

@@ -21,7 +21,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from attempts import writer
+from attempts import chain
 from attempts.models import TERMINAL_STATES, ActorKind, Attempt, AttemptEvent, State
 from reconciliation.models import WorkerHeartbeat
 
@@ -48,10 +48,6 @@ def healthz(request: HttpRequest) -> JsonResponse:
         return JsonResponse(
             {"status": "unhealthy", "database": "unreachable"}, status=503, headers=_no_store()
         )
-    # Informational: without the intent writer, web workers record intents themselves.
-    intent_writer = writer.status()
-    if intent_writer is not None:
-        body["intent_writer"] = intent_writer
     newest = WorkerHeartbeat.objects.aggregate(newest=Max("last_seen"))["newest"]
     if newest is None:
         body["worker"] = "missing"
@@ -244,6 +240,25 @@ def metrics(request: HttpRequest) -> HttpResponse:
         "counter",
         "Attempts settled by the reconcile workers that are registered now.",
         [({}, totals["settled"] or 0)],
+    )
+    window = chain.unsealed_window(now)
+    out.family(
+        "ledger_audit_unsealed_attempts",
+        "gauge",
+        "Attempts with history that no checkpoint seals yet (the sealer runs in the worker).",
+        [({}, window["attempts"])],
+    )
+    out.family(
+        "ledger_audit_unsealed_oldest_age_seconds",
+        "gauge",
+        "Age of the oldest change that no checkpoint seals yet (0 when none).",
+        [({}, round(window["oldest_seconds"], 3))],
+    )
+    out.family(
+        "ledger_audit_checkpoint_seq",
+        "gauge",
+        "Sequence number of the newest audit checkpoint (0 when none).",
+        [({}, window["checkpoint"]["seq"] if window["checkpoint"] else 0)],
     )
     out.family(
         "ledger_metrics_scrape_seconds",

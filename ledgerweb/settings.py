@@ -90,9 +90,6 @@ TEMPLATES = [
 ]
 
 
-WAL_AUTOCHECKPOINT_PAGES = 10000
-
-
 def _databases() -> dict:
     url = env_str("DATABASE_URL")
     if url:
@@ -107,8 +104,12 @@ def _databases() -> dict:
                 "DATABASE_URL must be a postgres:// URL (SQLite is configured with "
                 "LEDGERWEB_DATA_DIR instead)"
             )
-        # Durability is the product: never run the ledger with synchronous_commit off.
-        config.setdefault("OPTIONS", {})["options"] = "-c synchronous_commit=on"
+        # Durability is the product: never run the ledger with synchronous_commit off. Every lock
+        # wait is bounded (attempts/locking.py turns a timeout into LedgerBusy).
+        lock_ms = env_int("LEDGERWEB_LOCK_TIMEOUT_MS", 10000, minimum=1)
+        config.setdefault("OPTIONS", {})["options"] = (
+            f"-c synchronous_commit=on -c lock_timeout={lock_ms}"
+        )
         config["TEST"] = {"NAME": env_str("LEDGERWEB_TEST_DB_NAME", "test_ledgerweb")}
         return {"default": config}
     busy_ms = env_int("LEDGERWEB_SQLITE_BUSY_TIMEOUT_MS", 30000, minimum=0)
@@ -129,9 +130,6 @@ def _databases() -> dict:
                     "PRAGMA journal_mode=WAL;"
                     "PRAGMA synchronous=FULL;"
                     f"PRAGMA busy_timeout={busy_ms};"
-                    # A backstop only: ledger writers checkpoint after their write lock is
-                    # released (attempts.states), not inside the commit that crosses the line.
-                    f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES};"
                     "PRAGMA foreign_keys=ON"
                 ),
                 "transaction_mode": "IMMEDIATE",
@@ -251,9 +249,9 @@ LEDGER = {
     # Dashboard login throttling: this many failures per username and address lock it out.
     "LOGIN_MAX_FAILURES": env_int("LEDGERWEB_LOGIN_MAX_FAILURES", 5, minimum=1),
     "LOGIN_LOCK_SECONDS": env_int("LEDGERWEB_LOGIN_LOCK_SECONDS", 15 * 60, minimum=1),
-    # SQLite: web workers hand intents to the intent writer process (attempts/writer.py) when
-    # it is running; with this off they always record them themselves.
-    "INTENT_WRITER": env_bool("LEDGERWEB_INTENT_WRITER", True),
+    # The sealer (attempts/chain.py, run by the reconcile worker) seals new history into a
+    # checkpoint this often; verify_audit reports anything left unsealed for longer.
+    "SEAL_EVERY": env_int("LEDGERWEB_SEAL_EVERY", 5, minimum=1),
     # The MCP gateway's configuration file: the "mcp" provider adapter finds each tool's upstream
     # server and lookup tool there (docs/integrations.md).
     "MCP_GATEWAY_CONFIG": env_str("LEDGERWEB_MCP_GATEWAY_CONFIG", ""),

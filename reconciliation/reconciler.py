@@ -38,8 +38,9 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from attempts import authority, ledger, states
+from attempts.locking import write_transaction
 from attempts.models import Attempt, EffectClass, State
-from attempts.states import Actor, TransitionError, write_transaction
+from attempts.states import Actor, TransitionError
 from reconciliation.faults import arm_kill_timer, crash_point, mutation
 from reconciliation.models import WorkerHeartbeat
 from reconciliation.providers.base import (
@@ -202,41 +203,19 @@ class Reconciler:
         """
         now = timezone.now()
         free = Q(lease_until__isnull=True) | Q(lease_until__lt=now)
-        claimed: list[int] = []
-        with transaction.atomic():
+        with write_transaction():
             candidates = Attempt.objects.due(cutoff).filter(free).order_by("next_check_at", "id")
             if connection.vendor == "postgresql":
                 candidates = candidates.select_for_update(skip_locked=True)
             rows = list(candidates.values_list("pk", "version")[:limit])
-            if rows:
-                claimed = self._claim_rows(rows, now=now, lease_until=now + lease)
+            if not rows:
+                return []
+            claimed = states.claim_lease(rows, owner=self.worker_id, until=now + lease, now=now)
             return list(
                 Attempt.objects.filter(pk__in=claimed, lease_owner=self.worker_id).order_by(
                     "next_check_at", "id"
                 )
             )
-
-    def _claim_rows(
-        self, rows: list[tuple[int, int]], *, now: dt.datetime, lease_until: dt.datetime
-    ) -> list[int]:
-        """One conditional UPDATE per candidate; a row counts as claimed only if exactly one
-        row changed. (Plain SQL: this runs for every attempt and the ORM would dominate it.)"""
-        ops = connection.ops
-        table = ops.quote_name(Attempt._meta.db_table)
-        sql = (
-            f"UPDATE {table} SET lease_owner = %s, lease_until = %s, version = version + 1 "  # noqa: S608
-            "WHERE id = %s AND version = %s AND (lease_until IS NULL OR lease_until < %s)"
-        )
-        owner = self.worker_id
-        until = ops.adapt_datetimefield_value(lease_until)
-        at = ops.adapt_datetimefield_value(now)
-        claimed = []
-        with connection.cursor() as cursor:
-            for pk, version in rows:
-                cursor.execute(sql, [owner, until, pk, version, at])
-                if cursor.rowcount == 1:
-                    claimed.append(pk)
-        return claimed
 
     # -----------------------------------------------------------------------------------------
     # One pass

@@ -41,34 +41,6 @@ def test_healthz_needs_a_fresh_worker_heartbeat(client) -> None:
     assert (stale.status_code, stale.json()["worker"]) == (503, "stale")
 
 
-def test_healthz_says_whether_the_intent_writer_listens(client, settings, tmp_path) -> None:
-    import os
-    import socket
-
-    from django.db import connection
-
-    from attempts import writer
-
-    beat(5)
-    if connection.vendor != "sqlite":
-        assert "intent_writer" not in client.get("/healthz").json()
-        return
-    if os.path.exists(writer.socket_path()):
-        os.unlink(writer.socket_path())  # a writer killed by an earlier test left its socket
-    assert client.get("/healthz").json()["intent_writer"] == "absent"
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(writer.socket_path())
-    listener.listen(1)
-    try:
-        body = client.get("/healthz").json()
-        assert (body["status"], body["intent_writer"]) == ("ok", "ok")
-    finally:
-        listener.close()
-        os.unlink(writer.socket_path())
-    settings.LEDGER = {**settings.LEDGER, "INTENT_WRITER": False}
-    assert "intent_writer" not in client.get("/healthz").json()
-
-
 def test_healthz_without_worker_requirement(client, settings) -> None:
     settings.OPS = {**settings.OPS, "HEALTHZ_REQUIRE_WORKER": False}
     assert client.get("/healthz").status_code == 200
@@ -159,7 +131,8 @@ def test_metrics_from_elsewhere_needs_the_metrics_token(client, settings) -> Non
 
 
 def test_metrics_count_recent_lookup_answers_by_kind(client, world) -> None:
-    from attempts.states import append_event, write_transaction
+    from attempts.locking import write_transaction
+    from attempts.states import move
 
     attempt, _ = ledger.record_intent(
         tenant="acme",
@@ -172,16 +145,18 @@ def test_metrics_count_recent_lookup_answers_by_kind(client, world) -> None:
     worker = Actor.worker("w1")
     with write_transaction():
         for answer in ("found", "unavailable", "unavailable", "not_found"):
-            append_event(
+            move(
                 attempt,
+                None,
                 action="attempt.lookup",
                 actor=worker,
                 details={"lookup": {"answer": answer, "latency_ms": 3}},
             )
         # Not a lookup, and an agent's event: neither is counted.
-        append_event(attempt, action="attempt.note", actor=worker, details={"x": 1})
-        append_event(
+        move(attempt, None, action="attempt.note", actor=worker, details={"x": 1})
+        move(
             attempt,
+            None,
             action="attempt.lookup",
             actor=Actor.agent("a"),
             details={"lookup": {"answer": "found"}},

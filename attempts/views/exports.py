@@ -21,7 +21,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from attempts import audit_export, verify_export
-from attempts.models import Attempt, AttemptEvent, State, Tool
+from attempts.models import Attempt, AttemptEvent, Checkpoint, CheckpointLeaf, State, Tool
 
 DOWNLOADS = {
     "csv": ("text/csv; charset=utf-8", "csv"),
@@ -133,17 +133,10 @@ def _lineage(root: Attempt, scoped) -> list[Attempt]:
 
 
 def _event_rows(events: list[AttemptEvent], attempt_ids: dict[int, str]) -> list[dict[str, Any]]:
-    """Events with their chain check: the hash recomputes, and the event before it (in the whole
-    ledger) has the hash this one names."""
-    ids = [event.id for event in events]
-    previous: dict[int, str | None] = {}
-    for event_id in ids:
-        previous[event_id] = (
-            AttemptEvent.objects.filter(id__lt=event_id)
-            .order_by("-id")
-            .values_list("hash", flat=True)
-            .first()
-        )
+    """Events (in id order) with their chain check: the hash recomputes, and the event before it
+    in the attempt's chain (for history written before per-attempt chains, in the whole ledger)
+    has the hash this one names."""
+    last_of: dict[int, str] = {}
     rows = []
     for event in events:
         row = {
@@ -159,8 +152,18 @@ def _event_rows(events: list[AttemptEvent], attempt_ids: dict[int, str]) -> list
             "created_at": event.created_at,
             "prev_hash": event.prev_hash,
             "hash": event.hash,
+            "v": event.chain_format,
         }
-        expected_prev = previous[event.id] or verify_export.GENESIS
+        if event.chain_format == verify_export.LEGACY_FORMAT:
+            expected_prev = (
+                AttemptEvent.objects.filter(id__lt=event.id)
+                .order_by("-id")
+                .values_list("hash", flat=True)
+                .first()
+            ) or verify_export.GENESIS
+        else:
+            expected_prev = last_of.get(event.attempt_id, verify_export.GENESIS)
+        last_of[event.attempt_id] = event.hash
         rows.append(
             {
                 "event": event,
@@ -175,6 +178,20 @@ def _event_rows(events: list[AttemptEvent], attempt_ids: dict[int, str]) -> list
             }
         )
     return rows
+
+
+def _seal_of(attempt: Attempt) -> dict[str, Any] | None:
+    """The newest checkpoint that sealed ``attempt``: its number and hash, and how many of the
+    attempt's events it covers."""
+    leaf = (
+        CheckpointLeaf.objects.filter(attempt_id=attempt.attempt_id)
+        .select_related("checkpoint")
+        .order_by("-checkpoint__seq")
+        .first()
+    )
+    if leaf is None:
+        return None
+    return {"seq": leaf.checkpoint.seq, "hash": leaf.checkpoint.hash, "length": leaf.length}
 
 
 @require_GET
@@ -204,9 +221,10 @@ def attempt_report(request: HttpRequest, attempt_id: str) -> HttpResponse:
                 "attempt": item,
                 "args_json": json.dumps(item.args, indent=1, sort_keys=True),
                 "rows": [r for r in rows if r["attempt_id"] == item.attempt_id],
+                "seal": _seal_of(item),
             }
         )
-    head = AttemptEvent.objects.order_by("-id").values_list("id", "hash").first()
+    head = Checkpoint.objects.order_by("-seq").values_list("seq", "hash").first()
     context = {
         "focus": attempt,
         "sections": sections,

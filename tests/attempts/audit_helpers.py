@@ -46,13 +46,17 @@ def event_ids() -> list[int]:
 
 def drop_triggers() -> None:
     """What an attacker with write access to the database does first."""
-    with connection.cursor() as cursor:
-        if connection.vendor == "sqlite":
-            cursor.execute("DROP TRIGGER IF EXISTS attemptevent_no_update")
-            cursor.execute("DROP TRIGGER IF EXISTS attemptevent_no_delete")
-        else:
-            cursor.execute(f"DROP TRIGGER IF EXISTS attemptevent_append_only ON {EVENTS}")
-            cursor.execute(f"DROP TRIGGER IF EXISTS attemptevent_no_truncate ON {EVENTS}")
+    from attempts import history_guard
+
+    history_guard.remove(connection)
+
+
+def seal_all() -> None:
+    """Run the sealer until everything written so far is in a checkpoint."""
+    from attempts import chain
+
+    while chain.seal() is not None:
+        pass
 
 
 def sql(statement: str, params: list | tuple = ()) -> None:
@@ -75,6 +79,7 @@ def event_row(event_id: int) -> dict:
         "created_at": event.created_at,
         "prev_hash": event.prev_hash,
         "hash": event.hash,
+        "v": event.chain_format,
         "attempt_pk": event.attempt_id,
     }
 

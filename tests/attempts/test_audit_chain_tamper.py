@@ -1,6 +1,7 @@
 # ruff: noqa: S608 -- the attacker writes raw SQL against constant table names
 """Protocol invariant 7: history cannot be edited, deleted, inserted, reordered, nor an attempt
-deleted with its history, without ``verify_audit`` saying so and naming the right event.
+deleted with its history, nor the tail cut, without ``verify_audit`` saying so and naming the
+right event, attempt or checkpoint; on both sides of the sealed/unsealed boundary.
 
 Each test plays an attacker with write access to the database: it drops the append-only triggers
 (as such an attacker can) and tampers with raw SQL, then runs the real command."""
@@ -11,20 +12,25 @@ import io
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import connection
 
-from attempts import audit, audit_verify, verify_export
-from attempts.models import Attempt, AttemptEvent
+from attempts import audit_verify, chain, verify_export
+from attempts.locking import write_transaction
+from attempts.models import Attempt, AttemptEvent, Checkpoint
+from attempts.states import Actor
 from tests.attempts.audit_helpers import (
     ATTEMPTS,
     EVENTS,
     build_history,
     drop_triggers,
-    event_ids,
     event_row,
     fast_passwords,  # noqa: F401  (autouse)
+    seal_all,
     sql,
 )
+
+LEAVES = "attempts_checkpointleaf"
+CHECKPOINTS = "attempts_checkpoint"
+CONFIG = "attempts_configevent"
 
 
 def run_verify(*args: str) -> str:
@@ -40,9 +46,13 @@ def broken(*args: str) -> str:
     return str(info.value)
 
 
-def first_problem(report) -> verify_export.Problem:
-    assert not report.ok
-    return report.problems[0]
+def problems(kind: str | None = None) -> list[verify_export.Problem]:
+    report = audit_verify.verify_django_database()
+    return [p for p in report.problems if kind is None or p.kind == kind]
+
+
+def ids_of(attempt: Attempt) -> list[int]:
+    return list(attempt.events.order_by("id").values_list("id", flat=True))
 
 
 @pytest.fixture
@@ -50,39 +60,43 @@ def history(world):
     return build_history(world, 5)
 
 
-def test_untouched_ledger_verifies(history):
+@pytest.fixture
+def sealed(history):
+    seal_all()
+    return history
+
+
+def test_untouched_ledger_verifies_before_and_after_sealing(history):
     out = run_verify()
-    assert out.startswith("OK:")
-    head = AttemptEvent.objects.order_by("-id").first()
-    assert head.hash in out
-    assert f"{AttemptEvent.objects.count()} events verify" in out
+    assert out.startswith("OK:") and f"{AttemptEvent.objects.count()} events verify" in out
+    assert "unsealed: 5 attempts" in out
+    seal_all()
+    out = run_verify()
+    newest = Checkpoint.objects.order_by("-seq").first()
+    assert newest.hash in out and "unsealed: 0 attempts" in out
 
 
 def test_empty_ledger_verifies(db):
     assert run_verify().startswith("OK:")
 
 
-def test_the_verifier_hashes_exactly_what_the_core_hashes(history):
-    for event in AttemptEvent.objects.select_related("attempt"):
-        core = audit.event_payload(
-            attempt_id=event.attempt.attempt_id,
-            action=event.action,
-            actor_kind=event.actor_kind,
-            actor=event.actor,
-            from_state=event.from_state,
-            to_state=event.to_state,
-            reason=event.reason,
-            details=event.details,
-            created_at=event.created_at,
-            prev_hash=event.prev_hash,
-        )
-        row = event_row(event.id)
-        assert verify_export.event_payload(row) == core
-        assert verify_export.event_hash(row) == audit.payload_hash(core) == event.hash
+def test_every_event_links_to_its_attempts_previous_event(history):
+    for attempt in history:
+        prev = verify_export.GENESIS
+        for event_id in ids_of(attempt):
+            row = event_row(event_id)
+            assert row["prev_hash"] == prev and row["v"] == verify_export.CHAIN_FORMAT
+            assert verify_export.event_hash(row) == row["hash"]
+            prev = row["hash"]
+        attempt.refresh_from_db()
+        assert attempt.chain_head == prev and attempt.chain_length == len(ids_of(attempt))
 
 
-def test_editing_an_event_names_it(history):
-    target = event_ids()[6]
+@pytest.mark.parametrize("seal_first", [False, True], ids=["unsealed", "sealed"])
+def test_editing_an_event_names_it(history, seal_first):
+    if seal_first:
+        seal_all()
+    target = ids_of(history[2])[1]
     drop_triggers()
     sql(f"UPDATE {EVENTS} SET reason = %s WHERE id = %s", ["nothing to see", target])
     message = broken()
@@ -90,71 +104,97 @@ def test_editing_an_event_names_it(history):
     assert f"event {target}" in message.splitlines()[0]
 
 
-def test_editing_an_event_and_rehashing_it_names_it_and_the_next(history):
-    ids = event_ids()
-    target = ids[6]
+def test_editing_and_rehashing_an_event_names_the_next_one(history):
+    events = ids_of(history[0])
     drop_triggers()
-    row = event_row(target)
+    row = event_row(events[1])
     row["actor"] = "someone-else"
-    new_hash = verify_export.event_hash(row)
     sql(
         f"UPDATE {EVENTS} SET actor = %s, hash = %s WHERE id = %s",
-        ["someone-else", new_hash, target],
+        ["someone-else", verify_export.event_hash(row), events[1]],
     )
-    report = audit_verify.verify_django_database()
-    problem = first_problem(report)
-    assert problem.kind == "link"
-    assert problem.event_id == ids[7]
-    assert f"after event {target}" in problem.message
+    link = problems("link")
+    assert link and link[0].event_id == events[2]
 
 
-def test_deleting_an_event_names_the_gap(history):
-    ids = event_ids()
-    target = ids[4]
+def _rewrite_tail(attempt: Attempt, position: int, *, actor: str) -> None:
+    """Rewrite the attempt's event at ``position`` and re-hash every event after it, fixing the
+    attempt row too: internally consistent, as a careful attacker leaves it."""
+    prev = None
+    for index, event_id in enumerate(ids_of(attempt)):
+        row = event_row(event_id)
+        if index < position:
+            prev = row["hash"]
+            continue
+        if index == position:
+            row["actor"] = actor
+        row["prev_hash"] = prev
+        row["hash"] = verify_export.event_hash(row)
+        sql(
+            f"UPDATE {EVENTS} SET actor = %s, prev_hash = %s, hash = %s WHERE id = %s",
+            [row["actor"], row["prev_hash"], row["hash"], event_id],
+        )
+        prev = row["hash"]
+    sql(f"UPDATE {ATTEMPTS} SET chain_head = %s WHERE id = %s", [prev, attempt.pk])
+
+
+def test_rewriting_sealed_history_consistently_is_seen_at_the_seal(sealed):
+    victim = sealed[3]
     drop_triggers()
-    sql(f"DELETE FROM {EVENTS} WHERE id = %s", [target])
+    _rewrite_tail(victim, 1, actor="forger")
+    found = problems()
+    assert [p.kind for p in found] == ["seal"]
+    assert found[0].attempt_id == victim.attempt_id and "rewritten" in found[0].message
+
+
+def test_rewriting_unsealed_history_consistently_is_the_window(history):
+    """Before its seal, a careful rewrite of an attempt's own history is not detectable: that is
+    the unsealed window, which verify_audit reports and --max-unsealed-seconds bounds."""
+    victim = history[3]
+    drop_triggers()
+    _rewrite_tail(victim, 1, actor="forger")
+    out = run_verify()
+    assert out.startswith("OK:") and "unsealed: 5 attempts" in out
+    assert "[window]" in broken("--max-unsealed-seconds", "0")
+
+
+def test_deleting_an_event_names_the_gap(sealed):
+    events = ids_of(sealed[1])
+    drop_triggers()
+    sql(f"DELETE FROM {EVENTS} WHERE id = %s", [events[2]])
     message = broken()
     first = message.splitlines()[0]
-    assert "[link]" in first
-    assert f"event {ids[5]}" in first
-    assert f"after event {ids[3]}" in first
+    assert "[link]" in first and f"event {events[3]}" in first
 
 
 def test_deleting_the_first_event_is_seen(history):
-    ids = event_ids()
+    events = ids_of(history[0])
     drop_triggers()
-    # The creation event goes, so the attempt row is also inconsistent with its history.
-    sql(f"DELETE FROM {EVENTS} WHERE id = %s", [ids[0]])
-    report = audit_verify.verify_django_database()
-    problem = first_problem(report)
-    assert problem.kind == "link" and problem.event_id == ids[1]
-    assert "events before it were deleted" in problem.message
-    assert any("creation event was deleted" in p.message for p in report.problems)
+    sql(f"DELETE FROM {EVENTS} WHERE id = %s", [events[0]])
+    found = problems()
+    assert found[0].kind == "link" and found[0].event_id == events[1]
+    assert any("creation event was deleted" in p.message for p in found)
 
 
-def test_inserting_an_event_names_it(history):
-    ids = event_ids()
-    after = ids[5]
+def test_inserting_a_forged_event_is_seen(sealed):
+    victim = sealed[0]
+    events = ids_of(victim)
     drop_triggers()
-    # Make room after ``after`` by moving the later events up, then forge a well-formed event
-    # chained to its predecessor: its own hash is right, but the next link cannot be.
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT MAX(id) FROM {EVENTS}")
-        top = cursor.fetchone()[0]
-    for event_id in reversed(ids[6:]):
-        sql(f"UPDATE {EVENTS} SET id = %s WHERE id = %s", [event_id + top, event_id])
-    base = event_row(after)
+    base = event_row(events[1])
     forged = dict(base, action="attempt.note", reason="approved by the CFO", details={})
     forged["prev_hash"] = base["hash"]
     forged["hash"] = verify_export.event_hash(forged)
-    forged_id = after + 1
+    # Squeeze it in between events 1 and 2 of the attempt by moving the later ones up.
+    top = AttemptEvent.objects.order_by("-id").values_list("id", flat=True).first()
+    for event_id in reversed(events[2:]):
+        sql(f"UPDATE {EVENTS} SET id = %s WHERE id = %s", [event_id + top, event_id])
     sql(
         f"INSERT INTO {EVENTS} (id, attempt_id, action, actor_kind, actor, from_state, to_state, "
-        "reason, details, created_at, prev_hash, hash) "
-        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        "reason, details, created_at, prev_hash, hash, chain_format) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
         [
-            forged_id,
-            base["attempt_pk"],
+            events[2] + top - 1,
+            victim.pk,
             forged["action"],
             forged["actor_kind"],
             forged["actor"],
@@ -165,57 +205,122 @@ def test_inserting_an_event_names_it(history):
             base["created_at"],
             forged["prev_hash"],
             forged["hash"],
+            2,
         ],
     )
-    report = audit_verify.verify_django_database()
-    problem = first_problem(report)
-    assert problem.kind == "link"
-    assert problem.event_id == ids[6] + top
-    assert f"after event {forged_id}" in problem.message
-    assert f"after event {forged_id}" in broken()
+    link = problems("link")
+    assert link and link[0].event_id == events[2] + top
 
 
-def test_reordering_two_events_names_the_first_moved(history):
-    ids = event_ids()
-    a, b = ids[3], ids[8]
+def test_reordering_two_events_of_an_attempt_is_seen(history):
+    events = ids_of(history[2])
+    a, b = events[1], events[2]
     drop_triggers()
     sql(f"UPDATE {EVENTS} SET id = %s WHERE id = %s", [-1, a])
     sql(f"UPDATE {EVENTS} SET id = %s WHERE id = %s", [a, b])
     sql(f"UPDATE {EVENTS} SET id = %s WHERE id = %s", [b, -1])
-    report = audit_verify.verify_django_database()
-    problem = first_problem(report)
-    assert problem.kind == "link"
-    assert problem.event_id == a
-    assert f"event {a}" in broken().splitlines()[0]
+    link = problems("link")
+    assert link and link[0].event_id == a
 
 
-def test_deleting_an_attempt_with_its_history_is_seen(history):
-    victim = history[1]
-    victim_events = list(victim.events.order_by("id").values_list("id", flat=True))
+def test_deleting_a_sealed_attempt_with_its_history_is_seen(sealed):
+    victim = sealed[1]
     drop_triggers()
     sql(f"DELETE FROM {EVENTS} WHERE attempt_id = %s", [victim.pk])
     sql(f"DELETE FROM {ATTEMPTS} WHERE id = %s", [victim.pk])
-    assert not Attempt.objects.filter(pk=victim.pk).exists()
-    successor = min(i for i in event_ids() if i > victim_events[0])
-    report = audit_verify.verify_django_database()
-    problem = first_problem(report)
-    assert problem.kind == "link"
-    assert problem.event_id == successor
-    assert f"event {successor}" in broken().splitlines()[0]
+    message = broken()
+    assert "[missing]" in message and victim.attempt_id in message
 
 
-def test_deleting_the_newest_events_is_seen_with_a_head_kept_elsewhere(history):
-    head = AttemptEvent.objects.order_by("-id").first()
-    assert run_verify("--expect-head", head.hash).startswith("OK:")
+def test_cutting_a_sealed_tail_is_seen(sealed):
+    victim = sealed[0]
+    events = ids_of(victim)
     drop_triggers()
-    last = history[-1]
-    sql(f"DELETE FROM {EVENTS} WHERE id = %s", [head.id])
-    # Cover the tracks on the attempt row too: without the kept head the chain looks whole.
-    previous = last.events.order_by("-id").first()
-    sql(f"UPDATE {ATTEMPTS} SET state = %s WHERE id = %s", [previous.to_state, last.pk])
+    sql(f"DELETE FROM {EVENTS} WHERE id = %s", [events[-1]])
+    previous = AttemptEvent.objects.get(id=events[-2])
+    sql(
+        f"UPDATE {ATTEMPTS} SET state = %s, chain_head = %s, chain_length = chain_length - 1 "
+        "WHERE id = %s",
+        [previous.to_state, previous.hash, victim.pk],
+    )
+    seal = problems("seal")
+    assert len(seal) == 1 and "were deleted" in seal[0].message
+    assert seal[0].attempt_id == victim.attempt_id
+
+
+def test_cutting_the_newest_checkpoint_and_what_it_sealed_needs_the_kept_hash(sealed, world):
+    kept = Checkpoint.objects.order_by("-seq").first()
+    # New work, sealed into a second checkpoint whose hash the auditor keeps.
+    extra = build_history(world, 1, prefix="late")[0]
+    seal_all()
+    newest = Checkpoint.objects.order_by("-seq").first()
+    assert newest.seq == kept.seq + 1
+    assert run_verify("--expect-head", newest.hash).startswith("OK:")
+    drop_triggers()
+    sql(f"DELETE FROM {LEAVES} WHERE checkpoint_id = %s", [newest.pk])
+    sql(f"DELETE FROM {CHECKPOINTS} WHERE id = %s", [newest.pk])
+    sql(f"DELETE FROM {EVENTS} WHERE attempt_id = %s", [extra.pk])
+    sql(f"DELETE FROM {ATTEMPTS} WHERE id = %s", [extra.pk])
+    assert run_verify().startswith("OK:")  # the database alone cannot know
+    message = broken("--expect-head", newest.hash)
+    assert "[anchor]" in message and newest.hash in message
+    assert run_verify("--expect-head", kept.hash).startswith("OK:")
+
+
+def test_editing_a_checkpoint_or_a_leaf_is_seen(sealed):
+    checkpoint = Checkpoint.objects.order_by("seq").first()
+    drop_triggers()
+    sql(
+        f"UPDATE {LEAVES} SET length = length + 1 WHERE checkpoint_id = %s AND position = 0",
+        [checkpoint.pk],
+    )
+    kinds = {p.kind for p in problems()}
+    assert "checkpoint" in kinds
+
+
+def test_rehashing_a_checkpoint_breaks_the_next_ones_link(sealed, world):
+    build_history(world, 1, prefix="more")
+    seal_all()
+    first = Checkpoint.objects.order_by("seq").first()
+    drop_triggers()
+    sql(f"UPDATE {CHECKPOINTS} SET hash = %s WHERE id = %s", ["f" * 64, first.pk])
+    messages = [p.message for p in problems("checkpoint")]
+    assert any("checkpoint 1: its fields do not match" in m for m in messages)
+    assert any("checkpoint 2: its prev_hash" in m for m in messages)
+
+
+def test_marking_an_attempt_sealed_to_hide_it_from_the_sealer_is_seen(sealed, world):
+    victim = sealed[1]
+    victim.refresh_from_db()
+    from attempts import ledger
+
+    ledger.add_note(victim, user=world.admin, text="after the seal")
+    sql(f"UPDATE {ATTEMPTS} SET sealed = %s WHERE id = %s", [True, victim.pk])
+    assert any(p.kind == "seal" and p.attempt_id == victim.attempt_id for p in problems())
+
+
+def test_config_changes_are_chained_sealed_and_verified(history):
+    with write_transaction():
+        first = chain.record_config_change(
+            subject="tool:update_crm",
+            action="config.tool.changed",
+            actor=Actor.system("test"),
+            before={"critical": True},
+            after={"critical": False},
+        )
+        chain.record_config_change(
+            subject="tenant:acme",
+            action="config.tenant.created",
+            actor=Actor.system("test"),
+            before=None,
+            after={"name": "Acme"},
+        )
+    seal_all()
+    assert Checkpoint.objects.order_by("-seq").first().config_length == 2
     assert run_verify().startswith("OK:")
-    message = broken("--expect-head", head.hash)
-    assert "[anchor]" in message and head.hash in message
+    drop_triggers()
+    sql(f"UPDATE {CONFIG} SET after = %s WHERE id = %s", ['{"critical": true}', first.pk])
+    assert any("config change 1" in p.message for p in problems("config"))
 
 
 def test_editing_an_attempt_row_is_seen(history):
@@ -248,9 +353,8 @@ def test_an_attempt_without_history_is_seen(history):
     target = history[2]
     drop_triggers()
     sql(f"DELETE FROM {EVENTS} WHERE attempt_id = %s", [target.pk])
-    report = audit_verify.verify_django_database()
     assert any(
-        p.attempt_id == target.attempt_id and "has no history" in p.message for p in report.problems
+        p.attempt_id == target.attempt_id and "has no history" in p.message for p in problems()
     )
 
 
@@ -261,18 +365,25 @@ def test_bad_arguments_are_clear_errors(db, tmp_path):
         run_verify("--export", str(tmp_path / "missing.jsonl"))
     with pytest.raises(CommandError, match="no such file"):
         run_verify("--sqlite", str(tmp_path / "missing.sqlite3"))
+    with pytest.raises(CommandError, match="must not be negative"):
+        run_verify("--max-unsealed-seconds", "-1")
 
 
-def test_history_is_append_only_in_the_database(history):
+@pytest.mark.parametrize("table", [EVENTS, CONFIG, CHECKPOINTS, LEAVES])
+def test_history_tables_are_append_only_in_the_database(sealed, table):
     """The triggers (which an attacker must drop first) refuse UPDATE and DELETE."""
     from django.db import DatabaseError, transaction
 
-    target = event_ids()[0]
-    for statement in (
-        f"UPDATE {EVENTS} SET reason = 'x' WHERE id = %s",
-        f"DELETE FROM {EVENTS} WHERE id = %s",
-    ):
+    with write_transaction():
+        chain.record_config_change(
+            subject="tenant:acme",
+            action="config.tenant.changed",
+            actor=Actor.system("t"),
+            before={},
+            after={},
+        )
+    for statement in (f"UPDATE {table} SET id = id WHERE 1 = 1", f"DELETE FROM {table}"):
         with pytest.raises(DatabaseError, match="append-only"):
             with transaction.atomic():
-                sql(statement, [target])
+                sql(statement)
     assert run_verify().startswith("OK:")

@@ -14,8 +14,8 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from attempts import audit_export, ledger, verify_export
-from attempts.models import AttemptEvent
-from tests.attempts.audit_helpers import build_history, fast_passwords  # noqa: F401
+from attempts.models import AttemptEvent, Checkpoint
+from tests.attempts.audit_helpers import build_history, fast_passwords, seal_all  # noqa: F401
 from tests.conftest import PYTHON, REPO
 
 VERIFIER = REPO / "attempts" / "verify_export.py"
@@ -97,7 +97,8 @@ def test_jsonl_export_has_a_manifest(history, tmp_path):
     events = [r for r in recs if r["type"] == "event"]
     assert manifest["row_count"] == len(events) == AttemptEvent.objects.count()
     assert manifest["first_event"]["id"] == events[0]["id"]
-    assert manifest["last_event"]["hash"] == events[-1]["hash"] == manifest["head_hash"]
+    assert manifest["last_event"]["hash"] == events[-1]["hash"]
+    assert manifest["complete_chains"] is True and manifest["checkpoint"] is None
     assert manifest["filters"] == {
         "tenant": None,
         "state": None,
@@ -126,16 +127,28 @@ def test_editing_an_exported_event_names_it(history, tmp_path):
     assert f"event {record['id']}" in result.stdout.splitlines()[0]
 
 
+def _same_attempt_pair(path: Path) -> tuple[int, int]:
+    """Line indexes of two consecutive exported events of one attempt."""
+    content = lines(path)
+    seen: dict[str, int] = {}
+    for index in _event_lines(path):
+        attempt_id = json.loads(content[index])["attempt_id"]
+        if attempt_id in seen and len([1 for _ in seen]) > 2:
+            return seen[attempt_id], index
+        seen[attempt_id] = index
+    raise AssertionError("no attempt with two events")
+
+
 def test_deleting_an_exported_event_names_the_gap(history, tmp_path):
     path = export(tmp_path)
     content = lines(path)
-    index = _event_lines(path)[5]
-    gone = json.loads(content[index])["id"]
-    after = json.loads(content[index + 1])["id"]
-    del content[index]
-    problem = first_problem(write(path, content))
-    assert problem.kind == "link" and problem.event_id == after
-    assert f"after event {gone - 1}" in problem.message
+    first, second = _same_attempt_pair(path)
+    # The attempt's event after ``first``, whichever line it is on.
+    after = json.loads(content[second])["id"]
+    del content[first]
+    report = verify_export.verify_file(write(path, content))
+    link = [p for p in report.problems if p.kind == "link"]
+    assert link and link[0].event_id == after
 
 
 def test_inserting_an_event_into_an_export_names_it(history, tmp_path):
@@ -147,23 +160,21 @@ def test_inserting_an_event_into_an_export_names_it(history, tmp_path):
     forged["hash"] = verify_export.event_hash(forged)
     content.insert(index + 1, json.dumps(forged) + "\n")
     problem = first_problem(write(path, content))
-    # The forgery repeats an id and cannot be followed by the real next event.
+    # The forgery repeats an id, and the attempt's real next event no longer links.
     assert problem.event_id == before["id"]
     assert problem.kind == "order"
     report = verify_export.verify_file(path)
-    assert any(
-        p.kind == "link" and f"after event {before['id']}" in p.message for p in report.problems
-    )
+    assert any(p.kind == "link" for p in report.problems)
 
 
-def test_reordering_exported_events_names_the_first_moved(history, tmp_path):
+def test_reordering_exported_events_is_seen(history, tmp_path):
     path = export(tmp_path)
     content = lines(path)
     i, j = _event_lines(path)[3], _event_lines(path)[4]
-    moved = json.loads(content[j])["id"]
+    moved = json.loads(content[i])["id"]
     content[i], content[j] = content[j], content[i]
     problem = first_problem(write(path, content))
-    assert problem.kind == "link" and problem.event_id == moved
+    assert problem.kind in ("order", "link") and problem.event_id == moved
 
 
 def test_deleting_an_attempt_and_its_history_from_an_export_is_seen(history, tmp_path):
@@ -172,13 +183,57 @@ def test_deleting_an_attempt_and_its_history_from_an_export_is_seen(history, tmp
     content = [
         line for line in lines(path) if victim not in line or json.loads(line)["type"] == "manifest"
     ]
-    successor = min(
-        e.id
-        for e in AttemptEvent.objects.exclude(attempt=history[1])
-        if e.id > history[1].events.order_by("id").first().id
-    )
     problem = first_problem(write(path, content))
-    assert problem.kind == "link" and problem.event_id == successor
+    assert problem.kind == "manifest" and "events were added or removed" in problem.message
+
+
+def test_a_sealed_export_carries_proofs_that_verify(history, tmp_path):
+    seal_all()
+    newest = Checkpoint.objects.order_by("-seq").first()
+    path = export(tmp_path)
+    recs = records(path)
+    seals = [r for r in recs if r["type"] == "seal"]
+    checkpoints = [r for r in recs if r["type"] == "checkpoint"]
+    assert len(seals) == 6 and checkpoints[-1]["hash"] == newest.hash
+    assert recs[-1]["checkpoint"] == {"seq": newest.seq, "hash": newest.hash}
+    result = offline(path, "--expect-head", newest.hash)
+    assert result.returncode == 0, result.stdout
+    assert newest.hash in result.stdout
+
+
+def test_cutting_sealed_events_from_an_export_is_seen_even_with_the_manifest_fixed(
+    history, tmp_path
+):
+    seal_all()
+    path = export(tmp_path)
+    content = lines(path)
+    victim = history[0].attempt_id
+    mine = [i for i in _event_lines(path) if json.loads(content[i])["attempt_id"] == victim]
+    del content[mine[-1]]
+    manifest = json.loads(content[-1])
+    manifest["row_count"] -= 1
+    last = json.loads(content[_event_lines(write(path, content))[-1]])
+    manifest["last_event"] = {"id": last["id"], "hash": last["hash"]}
+    content[-1] = json.dumps(manifest) + "\n"
+    report = verify_export.verify_file(write(path, content))
+    seal = [p for p in report.problems if p.kind == "seal"]
+    assert seal and seal[0].attempt_id == victim and "removed" in seal[0].message
+
+
+@pytest.mark.parametrize("kind", ["seal", "checkpoint"])
+def test_editing_a_seal_or_checkpoint_line_is_seen(history, tmp_path, kind):
+    seal_all()
+    path = export(tmp_path)
+    content = lines(path)
+    index = next(i for i, line in enumerate(content) if json.loads(line)["type"] == kind)
+    record = json.loads(content[index])
+    if kind == "seal":
+        record["head"] = "0" * 64
+    else:
+        record["root"] = "0" * 64
+    content[index] = json.dumps(record) + "\n"
+    problem = first_problem(write(path, content))
+    assert problem.kind in ("seal", "checkpoint")
 
 
 def test_cutting_the_end_of_an_export_is_seen(history, tmp_path):
@@ -199,10 +254,8 @@ def test_a_reviewers_export_holds_only_their_tenants_and_still_verifies(history,
     assert "globex" not in text and "g:globex" not in text
     recs = records(path)
     events = [r for r in recs if r["type"] == "event"]
-    links = [r for r in recs if r["type"] == "link"]
     assert {e["tenant"] for e in events} == {"acme"}
-    assert links, "globex events between acme events appear as content-free chain links"
-    assert set(links[0]) == {"type", "id", "prev_hash", "hash"}
+    assert {r["type"] for r in recs} == {"header", "event", "manifest"}  # no one else's hashes
     assert verify_export.verify_file(path).ok
     # An operator (or viewer) may not export; an outsider sees only globex.
     with pytest.raises(CommandError):
@@ -250,7 +303,7 @@ def test_csv_export_is_formula_safe_and_verifies(history, tmp_path):
     assert 'He said "stop, now",\nthen left; ünïcode ✓' in reasons
     assert 'odd \x01 "byte"' in reasons
     manifest = json.loads((tmp_path / "audit.csv.manifest.json").read_text())
-    assert manifest["row_count"] == len(rows) - 1 and manifest["contiguous"] is True
+    assert manifest["row_count"] == len(rows) - 1 and manifest["complete_chains"] is True
     result = offline(path)
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -269,10 +322,14 @@ def test_editing_a_csv_export_names_the_row(history, tmp_path):
 def test_deleting_a_csv_row_names_the_gap(history, tmp_path):
     path = export(tmp_path, "csv")
     content = lines(path)
-    after = int(content[5].split(",", 1)[0])
-    del content[4]
-    problem = first_problem(write(path, content))
-    assert problem.kind == "link" and problem.event_id == after
+    column = verify_export.CSV_COLUMNS.index("attempt_id")
+    rows = list(csv.reader(content[1:]))
+    victim = rows[1][column]
+    after = next(int(r[0]) for r in rows[2:] if r[column] == victim)
+    del content[2]
+    report = verify_export.verify_file(write(path, content))
+    link = [p for p in report.problems if p.kind == "link"]
+    assert link and link[0].event_id == after
 
 
 def test_plan_is_pinned_to_the_head(history, world, tmp_path):

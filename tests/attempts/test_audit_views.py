@@ -78,7 +78,7 @@ def test_reviewer_downloads_stream_and_verify(client, history, tmp_path):
     data = json.loads(manifest.content)
     assert data["row_count"] == AttemptEvent.objects.filter(attempt__tenant_id="acme").count()
     assert data["exported_by"] == "reviewer"
-    assert data["contiguous"] is False  # globex events sit between acme ones
+    assert data["complete_chains"] is True
     jsonl = verify_export.verify_file(tmp_path / "a.jsonl")
     assert jsonl.ok, jsonl.render()
     csv_report = verify_export.verify_file(tmp_path / "a.csv")

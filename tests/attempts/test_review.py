@@ -4,8 +4,9 @@ authority, same tenant) and four eyes for critical effects."""
 import pytest
 
 from attempts import ledger
+from attempts.locking import write_transaction
 from attempts.models import Attempt, Grant, State
-from attempts.states import Actor, move, write_transaction
+from attempts.states import Actor, move
 
 
 def manual_review(world, tool="open_ticket", key="ticket:acme:1"):

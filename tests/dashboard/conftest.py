@@ -9,8 +9,9 @@ import pytest
 from django.test import Client
 
 from attempts import ledger, states
+from attempts.locking import write_transaction
 from attempts.models import Attempt, State
-from attempts.states import Actor, write_transaction
+from attempts.states import Actor
 from tests.conftest import PASSWORD
 
 _seq = itertools.count(1)
@@ -60,12 +61,11 @@ def make_review(world, *, reason: str = "payload_mismatch", **kwargs) -> Attempt
 
 def record_lookup(attempt: Attempt, *, answer: str = "not_found", latency_ms: int = 12) -> None:
     with write_transaction():
-        states.append_event(
+        states.move(
             attempt,
+            None,
             action="attempt.lookup",
             actor=WORKER,
-            from_state=attempt.state,
-            to_state=attempt.state,
             details={"answer": answer, "latency_ms": latency_ms, "provider_id": "prov-77"},
         )
 

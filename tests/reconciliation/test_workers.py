@@ -14,8 +14,9 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from attempts import ledger
+from attempts.locking import write_transaction
 from attempts.models import Attempt, AttemptEvent, State
-from attempts.states import Actor, write_transaction
+from attempts.states import Actor
 from reconciliation.models import WorkerHeartbeat
 from tests.conftest import PYTHON, REPO, child_env, make_world
 from tests.reconciliation.conftest import make_due, unknown

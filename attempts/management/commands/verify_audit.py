@@ -13,8 +13,10 @@ from attempts import audit_verify, verify_export
 class Command(BaseCommand):
     help = (
         "Verify the tamper-evident history. Without options, checks the configured database: "
-        "every event's hash, every prev_hash link in id order, and every attempt row against its "
-        "history. --export FILE checks an exported .jsonl/.csv file on its own (the same check "
+        "every event's hash, every attempt's chain of prev_hash links, every checkpoint (Merkle "
+        "roots, the checkpoint chain, sealed heads), the config chain, and every attempt row "
+        "against its history; it prints the newest checkpoint hash, to keep elsewhere, and what "
+        "is not sealed yet. --export FILE checks an exported .jsonl/.csv file on its own (the same check "
         "an auditor runs with attempts/verify_export.py, no database needed). --sqlite PATH "
         "checks a SQLite ledger file such as a backup or a restored copy. Exits 1 when anything "
         "does not verify."
@@ -33,7 +35,15 @@ class Command(BaseCommand):
             action="append",
             default=[],
             metavar="HASH",
-            help="a head hash kept elsewhere that must still be in the chain (repeatable)",
+            help="a checkpoint hash kept elsewhere (or, for history written before "
+            "checkpoints, a head hash) that must still be in the ledger (repeatable)",
+        )
+        parser.add_argument(
+            "--max-unsealed-seconds",
+            type=float,
+            metavar="S",
+            help="fail when history has stayed unsealed longer than S seconds (is the sealer "
+            "running?); by default the unsealed window is only reported",
         )
         parser.add_argument(
             "--max-problems", type=int, default=20, help="list at most this many problems"
@@ -44,6 +54,8 @@ class Command(BaseCommand):
         for anchor in anchors:
             if len(anchor) != 64 or any(c not in "0123456789abcdef" for c in anchor):
                 raise CommandError(f"--expect-head {anchor!r} is not a 64-digit hex SHA-256")
+        if options["max_unsealed_seconds"] is not None and options["max_unsealed_seconds"] < 0:
+            raise CommandError("--max-unsealed-seconds must not be negative")
         if options["max_problems"] < 1:
             raise CommandError("--max-problems must be at least 1")
         try:
@@ -59,11 +71,16 @@ class Command(BaseCommand):
                 if not path.is_file():
                     raise CommandError(f"no such file: {path}")
                 report = audit_verify.verify_sqlite_file(
-                    str(path), anchors=anchors, max_problems=options["max_problems"]
+                    str(path),
+                    anchors=anchors,
+                    max_problems=options["max_problems"],
+                    max_unsealed_seconds=options["max_unsealed_seconds"],
                 )
             else:
                 report = audit_verify.verify_django_database(
-                    anchors=anchors, max_problems=options["max_problems"]
+                    anchors=anchors,
+                    max_problems=options["max_problems"],
+                    max_unsealed_seconds=options["max_unsealed_seconds"],
                 )
         except (OSError, UnicodeDecodeError, ValueError) as exc:
             raise CommandError(f"could not read what was to be verified: {exc}") from None

@@ -1,0 +1,245 @@
+"""The tamper-evident history: how an event is linked into its attempt's chain, how the sealer
+puts every chain head into a checkpoint, and the chain of configuration changes.
+
+- Each attempt has its own hash chain: an event's ``prev_hash`` is the hash of the attempt's event
+  before it (GENESIS for its first). The attempt row carries the newest hash (``chain_head``) and
+  the count (``chain_length``), and ``states.move`` changes them in the same compare-and-set as
+  the version, so a write waits for nobody but writers of the same attempt.
+- The sealer (``seal``, run every few seconds by the reconcile worker) takes every attempt whose
+  chain grew since it was last sealed, builds a Merkle tree over their (attempt id, length, head)
+  leaves, and appends a ``Checkpoint`` that hashes the one before it. A sealed head commits to the
+  attempt's whole history up to it; the newest checkpoint's hash, kept outside the database,
+  commits to every checkpoint and so to every sealed event.
+- Configuration changes that decide authority or review are ``ConfigEvent`` rows in one chain of
+  their own, which every checkpoint seals too.
+
+The hash formats live in ``attempts.verify_export``, the standalone verifier an auditor runs, so
+the writer and every verifier share one implementation. See docs/audit-chain.md.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import TYPE_CHECKING, Any
+
+import rfc8785
+from django.conf import settings
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import connection
+from django.db.models import Min, Q
+from django.utils import timezone
+
+from attempts.canonical import InvalidArguments
+from attempts.locking import named_lock, write_transaction
+from attempts.models import Attempt, AttemptEvent, Checkpoint, CheckpointLeaf, ConfigEvent
+from attempts.verify_export import (
+    CHAIN_FORMAT,
+    GENESIS,
+    MerkleTree,
+    checkpoint_hash,
+    config_event_hash,
+    event_hash,
+    leaf_hash,
+)
+
+if TYPE_CHECKING:
+    from attempts.states import Actor
+
+# Attempts sealed into one checkpoint at most; a larger backlog takes several.
+SEAL_BATCH = 5000
+# How many (id, length) pairs one "mark sealed" UPDATE names.
+_MARK_CHUNK = 200
+
+
+def attempt_event(
+    attempt: Attempt,
+    *,
+    action: str,
+    actor: Actor,
+    from_state: str = "",
+    to_state: str = "",
+    reason: str = "",
+    details: dict[str, Any] | None = None,
+    now: dt.datetime,
+) -> AttemptEvent:
+    """The attempt's next event, linked after its current chain head (not yet saved).
+
+    Raises InvalidArguments for details the chain could not hash reproducibly (not JSON)."""
+    details = details or {}
+    prev_hash = attempt.chain_head if attempt.chain_length else GENESIS
+    row = {
+        "v": CHAIN_FORMAT,
+        "attempt_id": attempt.attempt_id,
+        "action": action,
+        "actor_kind": actor.kind,
+        "actor": actor.name,
+        "from_state": from_state,
+        "to_state": to_state,
+        "reason": reason,
+        "details": details,
+        "created_at": now,
+        "prev_hash": prev_hash,
+    }
+    try:
+        digest = event_hash(row)
+    except (rfc8785.CanonicalizationError, TypeError, ValueError) as exc:
+        raise InvalidArguments(f"event details are not JSON: {exc}") from None
+    return AttemptEvent(
+        attempt_id=attempt.pk,
+        action=action,
+        actor_kind=actor.kind,
+        actor=actor.name,
+        from_state=from_state,
+        to_state=to_state,
+        reason=reason,
+        details=details,
+        created_at=now,
+        prev_hash=prev_hash,
+        hash=digest,
+        chain_format=CHAIN_FORMAT,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Sealing
+
+
+def seal(*, limit: int = SEAL_BATCH, now: dt.datetime | None = None) -> Checkpoint | None:
+    """Seal the chain heads written since the last checkpoint (up to ``limit`` attempts) and the
+    config chain's head into a new checkpoint. Returns it, or None when nothing changed.
+
+    Safe to run in any number of workers at once: checkpoints are appended under a lock only
+    sealers take. An attempt written to while it is being sealed stays unsealed (its mark is a
+    compare-and-set on its chain length) and goes into the next checkpoint."""
+    now = now or timezone.now()
+    with write_transaction():
+        named_lock("ledgerweb:checkpoints")
+        rows = list(
+            Attempt.objects.filter(sealed=False)
+            .order_by("id")
+            .values_list("id", "attempt_id", "chain_length", "chain_head")[:limit]
+        )
+        last = Checkpoint.objects.order_by("-seq").first()
+        config_length, config_head = config_head_now()
+        if not rows and (
+            (last is None and config_length == 0)
+            or (
+                last is not None
+                and (last.config_length, last.config_head) == (config_length, config_head)
+            )
+        ):
+            return None
+        rows.sort(key=lambda row: row[1])
+        tree = MerkleTree(
+            [leaf_hash(attempt_id, length, head) for _, attempt_id, length, head in rows]
+        )
+        fields = {
+            "seq": last.seq + 1 if last else 1,
+            "prev_hash": last.hash if last else GENESIS,
+            "root": tree.root(),
+            "size": len(rows),
+            "config_length": config_length,
+            "config_head": config_head,
+            "sealed_at": now,
+        }
+        checkpoint = Checkpoint.objects.create(**fields, hash=checkpoint_hash(fields))
+        CheckpointLeaf.objects.bulk_create(
+            [
+                CheckpointLeaf(
+                    checkpoint=checkpoint,
+                    position=position,
+                    attempt_id=attempt_id,
+                    length=length,
+                    head=head,
+                )
+                for position, (_, attempt_id, length, head) in enumerate(rows)
+            ],
+            batch_size=1000,
+        )
+        for start in range(0, len(rows), _MARK_CHUNK):
+            chunk = rows[start : start + _MARK_CHUNK]
+            match = Q()
+            for pk, _, length, _ in chunk:
+                match |= Q(pk=pk, chain_length=length)
+            Attempt.objects.filter(match).update(sealed=True)
+    return checkpoint
+
+
+def config_head_now() -> tuple[int, str]:
+    """(length, head hash) of the config chain."""
+    newest = ConfigEvent.objects.order_by("-seq").values_list("seq", "hash").first()
+    return newest if newest else (0, GENESIS)
+
+
+def unsealed_window(now: dt.datetime | None = None) -> dict[str, Any]:
+    """What no checkpoint covers yet: how many attempts have unsealed events, and how old the
+    oldest such change is (seconds), beside the newest checkpoint and the sealing interval."""
+    now = now or timezone.now()
+    pending = Attempt.objects.filter(sealed=False)
+    oldest = pending.aggregate(oldest=Min("updated_at"))["oldest"]
+    last = Checkpoint.objects.order_by("-seq").values("seq", "hash", "sealed_at").first()
+    config_length, _ = config_head_now()
+    config_pending = config_length - (
+        Checkpoint.objects.order_by("-seq").values_list("config_length", flat=True).first() or 0
+    )
+    return {
+        "attempts": pending.count(),
+        "config_changes": config_pending,
+        "oldest_seconds": (now - oldest).total_seconds() if oldest else 0.0,
+        "checkpoint": last,
+        "seal_every": settings.LEDGER["SEAL_EVERY"],
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Configuration history
+
+
+def _plain(value: dict[str, Any] | None, name: str) -> dict[str, Any] | None:
+    """``value`` as plain JSON (dates and decimals as text), refused if it cannot be hashed."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be a dict or None")
+    plain = json.loads(json.dumps(value, cls=DjangoJSONEncoder))
+    rfc8785.dumps(plain)  # raises for what the chain could not hash reproducibly
+    return plain
+
+
+def record_config_change(
+    *,
+    subject: str,
+    action: str,
+    actor: Actor,
+    before: dict[str, Any] | None,
+    after: dict[str, Any] | None,
+    reason: str = "",
+    now: dt.datetime | None = None,
+) -> ConfigEvent:
+    """Append one configuration change (who changed ``subject`` from ``before`` to ``after``) to
+    the config chain. Call inside ``write_transaction()``, in the transaction that makes the
+    change, so the change and its record commit together."""
+    if not connection.in_atomic_block:
+        raise RuntimeError("record_config_change() must run inside write_transaction()")
+    if not subject or not action:
+        raise ValueError("a config change needs a subject and an action")
+    now = now or timezone.now()
+    before, after = _plain(before, "before"), _plain(after, "after")
+    named_lock("ledgerweb:config")
+    length, head = config_head_now()
+    row = {
+        "seq": length + 1,
+        "subject": subject,
+        "action": action,
+        "actor_kind": actor.kind,
+        "actor": actor.name,
+        "before": before,
+        "after": after,
+        "reason": reason,
+        "created_at": now,
+        "prev_hash": head,
+    }
+    event = ConfigEvent(**row, hash=config_event_hash(row))
+    event.save(force_insert=True)
+    return event
