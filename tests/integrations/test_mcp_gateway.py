@@ -95,7 +95,9 @@ def _wait_for_port(port_file: Path, process: subprocess.Popen[bytes]) -> int:
     return int(port_file.read_text().strip())
 
 
-def write_config(path: Path, ledger_url: str, tickets: Upstream, emails: Upstream) -> Path:
+def write_config(
+    path: Path, ledger_url: str, tickets: Upstream, emails: Upstream, *, timeout: float = 30
+) -> Path:
     path.write_text(
         f"""
 [ledger]
@@ -113,7 +115,7 @@ ledger_tool = "open_ticket"
 key = "ticket:{{tenant}}:{{args.customer}}"
 receipt = true
 request_id = "id"
-timeout_seconds = 3
+timeout_seconds = {timeout}
 lookup_tool = "find_ticket"
 
 [tools.create_email]
@@ -162,9 +164,10 @@ class Gateway:
 
 @pytest.fixture
 def world_tools(tokens: Tokens) -> Tokens:
-    # Recovery reaches these tools through the gateway's upstreams.
+    # Recovery reaches these tools through the gateway's upstreams (a lookup on a stdio upstream
+    # starts a Python process: generous on a busy machine).
     Tool.objects.filter(name__in=["open_ticket", "update_crm"]).update(
-        adapter="mcp", timeout_seconds=10
+        adapter="mcp", timeout_seconds=30
     )
     return tokens
 
@@ -195,7 +198,8 @@ def test_gateway_lists_unchanged_records_replays_and_refuses(
     live_server, world_tools: Tokens, upstreams, tmp_path: Path, async_orm
 ) -> None:
     tickets, emails = upstreams
-    config = write_config(tmp_path / "gateway.toml", live_server.url, tickets, emails)
+    # A short upstream timeout: the held answer below is "lost" after 3 s.
+    config = write_config(tmp_path / "gateway.toml", live_server.url, tickets, emails, timeout=3)
     gateway = StdioServerParameters(
         command=PYTHON,
         args=["-m", "ledgerweb_client.mcp_gateway", "--config", str(config)],
