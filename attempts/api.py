@@ -22,6 +22,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from attempts import ledger
+from attempts.locking import LedgerBusy
 from attempts.models import AgentIdentity, AgentToken, Attempt, State
 from attempts.states import Actor, TransitionError
 
@@ -234,6 +235,9 @@ def api_view(*methods: str) -> Callable:
                 return error_response(exc.status, exc.code, exc.message)
             except TransitionError as exc:
                 return error_response(409, exc.code, str(exc))
+            except LedgerBusy as exc:
+                # A lock not granted in time: nothing was written; safe to try again.
+                return error_response(503, exc.code, str(exc), headers={"Retry-After": "1"})
 
         return csrf_exempt(login_not_required(wrapper))
 

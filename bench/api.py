@@ -2,14 +2,16 @@
 view, both served by the same gunicorn configuration in the same run.
 
     .venv/bin/python bench/api.py [--seconds 10] [--clients 4] [--workers 3] [--threads 4]
+        [--postgres postgres://postgres@127.0.0.1:5432/postgres]
 
 Starts gunicorn (``ledgerweb/gunicorn.conf.py``) on a free 127.0.0.1 port over a fresh database
-in ``var/bench/`` (SQLite; with DATABASE_URL set, that PostgreSQL database: give it a scratch
-one), then alternates phases: the
+(SQLite in ``var/bench/``; with --postgres, a scratch database ``bench_api`` made afresh on that
+server), then alternates phases: the
 baseline POSTs the same JSON body to ``/bench/echo`` (no database), the API phase POSTs
 ``/api/v1/attempts`` with a new idempotency key each time. Client processes each keep one
 keep-alive connection. Afterwards every 201 intent must be in the database (no lost intents)
-and no request may have failed. Prints both rates and their ratio (target: >= 0.5).
+and no request may have failed. Prints both rates and their ratio. The old 0.5 target is retired
+(issue 12): PostgreSQL is where throughput scales; on SQLite the ratio must not fall below 0.25.
 """
 
 from __future__ import annotations
@@ -97,6 +99,19 @@ def client_loop(args: tuple) -> dict:
     return {"ok": ok, "errors": errors, "created": created, "failures": failures[:5]}
 
 
+def scratch_postgres(url: str) -> str:
+    """Drop and create ``bench_api`` on the server of ``url``; returns its URL."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    import psycopg
+
+    parts = urlsplit(url)
+    with psycopg.connect(urlunsplit((*parts[:2], "/postgres", *parts[3:])), autocommit=True) as db:
+        db.execute("DROP DATABASE IF EXISTS bench_api WITH (FORCE)")
+        db.execute("CREATE DATABASE bench_api")
+    return urlunsplit((*parts[:2], "/bench_api", *parts[3:]))
+
+
 def cpu_times() -> tuple[int, int]:
     """(busy, total) clock ticks of the whole machine so far, from /proc/stat (0, 0 elsewhere)."""
     try:
@@ -110,7 +125,7 @@ def cpu_times() -> tuple[int, int]:
 
 def tree_cpu_seconds(root: int) -> float:
     """CPU seconds (user + system) used so far by ``root`` and its live descendants: the
-    gunicorn master, its workers and the intent writer."""
+    gunicorn master and its workers."""
     children: dict[int, list[int]] = {}
     stats: dict[int, list[str]] = {}
     for entry in os.listdir("/proc"):
@@ -168,7 +183,14 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=4, help="concurrent client processes")
     parser.add_argument("--workers", type=int, default=3, help="gunicorn workers")
     parser.add_argument("--threads", type=int, default=4, help="threads per gunicorn worker")
+    parser.add_argument(
+        "--postgres",
+        metavar="URL",
+        help="a PostgreSQL server (any database URL on it): bench a fresh bench_api database there",
+    )
     options = parser.parse_args()
+    if options.postgres:
+        os.environ["DATABASE_URL"] = scratch_postgres(options.postgres)
 
     data = REPO / "var" / "bench" / f"api-{os.getpid()}"
     shutil.rmtree(data, ignore_errors=True)
@@ -301,15 +323,13 @@ def main() -> int:
     base_ms = sum(p["server_ms"] for p in baseline) / len(baseline)
     api_ms = sum(p["server_ms"] for p in api) / len(api)
     print(
-        f"server CPU per request (gunicorn master, workers and intent writer): minimal view "
+        f"server CPU per request (gunicorn master and workers): minimal view "
         f"{base_ms:.2f} ms, intent {api_ms:.2f} ms"
     )
     print(f"minimal Django JSON view (baseline): {base_rate:8.1f} requests/s")
     print(f"POST /api/v1/attempts (intents):     {api_rate:8.1f} intents/s")
-    print(
-        f"ratio intents/baseline:              {ratio:8.2f}   (target >= 0.50: "
-        f"{'met' if ratio >= 0.5 else 'NOT met'})"
-    )
+    floor = " (floor on SQLite: 0.25)" if connection.vendor == "sqlite" else ""
+    print(f"ratio intents/baseline:              {ratio:8.2f}{floor}")
     print(
         "durable commit ceiling (raw sqlite3 WAL synchronous=FULL, one writer, same disk): "
         f"{ceiling:.1f} commits/s; intents reach {api_rate / ceiling:.0%} of it"
@@ -321,15 +341,6 @@ def main() -> int:
     for phase in baseline + api:
         for failure in phase["failures"]:
             print("  failure:", failure)
-    writer_lines = [
-        line
-        for line in (data / "gunicorn.log").read_text(errors="replace").splitlines()
-        if "intent writer stopped" in line
-    ]
-    print(
-        "intent writer: "
-        + (writer_lines[-1].split("stopped: ", 1)[-1] if writer_lines else "not running")
-    )
     ok = errors == 0 and found == len(created) == stored
     if connection.vendor == "sqlite":
         shutil.rmtree(data, ignore_errors=True)

@@ -7,11 +7,9 @@ One operation is the agent's safe order without the provider: record_intent + cl
 confirm (three write transactions, three history events). The same run measures, interleaved in
 rounds so machine load hits both alike:
 
-  chain     as shipped: each event reads the previous event's hash and hashes its RFC 8785
-            encoding (and on PostgreSQL every write transaction holds the advisory lock);
-  no-chain  the same writes with the chain step removed: the event row is still inserted, but
-            with no read of the previous hash and no hashing (a random unique hash);
-  no-lock   (PostgreSQL only) no-chain and no advisory lock either.
+  chain     as shipped: each event hashes its RFC 8785 encoding with the attempt's chain head
+            (which the compare-and-set already carries: no extra read, no lock);
+  no-chain  the same writes with the hashing removed (a random hash in its place).
 
 It runs on a scratch ledger (var/bench/chain.sqlite3, or a scratch PostgreSQL database that is
 dropped afterwards) and prints operations per second, the cost per event and the ratio.
@@ -85,7 +83,7 @@ def run(args: argparse.Namespace) -> None:
     from django.db import connection
     from django.utils import timezone
 
-    from attempts import audit, ledger, states
+    from attempts import chain, ledger
     from attempts.models import EffectClass, Grant, Tenant, Tool
     from attempts.states import Actor
 
@@ -94,30 +92,19 @@ def run(args: argparse.Namespace) -> None:
     Grant.objects.create(tenant=tenant, tool=tool, policy_version="v1", allowed_scopes=[])
     agent = Actor.agent("bench")
 
-    chained_link = states._link
-    real_lock = states.lock_ledger
+    hashed = chain.event_hash
 
-    chained_parts = states._chain_parts
+    def unhashed(row):
+        """The chain step removed: no canonical encoding, no SHA-256."""
+        return uuid.uuid4().hex * 2
 
-    def unchained_link(cursor, parts):
-        """The chain step removed: no read of the previous hash, no hashing (a random unique
-        hash). Every event still goes through the same prepared INSERT."""
-        return audit.GENESIS, uuid.uuid4().hex * 2
-
-    def unchained_parts(payload):
-        """No canonical encoding of the event before the lock either."""
-        return b"", b""
-
-    variants = {"chain": (chained_link, real_lock), "no-chain": (unchained_link, real_lock)}
-    if connection.vendor == "postgresql":
-        variants["no-lock"] = (unchained_link, lambda: None)
+    variants = {"chain": hashed, "no-chain": unhashed}
     per_round = max(1, args.ops // args.rounds)
     timings: dict[str, list[float]] = {name: [] for name in variants}
     counter = 0
     for _ in range(args.rounds):
-        for name, (link, lock) in variants.items():
-            states._link, states.lock_ledger = link, lock
-            states._chain_parts = chained_parts if link is chained_link else unchained_parts
+        for name, hasher in variants.items():
+            chain.event_hash = hasher
             try:
                 began = time.perf_counter()
                 for _ in range(per_round):
@@ -134,25 +121,25 @@ def run(args: argparse.Namespace) -> None:
                     ledger.confirm(attempt, result_ref=f"r{counter}", actor=agent)
                 timings[name].append((time.perf_counter() - began) / per_round)
             finally:
-                states._link, states.lock_ledger = chained_link, real_lock
-                states._chain_parts = chained_parts
+                chain.event_hash = hashed
 
     # The hashing alone, for scale.
-    sample = audit.event_payload(
-        attempt_id="att_01M8N6VA35YVMWWK1G02AGKY6Y",
-        action="attempt.outcome_confirmed",
-        actor_kind="agent",
-        actor="bench",
-        from_state="DISPATCHED",
-        to_state="OUTCOME_CONFIRMED",
-        reason="",
-        details={"result_ref": "r1", "review_reason": ""},
-        created_at=timezone.now(),
-        prev_hash=audit.GENESIS,
-    )
+    sample = {
+        "v": 2,
+        "attempt_id": "att_01M8N6VA35YVMWWK1G02AGKY6Y",
+        "action": "attempt.outcome_confirmed",
+        "actor_kind": "agent",
+        "actor": "bench",
+        "from_state": "DISPATCHED",
+        "to_state": "OUTCOME_CONFIRMED",
+        "reason": "",
+        "details": {"result_ref": "r1", "review_reason": ""},
+        "created_at": timezone.now(),
+        "prev_hash": "0" * 64,
+    }
     began = time.perf_counter()
     for _ in range(2000):
-        audit.payload_hash(sample)
+        hashed(sample)
     hash_us = (time.perf_counter() - began) / 2000 * 1e6
 
     db = connection.vendor

@@ -8,7 +8,7 @@ with the standard library's sqlite3 module, one transaction per step, in the sam
 
     .venv/bin/python bench/write_path.py [--calls 2000] [--rounds 3]
 
-Target (issue 2): the API costs at most 2x the raw writes.
+Target (issues 2 and 12): the API costs at most 2x the raw writes.
 """
 
 from __future__ import annotations
@@ -70,81 +70,86 @@ def api_calls(n: int, prefix: str) -> float:
 
 
 def raw_calls(db_path: Path, n: int, prefix: str) -> float:
-    """The same rows with sqlite3: what the write path costs at the least."""
+    """The same rows with sqlite3: what the write path costs at the least (the attempt, its
+    chained events with the same hashes, its chain head; each move reads the row's id and
+    version first, as this baseline always has)."""
+    import datetime as dt
+
     from attempts import jcs
-    from attempts.audit import event_payload, format_time, payload_hash
     from attempts.models import new_attempt_id
+    from attempts.verify_export import GENESIS, chain_time, event_hash
 
     conn = sqlite3.connect(db_path, isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=FULL")
     conn.execute("PRAGMA foreign_keys=ON")
+    heads: dict[str, str] = {}
 
-    def last_hash() -> str:
-        row = conn.execute(
-            "SELECT hash FROM attempts_attemptevent ORDER BY id DESC LIMIT 1"
-        ).fetchone()
-        return row[0] if row else "0" * 64
-
-    def event(pk, attempt_id, action, frm, to, details, now):
-        prev = last_hash()
-        digest = payload_hash(
-            event_payload(
-                attempt_id=attempt_id,
-                action=action,
-                actor_kind="agent",
-                actor="bench",
-                from_state=frm,
-                to_state=to,
-                reason="",
-                details=details,
-                created_at=now,
-                prev_hash=prev,
-            )
+    def link(attempt_id, action, frm, to, details, now) -> tuple[str, str]:
+        prev = heads.get(attempt_id, GENESIS)
+        return prev, event_hash(
+            {
+                "v": 2,
+                "attempt_id": attempt_id,
+                "action": action,
+                "actor_kind": "agent",
+                "actor": "bench",
+                "from_state": frm,
+                "to_state": to,
+                "reason": "",
+                "details": details,
+                "created_at": now,
+                "prev_hash": prev,
+            }
         )
+
+    def event(pk, attempt_id, action, frm, to, details, now, linked=None) -> str:
+        prev, digest = linked or link(attempt_id, action, frm, to, details, now)
         conn.execute(
             "INSERT INTO attempts_attemptevent (attempt_id, action, actor_kind, actor, from_state,"
-            " to_state, reason, details, created_at, prev_hash, hash)"
-            " VALUES (?, ?, 'agent', 'bench', ?, ?, '', ?, ?, ?, ?)",
+            " to_state, reason, details, created_at, prev_hash, hash, chain_format)"
+            " VALUES (?, ?, 'agent', 'bench', ?, ?, '', ?, ?, ?, ?, 2)",
             (pk, action, frm, to, json.dumps(details), now, prev, digest),
         )
+        heads[attempt_id] = digest
+        return digest
 
     def move(attempt_id, frm, to, sets, details):
-        import datetime as dt
-
-        now_dt = dt.datetime.now(dt.UTC)
-        now = format_time(now_dt)
+        now = chain_time(dt.datetime.now(dt.UTC))
         conn.execute("BEGIN IMMEDIATE")
         pk, version = conn.execute(
             "SELECT id, version FROM attempts_attempt WHERE attempt_id = ?", (attempt_id,)
         ).fetchone()
+        digest = event(pk, attempt_id, f"attempt.{to.lower()}", frm, to, details, now)
         assignments = ", ".join(f"{k} = ?" for k in sets)
         cur = conn.execute(
-            f"UPDATE attempts_attempt SET state = ?, version = version + 1, updated_at = ?"  # noqa: S608
+            f"UPDATE attempts_attempt SET state = ?, version = version + 1, updated_at = ?, "  # noqa: S608
+            "chain_head = ?, chain_length = chain_length + 1, sealed = 0"
             f"{', ' + assignments if assignments else ''} WHERE id = ? AND version = ?",
-            (to, now, *sets.values(), pk, version),
+            (to, now, digest, *sets.values(), pk, version),
         )
         assert cur.rowcount == 1
-        event(pk, attempt_id, f"attempt.{to.lower()}", frm, to, details, now)
         conn.execute("COMMIT")
 
     start = time.perf_counter()
     for i in range(n):
-        import datetime as dt
-
         args = {"contact": i, "stage": "won", "note": "closed by agent"}
         canonical = jcs.dumps(args)  # the ledger's own canonical encoder
         args_hash = hashlib.sha256(canonical).hexdigest()
         attempt_id = new_attempt_id()
-        now = format_time(dt.datetime.now(dt.UTC))
+        now = chain_time(dt.datetime.now(dt.UTC))
+        details = {"idempotency_key": f"{prefix}-{i}", "args_hash": args_hash}
+        first = ("attempt.created", "", "INTENT_RECORDED", details, now)
+        linked = link(attempt_id, *first)
         conn.execute("BEGIN IMMEDIATE")
         cur = conn.execute(
             "INSERT INTO attempts_attempt (attempt_id, tenant_id, task_id, tool_name, args,"
             " args_hash, idempotency_key, state, version, provider_request_id, result_ref,"
             " policy_version, credential_scope, review_reason, awaiting_approval, send_count,"
-            " lookup_count, next_check_at, lease_owner, created_at, updated_at)"
+            " lookup_count, next_check_at, lease_owner, chain_head, chain_length, sealed,"
+            " created_at, updated_at)"
             " VALUES (?, 'acme', ?, 'update_crm', ?, ?, ?, 'INTENT_RECORDED', 1, '', '', 'v1',"
-            " '[\"crm\"]', '', 0, 0, 0, ?, '', ?, ?)",
+            " '[\"crm\"]', '', 0, 0, 0, ?, '', ?, 1, 0, ?, ?)",
             (
                 attempt_id,
                 f"task-{i}",
@@ -152,12 +157,12 @@ def raw_calls(db_path: Path, n: int, prefix: str) -> float:
                 args_hash,
                 f"{prefix}-{i}",
                 now,
+                linked[1],
                 now,
                 now,
             ),
         )
-        details = {"idempotency_key": f"{prefix}-{i}", "args_hash": args_hash}
-        event(cur.lastrowid, attempt_id, "attempt.created", "", "INTENT_RECORDED", details, now)
+        event(cur.lastrowid, attempt_id, *first, linked=linked)
         conn.execute("COMMIT")
         move(attempt_id, "INTENT_RECORDED", "DISPATCHED", {"send_count": 1}, {})
         move(attempt_id, "DISPATCHED", "DISPATCHED", {"provider_request_id": f"req-{i}"}, {})

@@ -20,7 +20,7 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from attempts import audit_export, verify_export
+from attempts import audit_export, chain, verify_export
 from attempts.models import Attempt, AttemptEvent, Checkpoint, CheckpointLeaf, State, Tool
 
 DOWNLOADS = {
@@ -93,6 +93,7 @@ def audit_exports(request: HttpRequest) -> HttpResponse:
             matching=plan.count(),
             qs=urlencode(query),
             tools=list(Tool.objects.order_by("name").values_list("name", flat=True)),
+            window=chain.unsealed_window(),
         )
     return render(request, "attempts/exports.html", context, status=status)
 

@@ -10,9 +10,9 @@ from django.http import StreamingHttpResponse
 from django.urls import reverse
 
 from attempts import ledger, verify_export
-from attempts.models import AttemptEvent
+from attempts.models import AttemptEvent, Checkpoint
 from attempts.states import Actor
-from tests.attempts.audit_helpers import build_history, fast_passwords  # noqa: F401
+from tests.attempts.audit_helpers import build_history, fast_passwords, seal_all  # noqa: F401
 from tests.conftest import PASSWORD
 
 
@@ -50,16 +50,22 @@ def test_viewers_and_operators_are_refused(client, history, name):
     assert client.get(report).status_code == 403
 
 
-def test_reviewer_sees_the_form_with_a_pinned_head(client, history):
+def test_reviewer_sees_the_form_with_the_newest_checkpoint_and_the_window(client, history):
     login(client, "reviewer")
+    text = client.get(reverse("audit_exports"), {"tenant": "acme"}).content.decode()
+    assert "none sealed yet" in text
+    assert "Not sealed yet: <strong>6</strong> attempts" in " ".join(text.split())
+    seal_all()
     response = client.get(reverse("audit_exports"), {"tenant": "acme"})
     assert response.status_code == 200
-    head = AttemptEvent.objects.order_by("-id").first()
+    head = Checkpoint.objects.order_by("-seq").first()
     text = response.content.decode()
     assert head.hash in text
+    assert "Not sealed yet: <strong>0</strong> attempts" in " ".join(text.split())
+    newest_event = AttemptEvent.objects.order_by("-id").first()
     acme_events = AttemptEvent.objects.filter(attempt__tenant_id="acme").count()
     assert f"<strong>{acme_events}</strong> events match" in text
-    assert f"upto={head.id}" in text
+    assert f"upto={newest_event.id}" in text
     assert 'option value="globex"' not in text
 
 

@@ -1,0 +1,390 @@
+#!/usr/bin/env python
+"""Benchmark: the ledger's write path on PostgreSQL beside raw psycopg 3 and DBOS Transact.
+
+One tool call is three durable commits: record the intent, claim the dispatch, confirm. Each
+system writes its own rows into its own database on one PostgreSQL server:
+
+- ledger: ``attempts.ledger`` in process (record_intent, claim_dispatch, confirm), the product;
+- raw: psycopg 3 writing the same rows into the same schema (attempt + chained events with the
+  same hashes), three transactions per call, no framework: the floor;
+- dbos: DBOS Transact running one workflow with one step per call (its own system database).
+
+For each round and each process count (1 and 8 by default) the three systems run one after the
+other; the processes of one system start together at a shared moment and run for ``--seconds``.
+It prints calls/s for each and the ratios the scale-out targets are stated in.
+
+    .venv/bin/pip install -e '.[bench]'          # DBOS Transact, bench only
+    .venv/bin/python bench/pg_peers.py [--seconds 8] [--rounds 2] [--procs 1,8]
+        [--database-url postgres://postgres@127.0.0.1:5432/postgres]
+
+Targets (issue 12): at 1 process the ledger costs at most 2.5x raw; at 8 processes the ledger is
+at least 2x DBOS and at least 0.4x raw, and its 8-process figure is at least 1.5x its 1-process one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+PYTHON = sys.executable
+SYSTEMS = ("ledger", "raw", "dbos")
+DATABASES = {"ledger": "bench_peers_ledger", "raw": "bench_peers_raw", "dbos": "bench_peers_dbos"}
+
+
+def database_url(base: str, name: str) -> str:
+    parts = urlsplit(base)
+    return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))
+
+
+def admin(base: str, statement: str) -> None:
+    import psycopg
+
+    with psycopg.connect(database_url(base, "postgres"), autocommit=True) as conn:
+        conn.execute(statement)
+
+
+def prepare(base: str) -> None:
+    """Fresh databases: the ledger's and raw's migrated to the product's schema and seeded."""
+    for name in DATABASES.values():
+        admin(base, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin(base, f'CREATE DATABASE "{name}"')
+    for system in ("ledger", "raw"):
+        env = {**os.environ, "DATABASE_URL": database_url(base, DATABASES[system])}
+        subprocess.run(
+            [PYTHON, str(REPO / "manage.py"), "migrate", "-v0"], env=env, check=True, cwd=REPO
+        )
+        subprocess.run(
+            [PYTHON, __file__, "--seed"], env=env, check=True, cwd=REPO, stdout=subprocess.DEVNULL
+        )
+    # DBOS creates its system tables on first launch: do it once, not in eight racing processes.
+    subprocess.run(
+        [
+            PYTHON,
+            __file__,
+            "--worker",
+            "dbos",
+            "--seconds",
+            "0",
+            "--start-at",
+            "0",
+            "--prefix",
+            "w",
+        ],
+        env={**os.environ, "DATABASE_URL": database_url(base, DATABASES["dbos"])},
+        check=True,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+    )
+
+
+def seed() -> None:
+    django_setup()
+    from attempts.models import EffectClass, Grant, Tenant, Tool
+
+    tenant = Tenant.objects.create(slug="acme", name="Acme")
+    tool = Tool.objects.create(name="update_crm", effect_class=EffectClass.IDEMPOTENT)
+    Grant.objects.create(tenant=tenant, tool=tool, policy_version="v1", allowed_scopes=["crm"])
+
+
+def django_setup() -> None:
+    os.environ["DJANGO_SETTINGS_MODULE"] = "ledgerweb.settings"
+    os.environ.setdefault("LEDGERWEB_DATA_DIR", str(REPO / "var" / "bench"))
+    import django
+
+    django.setup()
+
+
+# ---------------------------------------------------------------------------------------------
+# One process of one system: wait for the shared start, make calls until the deadline.
+
+
+def run_ledger(prefix: str, start_at: float, seconds: float) -> int:
+    django_setup()
+    from attempts import ledger
+    from attempts.states import Actor
+
+    actor = Actor.agent("bench")
+
+    def call(i: int) -> None:
+        attempt, _ = ledger.record_intent(
+            tenant="acme",
+            task_id=f"task-{i}",
+            tool_name="update_crm",
+            idempotency_key=f"{prefix}:{i}",
+            args={"customer": i, "note": "benchmark"},
+            actor=actor,
+        )
+        ledger.claim_dispatch(attempt, actor=actor)
+        ledger.confirm(attempt, result_ref=f"receipt-{i}", actor=actor)
+
+    return _timed(call, prefix, start_at, seconds)
+
+
+RAW_ATTEMPT = """
+INSERT INTO attempts_attempt (attempt_id, tenant_id, task_id, tool_name, args, args_hash,
+  idempotency_key, state, version, provider_request_id, result_ref, policy_version,
+  credential_scope, review_reason, awaiting_approval, send_count, lookup_count, next_check_at,
+  lease_owner, chain_head, chain_length, sealed, created_at, updated_at)
+VALUES (%s, 'acme', %s, 'update_crm', %s, %s, %s, 'INTENT_RECORDED', 1, '', '', 'v1', %s, '',
+  false, 0, 0, %s, '', %s, 1, false, %s, %s) RETURNING id
+"""
+RAW_EVENT = """
+INSERT INTO attempts_attemptevent (attempt_id, action, actor_kind, actor, from_state, to_state,
+  reason, details, created_at, prev_hash, hash, chain_format)
+VALUES (%s, %s, 'agent', 'bench', %s, %s, '', %s, %s, %s, %s, 2)
+"""
+RAW_MOVE = """
+UPDATE attempts_attempt SET state = %s, version = version + 1, chain_head = %s,
+  chain_length = chain_length + 1, sealed = false, next_check_at = %s, result_ref = %s,
+  send_count = send_count + %s, updated_at = %s
+WHERE id = %s AND state = %s AND version = %s
+"""
+
+
+def run_raw(prefix: str, start_at: float, seconds: float) -> int:
+    import hashlib
+
+    import psycopg
+    import rfc8785
+    from psycopg.types.json import Jsonb
+
+    from attempts.verify_export import GENESIS, event_hash
+
+    conn = psycopg.connect(os.environ["DATABASE_URL"])
+
+    def event(pk: int, attempt_id: str, prev: str, frm: str, to: str, details: dict, now):
+        row = {
+            "v": 2,
+            "attempt_id": attempt_id,
+            "action": f"attempt.{to.lower()}" if frm else "attempt.created",
+            "actor_kind": "agent",
+            "actor": "bench",
+            "from_state": frm,
+            "to_state": to,
+            "reason": "",
+            "details": details,
+            "created_at": now,
+            "prev_hash": prev,
+        }
+        digest = event_hash(row)
+        conn.execute(RAW_EVENT, (pk, row["action"], frm, to, Jsonb(details), now, prev, digest))
+        return digest
+
+    def call(i: int) -> None:
+        args = {"customer": i, "note": "benchmark"}
+        args_hash = hashlib.sha256(rfc8785.dumps(args)).hexdigest()
+        attempt_id = "att_" + uuid.uuid4().hex[:26].upper()
+        key = f"{prefix}:{i}"
+        now = dt.datetime.now(dt.UTC)
+        details = {"tenant": "acme", "idempotency_key": key, "args_hash": args_hash}
+        first = {
+            "v": 2,
+            "attempt_id": attempt_id,
+            "action": "attempt.created",
+            "actor_kind": "agent",
+            "actor": "bench",
+            "from_state": "",
+            "to_state": "INTENT_RECORDED",
+            "reason": "",
+            "details": details,
+            "created_at": now,
+            "prev_hash": GENESIS,
+        }
+        head = event_hash(first)
+        later = now + dt.timedelta(seconds=120)
+        with conn.transaction():
+            pk = conn.execute(
+                RAW_ATTEMPT,
+                (
+                    attempt_id,
+                    f"task-{i}",
+                    Jsonb(args),
+                    args_hash,
+                    key,
+                    Jsonb(["crm"]),
+                    later,
+                    head,
+                    now,
+                    now,
+                ),
+            ).fetchone()[0]
+            conn.execute(
+                RAW_EVENT,
+                (pk, "attempt.created", "", "INTENT_RECORDED", Jsonb(details), now, GENESIS, head),
+            )
+        version = 1
+        for frm, to, result, sends in (
+            ("INTENT_RECORDED", "DISPATCHED", "", 1),
+            ("DISPATCHED", "OUTCOME_CONFIRMED", f"receipt-{i}", 0),
+        ):
+            now = dt.datetime.now(dt.UTC)
+            extra = {"result_ref": result} if result else {}
+            with conn.transaction():
+                digest = event(pk, attempt_id, head, frm, to, extra, now)
+                changed = conn.execute(
+                    RAW_MOVE,
+                    (
+                        to,
+                        digest,
+                        later if not result else None,
+                        result,
+                        sends,
+                        now,
+                        pk,
+                        frm,
+                        version,
+                    ),
+                ).rowcount
+                if changed != 1:
+                    raise RuntimeError("raw compare-and-set lost")
+            head, version = digest, version + 1
+
+    try:
+        return _timed(call, prefix, start_at, seconds)
+    finally:
+        conn.close()
+
+
+def run_dbos(prefix: str, start_at: float, seconds: float) -> int:
+    from dbos import DBOS
+
+    url = os.environ["DATABASE_URL"].replace("postgres://", "postgresql://", 1)
+    DBOS(config={"name": "ledgerbench", "system_database_url": url, "log_level": "WARNING"})
+
+    @DBOS.step()
+    def effect(i: int) -> str:
+        return f"receipt-{i}"
+
+    @DBOS.workflow()
+    def tool_call(i: int) -> str:
+        return effect(i)
+
+    DBOS.launch()
+    try:
+        return _timed(tool_call, prefix, start_at, seconds)
+    finally:
+        DBOS.destroy()
+
+
+def _timed(call, prefix: str, start_at: float, seconds: float) -> int:
+    call(-1)  # warm: connections, caches, imports
+    delay = start_at - time.time()
+    if delay > 0:
+        time.sleep(delay)
+    deadline = time.monotonic() + seconds
+    done = 0
+    while time.monotonic() < deadline:
+        call(done)
+        done += 1
+    return done
+
+
+WORKERS = {"ledger": run_ledger, "raw": run_raw, "dbos": run_dbos}
+
+
+# ---------------------------------------------------------------------------------------------
+# The driver
+
+
+def measure(base: str, system: str, procs: int, seconds: float, tag: str) -> float:
+    """Calls/s of ``procs`` processes of ``system`` started together."""
+    start_at = time.time() + 3.0 + 0.4 * procs  # time for every process to import and warm up
+    env = {**os.environ, "DATABASE_URL": database_url(base, DATABASES[system])}
+    children = [
+        subprocess.Popen(
+            [
+                PYTHON,
+                __file__,
+                "--worker",
+                system,
+                "--prefix",
+                f"{tag}-{n}-{uuid.uuid4().hex[:6]}",
+                "--start-at",
+                repr(start_at),
+                "--seconds",
+                repr(seconds),
+            ],
+            env=env,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for n in range(procs)
+    ]
+    total = 0
+    for child in children:
+        out, _ = child.communicate(timeout=seconds + 120)
+        if child.returncode != 0:
+            raise SystemExit(f"{system} worker failed (exit {child.returncode})")
+        total += json.loads(out.strip().splitlines()[-1])["calls"]
+    return total / seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument("--seconds", type=float, default=8.0, help="measured time per run")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--procs", default="1,8", help="process counts, comma-separated")
+    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
+    parser.add_argument("--prefix", help=argparse.SUPPRESS)
+    parser.add_argument("--start-at", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--seed", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.seed:
+        seed()
+        return
+    if args.worker:
+        calls = WORKERS[args.worker](args.prefix, args.start_at, args.seconds)
+        print(json.dumps({"calls": calls}))
+        return
+    procs = [int(p) for p in args.procs.split(",")]
+    systems = [s for s in args.systems.split(",") if s]
+    print(f"preparing databases on {urlsplit(args.database_url).netloc} ...", flush=True)
+    prepare(args.database_url)
+    results: dict[tuple[str, int], list[float]] = {}
+    for round_number in range(1, args.rounds + 1):
+        for count in procs:
+            for system in systems:
+                rate = measure(args.database_url, system, count, args.seconds, f"r{round_number}")
+                results.setdefault((system, count), []).append(rate)
+                print(f"round {round_number}: {system:6} x{count}: {rate:8.1f} calls/s", flush=True)
+    print("\ncalls/s (3 commits each), per round:")
+    for count in procs:
+        row = "  ".join(
+            f"{system} {' / '.join(f'{r:.0f}' for r in results[(system, count)])}"
+            for system in systems
+        )
+        print(f"  {count} process{'es' if count > 1 else ''}: {row}")
+
+    def ratio(a: tuple[str, int], b: tuple[str, int]) -> str:
+        if a not in results or b not in results:
+            return "n/a"
+        return " / ".join(f"{x / y:.2f}" for x, y in zip(results[a], results[b], strict=True) if y)
+
+    low, high = min(procs), max(procs)
+    print("\nratios, per round:")
+    print(
+        f"  ledger / raw   at {low}: {ratio(('ledger', low), ('raw', low))}  (target: >= 0.40, i.e. at most 2.5x)"
+    )
+    print(f"  ledger / dbos  at {high}: {ratio(('ledger', high), ('dbos', high))}  (target >= 2.0)")
+    print(f"  ledger / raw   at {high}: {ratio(('ledger', high), ('raw', high))}  (target >= 0.4)")
+    print(
+        f"  ledger {high} / ledger {low}: {ratio(('ledger', high), ('ledger', low))}  (target >= 1.5)"
+    )
+    print(f"  dbos / raw     at {high}: {ratio(('dbos', high), ('raw', high))}")
+
+
+if __name__ == "__main__":
+    main()
