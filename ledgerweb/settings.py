@@ -258,6 +258,9 @@ LEDGER = {
     "SEAL_EVERY": env_int("LEDGERWEB_SEAL_EVERY", 5, minimum=1),
     # Secret API key of the Stripe adapter (reconciliation/providers/stripe.py).
     "STRIPE_API_KEY": env_str("LEDGERWEB_STRIPE_API_KEY", ""),
+    # The MCP gateway's configuration file: the "mcp" provider adapter finds each tool's upstream
+    # server and lookup tool there (docs/integrations.md).
+    "MCP_GATEWAY_CONFIG": env_str("LEDGERWEB_MCP_GATEWAY_CONFIG", ""),
 }
 
 # Operations endpoints (docs/operations.md). /metrics answers loopback clients, or anyone sending

@@ -1,6 +1,6 @@
 """Tool name -> adapter. ``Tool.adapter`` is ``http`` (the generic provider), ``stripe`` (Stripe
-payment intents, needs the ``stripe`` extra), a name registered with ``register()``, or the dotted
-path of an ``Adapter`` subclass."""
+payment intents, needs the ``stripe`` extra), ``mcp`` (tools behind the MCP gateway), a name
+registered with ``register()``, or the dotted path of an ``Adapter`` subclass."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from reconciliation.providers.base import (
     SendStatus,
 )
 from reconciliation.providers.http import GenericHttpAdapter
+from reconciliation.providers.mcp import McpAdapter
 
-_ADAPTERS: dict[str, type[Adapter]] = {"http": GenericHttpAdapter}
+_ADAPTERS: dict[str, type[Adapter]] = {"http": GenericHttpAdapter, "mcp": McpAdapter}
 # Shipped adapters whose library is an optional extra: imported when a tool names them.
 _OPTIONAL = {"stripe": "reconciliation.providers.stripe.StripePaymentIntentAdapter"}
 
@@ -42,7 +43,7 @@ def adapter_class(name: str) -> type[Adapter]:
             ) from None
     if "." not in name:
         raise ProviderError(
-            f"unknown adapter {name!r} (use {', '.join(['http', *_OPTIONAL])} or a dotted path)"
+            f"unknown adapter {name!r} (use {', '.join([*_ADAPTERS, *_OPTIONAL])} or a dotted path)"
         )
     try:
         found = import_string(name)
