@@ -136,8 +136,8 @@ class SsoIdentity(models.Model):
 class Tool(models.Model):
     """A tool agents may call, its effect class, and how to reach its provider.
 
-    ``adapter`` is ``http`` for the generic HTTP provider protocol, or a dotted path to a custom
-    adapter class (see ``reconciliation/providers``).
+    ``adapter`` is ``http`` for the generic HTTP provider protocol, ``stripe`` for Stripe payment
+    intents, or a dotted path to a custom adapter class (see ``reconciliation/providers``).
     """
 
     name = models.CharField(primary_key=True, max_length=100)

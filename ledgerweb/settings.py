@@ -260,7 +260,11 @@ LOGGING = {
         }
     },
     "root": {"handlers": ["console"], "level": env_str("LEDGERWEB_LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        # The stripe library logs every request at INFO; the reconciler records what matters.
+        "stripe": {"level": "WARNING"},
+    },
 }
 
 # The ledger's own knobs (seconds unless named otherwise).
@@ -292,6 +296,11 @@ LEDGER = {
     # The sealer (attempts/chain.py, run by the reconcile worker) seals new history into a
     # checkpoint this often; verify_audit reports anything left unsealed for longer.
     "SEAL_EVERY": env_int("LEDGERWEB_SEAL_EVERY", 5, minimum=1),
+    # Secret API key of the Stripe adapter (reconciliation/providers/stripe.py).
+    "STRIPE_API_KEY": env_str("LEDGERWEB_STRIPE_API_KEY", ""),
+    # The MCP gateway's configuration file: the "mcp" provider adapter finds each tool's upstream
+    # server and lookup tool there (docs/integrations.md).
+    "MCP_GATEWAY_CONFIG": env_str("LEDGERWEB_MCP_GATEWAY_CONFIG", ""),
 }
 
 # Operations endpoints (docs/operations.md). /metrics answers loopback clients, or anyone sending

@@ -42,8 +42,9 @@ def tool_as_dict(tool: Tool) -> dict[str, Any]:
 class Command(BaseCommand):
     help = (
         'Create or update tools from a JSON file: a list of objects (or {"tools": [...]}) with '
-        "name, effect_class (idempotent|reconcilable|manual), critical, adapter ('http' or a "
-        "dotted path), dispatch_url, lookup_url, timeout_seconds, max_sends, description, active. "
+        "name, effect_class (idempotent|reconcilable|manual), critical, adapter ('http', 'stripe', "
+        "'mcp' or a dotted path), dispatch_url, lookup_url, timeout_seconds, max_sends, description, "
+        "active. "
         "All tools load or none do. Tools not in the file are left as they are. "
         "Use --dump to print the current configuration in the same format."
     )
