@@ -27,7 +27,7 @@ def test_every_folder_the_server_needs_is_in_the_package_list() -> None:
     mapped = PROJECT["tool"]["setuptools"]["package-dir"]
     needed = {
         ".".join(init.parent.relative_to(REPO).parts)
-        for app in ("attempts", "reconciliation", "ledgerweb")
+        for app in ("attempts", "reconciliation", "ledgerweb", "ledgerweb_client")
         for init in (REPO / app).rglob("__init__.py")
     }
     for folder in ("templates", "static"):
@@ -130,6 +130,8 @@ def test_the_wheel_runs_outside_the_checkout(tmp_path: Path) -> None:
     assert 'slug = "acme"' in run("config", "dump")
     assert "usage:" in run("worker", "--help") and "usage:" in run("demo", "--help")
     run("worker", "--once")
+    # The demo agents come along (they are agent code: they use the client).
+    assert "usage:" in run("demo_agents", "--help")
 
     log = tmp_path / "serve.log"
     with open(log, "wb") as out:
