@@ -183,7 +183,8 @@ class ToolAdmin(admin.ModelAdmin):
             "Provider",
             {
                 "fields": ("adapter", "dispatch_url", "lookup_url", "timeout_seconds", "max_sends"),
-                "description": "adapter 'http' is the generic HTTP provider (docs/providers.md); "
+                "description": "adapter 'http' is the generic HTTP provider (docs/providers.md), 'mcp' a tool "
+                "behind the MCP gateway (docs/integrations.md); "
                 "or the dotted path of a custom adapter class.",
             },
         ),

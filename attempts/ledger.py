@@ -133,6 +133,8 @@ def _refreshes_caller(func):
             # Our copy was stale (see _current): decide again on what the database says now.
             result = func(attempt.attempt_id, *args, **kwargs)
         current = result[0] if isinstance(result, tuple) else result
+        if isinstance(attempt, Attempt):
+            attempt.__dict__.pop("repeated_call", None)
         if (
             isinstance(attempt, Attempt)
             and isinstance(current, Attempt)
@@ -143,6 +145,13 @@ def _refreshes_caller(func):
         return result
 
     return wrapper
+
+
+def _repeated(attempt: Attempt) -> Attempt:
+    """A call repeating a move that already happened: the attempt as it is, nothing written.
+    Marked, so the API logs changes only (``attempt.repeated_call``)."""
+    attempt.repeated_call = True
+    return attempt
 
 
 def _text(name: str, value: Any, *, required: bool = True) -> str:
@@ -308,7 +317,7 @@ def attach_provider_request(
     with write_transaction():
         current = _current(attempt, tenants, (State.DISPATCHED, State.UNKNOWN))
         if current.provider_request_id == provider_request_id:
-            return current
+            return _repeated(current)
         if current.provider_request_id:
             raise StateConflict(
                 f"attempt already has provider request id {current.provider_request_id!r}",
@@ -354,7 +363,7 @@ def confirm(
                 None,
                 current.provider_request_id,
             ):
-                return current
+                return _repeated(current)
             raise StateConflict(
                 "attempt is already confirmed with a different result", attempt=current
             )
@@ -398,7 +407,7 @@ def fail(
             attempt, tenants, (State.DISPATCHED, State.INTENT_RECORDED, State.FAILED_RETRYABLE)
         )
         if current.state == target:
-            return current
+            return _repeated(current)
         allowed = {
             State.DISPATCHED: (State.FAILED_RETRYABLE, State.FAILED),
             State.INTENT_RECORDED: (State.FAILED,),
@@ -425,7 +434,7 @@ def mark_unknown(
     with write_transaction():
         current = _current(attempt, tenants, (State.DISPATCHED,))
         if current.state == State.UNKNOWN:
-            return current
+            return _repeated(current)
         if current.state != State.DISPATCHED:
             raise StateConflict(
                 f"only a dispatched attempt can become UNKNOWN (this one is {current.state})",

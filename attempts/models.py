@@ -42,6 +42,8 @@ RECOVERABLE_STATES = (
     State.FAILED_RETRYABLE,
 )
 ATTENTION_STATES = (State.UNKNOWN, State.MANUAL_REVIEW)
+# Sent or about to be sent by an agent that may still be at work: stale after STALE_AFTER.
+IN_FLIGHT_STATES = (State.INTENT_RECORDED, State.DISPATCHED)
 # A reviewer's approval of a linked attempt or retry (recorded without a move).
 APPROVAL_ACTION = "attempt.approval"
 # Field-only events that change what an operator decides on (an open form is stale after one).
@@ -113,11 +115,42 @@ class Membership(models.Model):
         return f"{self.user} is {self.role} in {self.tenant_id}"
 
 
+class SsoGroupRole(models.Model):
+    """A role in one tenant for people whose identity provider puts them in ``group``
+    (OpenID Connect sign-in, ``attempts.sso``). Configured through ``ledger_config``."""
+
+    group = models.CharField(max_length=200)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="sso_group_roles")
+    role = models.CharField(max_length=16, choices=Role.choices)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["group", "tenant"], name="ssogrouprole_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"group {self.group} is {self.role} in {self.tenant_id}"
+
+
+class SsoIdentity(models.Model):
+    """The account a person signing in through OpenID Connect uses: matched by the identity
+    provider's stable subject, never by a name another account could carry."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="sso_identity"
+    )
+    subject = models.CharField(max_length=255, unique=True)
+    last_login_groups = models.JSONField(default=list, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.user} (sso {self.subject})"
+
+
 class Tool(models.Model):
     """A tool agents may call, its effect class, and how to reach its provider.
 
-    ``adapter`` is ``http`` for the generic HTTP provider protocol, or a dotted path to a custom
-    adapter class (see ``reconciliation/providers``).
+    ``adapter`` is ``http`` for the generic HTTP provider protocol, ``stripe`` for Stripe payment
+    intents, or a dotted path to a custom adapter class (see ``reconciliation/providers``).
     """
 
     name = models.CharField(primary_key=True, max_length=100)
@@ -280,7 +313,14 @@ class AttemptQuerySet(models.QuerySet):
         return self.filter(tenant_id__in=list(tenants))
 
     def due(self, now) -> AttemptQuerySet:
+        """Attempts whose scheduled check (``next_check_at``) has come."""
         return self.filter(state__in=RECOVERABLE_STATES, next_check_at__lte=now)
+
+    def stale_in_flight(self, now) -> AttemptQuerySet:
+        """INTENT_RECORDED and DISPATCHED attempts unchanged for ``LEDGERWEB_STALE_AFTER``
+        seconds, read now: the setting applies to attempts recorded before it changed."""
+        since = now - dt.timedelta(seconds=settings.LEDGER["STALE_AFTER"])
+        return self.filter(state__in=IN_FLIGHT_STATES, updated_at__lte=since)
 
 
 class Attempt(models.Model):
@@ -344,6 +384,8 @@ class Attempt(models.Model):
     updated_at = models.DateTimeField()
 
     objects = AttemptQuerySet.as_manager()
+    # Set on the copy a ledger call returns when it repeated a move and wrote nothing.
+    repeated_call = False
 
     class Meta:
         indexes = [
@@ -670,10 +712,6 @@ class AgentToken(models.Model):
             Q(last_used_at__isnull=True) | Q(last_used_at__lte=cutoff)
         ).update(last_used_at=now)
         self.last_used_at = now
-
-    @property
-    def is_revoked(self) -> bool:
-        return self.revoked_at is not None
 
     def revoke(self) -> bool:
         """Revoke the token (idempotent). Returns whether this call revoked it."""

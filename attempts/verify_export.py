@@ -264,24 +264,15 @@ class Problem:
 
 @dataclass
 class ChainChecker:
-    """Walks events in id order and records every place the chain does not hold.
+    """Walks format-1 events (the ledger-wide chain written before per-attempt chains) in id
+    order by their links alone, and records every place the chain does not hold; it also
+    collects problems for the database verifier."""
 
-    ``start_prev`` is the ``prev_hash`` the first event must carry (GENESIS for a whole ledger;
-    None when the first event of an export segment is taken as its anchor).
-    """
-
-    start_prev: str | None = GENESIS
+    start_prev: str = GENESIS
     max_problems: int = 50
     problems: list[Problem] = field(default_factory=list)
-    count: int = 0
-    full_count: int = 0
     last_id: int | None = None
     last_hash: str | None = None
-    first_id: int | None = None
-    first_hash: str | None = None
-    # Head hashes kept elsewhere that must appear in the chain; ``found`` collects those seen.
-    anchors: frozenset[str] = frozenset()
-    found: set[str] = field(default_factory=set)
     truncated: bool = False
 
     def problem(self, problem: Problem) -> None:
@@ -290,14 +281,8 @@ class ChainChecker:
         else:
             self.truncated = True
 
-    def _link(
-        self,
-        event_id: int,
-        attempt_id: str | None,
-        prev_hash: str,
-        line: int | None,
-        check_link: bool = True,
-    ) -> None:
+    def link_only(self, event_id: int, prev_hash: str, stored_hash: str, *, line: int | None):
+        """One event's place in the chain: ids rise, and it names the hash of the one before."""
         if self.last_id is not None and event_id <= self.last_id:
             self.problem(
                 Problem(
@@ -305,12 +290,11 @@ class ChainChecker:
                     f"event ids go backwards ({event_id} after {self.last_id}): "
                     "history was reordered",
                     event_id,
-                    attempt_id,
-                    line,
+                    line=line,
                 )
             )
         expected = self.last_hash if self.last_id is not None else self.start_prev
-        if check_link and expected is not None and prev_hash != expected:
+        if prev_hash != expected:
             if self.last_id is None:
                 message = (
                     f"the first event's prev_hash is {prev_hash[:16]}…, not the chain's start "
@@ -323,57 +307,8 @@ class ChainChecker:
                     f"event {self.last_id} or this one was changed, or events between them "
                     "were deleted, inserted or reordered"
                 )
-            self.problem(Problem("link", message, event_id, attempt_id, line))
-
-    def _advance(self, event_id: int, stored_hash: str) -> None:
-        if self.first_id is None:
-            self.first_id, self.first_hash = event_id, stored_hash
+            self.problem(Problem("link", message, event_id, line=line))
         self.last_id, self.last_hash = event_id, stored_hash
-        self.count += 1
-        if stored_hash in self.anchors:
-            self.found.add(stored_hash)
-
-    def full(
-        self, row: dict[str, Any], *, line: int | None = None, check_link: bool = True
-    ) -> None:
-        """Check one event whose hashed fields are all present (``check_link`` False: its own
-        hash and its order only, for an export whose filter left events out between rows)."""
-        event_id = int(row["id"])
-        attempt_id = row.get("attempt_id")
-        self._link(event_id, attempt_id, row["prev_hash"], line, check_link)
-        if attempt_id is None:
-            self.problem(
-                Problem(
-                    "orphan",
-                    "the event's attempt no longer exists: the attempt was deleted",
-                    event_id,
-                    None,
-                    line,
-                )
-            )
-        else:
-            try:
-                recomputed = event_hash(row)
-            except (TypeError, ValueError, KeyError, rfc8785.CanonicalizationError) as exc:
-                recomputed = f"unhashable ({exc})"
-            if recomputed != row["hash"]:
-                self.problem(
-                    Problem(
-                        "content",
-                        f"the event's fields do not match its hash {str(row['hash'])[:16]}…: "
-                        "it was edited",
-                        event_id,
-                        attempt_id,
-                        line,
-                    )
-                )
-        self.full_count += 1
-        self._advance(event_id, row["hash"])
-
-    def link_only(self, event_id: int, prev_hash: str, stored_hash: str, *, line: int | None):
-        """An event outside an export's filter: only its place in the chain is known."""
-        self._link(event_id, None, prev_hash, line)
-        self._advance(event_id, stored_hash)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """The agent that crashtest kills: performs tool calls through ``ledger.run_tool_call`` and sends
-them to the provider with the generic HTTP provider protocol (protocol section 10).
+them to the provider with the generic HTTP provider protocol (protocol section 10), or through
+the tool's adapter when the tool names another one (Stripe, say).
 
 It is a real agent in miniature: it records the intent, claims, sends with the idempotency key,
 attaches the provider's request id and confirms on a receipt that carries the payload hash. When
@@ -22,6 +23,7 @@ from attempts.canonical import canonical_bytes
 from attempts.models import Attempt, Tool
 from attempts.states import Actor
 from reconciliation.faults import arm_kill_timer, crash_point
+from reconciliation.providers.registry import send_with_adapter
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +119,10 @@ def run_plan(
     if not_before is not None:
         time.sleep(max(0.0, not_before - time.time()))
     arm_kill_timer()
+    senders = {
+        tool.name: http_send if tool.adapter in ("", "http") else send_with_adapter
+        for tool in Tool.objects.filter(name__in={call.tool_name for call in calls})
+    }
     done = 0
     end = len(calls) if count is None else min(len(calls), start + count)
     for index in range(start, end):
@@ -129,7 +135,7 @@ def run_plan(
                 tool_name=call.tool_name,
                 idempotency_key=call.idempotency_key,
                 args=call.args,
-                send=http_send,
+                send=senders.get(call.tool_name, http_send),
                 actor=actor,
             )
             state = outcome.attempt.state

@@ -113,6 +113,14 @@ class LoginView(auth_views.LoginView):
     form_class = ThrottledAuthenticationForm
     redirect_authenticated_user = True
 
+    def get_context_data(self, **kwargs):
+        from attempts.sso import REFUSAL_KEY
+
+        context = super().get_context_data(**kwargs)
+        context["sso"] = settings.SSO
+        context["sso_refused"] = self.request.session.pop(REFUSAL_KEY, "")
+        return context
+
     def form_invalid(self, form: ThrottledAuthenticationForm) -> HttpResponse:
         response = super().form_invalid(form)
         if form.locked:

@@ -1,15 +1,26 @@
-"""Tool name -> adapter. ``Tool.adapter`` is ``http`` (the generic provider), a name registered
-with ``register()``, or the dotted path of an ``Adapter`` subclass."""
+"""Tool name -> adapter. ``Tool.adapter`` is ``http`` (the generic provider), ``stripe`` (Stripe
+payment intents, needs the ``stripe`` extra), ``mcp`` (tools behind the MCP gateway), a name
+registered with ``register()``, or the dotted path of an ``Adapter`` subclass."""
 
 from __future__ import annotations
 
 from django.utils.module_loading import import_string
 
-from attempts.models import Tool
-from reconciliation.providers.base import Adapter, ProviderError
+from attempts import ledger
+from attempts.models import Attempt, Tool
+from reconciliation.providers.base import (
+    Adapter,
+    Call,
+    LookupStatus,
+    ProviderError,
+    SendStatus,
+)
 from reconciliation.providers.http import GenericHttpAdapter
+from reconciliation.providers.mcp import McpAdapter
 
-_ADAPTERS: dict[str, type[Adapter]] = {"http": GenericHttpAdapter}
+_ADAPTERS: dict[str, type[Adapter]] = {"http": GenericHttpAdapter, "mcp": McpAdapter}
+# Shipped adapters whose library is an optional extra: imported when a tool names them.
+_OPTIONAL = {"stripe": "reconciliation.providers.stripe.StripePaymentIntentAdapter"}
 
 
 def register(name: str, adapter_class: type[Adapter]) -> None:
@@ -23,8 +34,17 @@ def adapter_class(name: str) -> type[Adapter]:
     """The adapter class named by ``name``; ProviderError when there is none."""
     if name in _ADAPTERS:
         return _ADAPTERS[name]
+    if name in _OPTIONAL:
+        try:
+            return import_string(_OPTIONAL[name])
+        except ImportError as exc:
+            raise ProviderError(
+                f"adapter {name!r} needs its optional extra (pip install 'ledgerweb[{name}]'): {exc}"
+            ) from None
     if "." not in name:
-        raise ProviderError(f"unknown adapter {name!r} (use 'http' or a dotted path)")
+        raise ProviderError(
+            f"unknown adapter {name!r} (use {', '.join([*_ADAPTERS, *_OPTIONAL])} or a dotted path)"
+        )
     try:
         found = import_string(name)
     except ImportError as exc:
@@ -75,3 +95,29 @@ class Registry:
             except ProviderError as exc:
                 self._usable[tool_name] = (None, [str(exc)])
         return self._usable[tool_name]
+
+
+def send_with_adapter(attempt: Attempt) -> ledger.SendResult:
+    """An agent's send function (for ``ledger.run_tool_call``) for a tool with an adapter: sends
+    the claimed attempt through the tool's adapter, then looks it up. The lookup's answer, when
+    it finds exactly this payload, is the receipt (a 2xx alone is not); a refusal or an
+    uncertain send is raised as the ledger's ProviderRefused or ProviderLostResponse."""
+    adapter = adapter_for(Tool.objects.get(name=attempt.tool_name))
+    call = Call.of(attempt)
+    answer = adapter.send(call)
+    if answer.status == SendStatus.REFUSED:
+        raise ledger.ProviderRefused(answer.detail or "refused", retryable=answer.retryable)
+    if answer.status == SendStatus.UNCERTAIN:
+        raise ledger.ProviderLostResponse(answer.detail or "no answer")
+    found = adapter.lookup(call) if adapter.can_look_up else None
+    receipt = (
+        found is not None
+        and found.status == LookupStatus.FOUND
+        and found.count == 1
+        and found.args_hash == attempt.args_hash
+        and found.provider_request_id == answer.provider_request_id
+    )
+    return ledger.SendResult(
+        provider_request_id=answer.provider_request_id or None,
+        result_ref=found.result_ref if receipt and found is not None else None,
+    )

@@ -9,12 +9,14 @@ import time
 from typing import Any
 
 from django.conf import settings
+from django.core.checks import Tags
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, close_old_connections
 
 from attempts import chain
 from attempts.locking import LedgerBusy
 from attempts.notify import NotifyStep
+from ledgerweb import logs
 from reconciliation.reconciler import Reconciler, Summary, tune_worker_process
 
 
@@ -91,7 +93,11 @@ class Command(BaseCommand):
             batch_size=options["batch_size"],
             lease_seconds=options["lease_seconds"],
         )
+        # The checks that read the database (an owner for attention work, reconcilable tools)
+        # matter here, where attempts are moved to people: warnings are printed, not fatal.
+        self.check(tags=[Tags.database], databases=["default"], display_num_errors=False)
         tune_worker_process()
+        logs.skip_unused_record_fields()  # this process logs a line per settled attempt
         self.notify = None if options["no_notify"] else NotifyStep()
         stop = threading.Event()
         previous = {

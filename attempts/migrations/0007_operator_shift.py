@@ -37,7 +37,7 @@ def drop_prefix_indexes(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("attempts", "0005_chain_per_attempt"),
+        ("attempts", "0006_sso"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

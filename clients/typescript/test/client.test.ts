@@ -1,0 +1,149 @@
+// The TypeScript client against a live ledgerweb server (LEDGERWEB_URL, LEDGERWEB_TOKEN; the
+// pytest test tests/api/test_typescript_client.py starts one on 127.0.0.1 and runs these).
+import assert from "node:assert/strict";
+import { createServer } from "node:net";
+import { describe, test } from "node:test";
+
+import {
+  type Attempt,
+  IdempotencyConflict,
+  InvalidRequest,
+  LedgerClient,
+  LedgerUnavailable,
+  NotFound,
+  ProviderLostResponse,
+  ProviderRefused,
+  ProviderTimeout,
+  Refused,
+  type State,
+  StateConflict,
+  Unauthorized,
+} from "../src/index.js";
+
+const url = process.env.LEDGERWEB_URL;
+const token = process.env.LEDGERWEB_TOKEN;
+const live = url && token ? {} : { skip: "LEDGERWEB_URL and LEDGERWEB_TOKEN are not set" };
+
+function intent(key: string, extra: Record<string, unknown> = {}) {
+  return {
+    tenant: "acme",
+    task_id: "task-ts",
+    tool_name: "charge_card",
+    idempotency_key: key,
+    args: { customer: "cus_1", amount_cents: 1200, currency: "EUR" },
+    ...extra,
+  };
+}
+
+describe("against a live ledger", live, () => {
+  const ledger = new LedgerClient(url ?? "http://127.0.0.1:1", token ?? "unset");
+
+  test("call runs the safe order, confirms, and never sends twice", async () => {
+    const sent: string[] = [];
+    const send = async (attempt: Attempt) => {
+      sent.push(attempt.idempotency_key);
+      return { providerRequestId: "prv_ts_1", resultRef: "ch_ts_1" };
+    };
+    const first = await ledger.call({ ...intent("ts:charge:1"), send });
+    assert.equal(first.sent, true);
+    assert.equal(first.confirmed, true);
+    const state: State = first.attempt.state;
+    assert.equal(state, "OUTCOME_CONFIRMED");
+    assert.equal(first.attempt.provider_request_id, "prv_ts_1");
+    assert.equal(first.attempt.result_ref, "ch_ts_1");
+    const again = await ledger.call({ ...intent("ts:charge:1"), send });
+    assert.equal(again.sent, false);
+    assert.equal(again.confirmed, true);
+    assert.deepEqual(sent, ["ts:charge:1"]);
+    const found = await ledger.find("ts:charge:1");
+    assert.deepEqual(
+      found.map((a) => a.attempt_id),
+      [first.attempt.attempt_id],
+    );
+  });
+
+  for (const error of [new ProviderTimeout("read timed out"), new ProviderLostResponse("reset")]) {
+    test(`${error.name} leaves the attempt UNKNOWN, and UNKNOWN is not sent again`, async () => {
+      const key = `ts:unknown:${error.name}`;
+      const send = async (): Promise<never> => {
+        throw error;
+      };
+      const result = await ledger.call({ ...intent(key), send });
+      assert.equal(result.sent, true);
+      assert.equal(result.attempt.state, "UNKNOWN");
+      assert.equal(result.providerError, error);
+      const again = await ledger.call({ ...intent(key), send });
+      assert.equal(again.sent, false);
+      assert.equal(again.attempt.state, "UNKNOWN");
+    });
+  }
+
+  test("an answer without a receipt stays DISPATCHED with the provider id", async () => {
+    const result = await ledger.call({
+      ...intent("ts:no-receipt"),
+      send: async () => ({ providerRequestId: "prv_ts_2" }),
+    });
+    assert.equal(result.attempt.state, "DISPATCHED");
+    assert.equal(result.attempt.provider_request_id, "prv_ts_2");
+  });
+
+  test("refusals record FAILED or FAILED_RETRYABLE", async () => {
+    const refuse = (retryable: boolean) => async (): Promise<never> => {
+      throw new ProviderRefused("card declined", retryable);
+    };
+    const failed = await ledger.call({ ...intent("ts:refused"), send: refuse(false) });
+    assert.equal(failed.attempt.state, "FAILED");
+    const retry = await ledger.call({ ...intent("ts:retryable"), send: refuse(true) });
+    assert.equal(retry.attempt.state, "FAILED_RETRYABLE");
+  });
+
+  test("an unexpected error marks the attempt UNKNOWN and is rethrown", async () => {
+    const boom = new RangeError("bug in the send function");
+    await assert.rejects(
+      ledger.call({
+        ...intent("ts:crash"),
+        send: async () => {
+          throw boom;
+        },
+      }),
+      (thrown) => thrown === boom,
+    );
+    const [attempt] = await ledger.find("ts:crash");
+    assert.equal(attempt?.state, "UNKNOWN");
+  });
+
+  test("the ledger's refusals are typed errors", async () => {
+    const recorded = await ledger.recordIntent(intent("ts:errors"));
+    await assert.rejects(
+      ledger.recordIntent(intent("ts:errors", { args: { amount_cents: 1 } })),
+      (e) => e instanceof IdempotencyConflict && e.status === 409,
+    );
+    await assert.rejects(
+      ledger.recordIntent(intent("ts:bad", { tool_name: "no_such_tool" })),
+      (e) => e instanceof InvalidRequest && e.code === "unknown_tool",
+    );
+    await assert.rejects(
+      ledger.recordIntent(intent("ts:globex", { tenant: "globex" })),
+      (e) => e instanceof Refused && e.code === "tenant_not_granted",
+    );
+    await assert.rejects(ledger.get("att_MISSING"), NotFound);
+    await assert.rejects(ledger.confirm(recorded.attempt_id, "r"), StateConflict);
+    const stranger = new LedgerClient(url ?? "", "lwt_wrong");
+    await assert.rejects(stranger.get(recorded.attempt_id), Unauthorized);
+    assert.equal(await ledger.dispatch(recorded.attempt_id), true);
+    assert.equal(await ledger.dispatch(recorded.attempt_id), false);
+  });
+});
+
+test("an unreachable ledger is LedgerUnavailable", async () => {
+  const port = await new Promise<number>((resolve) => {
+    const server = createServer();
+    server.listen(0, "127.0.0.1", () => {
+      const address = server.address();
+      server.close(() => resolve(typeof address === "object" && address ? address.port : 0));
+    });
+  });
+  const ledger = new LedgerClient(`http://127.0.0.1:${port}`, "lwt_x", { timeoutMs: 2000 });
+  await assert.rejects(ledger.get("att_1"), LedgerUnavailable);
+  assert.throws(() => new LedgerClient("ftp://x", "t"), TypeError);
+});
