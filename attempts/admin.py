@@ -20,10 +20,14 @@ from attempts.models import (
     Grant,
     LoginThrottle,
     Membership,
+    Notification,
     OwnershipRule,
+    PersonSettings,
+    SlaPolicy,
     Tenant,
     Tool,
     adapter_names,
+    tenants_where,
 )
 from attempts.states import Actor
 
@@ -41,10 +45,17 @@ class UserMembershipInline(admin.TabularInline):
     verbose_name = "tenant membership"
 
 
+class PersonSettingsInline(admin.StackedInline):
+    model = PersonSettings
+    extra = 0
+    max_num = 1
+    verbose_name = "dashboard and notification settings"
+
+
 class LedgerUserAdmin(UserAdmin):
     """Django's user admin, plus the person's tenant memberships and roles on the same page."""
 
-    inlines = [*UserAdmin.inlines, UserMembershipInline]
+    inlines = [*UserAdmin.inlines, UserMembershipInline, PersonSettingsInline]
 
 
 User = get_user_model()
@@ -116,7 +127,7 @@ class AttemptAdmin(ReadOnlyAdmin):
 
     def get_queryset(self, request: HttpRequest):
         # Staff see the tenants they belong to (superusers see all), like the dashboard.
-        return super().get_queryset(request).for_user(request.user)
+        return super().get_queryset(request).visible_to(request.user)
 
 
 @admin.register(AttemptEvent)
@@ -137,17 +148,20 @@ class AttemptEventAdmin(ReadOnlyAdmin):
 
     def get_queryset(self, request: HttpRequest):
         qs = super().get_queryset(request)
-        if request.user.is_superuser:
-            return qs
-        return qs.filter(attempt__tenant__memberships__user=request.user)
+        return qs.filter(attempt__tenant_id__in=tenants_where(request.user))
 
 
 @admin.register(LoginThrottle)
 class LoginThrottleAdmin(admin.ModelAdmin):
     """Lets an admin lift a lock-out early (delete the row)."""
 
-    list_display = ["key", "failures", "first_failure_at", "locked_until"]
-    readonly_fields = ["key", "failures", "first_failure_at", "locked_until"]
+    list_display = ["username_shown", "address", "failures", "first_failure_at", "locked_until"]
+    readonly_fields = ["username", "address", "key", "failures", "first_failure_at", "locked_until"]
+    search_fields = ["username", "address"]
+
+    @admin.display(description="username", ordering="username")
+    def username_shown(self, obj: LoginThrottle) -> str:
+        return obj.username or "(every username from this address)"
 
     def has_add_permission(self, request: HttpRequest, obj=None) -> bool:
         return False
@@ -208,8 +222,10 @@ class ToolAdmin(ConfigHistoryAdmin):
             "Provider",
             {
                 "fields": ("adapter", "dispatch_url", "lookup_url", "timeout_seconds", "max_sends"),
-                "description": "adapter 'http' is the generic HTTP provider (docs/providers.md); "
-                "custom adapters are added to the list by the deployment (LEDGERWEB_ADAPTERS).",
+                "description": "adapter: a name from the deployment's list (LEDGER['ADAPTERS']): "
+                "'http' is the generic HTTP provider (docs/providers.md), 'mcp' a tool behind the "
+                "MCP gateway (docs/integrations.md), 'stripe' Stripe payment intents; custom "
+                "adapters are added by the deployment (LEDGERWEB_ADAPTERS).",
             },
         ),
     )
@@ -299,3 +315,52 @@ class AgentTokenAdmin(admin.ModelAdmin):
     def revoke_tokens(self, request, queryset) -> None:
         count = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
         self.message_user(request, f"Revoked {count} token(s).", messages.SUCCESS)
+
+
+@admin.register(SlaPolicy)
+class SlaPolicyAdmin(admin.ModelAdmin):
+    """How old UNKNOWN and MANUAL_REVIEW work may grow per tool (optionally per tenant), and
+    who hears of a breach."""
+
+    list_display = [
+        "tool",
+        "tenant",
+        "unknown_warn_after",
+        "unknown_breach_after",
+        "review_warn_after",
+        "review_breach_after",
+        "escalate_to",
+    ]
+    list_filter = ["tool", "tenant"]
+    autocomplete_fields = ["escalate_to"]
+
+
+@admin.register(Notification)
+class NotificationAdmin(admin.ModelAdmin):
+    """The outbox, read-only: what was sent to whom, and what is still trying."""
+
+    list_display = [
+        "id",
+        "kind",
+        "channel",
+        "recipient",
+        "status",
+        "tries",
+        "created_at",
+        "sent_at",
+    ]
+    list_filter = ["status", "kind", "channel"]
+    search_fields = ["recipient__username", "subject"]
+    list_select_related = ["recipient"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+    def get_queryset(self, request: HttpRequest):
+        qs = super().get_queryset(request)
+        if request.user.is_superuser:
+            return qs
+        return qs.filter(recipient=request.user)

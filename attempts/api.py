@@ -26,6 +26,7 @@ from attempts import ledger
 from attempts.locking import LedgerBusy
 from attempts.models import AgentIdentity, AgentToken, Attempt, State
 from attempts.states import Actor, TransitionError
+from ledgerweb.paths import shipped
 
 log = logging.getLogger("ledgerweb.api")
 
@@ -258,8 +259,8 @@ def _actor(token: AgentIdentity) -> Actor:
 def _log(event: str, attempt: Attempt, token: AgentIdentity, **fields: Any) -> None:
     """One structured log line per change: key=value text, and the same fields as ``extra``
     (top-level keys with LEDGERWEB_LOG_FORMAT=json)."""
-    if not log.isEnabledFor(logging.INFO):
-        return
+    if attempt.repeated_call or not log.isEnabledFor(logging.INFO):
+        return  # a repeated call changed nothing: nothing to log
     values = {
         "attempt_id": attempt.attempt_id,
         "tenant": attempt.tenant_id,
@@ -509,7 +510,7 @@ def server_error(request: HttpRequest):
     return default_server_error(request)
 
 
-OPENAPI_PATH = settings.BASE_DIR / "docs" / "openapi.json"
+OPENAPI_PATH = shipped("docs") / "openapi.json"
 
 
 @functools.cache

@@ -33,9 +33,9 @@ from attempts.models import (
     AttemptEvent,
     Checkpoint,
     CheckpointLeaf,
-    Membership,
     Role,
     State,
+    tenants_where,
 )
 from attempts.verify_export import (
     CSV_COLUMNS,
@@ -136,24 +136,17 @@ def export_tenants(user: Any) -> set[str] | None:
     (a superuser)."""
     if user.is_superuser:
         return None
-    return set(
-        Membership.objects.filter(user=user, role__in=EXPORT_ROLES).values_list(
-            "tenant_id", flat=True
-        )
-    )
+    return set(tenants_where(user, Role.REVIEWER))
 
 
 def scoped_attempts(user: Any | None, filters: ExportFilters) -> QuerySet[Attempt]:
-    """The attempts an export covers: the person's tenants (``Attempt.objects.for_user``, then
-    only those where they review or administer), narrowed by the filters. ``user`` None is the
+    """The attempts an export covers: the person's tenants (``Attempt.objects.visible_to`` with
+    the reviewer role: only tenants where they review or administer), narrowed by the filters. ``user`` None is the
     operator's command line: every tenant."""
     if user is None:
         attempts = Attempt.objects.all()
     else:
-        attempts = Attempt.objects.for_user(user)
-        allowed = export_tenants(user)
-        if allowed is not None:
-            attempts = attempts.filter(tenant_id__in=allowed)
+        attempts = Attempt.objects.visible_to(user, Role.REVIEWER)
     if filters.tenant:
         attempts = attempts.filter(tenant_id=filters.tenant)
     if filters.state:
@@ -384,7 +377,7 @@ def _json_event_sql() -> str:
 
 def _where(plan: ExportPlan) -> tuple[str, list[Any]]:
     """The plan's filters as SQL over ``e`` (events), scoped through the ORM's own query for the
-    person's attempts (``Attempt.objects.for_user`` and the filters)."""
+    person's attempts (``Attempt.objects.visible_to`` and the filters)."""
     clauses = ["e.id <= %s"]
     params: list[Any] = [plan.upto]
     if plan.scoped:

@@ -1,13 +1,15 @@
 """System checks: configuration that would break the ledger's promises is reported at start-up."""
 
 from django.conf import settings
-from django.core.checks import Error, Warning, register
+from django.core.checks import Error, Tags, Warning, register
 from django.db import DatabaseError
 
 
-@register()
+@register(Tags.database)
 def check_owner_configured(app_configs=None, **kwargs):
-    """UNKNOWN and MANUAL_REVIEW work must always land on a person."""
+    """UNKNOWN and MANUAL_REVIEW work must always land on a person. It reads the database, so
+    it runs where it matters (``migrate``, the reconcile worker's start, ``check --database
+    default``), not before every management command."""
     from attempts.models import OwnershipRule
 
     if settings.LEDGER["DEFAULT_OWNER"]:
@@ -21,7 +23,8 @@ def check_owner_configured(app_configs=None, **kwargs):
     return [
         Warning(
             "No owner is configured for UNKNOWN and MANUAL_REVIEW work.",
-            hint="Add an ownership rule in the admin, or set LEDGERWEB_DEFAULT_OWNER to a username.",
+            hint="Add an [[ownership_rules]] entry with `manage.py ledger_config apply`, or set "
+            "LEDGERWEB_DEFAULT_OWNER to a username.",
             id="attempts.W001",
         )
     ]

@@ -41,6 +41,8 @@ POINTS: dict[str, str] = {
     "dispatch_claimed": "write path: the dispatch claim is committed; nothing sent yet",
     "response_received": "write path: the provider answered; nothing of it is committed (case C)",
     "request_id_attached": "write path: the provider request id is committed, not confirmed",
+    "notify_claimed": "notifications: a notice's lease is committed, nothing sent",
+    "notify_sent": "notifications: the notice was accepted, not yet recorded as sent",
 }
 MUTATIONS: dict[str, str] = {
     "claim_after_send": "write path sends first and claims the dispatch afterwards",

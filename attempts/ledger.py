@@ -16,8 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import IntegrityError
-from django.db.models import F
-from django.utils import timezone
 
 from attempts import authority, states
 from attempts.canonical import InvalidArguments, normalize_args
@@ -25,11 +23,7 @@ from attempts.faults import crash_point, mutation
 from attempts.locking import write_transaction
 from attempts.models import (
     ATTEMPT_ID,
-    ROLE_RANK,
     Attempt,
-    AttemptEvent,
-    Membership,
-    Role,
     State,
     Tenant,
     Tool,
@@ -174,6 +168,8 @@ def _refreshes_caller(func):
             # Our copy was stale (see _current): decide again on what the database says now.
             result = func(attempt.attempt_id, *args, **kwargs)
         current = result[0] if isinstance(result, tuple) else result
+        if isinstance(attempt, Attempt):
+            attempt.__dict__.pop("repeated_call", None)
         if (
             isinstance(attempt, Attempt)
             and isinstance(current, Attempt)
@@ -184,6 +180,13 @@ def _refreshes_caller(func):
         return result
 
     return wrapper
+
+
+def _repeated(attempt: Attempt) -> Attempt:
+    """A call repeating a move that already happened: the attempt as it is, nothing written.
+    Marked, so the API logs changes only (``attempt.repeated_call``)."""
+    attempt.repeated_call = True
+    return attempt
 
 
 def _text(name: str, value: Any, *, required: bool = True) -> str:
@@ -368,7 +371,7 @@ def attach_provider_request(
     with write_transaction():
         current = _current(attempt, tenants, (State.DISPATCHED, State.UNKNOWN))
         if current.provider_request_id == provider_request_id:
-            return current
+            return _repeated(current)
         if current.provider_request_id:
             raise StateConflict(
                 f"attempt already has provider request id {current.provider_request_id!r}",
@@ -423,7 +426,7 @@ def confirm(
                 None,
                 current.provider_request_id,
             ):
-                return current
+                return _repeated(current)
             raise StateConflict(
                 "attempt is already confirmed with a different result", attempt=current
             )
@@ -467,7 +470,7 @@ def fail(
             attempt, tenants, (State.DISPATCHED, State.INTENT_RECORDED, State.FAILED_RETRYABLE)
         )
         if current.state == target:
-            return current
+            return _repeated(current)
         allowed = {
             State.DISPATCHED: (State.FAILED_RETRYABLE, State.FAILED),
             State.INTENT_RECORDED: (State.FAILED,),
@@ -494,7 +497,7 @@ def mark_unknown(
     with write_transaction():
         current = _current(attempt, tenants, (State.DISPATCHED,))
         if current.state == State.UNKNOWN:
-            return current
+            return _repeated(current)
         if current.state != State.DISPATCHED:
             raise StateConflict(
                 f"only a dispatched attempt can become UNKNOWN (this one is {current.state})",
@@ -611,143 +614,7 @@ def _send_then_claim(attempt: Attempt, send: Callable[[Attempt], SendResult], ac
 
 
 # ---------------------------------------------------------------------------------------------
-# People: roles, ownership, notes, outcomes and linked attempts
-
-
-def role_in(user: Any, tenant: str) -> str | None:
-    if not user.is_authenticated or not user.is_active:
-        return None
-    if user.is_superuser:
-        return Role.ADMIN
-    return (
-        Membership.objects.filter(user=user, tenant_id=tenant)
-        .values_list("role", flat=True)
-        .first()
-    )
-
-
-def require_role(user: Any, attempt: Attempt, minimum: str) -> None:
-    role = role_in(user, attempt.tenant_id)
-    if role is None or ROLE_RANK[role] < ROLE_RANK[minimum]:
-        raise NotAllowed(f"this needs the {minimum} role in tenant {attempt.tenant_id}")
-
-
-def _expect_version(current: Attempt, expected_version: int | None) -> None:
-    if expected_version is not None and current.version != expected_version:
-        raise StateConflict(
-            "someone else changed this attempt while you were looking at it; "
-            "reload to see what happened",
-            code="concurrent_change",
-            attempt=current,
-        )
-
-
-@_refreshes_caller
-def assign(
-    attempt: Attempt | str,
-    *,
-    user: Any,
-    owner: Any | None,
-    expected_version: int | None = None,
-) -> Attempt:
-    """Give the attempt to ``owner`` (None: unassign). Operators and above."""
-    with write_transaction():
-        current = _reload(attempt)
-        require_role(user, current, Role.OPERATOR)
-        _expect_version(current, expected_version)
-        if owner is not None and role_in(owner, current.tenant_id) is None:
-            raise NotAllowed(f"{owner.get_username()} is not a member of {current.tenant_id}")
-        if owner is None and current.state == State.MANUAL_REVIEW:
-            raise StateConflict("an attempt in MANUAL_REVIEW must always have an owner")
-        new_id = owner.pk if owner is not None else None
-        if current.owner_id == new_id:
-            return current
-        return states.move(
-            current,
-            None,
-            actor=Actor.user(user),
-            action="attempt.owner_changed" if owner is not None else "attempt.unassigned",
-            fields={"owner_id": new_id},
-            details={"previous_owner_id": current.owner_id},
-        )
-
-
-def add_note(attempt: Attempt | str, *, user: Any, text: str) -> AttemptEvent:
-    text = _text("note", text)
-    if len(text) > 5000:
-        raise InvalidIntent("a note is at most 5000 characters")
-    with write_transaction():
-        current = _reload(attempt)
-        require_role(user, current, Role.OPERATOR)
-        states.move(current, None, action="attempt.note", actor=Actor.user(user), reason=text)
-        return current.events.order_by("-id").first()
-
-
-@_refreshes_caller
-def review_confirm(
-    attempt: Attempt | str,
-    *,
-    user: Any,
-    result_ref: str,
-    evidence: str,
-    expected_version: int | None = None,
-) -> Attempt:
-    """A reviewer confirms the effect happened, with evidence (MANUAL_REVIEW or UNKNOWN)."""
-    result_ref = _text("result_ref", result_ref)
-    evidence = _text("evidence", evidence)
-    with write_transaction():
-        current = _reload(attempt)
-        require_role(user, current, Role.REVIEWER)
-        if current.state == State.OUTCOME_CONFIRMED and current.result_ref == result_ref:
-            return current
-        _expect_version(current, expected_version)
-        if current.state not in (State.MANUAL_REVIEW, State.UNKNOWN) or current.awaiting_approval:
-            raise StateConflict(f"cannot confirm an attempt in {current.state}", attempt=current)
-        return states.move(
-            current,
-            State.OUTCOME_CONFIRMED,
-            actor=Actor.user(user),
-            action="attempt.review_confirmed",
-            reason=evidence,
-            fields={"result_ref": result_ref},
-        )
-
-
-@_refreshes_caller
-def review_fail(
-    attempt: Attempt | str, *, user: Any, reason: str, expected_version: int | None = None
-) -> Attempt:
-    """A reviewer declares the effect not done (or rejects a linked attempt), with a reason."""
-    reason = _text("reason", reason)
-    with write_transaction():
-        current = _reload(attempt)
-        require_role(user, current, Role.REVIEWER)
-        if current.state == State.FAILED and _failed_with(current, reason):
-            return current  # the same decision repeated: success, nothing new written
-        _expect_version(current, expected_version)
-        if current.state not in (State.MANUAL_REVIEW, State.UNKNOWN):
-            raise StateConflict(f"cannot fail an attempt in {current.state}", attempt=current)
-        return states.move(
-            current,
-            State.FAILED,
-            actor=Actor.user(user),
-            action="attempt.review_failed",
-            reason=reason,
-            fields={"awaiting_approval": False},
-        )
-
-
-def _failed_with(attempt: Attempt, reason: str) -> bool:
-    """Whether the move into FAILED recorded this reason (a repeat of the same decision).
-    A different reason is another person's decision that lost the race: not a repeat."""
-    recorded = (
-        attempt.events.filter(to_state=State.FAILED)
-        .exclude(from_state=State.FAILED)
-        .order_by("-id")
-        .values_list("reason", flat=True)
-        .first()
-    )
-    return recorded == reason
+# Linked attempts (people's decisions about them live in attempts.review)
 
 
 def _next_link_key(original: Attempt) -> str:
@@ -785,7 +652,7 @@ def linked_preview(original: Attempt) -> dict[str, Any]:
         "policy_version": auth.policy_version,
         "credential_scope": auth.scopes,
         "critical": bool(tool and tool.critical),
-        "approvals_needed": 2 if tool and tool.critical else 1,
+        "approvals_needed": original.approvals_needed(),
     }
 
 
@@ -829,123 +696,3 @@ def create_linked_attempt(
         )
         original.__dict__.update(current.__dict__)
         return child
-
-
-def _approvals_so_far(attempt: Attempt) -> set[str]:
-    """Distinct reviewers who approved since the attempt last changed state."""
-    last_move = (
-        attempt.events.exclude(from_state=F("to_state"))
-        .order_by("-id")
-        .values_list("id", flat=True)
-        .first()
-    )
-    return set(
-        attempt.events.filter(action="attempt.approval", id__gt=last_move or 0).values_list(
-            "actor", flat=True
-        )
-    )
-
-
-def _approve(current: Attempt, user: Any, kind: str) -> tuple[bool, int]:
-    """Record one reviewer's approval; returns (enough approvals now, approvals needed)."""
-    require_role(user, current, Role.REVIEWER)
-    tool = Tool.objects.filter(name=current.tool_name).first()
-    needed = 2 if tool is not None and tool.critical else 1
-    approved_by = _approvals_so_far(current)
-    if user.get_username() in approved_by:
-        raise StateConflict(
-            "you already approved this; a second, different reviewer must approve it",
-            code="needs_second_reviewer",
-            attempt=current,
-        )
-    if len(approved_by) + 1 < needed:
-        states.move(
-            current,
-            None,
-            action="attempt.approval",
-            actor=Actor.user(user),
-            details={"kind": kind, "approvals": len(approved_by) + 1, "needed": needed},
-        )
-        return False, needed
-    return True, needed
-
-
-def approve_linked_retry(
-    attempt: Attempt | str, *, user: Any, expected_version: int | None = None
-) -> Attempt | None:
-    """A reviewer approves a linked retry of an attempt in MANUAL_REVIEW: the original becomes
-    RECONCILED and the new attempt is recorded (INTENT_RECORDED, due now) in the same
-    transaction. Critical tools need two distinct reviewers: the first approval is recorded and
-    None is returned."""
-    with write_transaction():
-        current = _reload(attempt)
-        require_role(user, current, Role.REVIEWER)
-        _expect_version(current, expected_version)
-        if current.state != State.MANUAL_REVIEW or current.awaiting_approval:
-            raise StateConflict(
-                f"a linked retry is approved from MANUAL_REVIEW, not {current.state}",
-                attempt=current,
-            )
-        enough, needed = _approve(current, user, "linked_retry")
-        if not enough:
-            return None
-        preview = linked_preview(current)
-        now = timezone.now()
-        child = states.create(
-            state=State.INTENT_RECORDED,
-            actor=Actor.user(user),
-            reason="linked retry approved",
-            details={"approvals_needed": needed},
-            tenant_id=current.tenant_id,
-            task_id=current.task_id,
-            tool_name=current.tool_name,
-            idempotency_key=preview["idempotency_key"],
-            args=current.args,
-            args_hash=current.args_hash,
-            policy_version=preview["policy_version"],
-            credential_scope=preview["credential_scope"],
-            parent=current,
-            next_check_at=now,
-            now=now,
-        )
-        states.move(
-            current,
-            State.RECONCILED,
-            actor=Actor.user(user),
-            action="attempt.linked_retry_approved",
-            details={"linked_attempt_id": child.attempt_id},
-        )
-        return child
-
-
-@_refreshes_caller
-def approve_linked_attempt(
-    attempt: Attempt | str, *, user: Any, expected_version: int | None = None
-) -> Attempt:
-    """A reviewer approves a linked attempt that waits in MANUAL_REVIEW: it becomes
-    INTENT_RECORDED, due now, and recovery sends it. Critical tools need two reviewers (the
-    attempt stays put after the first approval)."""
-    with write_transaction():
-        current = _reload(attempt)
-        require_role(user, current, Role.REVIEWER)
-        _expect_version(current, expected_version)
-        if current.state != State.MANUAL_REVIEW or not current.awaiting_approval:
-            raise StateConflict("this attempt is not waiting for approval", attempt=current)
-        holds, why = authority.authority_holds(current)
-        if not holds:
-            raise StateConflict(
-                f"authority changed again since this linked attempt was prepared: {why}",
-                code="authority_changed",
-                attempt=current,
-            )
-        enough, _ = _approve(current, user, "linked_attempt")
-        if not enough:
-            return current
-        return states.move(
-            current,
-            State.INTENT_RECORDED,
-            actor=Actor.user(user),
-            action="attempt.approved",
-            fields={"awaiting_approval": False, "review_reason": ""},
-            next_check_at=timezone.now(),
-        )

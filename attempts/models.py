@@ -12,12 +12,13 @@ import re
 import secrets
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models, transaction
-from django.db.models import Q
+from django.db.models import Exists, F, OuterRef, Q, Subquery
+from django.db.models.functions import Coalesce, Collate
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
@@ -43,6 +44,20 @@ RECOVERABLE_STATES = (
     State.FAILED_RETRYABLE,
 )
 ATTENTION_STATES = (State.UNKNOWN, State.MANUAL_REVIEW)
+# Sent or about to be sent by an agent that may still be at work: stale after STALE_AFTER.
+IN_FLIGHT_STATES = (State.INTENT_RECORDED, State.DISPATCHED)
+# A reviewer's approval of a linked attempt or retry (recorded without a move).
+APPROVAL_ACTION = "attempt.approval"
+# Field-only events that change what an operator decides on (an open form is stale after one).
+DECISIVE_ACTIONS = (
+    "attempt.owner_changed",
+    "attempt.unassigned",
+    APPROVAL_ACTION,
+    "attempt.provider_request_attached",
+)
+# Shortest search term matched as a prefix (shorter ones match exactly only).
+MIN_PREFIX = 4
+PREFIX_FIELDS = ("idempotency_key", "provider_request_id", "task_id", "attempt_id", "args_hash")
 
 
 class EffectClass(models.TextChoices):
@@ -116,6 +131,37 @@ def validate_adapter_name(value: str) -> None:
         )
 
 
+class SsoGroupRole(models.Model):
+    """A role in one tenant for people whose identity provider puts them in ``group``
+    (OpenID Connect sign-in, ``attempts.sso``). Configured through ``ledger_config``."""
+
+    group = models.CharField(max_length=200)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="sso_group_roles")
+    role = models.CharField(max_length=16, choices=Role.choices)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["group", "tenant"], name="ssogrouprole_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"group {self.group} is {self.role} in {self.tenant_id}"
+
+
+class SsoIdentity(models.Model):
+    """The account a person signing in through OpenID Connect uses: matched by the identity
+    provider's stable subject, never by a name another account could carry."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="sso_identity"
+    )
+    subject = models.CharField(max_length=255, unique=True)
+    last_login_groups = models.JSONField(default=list, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.user} (sso {self.subject})"
+
+
 class Tool(models.Model):
     """A tool agents may call, its effect class, and how to reach its provider.
 
@@ -149,6 +195,39 @@ class Tool(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def approvals_needed(self) -> int:
+        """The one home of "a critical tool needs two approvals": distinct reviewers who must
+        approve a linked attempt or retry of this tool."""
+        return 2 if self.critical else 1
+
+    @classmethod
+    def approvals_needed_for(cls, tool_name: str) -> int:
+        """``approvals_needed`` by name (an unconfigured tool needs one)."""
+        critical = cls.objects.filter(name=tool_name).values_list("critical", flat=True).first()
+        return cls(critical=bool(critical)).approvals_needed
+
+
+def search_key(field: str) -> Any:
+    """The expression a prefix search reads and orders by: the column in byte order. On
+    PostgreSQL that is ``column COLLATE "C"``, read from the ``attempt_*_prefix_idx`` indexes
+    (migration 0006; a range under the database's own collation is not a prefix range); on
+    SQLite the column itself (binary collation, its ordinary index)."""
+    from django.db import connection
+
+    if connection.vendor == "postgresql":
+        return Collate(F(field), "C")
+    return F(field)
+
+
+def prefix_value(term: str, field: str) -> str | None:
+    """``term`` as ``field`` stores it (hashes are lower-case hex), or None when it cannot
+    be a prefix of that field."""
+    if field == "args_hash":
+        value = term.lower()
+        return value if all(c in "0123456789abcdef" for c in value) else None
+    return term
 
 
 class Grant(models.Model):
@@ -185,21 +264,85 @@ class OwnershipRule(models.Model):
         return f"{self.tenant_pattern}/{self.tool_pattern} -> {self.owner}"
 
 
+def tenant_roles(user: Any, *, fresh: bool = False) -> dict[str, str]:
+    """The one home of "what role does this person have in which tenant": the role in each
+    tenant they belong to; a superuser is admin everywhere; an inactive or anonymous user has
+    none. Remembered on the user object for one request (``fresh`` reads the database again:
+    the write path decides on what is true now)."""
+    cached = getattr(user, "_ledger_tenant_roles", None)
+    if cached is not None and not fresh:
+        return cached
+    if user is None or not user.is_authenticated or not user.is_active:
+        roles: dict[str, str] = {}
+    elif user.is_superuser:
+        roles = {slug: Role.ADMIN for slug in Tenant.objects.values_list("slug", flat=True)}
+    else:
+        roles = dict(Membership.objects.filter(user=user).values_list("tenant_id", "role"))
+    user._ledger_tenant_roles = roles
+    return roles
+
+
+def role_rank(role: str | None) -> int:
+    """How much a role may do (-1 for no role)."""
+    return ROLE_RANK.get(role, -1) if role else -1
+
+
+def has_role(user: Any, tenant: str, minimum: str, *, fresh: bool = False) -> bool:
+    """Whether ``user`` holds at least ``minimum`` in ``tenant``."""
+    return role_rank(tenant_roles(user, fresh=fresh).get(tenant)) >= ROLE_RANK[minimum]
+
+
+def tenants_where(user: Any, minimum: str = Role.VIEWER) -> list[str]:
+    """The tenants in which ``user`` holds at least ``minimum``, sorted."""
+    rank = ROLE_RANK[minimum]
+    return sorted(t for t, r in tenant_roles(user).items() if role_rank(r) >= rank)
+
+
 class AttemptQuerySet(models.QuerySet):
-    def for_user(self, user: AbstractBaseUser) -> AttemptQuerySet:
-        """The one place tenant scoping happens for people: views, exports and counts use it."""
-        if not user.is_authenticated:
-            return self.none()
-        if user.is_superuser:
-            return self
-        return self.filter(tenant__memberships__user=user)
+    def visible_to(self, user: Any, minimum: str = Role.VIEWER) -> AttemptQuerySet:
+        """The one place tenant scoping happens for people: views, exports, counts, the admin
+        and notifications use it. ``minimum`` narrows to tenants where the role is at least it."""
+        return self.filter(tenant_id__in=tenants_where(user, minimum))
+
+    def awaiting_approval_of(self, user: Any) -> AttemptQuerySet:
+        """Attempts in MANUAL_REVIEW that wait for this reviewer's approval: a prepared linked
+        attempt, or a linked retry one reviewer approved already (critical tools need two), and
+        that this person has not approved since the attempt last moved."""
+        since = Attempt.last_move_subquery()
+        approvals = AttemptEvent.objects.filter(
+            attempt=OuterRef("pk"), action=APPROVAL_ACTION, id__gt=OuterRef("_last_move")
+        )
+        return (
+            self.visible_to(user, Role.REVIEWER)
+            .filter(state=State.MANUAL_REVIEW)
+            .annotate(_last_move=Coalesce(since, 0))
+            .filter(Q(awaiting_approval=True) | Exists(approvals))
+            .exclude(Exists(approvals.filter(actor=user.get_username())))
+        )
+
+    def prefix_search(self, term: str, field: str) -> AttemptQuerySet:
+        """Attempts whose ``field`` (one of PREFIX_FIELDS) starts with ``term``: one range
+        ``>= term AND < term + U+10FFFF`` of the field in byte order (``search_key``), with the
+        alias ``search_key`` to order by. Empty when ``term`` cannot be such a prefix."""
+        value = prefix_value(term, field)
+        keyed = self.alias(search_key=search_key(field))
+        if value is None:
+            return keyed.none()
+        return keyed.filter(search_key__gte=value, search_key__lt=value + "\U0010ffff")
 
     def for_tenants(self, tenants: list[str] | set[str]) -> AttemptQuerySet:
         """Tenant scoping for agent tokens."""
         return self.filter(tenant_id__in=list(tenants))
 
     def due(self, now) -> AttemptQuerySet:
+        """Attempts whose scheduled check (``next_check_at``) has come."""
         return self.filter(state__in=RECOVERABLE_STATES, next_check_at__lte=now)
+
+    def stale_in_flight(self, now) -> AttemptQuerySet:
+        """INTENT_RECORDED and DISPATCHED attempts unchanged for ``LEDGERWEB_STALE_AFTER``
+        seconds, read now: the setting applies to attempts recorded before it changed."""
+        since = now - dt.timedelta(seconds=settings.LEDGER["STALE_AFTER"])
+        return self.filter(state__in=IN_FLIGHT_STATES, updated_at__lte=since)
 
 
 class Attempt(models.Model):
@@ -263,6 +406,8 @@ class Attempt(models.Model):
     updated_at = models.DateTimeField()
 
     objects = AttemptQuerySet.as_manager()
+    # Set on the copy a ledger call returns when it repeated a move and wrote nothing.
+    repeated_call = False
 
     class Meta:
         indexes = [
@@ -315,6 +460,53 @@ class Attempt(models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.state in TERMINAL_STATES
+
+    @staticmethod
+    def last_move_subquery() -> Subquery:
+        """The id of the attempt's latest event that changed its state (for annotations)."""
+        return Subquery(
+            AttemptEvent.objects.filter(attempt=OuterRef("pk"))
+            .exclude(from_state=F("to_state"))
+            .order_by("-id")
+            .values("id")[:1]
+        )
+
+    def approvals_needed(self) -> int:
+        """How many distinct reviewers must approve a linked attempt or retry of this one."""
+        return Tool.approvals_needed_for(self.tool_name)
+
+    def approvers_since_last_move(self) -> list[str]:
+        """The one home of "which approvals count": distinct reviewers (oldest first) who
+        approved since the attempt last changed state. A move starts the count again."""
+        last_move = (
+            self.events.exclude(from_state=F("to_state"))
+            .order_by("-id")
+            .values_list("id", flat=True)
+            .first()
+        )
+        names: list[str] = []
+        for name in (
+            self.events.filter(action=APPROVAL_ACTION, id__gt=last_move or 0)
+            .order_by("id")
+            .values_list("actor", flat=True)
+        ):
+            if name not in names:
+                names.append(name)
+        return names
+
+    def last_event_id(self) -> int:
+        """The id of the newest event of this attempt (0 when it has none): what a form saw."""
+        return self.events.order_by("-id").values_list("id", flat=True).first() or 0
+
+    def decisive_changes_since(self, event_id: int) -> list[AttemptEvent]:
+        """Events after ``event_id`` that change what a person decided on: a state move, an
+        owner change, an approval or a reviewer's decision. Lookups that change nothing, notes,
+        acknowledgements and lease claims are not among them."""
+        return list(
+            self.events.filter(id__gt=event_id)
+            .filter(~Q(from_state=F("to_state")) | Q(action__in=DECISIVE_ACTIONS))
+            .order_by("id")
+        )
 
 
 class ActorKind(models.TextChoices):
@@ -543,10 +735,6 @@ class AgentToken(models.Model):
         ).update(last_used_at=now)
         self.last_used_at = now
 
-    @property
-    def is_revoked(self) -> bool:
-        return self.revoked_at is not None
-
     def revoke(self) -> bool:
         """Revoke the token (idempotent). Returns whether this call revoked it."""
         from django.utils import timezone
@@ -566,9 +754,222 @@ class LoginThrottle(models.Model):
     """
 
     key = models.CharField(max_length=64, unique=True)
+    # Who and from where, for the admin (an address-wide row has no username).
+    username = models.CharField(max_length=150, blank=True, default="")
+    address = models.CharField(max_length=64, blank=True, default="")
     failures = models.PositiveIntegerField(default=0)
     first_failure_at = models.DateTimeField()
     locked_until = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
-        return f"{self.key[:12]}… {self.failures} failures"
+        who = self.username or "any user"
+        return f"{who} from {self.address or '?'}: {self.failures} failures"
+
+
+# ---------------------------------------------------------------------------------------------
+# A person's shift: preferences, notifications (an outbox the worker delivers), SLAs
+
+
+class NoticeKind(models.TextChoices):
+    ASSIGNED = "assigned", "Work assigned to me"
+    MANUAL_REVIEW = "manual_review", "An attempt I own entered MANUAL_REVIEW"
+    APPROVAL = "approval", "An approval waits for me"
+    SLA_BREACH = "sla_breach", "An SLA breach escalated to me"
+    DIGEST = "digest", "Daily digest"
+
+
+class PersonSettings(models.Model):
+    """One person's dashboard and notification preferences (defaults when there is no row)."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="ledger_settings"
+    )
+    time_zone = models.CharField(max_length=64, default="UTC")
+    email = models.BooleanField(default=True, help_text="Send my notices by email.")
+    chat = models.BooleanField(default=True, help_text="Send my notices to the chat webhook.")
+    kinds = models.JSONField(
+        default=list, blank=True, help_text="Kinds of notice I want (empty: every kind)."
+    )
+    digest_hour = models.PositiveSmallIntegerField(
+        null=True, blank=True, default=8, help_text="Local hour of the daily digest (empty: none)."
+    )
+
+    def __str__(self) -> str:
+        return f"settings of {self.user}"
+
+    @classmethod
+    def of(cls, user: Any) -> PersonSettings:
+        """The person's settings, or unsaved defaults."""
+        found = cls.objects.filter(user_id=user.pk).first()
+        return found if found is not None else cls(user_id=user.pk)
+
+    def wants(self, kind: str) -> bool:
+        return not self.kinds or kind in self.kinds
+
+
+class NoticeStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    SENT = "sent", "Sent"
+    DEAD = "dead", "Given up"
+
+
+class Notification(models.Model):
+    """One notice to one person on one channel: the outbox row the worker delivers.
+
+    Enqueued with a ``dedupe_key`` (unique), so whatever enqueues twice enqueues once. Delivered
+    under a lease (``claim_token``, ``lease_until``): a worker killed mid-send leaves the row
+    pending and another claims it when the lease ends. The ``notice_id`` goes out with every
+    delivery (email Message-ID, webhook header and body) so a receiver can drop the copy a crash
+    between "sent" and "recorded as sent" can produce.
+    """
+
+    dedupe_key = models.CharField(max_length=200, unique=True)
+    kind = models.CharField(max_length=20, choices=NoticeKind.choices)
+    channel = models.CharField(max_length=10)  # email | chat
+    recipient = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="ledger_notices"
+    )
+    attempt = models.ForeignKey(
+        Attempt, null=True, blank=True, on_delete=models.CASCADE, related_name="notices"
+    )
+    subject = models.CharField(max_length=300)
+    body = models.TextField()
+    status = models.CharField(
+        max_length=10, choices=NoticeStatus.choices, default=NoticeStatus.PENDING
+    )
+    created_at = models.DateTimeField()
+    next_try_at = models.DateTimeField()
+    tries = models.PositiveIntegerField(default=0)
+    claim_token = models.CharField(max_length=40, blank=True, default="")
+    lease_until = models.DateTimeField(null=True, blank=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.CharField(max_length=500, blank=True, default="")
+
+    class Meta:
+        indexes = [
+            models.Index(
+                fields=["next_try_at"],
+                name="notice_due_idx",
+                condition=Q(status="pending"),
+            ),
+            models.Index(fields=["recipient", "created_at"], name="notice_recipient_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} to {self.recipient_id} by {self.channel} ({self.status})"
+
+    @property
+    def notice_id(self) -> str:
+        return f"ledgerweb-notice-{self.pk}"
+
+
+class NotifyCursor(models.Model):
+    """How far the notifier has read the attempts' history (one row, name ``events``)."""
+
+    name = models.CharField(max_length=40, primary_key=True)
+    last_event_id = models.BigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"{self.name} read to event {self.last_event_id}"
+
+
+class SlaPolicy(models.Model):
+    """How old UNKNOWN and MANUAL_REVIEW work may grow for a tool (optionally one tenant only).
+
+    Past ``*_warn_after`` an age shows amber, past ``*_breach_after`` red, and a breach is
+    escalated once to ``escalate_to`` (else the default owner) unless someone acknowledged it.
+    The most specific policy wins: tenant and tool, then tool for every tenant.
+    """
+
+    tool = models.ForeignKey(Tool, on_delete=models.CASCADE, related_name="sla_policies")
+    tenant = models.ForeignKey(
+        Tenant, null=True, blank=True, on_delete=models.CASCADE, related_name="sla_policies"
+    )
+    unknown_warn_after = models.DurationField(default=dt.timedelta(hours=1))
+    unknown_breach_after = models.DurationField(default=dt.timedelta(hours=4))
+    review_warn_after = models.DurationField(default=dt.timedelta(hours=4))
+    review_breach_after = models.DurationField(default=dt.timedelta(hours=24))
+    escalate_to = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT
+    )
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tool", "tenant"],
+                name="sla_unique_tool_tenant",
+                condition=Q(tenant__isnull=False),
+            ),
+            models.UniqueConstraint(
+                fields=["tool"], name="sla_unique_tool", condition=Q(tenant__isnull=True)
+            ),
+        ]
+        verbose_name = "SLA policy"
+        verbose_name_plural = "SLA policies"
+
+    def __str__(self) -> str:
+        return f"SLA {self.tool_id}/{self.tenant_id or '*'}"
+
+    def thresholds(self, state: str) -> tuple[dt.timedelta, dt.timedelta] | None:
+        """(warn after, breach after) for a state, None for states without an SLA."""
+        if state == State.UNKNOWN:
+            return self.unknown_warn_after, self.unknown_breach_after
+        if state == State.MANUAL_REVIEW:
+            return self.review_warn_after, self.review_breach_after
+        return None
+
+    @classmethod
+    def table(cls) -> dict[tuple[str, str | None], SlaPolicy]:
+        """Every policy by (tool, tenant or None)."""
+        return {(p.tool_id, p.tenant_id): p for p in cls.objects.all()}
+
+    @staticmethod
+    def pick(
+        table: dict[tuple[str, str | None], SlaPolicy], tool: str, tenant: str
+    ) -> SlaPolicy | None:
+        """The one home of "which SLA applies": tenant-specific first, then the tool's."""
+        return table.get((tool, tenant)) or table.get((tool, None))
+
+    @staticmethod
+    def level(policy: SlaPolicy | None, state: str, age: dt.timedelta) -> str:
+        """'' (no SLA or in time), 'warn' or 'breach'."""
+        limits = policy.thresholds(state) if policy is not None else None
+        if limits is None:
+            return ""
+        warn, breach = limits
+        if age >= breach:
+            return "breach"
+        if age >= warn:
+            return "warn"
+        return ""
+
+
+class SlaEscalation(models.Model):
+    """An SLA breach of one attempt in one state: escalated once, acknowledged by a person."""
+
+    attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, related_name="sla_escalations")
+    state = models.CharField(max_length=20)
+    escalated_to = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    escalated_at = models.DateTimeField(null=True, blank=True)
+    acknowledged_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    acknowledged_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["attempt", "state"], name="sla_escalation_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"SLA {self.attempt_id} {self.state}"

@@ -1,12 +1,26 @@
+from django.conf import settings
 from django.contrib.auth import views as auth_views
+from django.contrib.auth.decorators import login_not_required
 from django.urls import path
 
-from attempts.views import actions, auth, detail, exports, overview, queues
+from attempts.views import actions, auth, detail, exports, overview, preferences, queues
 
 urlpatterns = [
     path("", overview.overview, name="overview"),
     path("login/", auth.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("settings/", preferences.preferences, name="preferences"),
+    # The one-time link `manage.py password_link` prints: people set their own password.
+    path(
+        "set-password/<uidb64>/<token>/",
+        auth_views.PasswordResetConfirmView.as_view(post_reset_login=False),
+        name="password_reset_confirm",
+    ),
+    path(
+        "set-password/done/",
+        auth_views.PasswordResetCompleteView.as_view(),
+        name="password_reset_complete",
+    ),
     path("queues/bulk/", queues.bulk_action, name="queue-bulk"),
     path("queues/<slug:slug>/", queues.queue_view, name="queue"),
     path("attempts/<str:attempt_id>/", detail.attempt_detail, name="attempt-detail"),
@@ -16,6 +30,7 @@ urlpatterns = [
     path("attempts/<str:attempt_id>/note/", actions.note, name="attempt-note"),
     path("attempts/<str:attempt_id>/confirm/", actions.mark_confirmed, name="attempt-confirm"),
     path("attempts/<str:attempt_id>/fail/", actions.mark_failed, name="attempt-fail"),
+    path("attempts/<str:attempt_id>/acknowledge/", actions.acknowledge, name="attempt-acknowledge"),
     path("attempts/<str:attempt_id>/approve/", actions.approve, name="attempt-approve"),
     path("attempts/<str:attempt_id>/reject/", actions.reject, name="attempt-reject"),
     path("audit/", exports.audit_exports, name="audit_exports"),
@@ -23,3 +38,19 @@ urlpatterns = [
     path("audit/report/", exports.report_lookup, name="audit_report_lookup"),
     path("audit/report/<str:attempt_id>/", exports.attempt_report, name="audit_report"),
 ]
+
+if settings.SSO["ENABLED"]:
+    from mozilla_django_oidc import views as oidc_views
+
+    urlpatterns += [
+        path(
+            "oidc/authenticate/",
+            login_not_required(oidc_views.OIDCAuthenticationRequestView.as_view()),
+            name="oidc_authentication_init",
+        ),
+        path(
+            "oidc/callback/",
+            login_not_required(oidc_views.OIDCAuthenticationCallbackView.as_view()),
+            name="oidc_authentication_callback",
+        ),
+    ]

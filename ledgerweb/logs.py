@@ -37,7 +37,10 @@ def skip_unused_record_fields() -> None:
     """Stop filling log record fields no configured format prints: the caller's file, line and
     function (a walk up the stack for every line), the thread, and the multiprocessing and
     asyncio task names (the logging HOWTO, "Optimization"). The process id stays: gunicorn's
-    error log prints it. The ledger logs a line for every change, so this is per request."""
+    error log prints it. The ledger logs a line for every change, so this is per request.
+
+    Process-wide: called by the server's own processes (``ledgerweb.wsgi``, the reconcile
+    worker), never by the settings, so a program that merely imports Django keeps its logging."""
     logging._srcfile = None
     logging.logThreads = False
     logging.logMultiprocessing = False

@@ -11,11 +11,11 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.csp import CSP
 
-from ledgerweb import logs
 from ledgerweb.env import env_bool, env_int, env_list, env_names, env_str
+from ledgerweb.paths import CHECKOUT_DIR, default_data_dir, shipped
 
-BASE_DIR = Path(__file__).resolve().parent.parent
-DATA_DIR = Path(env_str("LEDGERWEB_DATA_DIR", str(BASE_DIR / "var"))).resolve()
+BASE_DIR = CHECKOUT_DIR
+DATA_DIR = Path(env_str("LEDGERWEB_DATA_DIR", str(default_data_dir()))).resolve()
 
 DEBUG = env_bool("LEDGERWEB_DEBUG", False)
 HTTPS = env_bool("LEDGERWEB_HTTPS", False)
@@ -64,6 +64,7 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.auth.middleware.LoginRequiredMiddleware",
+    "attempts.timezones.TimeZoneMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django.middleware.csp.ContentSecurityPolicyMiddleware",
@@ -76,7 +77,7 @@ WSGI_APPLICATION = "ledgerweb.wsgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        "DIRS": [shipped("templates")],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -84,6 +85,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "django.template.context_processors.csp",
+                "attempts.context_processors.navigation",
             ],
         },
     },
@@ -151,6 +153,47 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+AUTHENTICATION_BACKENDS = ["django.contrib.auth.backends.ModelBackend"]
+
+# Single sign-on through OpenID Connect (attempts/sso.py, docs/deploy.md): on when a client id is
+# configured. Roles come from the provider's groups claim through the configuration file's
+# [[sso_groups]]; someone in no mapped group is refused.
+SSO = {
+    "ENABLED": bool(env_str("LEDGERWEB_OIDC_CLIENT_ID")),
+    "GROUPS_CLAIM": env_str("LEDGERWEB_OIDC_GROUPS_CLAIM", "groups"),
+    "USERNAME_CLAIM": env_str("LEDGERWEB_OIDC_USERNAME_CLAIM", "preferred_username"),
+    "LABEL": env_str("LEDGERWEB_OIDC_LABEL", "single sign-on"),
+}
+if SSO["ENABLED"]:
+    AUTHENTICATION_BACKENDS.append("attempts.sso.GroupRoleBackend")
+    OIDC_RP_CLIENT_ID = env_str("LEDGERWEB_OIDC_CLIENT_ID")
+    OIDC_RP_CLIENT_SECRET = env_str("LEDGERWEB_OIDC_CLIENT_SECRET")
+    OIDC_OP_AUTHORIZATION_ENDPOINT = env_str("LEDGERWEB_OIDC_AUTHORIZATION_ENDPOINT")
+    OIDC_OP_TOKEN_ENDPOINT = env_str("LEDGERWEB_OIDC_TOKEN_ENDPOINT")
+    OIDC_OP_USER_ENDPOINT = env_str("LEDGERWEB_OIDC_USERINFO_ENDPOINT")
+    OIDC_OP_JWKS_ENDPOINT = env_str("LEDGERWEB_OIDC_JWKS_ENDPOINT")
+    OIDC_RP_SIGN_ALGO = env_str("LEDGERWEB_OIDC_SIGN_ALGO", "RS256")
+    OIDC_RP_SCOPES = env_str("LEDGERWEB_OIDC_SCOPES", "openid email profile")
+    OIDC_USE_PKCE = True
+    OIDC_CREATE_USER = True
+    OIDC_TIMEOUT = env_int("LEDGERWEB_OIDC_TIMEOUT", 10, minimum=1)
+    LOGIN_REDIRECT_URL_FAILURE = "/login/"  # a path: mozilla-django-oidc does not resolve names
+    _missing = [
+        name
+        for name, value in (
+            ("LEDGERWEB_OIDC_CLIENT_SECRET", OIDC_RP_CLIENT_SECRET),
+            ("LEDGERWEB_OIDC_AUTHORIZATION_ENDPOINT", OIDC_OP_AUTHORIZATION_ENDPOINT),
+            ("LEDGERWEB_OIDC_TOKEN_ENDPOINT", OIDC_OP_TOKEN_ENDPOINT),
+            ("LEDGERWEB_OIDC_USERINFO_ENDPOINT", OIDC_OP_USER_ENDPOINT),
+            ("LEDGERWEB_OIDC_JWKS_ENDPOINT", OIDC_OP_JWKS_ENDPOINT),
+        )
+        if not value
+    ]
+    if _missing:
+        raise ImproperlyConfigured(
+            f"LEDGERWEB_OIDC_CLIENT_ID is set, so single sign-on also needs {', '.join(_missing)}"
+        )
+
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "overview"
 LOGOUT_REDIRECT_URL = "login"
@@ -161,7 +204,7 @@ USE_I18N = False
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATICFILES_DIRS = [BASE_DIR / "static"]
+STATICFILES_DIRS = [shipped("static")]
 STATIC_ROOT = Path(env_str("LEDGERWEB_STATIC_ROOT", str(DATA_DIR / "staticfiles")))
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
@@ -189,7 +232,7 @@ SECURE_CSP = {
 }
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SAMESITE = "Lax"
-CSRF_COOKIE_HTTPONLY = False  # htmx reads the token from the page, not the cookie
+CSRF_COOKIE_HTTPONLY = True  # htmx reads the token from the page, never from the cookie
 SESSION_COOKIE_SECURE = HTTPS
 CSRF_COOKIE_SECURE = HTTPS
 SECURE_SSL_REDIRECT = HTTPS and env_bool("LEDGERWEB_SSL_REDIRECT", True)
@@ -225,7 +268,6 @@ LOGGING = {
         "stripe": {"level": "WARNING"},
     },
 }
-logs.skip_unused_record_fields()
 
 # The ledger's own knobs (seconds unless named otherwise).
 LEDGER = {
@@ -261,6 +303,7 @@ LEDGER = {
         "LEDGERWEB_ADAPTERS",
         {
             "http": "reconciliation.providers.http.GenericHttpAdapter",
+            "mcp": "reconciliation.providers.mcp.McpAdapter",
             # Needs the stripe extra; a tool naming it without the extra is reported unusable.
             "stripe": "reconciliation.providers.stripe.StripePaymentIntentAdapter",
         },
@@ -270,6 +313,47 @@ LEDGER = {
     "SEAL_EVERY": env_int("LEDGERWEB_SEAL_EVERY", 5, minimum=1),
     # Secret API key of the Stripe adapter (reconciliation/providers/stripe.py).
     "STRIPE_API_KEY": env_str("LEDGERWEB_STRIPE_API_KEY", ""),
+    # The MCP gateway's configuration file: the "mcp" provider adapter finds each tool's upstream
+    # server and lookup tool there (docs/integrations.md).
+    "MCP_GATEWAY_CONFIG": env_str("LEDGERWEB_MCP_GATEWAY_CONFIG", ""),
+}
+
+# Notifications (attempts/notify.py): email through Django's SMTP backend, and a
+# Slack-compatible chat webhook. Both off until configured; the reconcile worker delivers them.
+_EMAIL_HOST = env_str("LEDGERWEB_EMAIL_HOST", "")
+_EMAIL_TLS = env_bool("LEDGERWEB_EMAIL_USE_TLS", False)
+_EMAIL_SSL = env_bool("LEDGERWEB_EMAIL_USE_SSL", False)
+if _EMAIL_TLS and _EMAIL_SSL:
+    raise ImproperlyConfigured("set LEDGERWEB_EMAIL_USE_TLS or LEDGERWEB_EMAIL_USE_SSL, not both")
+MAILERS = {
+    "default": {
+        "BACKEND": env_str(
+            "LEDGERWEB_EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend"
+        ),
+        "OPTIONS": {
+            "host": _EMAIL_HOST or "localhost",
+            "port": env_int("LEDGERWEB_EMAIL_PORT", 25, minimum=1, maximum=65535),
+            "username": env_str("LEDGERWEB_EMAIL_USER", ""),
+            "password": env_str("LEDGERWEB_EMAIL_PASSWORD", ""),
+            "use_tls": _EMAIL_TLS,
+            "use_ssl": _EMAIL_SSL,
+            "timeout": env_int("LEDGERWEB_EMAIL_TIMEOUT", 10, minimum=1),
+        },
+    }
+}
+DEFAULT_FROM_EMAIL = env_str("LEDGERWEB_EMAIL_FROM", "ledgerweb@localhost")
+NOTIFY = {
+    # Email goes out only when an SMTP host is configured (or another backend chosen).
+    "EMAIL": bool(_EMAIL_HOST) or bool(env_str("LEDGERWEB_EMAIL_BACKEND")),
+    "CHAT_WEBHOOK_URL": env_str("LEDGERWEB_CHAT_WEBHOOK_URL", ""),
+    "CHAT_TIMEOUT": env_int("LEDGERWEB_CHAT_TIMEOUT", 10, minimum=1),
+    # Links in notices: the dashboard's public address (e.g. https://ledger.example.com).
+    "BASE_URL": env_str("LEDGERWEB_BASE_URL", "").rstrip("/"),
+    # A claimed notice not recorded as sent within this many seconds is delivered again.
+    "LEASE_SECONDS": env_int("LEDGERWEB_NOTIFY_LEASE_SECONDS", 60, minimum=1),
+    "MAX_TRIES": env_int("LEDGERWEB_NOTIFY_MAX_TRIES", 8, minimum=1),
+    # How often the worker looks for SLA breaches (seconds).
+    "SLA_EVERY": env_int("LEDGERWEB_SLA_EVERY", 30, minimum=1),
 }
 
 # Operations endpoints (docs/operations.md). /metrics answers "Authorization: Bearer

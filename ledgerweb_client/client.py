@@ -50,7 +50,7 @@ __all__ = [
     "State",
 ]
 
-__version__ = "0.1.0"
+__version__ = "1.0.0"
 
 # Longest reason the client sends when it writes an exception's text into the ledger.
 _MAX_REASON = 1000

@@ -6,12 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import Warning, register
+from django.core.checks import Tags, Warning, register
 from django.db import DatabaseError
 
 
-@register()
+@register(Tags.database)
 def check_tools_reconcilable(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
+    """Tools recovery could not reconcile. Reads the database: runs with ``migrate``, at the
+    reconcile worker's start and with ``check --database default``."""
     from attempts.models import Tool
     from reconciliation.providers.base import ProviderError
     from reconciliation.providers.registry import adapter_for
@@ -31,7 +33,7 @@ def check_tools_reconcilable(app_configs: Any = None, **kwargs: Any) -> list[War
             warnings.append(
                 Warning(
                     f"Tool {tool.name!r} cannot be reconciled: {'; '.join(problems)}.",
-                    hint="Fix it in the admin or with `manage.py load_tools` (docs/providers.md).",
+                    hint="Fix it with `manage.py ledger_config apply` (docs/config.md).",
                     obj=tool.name,
                     id="reconciliation.W001",
                 )

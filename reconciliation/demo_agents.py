@@ -20,7 +20,11 @@ What happens to a task:
   before anything was recorded (C). The ledger keeps an INTENT_RECORDED or DISPATCHED attempt that
   recovery later finds stale.
 * ``--mismatch-rate``: a buggy agent mutates the payment payload after recording it; the provider
-  performs a different payload, which reconciliation reports as a payload mismatch.
+  performs a different payload, which reconciliation reports as a payload mismatch. The agent's
+  own lookup sees the difference and marks the attempt UNKNOWN rather than confirming it.
+* One CRM update per run (a non-critical tool) is made by the same buggy agent, so the review
+  queue always shows an item one reviewer can settle alone, by approving a linked retry; the
+  critical tools' items need two reviewers.
 * ``--lookup-fault-rate``: the mailer's lookup API answers 503 that often, so some UNKNOWN work
   stays UNKNOWN for a while (with backoff) instead of settling at once.
 * ``--lookup-outage``: the ticket system has an incident for the whole demo: its lookup API is
@@ -63,6 +67,7 @@ TIMEOUT_MODES = {
     "open_ticket": "drop_after_effect",
     "charge_card": "hang_before_effect",
     "deploy_service": "hang_after_effect",
+    "update_crm": "drop_after_effect",
 }
 # Providers of idempotent tools honour the key; the others perform every send they receive.
 HONOUR_KEYS = {
@@ -70,6 +75,7 @@ HONOUR_KEYS = {
     "open_ticket": False,
     "charge_card": False,
     "deploy_service": False,
+    "update_crm": True,
 }
 LOOKUP_FLAKY = ("send_invoice_email",)
 # The ticket system's lookup API is down for the whole demo (always 503): its UNKNOWN work stays
@@ -83,6 +89,7 @@ CUSTOMERS = [
     ("Wayne Foods", "invoices@waynefoods.example"),
     ("Hooli Cloud", "pay@hooli.example"),
 ]
+CRM_FIELDS = [("lifecycle_stage", "customer"), ("account_owner", "j.doe"), ("tier", "gold")]
 SERVICES = ["checkout-api", "search", "billing-worker", "web-frontend", "notifications"]
 TICKET_TOPICS = [
     ("Refund not received", 2),
@@ -109,12 +116,18 @@ class Task:
 def make_tasks(
     count: int, *, seed: int, run_id: str, crash_rate: float, mismatch_rate: float, tenants=TENANTS
 ) -> list[Task]:
-    """``count`` realistic tasks across the four demo tools, reproducible from ``seed``."""
+    """``count`` realistic tasks across the five demo tools, reproducible from ``seed``. The
+    first CRM update is always a buggy one (see the module docstring)."""
     rng = random.Random(seed)
     tasks = []
+    buggy_crm_update = True
     for n in range(count):
         tenant = rng.choice(tenants)
-        kind = rng.choices(["invoice", "ticket", "charge", "deploy"], [35, 30, 25, 10])[0]
+        kind = rng.choices(["invoice", "ticket", "charge", "deploy", "crm"], [35, 25, 20, 10, 10])[
+            0
+        ]
+        if n == count - 1 and buggy_crm_update:
+            kind = "crm"  # every run shows one
         customer, email = rng.choice(CUSTOMERS)
         task_id = f"{kind}-{run_id}-{n:04d}"
         if kind == "invoice":
@@ -152,6 +165,12 @@ def make_tasks(
                 "currency": "EUR",
                 "payment_method": f"pm_{rng.randrange(16**8):08x}",
             }
+        elif kind == "crm":
+            field, value = rng.choice(CRM_FIELDS)
+            contact = f"contact-{run_id}-{n:04d}"
+            tool = "update_crm"
+            key = f"crm:{tenant}:{contact}:{field}"
+            args = {"contact_id": contact, "customer": customer, "field": field, "value": value}
         else:
             service = rng.choice(SERVICES)
             version = f"2026.{rng.randrange(1, 12)}.{n}"
@@ -160,6 +179,8 @@ def make_tasks(
             args = {"service": service, "version": version, "environment": "production"}
         crash = rng.choice(CRASH_POINTS) if rng.random() < crash_rate else None
         mismatch = tool == "charge_card" and rng.random() < mismatch_rate
+        if tool == "update_crm" and buggy_crm_update:
+            crash, mismatch, buggy_crm_update = None, True, False
         tasks.append(Task(task_id, tenant, tool, key, args, crash, mismatch))
     return tasks
 
@@ -279,6 +300,9 @@ def calm_sends(provider: Provider) -> None:
 
 
 def _payload(task: Task) -> dict[str, Any]:
+    if task.mismatch and task.tool_name == "update_crm":
+        # The bug: the value is "normalised" after the intent was recorded.
+        return {**task.args, "value": str(task.args["value"]).upper()}
     if task.mismatch:
         # The bug: the amount is "corrected" after the intent was recorded.
         return {**task.args, "amount_cents": task.args["amount_cents"] + 1}
@@ -306,6 +330,11 @@ def _confirm_by_lookup(provider: Provider, attempt: Any) -> str | None:
     return None
 
 
+def _performed_differently(provider: Provider, attempt: Any) -> bool:
+    found = provider.lookup(attempt.tool_name, attempt.idempotency_key)
+    return found is not None and found.get("args_hash") != attempt.args_hash
+
+
 def run_task(client: LedgerClient, provider: Provider, task: Task) -> str:
     """Run one task in the safe order; returns what happened, in a word."""
 
@@ -320,6 +349,12 @@ def run_task(client: LedgerClient, provider: Provider, task: Task) -> str:
             continue  # the provider said "later, nothing happened": try again, same key
         if result.state == "DISPATCHED":
             ref = _confirm_by_lookup(provider, result.attempt)
+            if ref is None and _performed_differently(provider, result.attempt):
+                # Sent, but what the provider did is not what was recorded: not a confirmation.
+                client.mark_unknown(
+                    result.attempt.attempt_id, "the provider's record has another payload hash"
+                )
+                return "unknown_mismatch"
             if ref is None:
                 return "dispatched_unverified"
             client.confirm(result.attempt.attempt_id, ref)
@@ -347,13 +382,6 @@ def crashing_task(
         except Exception:  # noqa: S110 - the crash follows whatever the provider said
             pass
         os.kill(os.getpid(), signal.SIGKILL)
-
-
-@dataclass
-class Outcome:
-    tasks: int = 0
-    crashed: int = 0
-    errors: int = 0
 
 
 def run(
@@ -460,7 +488,10 @@ def add_arguments(parser: argparse.ArgumentParser, *, token_required: bool) -> N
     parser.add_argument("--crash-rate", type=_rate, default=0.1, help="share SIGKILLed (0.1)")
     parser.add_argument("--timeout-rate", type=_rate, default=0.1, help="share timing out (0.1)")
     parser.add_argument(
-        "--mismatch-rate", type=_rate, default=0.05, help="share of charges with a mutated payload"
+        "--mismatch-rate",
+        type=_rate,
+        default=0.05,
+        help="share of charges with a mutated payload (one CRM update per run always has one)",
     )
     parser.add_argument(
         "--lookup-fault-rate", type=_rate, default=0.5, help="share of flaky provider lookups"

@@ -241,10 +241,18 @@ class Reconciler:
         now = timezone.now()
         free = Q(lease_until__isnull=True) | Q(lease_until__lt=now)
         with write_transaction():
-            candidates = Attempt.objects.due(cutoff).filter(free).order_by("next_check_at", "id")
+            # Scheduled checks, and in-flight work stale by today's LEDGERWEB_STALE_AFTER
+            # (not the value in force when the attempt was recorded).
+            scheduled = Attempt.objects.due(cutoff).filter(free).order_by("next_check_at", "id")
+            stale = (
+                Attempt.objects.stale_in_flight(cutoff).filter(free).order_by("updated_at", "id")
+            )
             if connection.vendor == "postgresql":
-                candidates = candidates.select_for_update(skip_locked=True)
-            rows = list(candidates.values_list("pk", "version")[:limit])
+                scheduled = scheduled.select_for_update(skip_locked=True)
+                stale = stale.select_for_update(skip_locked=True)
+            found = dict(scheduled.values_list("pk", "version")[:limit])
+            found.update(stale.values_list("pk", "version")[:limit])
+            rows = sorted(found.items())[:limit]
             if not rows:
                 return []
             claimed = states.claim_lease(rows, owner=self.worker_id, until=now + lease, now=now)

@@ -2,6 +2,7 @@
 database really runs durable (WAL, synchronous=FULL, immediate transactions, busy timeout)."""
 
 import subprocess
+import sys
 
 import pytest
 from django.db import connection
@@ -84,25 +85,58 @@ def test_production_settings_pass_the_deploy_check(tmp_path):
     assert "no issues" in result.stdout
 
 
-def test_missing_owner_configuration_is_reported(tmp_path):
+def test_missing_owner_configuration_is_reported_where_it_matters(tmp_path):
     assert run_manage(tmp_path, "migrate", "-v0").returncode == 0
+    # An ordinary command does not query the database for it...
     result = run_manage(tmp_path, "check", LEDGERWEB_DEFAULT_OWNER="")
+    assert "attempts.W001" not in result.stdout + result.stderr
+    result = run_manage(tmp_path, "showmigrations", "attempts", LEDGERWEB_DEFAULT_OWNER="")
+    assert "attempts.W001" not in result.stdout + result.stderr
+    # ...the database checks do, and so does the worker, which hands work to people.
+    result = run_manage(tmp_path, "check", "--database", "default", LEDGERWEB_DEFAULT_OWNER="")
     assert "attempts.W001" in result.stdout + result.stderr
-    result = run_manage(tmp_path, "check", LEDGERWEB_DEFAULT_OWNER="oncall")
+    result = run_manage(tmp_path, "reconcile", "--once", LEDGERWEB_DEFAULT_OWNER="")
+    assert result.returncode == 0, result.stderr
+    assert "attempts.W001" in result.stdout + result.stderr
+    result = run_manage(
+        tmp_path, "check", "--database", "default", LEDGERWEB_DEFAULT_OWNER="oncall"
+    )
     assert "attempts.W001" not in result.stdout + result.stderr
 
 
-def test_log_records_skip_only_fields_no_format_prints():
-    import logging
-
+def test_log_records_skip_only_fields_no_format_prints_in_server_processes():
     from django.conf import settings
 
-    assert logging._srcfile is None and not logging.logThreads
-    assert logging.logProcesses  # gunicorn's error log prints the pid
     used = " ".join(str(f.get("format", "")) for f in settings.LOGGING["formatters"].values())
     for skipped in ("pathname", "filename", "lineno", "funcName", "thread", "processName"):
         assert skipped not in used
-    record = logging.getLogger("ledgerweb.api").makeRecord(
-        "ledgerweb.api", logging.INFO, "(unknown file)", 0, "x", (), None
+
+    def probe(code: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=REPO,
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        return done.stdout.strip() or done.stderr
+
+    # A program that only loads the settings keeps the standard library's logging as it was...
+    assert (
+        probe(
+            "import django, logging\n"
+            "django.setup()\n"
+            "print(logging._srcfile is not None and logging.logThreads)"
+        )
+        == "True"
     )
-    assert record.process is not None
+    # ...the server's own process (gunicorn imports ledgerweb.wsgi) switches the fields off,
+    # keeping the process id that gunicorn's error log prints.
+    assert (
+        probe(
+            "import logging, ledgerweb.wsgi\n"
+            "print(logging._srcfile is None and not logging.logThreads and logging.logProcesses)"
+        )
+        == "True"
+    )

@@ -35,11 +35,6 @@ def state_class(state: str) -> str:
 
 
 @register.filter
-def get_item(mapping: dict, key: str):
-    return mapping.get(key) if mapping else None
-
-
-@register.filter
 def details_text(details: dict | None, skip: str = "") -> str:
     """An event's details as ``key=value`` pairs, JSON for lists and objects."""
     if not details:

@@ -4,50 +4,31 @@ redaction of secret argument fields, and turning a ledger refusal into a clear a
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any
 
 from django.conf import settings
 from django.contrib import messages
+from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django_htmx.http import HttpResponseClientRedirect, reswap, retarget
 
 from attempts.ledger import LedgerError
-from attempts.models import ROLE_RANK, Attempt, Membership, Role, Tenant
+from attempts.models import ROLE_RANK, Attempt, has_role, tenant_roles, tenants_where
+
+__all__ = ["has_role", "tenant_roles"]
 
 REDACTED = "•••• redacted ••••"
 
 
-def tenant_roles(user: Any) -> dict[str, str]:
-    """The user's role in each tenant they belong to (a superuser is admin everywhere).
-
-    Cached on the user object for the length of the request.
-    """
-    cached = getattr(user, "_ledger_tenant_roles", None)
-    if cached is not None:
-        return cached
-    if not user.is_authenticated or not user.is_active:
-        roles: dict[str, str] = {}
-    elif user.is_superuser:
-        roles = {slug: Role.ADMIN for slug in Tenant.objects.values_list("slug", flat=True)}
-    else:
-        roles = dict(Membership.objects.filter(user=user).values_list("tenant_id", "role"))
-    user._ledger_tenant_roles = roles
-    return roles
-
-
 def user_tenants(user: Any) -> list[str]:
     """The tenants whose attempts the user may see, sorted."""
-    return sorted(tenant_roles(user))
-
-
-def has_role(user: Any, tenant: str, minimum: str) -> bool:
-    role = tenant_roles(user).get(tenant)
-    return role is not None and ROLE_RANK[role] >= ROLE_RANK[minimum]
+    return tenants_where(user)
 
 
 def max_role(user: Any) -> str | None:
-    """The user's highest role in any tenant (decides which bulk controls to show)."""
+    """The user's highest role in any tenant (decides which controls and links to show)."""
     roles = tenant_roles(user).values()
     return max(roles, key=lambda r: ROLE_RANK[r]) if roles else None
 
@@ -58,7 +39,7 @@ def get_attempt_for_user(user: Any, attempt_id: str) -> Attempt:
     if "\x00" in attempt_id or len(attempt_id) > 32:
         raise Http404("No such attempt.")
     attempt = (
-        Attempt.objects.for_tenants(user_tenants(user))
+        Attempt.objects.visible_to(user)
         .select_related("owner", "parent")
         .filter(attempt_id=attempt_id)
         .first()
@@ -149,3 +130,35 @@ def bad_request(request: HttpRequest, message: str, *, status: int = 400) -> Htt
         )
         return reswap(retarget(response, "#action-feedback"), "innerHTML")
     return render(request, "attempts/error.html", {"message": message}, status=status)
+
+
+log = logging.getLogger("ledgerweb.dashboard")
+
+
+def forbidden(request: HttpRequest, reason: str) -> HttpResponse:
+    """A 403 page inside the layout that says why; one log line, no traceback (an ordinary
+    refusal is not an error of the server)."""
+    log.info("forbidden %s for %s: %s", request.path, request.user.get_username(), reason)
+    if request.htmx:
+        response = render(
+            request,
+            "attempts/detail.html#feedback",
+            {"feedback_error": reason, "feedback_code": "forbidden"},
+            status=403,
+        )
+        return reswap(retarget(response, "#action-feedback"), "innerHTML")
+    return render(request, "403.html", {"exception": reason}, status=403)
+
+
+def refuse_politely(view):
+    """Turn a ``PermissionDenied`` raised by the view into ``forbidden`` (Django would log the
+    refusal with its traceback)."""
+
+    @functools.wraps(view)
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        try:
+            return view(request, *args, **kwargs)
+        except PermissionDenied as exc:
+            return forbidden(request, str(exc) or "your role does not allow this")
+
+    return wrapper

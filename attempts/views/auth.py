@@ -41,12 +41,22 @@ def locked_for(key: str, now: dt.datetime) -> dt.timedelta | None:
 ADDRESS_LIMIT_FACTOR = 4
 
 
-def record_failure(key: str, now: dt.datetime, limit: int) -> None:
-    """Count one failure; the window is as long as the lock, counted from the first failure."""
+def record_failure(
+    key: str, now: dt.datetime, limit: int, *, username: str = "", address: str = ""
+) -> None:
+    """Count one failure; the window is as long as the lock, counted from the first failure.
+    ``username`` and ``address`` are kept so an admin can see who is locked out."""
     lock = dt.timedelta(seconds=settings.LEDGER["LOGIN_LOCK_SECONDS"])
     try:
         with transaction.atomic():
-            LoginThrottle.objects.get_or_create(key=key, defaults={"first_failure_at": now})
+            LoginThrottle.objects.get_or_create(
+                key=key,
+                defaults={
+                    "first_failure_at": now,
+                    "username": username.strip()[:150],
+                    "address": address[:64],
+                },
+            )
     except IntegrityError:
         pass  # another request created the row first: count on it below
     with transaction.atomic():
@@ -88,8 +98,8 @@ class ThrottledAuthenticationForm(AuthenticationForm):
         try:
             cleaned = super().clean()
         except forms.ValidationError:
-            record_failure(pair_key, now, limit)
-            record_failure(address_key, now, limit * ADDRESS_LIMIT_FACTOR)
+            record_failure(pair_key, now, limit, username=username, address=address)
+            record_failure(address_key, now, limit * ADDRESS_LIMIT_FACTOR, address=address)
             if locked_for(pair_key, now) is not None:
                 self.locked = True
             raise
@@ -102,6 +112,14 @@ class LoginView(auth_views.LoginView):
 
     form_class = ThrottledAuthenticationForm
     redirect_authenticated_user = True
+
+    def get_context_data(self, **kwargs):
+        from attempts.sso import REFUSAL_KEY
+
+        context = super().get_context_data(**kwargs)
+        context["sso"] = settings.SSO
+        context["sso_refused"] = self.request.session.pop(REFUSAL_KEY, "")
+        return context
 
     def form_invalid(self, form: ThrottledAuthenticationForm) -> HttpResponse:
         response = super().form_invalid(form)

@@ -7,11 +7,13 @@ notes; and the actions the user's role allows.
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 from typing import Any
 
 from django.contrib.auth import get_user_model
+from django.db.models import Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
@@ -19,11 +21,23 @@ from django.views.decorators.http import require_GET
 
 from attempts import authority, ledger
 from attempts.canonical import canonical_bytes
-from attempts.models import Attempt, ConfigEvent, Role, State, Tool
+from attempts.models import (
+    ROLE_RANK,
+    Attempt,
+    ConfigEvent,
+    Role,
+    SlaEscalation,
+    SlaPolicy,
+    State,
+    Tool,
+)
 from attempts.views._common import get_attempt_for_user, has_role, redact, user_tenants
 
 MAX_EVENTS = 500
 MAX_LINEAGE = 25
+MAX_LOOKUPS = 100
+# How often the open page refreshes its live part.
+DETAIL_POLL_SECONDS = 10
 
 
 def pretty_json(value: Any) -> str:
@@ -35,7 +49,7 @@ def lineage(attempt: Attempt, tenants: list[str]) -> tuple[list[Attempt], list[A
     scoped anyway."""
     ancestors: list[Attempt] = []
     current = attempt
-    scoped = Attempt.objects.for_tenants(tenants)
+    scoped = Attempt.objects.filter(tenant_id__in=tenants)
     while current.parent_id and len(ancestors) < MAX_LINEAGE:
         parent = scoped.filter(pk=current.parent_id).first()
         if parent is None:
@@ -54,15 +68,88 @@ def lineage(attempt: Attempt, tenants: list[str]) -> tuple[list[Attempt], list[A
     return ancestors, children
 
 
-def approvals_so_far(events: list[Any]) -> list[str]:
-    """Reviewers who approved since the attempt last changed state (mirrors the ledger)."""
-    names: list[str] = []
-    for event in events:
-        if event.from_state != event.to_state:
-            names = []
-        elif event.action == "attempt.approval":
-            names.append(event.actor)
-    return names
+def _flatten(value: Any, path: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}, "c": [2]}`` as ``{"a.b": 1, "c[0]": 2}`` (leaves only)."""
+    if isinstance(value, dict) and value:
+        out: dict[str, Any] = {}
+        for key in sorted(value, key=str):
+            out.update(_flatten(value[key], f"{path}.{key}" if path else str(key)))
+        return out
+    if isinstance(value, list) and value:
+        out = {}
+        for i, item in enumerate(value):
+            out.update(_flatten(item, f"{path}[{i}]"))
+        return out
+    return {path or "(whole)": value}
+
+
+def linked_diff(before: Attempt | dict[str, Any], after: Attempt | dict[str, Any]) -> list[dict]:
+    """What differs between two linked attempts (or an attempt and the preview of its linked
+    retry): key, policy, scopes, args hash and each argument leaf, secrets redacted."""
+
+    def get(obj: Any, name: str) -> Any:
+        return obj.get(name) if isinstance(obj, dict) else getattr(obj, name)
+
+    rows = []
+    for name, label in (
+        ("idempotency_key", "Idempotency key"),
+        ("policy_version", "Policy version"),
+        ("credential_scope", "Credential scopes"),
+        ("args_hash", "Args hash"),
+    ):
+        old, new = get(before, name), get(after, name)
+        if old != new:
+            rows.append({"field": label, "before": _shown(old), "after": _shown(new)})
+    old_args, _ = redact(get(before, "args"))
+    new_args, _ = redact(get(after, "args"))
+    flat_old, flat_new = _flatten(old_args), _flatten(new_args)
+    for path in sorted(set(flat_old) | set(flat_new)):
+        if flat_old.get(path, _MISSING) != flat_new.get(path, _MISSING):
+            rows.append(
+                {
+                    "field": f"args.{path}",
+                    "before": _shown(flat_old.get(path, _MISSING)),
+                    "after": _shown(flat_new.get(path, _MISSING)),
+                }
+            )
+    return rows
+
+
+_MISSING = object()
+
+
+def _shown(value: Any) -> str:
+    if value is _MISSING:
+        return "(absent)"
+    if isinstance(value, list):
+        return ", ".join(str(v) for v in value) or "(none)"
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def args_diff_for(user: Any, attempt: Attempt) -> dict[str, Any] | None:
+    """The diff the detail and approve pages show: against the parent when this attempt is a
+    linked one, else against what a linked retry would send (when one may be approved)."""
+    if attempt.parent_id:
+        parent = Attempt.objects.visible_to(user).filter(pk=attempt.parent_id).first()
+        if parent is not None:
+            return {
+                "against": parent.attempt_id,
+                "before_label": f"parent {parent.attempt_id}",
+                "after_label": "this attempt",
+                "rows": linked_diff(parent, attempt),
+            }
+    if approval_kind(attempt) == "linked_retry":
+        try:
+            preview = ledger.linked_preview(attempt)
+        except ledger.LedgerError:
+            return None
+        return {
+            "against": "",
+            "before_label": "this attempt",
+            "after_label": "the linked retry",
+            "rows": linked_diff(attempt, preview),
+        }
+    return None
 
 
 def approval_kind(attempt: Attempt) -> str:
@@ -79,6 +166,7 @@ def approval_preview(attempt: Attempt) -> dict[str, Any]:
     kind = approval_kind(attempt)
     tool = Tool.objects.filter(name=attempt.tool_name).first()
     critical = bool(tool and tool.critical)
+    needed = tool.approvals_needed if tool else 1
     if kind == "linked_retry":
         preview = ledger.linked_preview(attempt)
         holds, why = True, ""
@@ -94,7 +182,7 @@ def approval_preview(attempt: Attempt) -> dict[str, Any]:
             "policy_version": attempt.policy_version,
             "credential_scope": attempt.credential_scope,
             "critical": critical,
-            "approvals_needed": 2 if critical else 1,
+            "approvals_needed": needed,
         }
     fingerprint = hashlib.sha256(canonical_bytes(preview)).hexdigest()
     shown_args, redacted = redact(preview["args"])
@@ -109,7 +197,7 @@ def approval_preview(attempt: Attempt) -> dict[str, Any]:
     }
 
 
-def _name_owners(events: list[Any]) -> None:
+def name_owners(events: list[Any]) -> None:
     """Show people by name in event details (``owner_id=6`` becomes ``owner=triage``)."""
     ids = {
         value
@@ -132,24 +220,78 @@ def _name_owners(events: list[Any]) -> None:
         e.shown_details = shown
 
 
-def detail_context(request: HttpRequest, attempt: Attempt) -> dict[str, Any]:
+LOOKUP_Q = Q(action="attempt.lookup") | Q(details__has_key="lookup")
+
+
+def _assignees(attempt: Attempt, user: Any) -> list[str]:
+    """People who may own this attempt: operators or above in its tenant, active."""
+    return list(
+        get_user_model()
+        .objects.filter(
+            ledger_memberships__tenant_id=attempt.tenant_id,
+            ledger_memberships__role__in=[r for r in ROLE_RANK if ROLE_RANK[r] >= 1],
+            is_active=True,
+        )
+        .order_by("username")
+        .values_list("username", flat=True)
+    )
+
+
+def sla_for(attempt: Attempt, now: dt.datetime) -> dict[str, Any]:
+    """The attempt's SLA level, thresholds and acknowledgement (empty when none applies)."""
+    if attempt.state not in (State.UNKNOWN, State.MANUAL_REVIEW):
+        return {}
+    policy = SlaPolicy.pick(SlaPolicy.table(), attempt.tool_name, attempt.tenant_id)
+    if policy is None:
+        return {}
+    warn, breach = policy.thresholds(attempt.state)
+    escalation = (
+        SlaEscalation.objects.filter(attempt=attempt, state=attempt.state)
+        .select_related("acknowledged_by", "escalated_to")
+        .first()
+    )
+    return {
+        "level": SlaPolicy.level(policy, attempt.state, now - attempt.created_at),
+        "warn": warn,
+        "breach": breach,
+        "escalation": escalation,
+    }
+
+
+def live_context(request: HttpRequest, attempt: Attempt) -> dict[str, Any]:
+    """What the self-refreshing part of the page shows: state, owner, identifiers, arguments,
+    lineage, lookups and history (never the forms, so nothing typed is lost)."""
     user = request.user
     tenants = user_tenants(user)
-    events = list(attempt.events.order_by("-id")[:MAX_EVENTS])
+    now = timezone.now()
+    history = attempt.events.exclude(action="attempt.lookup")
+    events = list(history.order_by("-id")[:MAX_EVENTS])
     events.reverse()
-    _name_owners(events)
-    total_events = attempt.events.count() if len(events) == MAX_EVENTS else len(events)
+    name_owners(events)
+    total_events = history.count() if len(events) == MAX_EVENTS else len(events)
+    lookups = list(attempt.events.filter(LOOKUP_Q).order_by("-id")[:MAX_LOOKUPS])
+    lookups.reverse()
+    name_owners(lookups)
+    for e in lookups:
+        inner = (e.details or {}).get("lookup")
+        e.answer = (inner or {}).get("status") if isinstance(inner, dict) else None
+        e.answer = e.answer or (e.details or {}).get("answer") or e.reason or "—"
+    total_lookups = (
+        attempt.events.filter(LOOKUP_Q).count() if len(lookups) == MAX_LOOKUPS else (len(lookups))
+    )
     shown_args, redacted = redact(attempt.args)
     ancestors, children = lineage(attempt, tenants)
-    tool = Tool.objects.filter(name=attempt.tool_name).first()
-    can_operate = has_role(user, attempt.tenant_id, Role.OPERATOR)
-    can_review = has_role(user, attempt.tenant_id, Role.REVIEWER)
-    approvals = approvals_so_far(events)
-    attention = attempt.state in (State.UNKNOWN, State.MANUAL_REVIEW)
+    since = request.GET.get("since", "")
+    changed: list[str] = []
+    if since.isdigit():
+        from attempts.review import describe_change
+
+        changed = [describe_change(e) for e in attempt.decisive_changes_since(int(since))]
     return {
         "attempt": attempt,
-        "age": timezone.now() - attempt.created_at,
-        "tool": tool,
+        "age": now - attempt.created_at,
+        "sla": sla_for(attempt, now),
+        "tool": Tool.objects.filter(name=attempt.tool_name).first(),
         "args_pretty": pretty_json(shown_args),
         "redacted": redacted,
         "scope_text": ", ".join(attempt.credential_scope) or "(none)",
@@ -157,36 +299,60 @@ def detail_context(request: HttpRequest, attempt: Attempt) -> dict[str, Any]:
         "children": children,
         "events": events,
         "total_events": total_events,
-        "lookups": [e for e in events if e.action == "attempt.lookup"],
-        "notes": [e for e in events if e.action == "attempt.note"],
-        # Who changed what decides this attempt's authority or review (tool, grant, rules).
-        "config_changes": list(
-            ConfigEvent.objects.affecting(attempt).order_by("-created_at", "-id")[:CONFIG_SHOWN]
-        ),
-        "can_operate": can_operate,
-        "can_review": can_review,
-        "can_take": can_operate and attempt.owner_id != user.pk and not attempt.is_terminal,
-        "can_unassign": can_operate
-        and attempt.owner_id is not None
-        and attempt.state != State.MANUAL_REVIEW
-        and not attempt.is_terminal,
-        "can_assign": can_operate and not attempt.is_terminal,
-        "can_confirm": can_review and attention and not attempt.awaiting_approval,
-        "can_fail": can_review and attention and not attempt.awaiting_approval,
-        "can_reject": can_review
-        and attempt.awaiting_approval
-        and attempt.state == State.MANUAL_REVIEW,
-        "approval_kind": approval_kind(attempt) if can_review else "",
-        "approvals": approvals,
-        "approvals_needed": 2 if tool and tool.critical else 1,
-        "already_approved": user.get_username() in approvals,
-        "assignees": list(
-            get_user_model()
-            .objects.filter(ledger_memberships__tenant_id=attempt.tenant_id, is_active=True)
-            .order_by("username")
-            .values_list("username", flat=True)
-        ),
+        "lookups": lookups,
+        "total_lookups": total_lookups,
+        "now": now,
+        "changed_since_open": changed,
+        "poll_seconds": DETAIL_POLL_SECONDS,
+        "live_url": f"{request.path}?since={since}" if since.isdigit() else "",
     }
+
+
+def detail_context(request: HttpRequest, attempt: Attempt) -> dict[str, Any]:
+    user = request.user
+    context = live_context(request, attempt)
+    can_operate = has_role(user, attempt.tenant_id, Role.OPERATOR)
+    can_review = has_role(user, attempt.tenant_id, Role.REVIEWER)
+    approvals = attempt.approvers_since_last_move()
+    attention = attempt.state in (State.UNKNOWN, State.MANUAL_REVIEW)
+    last_event_id = attempt.last_event_id()
+    context.update(
+        {
+            "last_event_id": last_event_id,
+            "live_url": f"{request.path}?since={last_event_id}",
+            "notes": list(attempt.events.filter(action="attempt.note").order_by("id")),
+            "can_operate": can_operate,
+            "can_review": can_review,
+            "can_take": can_operate and attempt.owner_id != user.pk and not attempt.is_terminal,
+            "can_unassign": can_operate
+            and attempt.owner_id is not None
+            and attempt.state != State.MANUAL_REVIEW
+            and not attempt.is_terminal,
+            "can_assign": can_operate and not attempt.is_terminal,
+            "can_ack": can_operate
+            and bool(context["sla"].get("level"))
+            and not (
+                context["sla"].get("escalation") and context["sla"]["escalation"].acknowledged_by_id
+            ),
+            "can_confirm": can_review and attention and not attempt.awaiting_approval,
+            "can_fail": can_review and attention and not attempt.awaiting_approval,
+            "can_reject": can_review
+            and attempt.awaiting_approval
+            and attempt.state == State.MANUAL_REVIEW,
+            "approval_kind": approval_kind(attempt) if can_review else "",
+            "approvals": approvals,
+            "approvals_needed": attempt.approvals_needed(),
+            "already_approved": user.get_username() in approvals,
+            "assignees": _assignees(attempt, user),
+            "diff": args_diff_for(user, attempt),
+            "typed": {},
+            # Who changed what decides this attempt's authority or review (tool, grant, rules).
+            "config_changes": list(
+                ConfigEvent.objects.affecting(attempt).order_by("-created_at", "-id")[:CONFIG_SHOWN]
+            ),
+        }
+    )
+    return context
 
 
 CONFIG_SHOWN = 20
@@ -194,5 +360,10 @@ CONFIG_SHOWN = 20
 
 @require_GET
 def attempt_detail(request: HttpRequest, attempt_id: str) -> HttpResponse:
+    """The attempt page; the htmx poll gets only its live part (the forms stay as typed)."""
     attempt = get_attempt_for_user(request.user, attempt_id)
+    if request.htmx and request.GET.get("since") is not None:
+        context = live_context(request, attempt)
+        context["oob"] = True
+        return render(request, "attempts/detail.html#live", context)
     return render(request, "attempts/detail.html", detail_context(request, attempt))

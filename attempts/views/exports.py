@@ -27,9 +27,12 @@ from attempts.models import (
     AttemptEvent,
     Checkpoint,
     CheckpointLeaf,
+    Role,
     State,
     Tool,
 )
+from attempts.views._common import refuse_politely
+from attempts.views.detail import name_owners
 
 DOWNLOADS = {
     "csv": ("text/csv; charset=utf-8", "csv"),
@@ -79,6 +82,7 @@ def _plan(request: HttpRequest, allowed: set[str] | None) -> audit_export.Export
 
 
 @require_GET
+@refuse_politely
 def audit_exports(request: HttpRequest) -> HttpResponse:
     """The export form: filters, how many events match, and download links pinned to the head."""
     allowed = _allowed_tenants(request)
@@ -107,6 +111,7 @@ def audit_exports(request: HttpRequest) -> HttpResponse:
 
 
 @require_GET
+@refuse_politely
 def audit_download(request: HttpRequest, fmt: str) -> HttpResponse:
     """A streamed CSV or JSON Lines export, or the CSV's manifest, for the filters in the URL."""
     if fmt not in DOWNLOADS:
@@ -146,6 +151,7 @@ def _event_rows(events: list[AttemptEvent], attempt_ids: dict[int, str]) -> list
     in the attempt's chain (for history written before per-attempt chains, in the whole ledger)
     has the hash this one names."""
     last_of: dict[int, str] = {}
+    name_owners(events)  # people by name, as the attempt page shows them
     rows = []
     for event in events:
         row = {
@@ -179,7 +185,9 @@ def _event_rows(events: list[AttemptEvent], attempt_ids: dict[int, str]) -> list
                 "attempt_id": row["attempt_id"],
                 "hash_ok": verify_export.event_hash(row) == event.hash,
                 "link_ok": expected_prev == event.prev_hash,
-                "details_json": json.dumps(event.details, indent=1, sort_keys=True)
+                "details_json": json.dumps(
+                    event.shown_details, indent=1, sort_keys=True, ensure_ascii=False
+                )
                 if event.details
                 else "",
                 "request_id": (event.details or {}).get("provider_request_id", ""),
@@ -204,12 +212,11 @@ def _seal_of(attempt: Attempt) -> dict[str, Any] | None:
 
 
 @require_GET
+@refuse_politely
 def attempt_report(request: HttpRequest, attempt_id: str) -> HttpResponse:
     """Everything that happened to one logical effect across its lineage, readable on paper."""
-    allowed = _allowed_tenants(request)
-    scoped = Attempt.objects.for_user(request.user)
-    if allowed is not None:
-        scoped = scoped.filter(tenant_id__in=allowed)
+    _allowed_tenants(request)  # refuses anyone who reviews nowhere
+    scoped = Attempt.objects.visible_to(request.user, Role.REVIEWER)
     attempt = scoped.select_related("parent").filter(attempt_id=attempt_id).first()
     if attempt is None:
         raise Http404("no such attempt in your tenants")
@@ -247,6 +254,7 @@ def attempt_report(request: HttpRequest, attempt_id: str) -> HttpResponse:
 
 
 @require_GET
+@refuse_politely
 def report_lookup(request: HttpRequest) -> HttpResponse:
     """The report form on the exports page: go to the report of the attempt id typed in."""
     _allowed_tenants(request)

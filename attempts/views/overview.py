@@ -112,7 +112,7 @@ def _chart(tenants: list[str], now: dt.datetime) -> dict[str, Any]:
 
 def _my_open_work(user: Any, tenants: list[str]) -> list[dict[str, Any]]:
     return list(
-        Attempt.objects.for_tenants(tenants)
+        Attempt.objects.visible_to(user)
         .filter(owner_id=user.pk, state__in=ATTENTION_STATES)
         .order_by("created_at", "id")
         .values("attempt_id", "tenant_id", "tool_name", "state", "created_at", "review_reason")[:10]
@@ -131,20 +131,21 @@ def overview_context(user: Any, now: dt.datetime) -> dict[str, Any]:
         by_tool[tool][state] += n
     terminal, terminal_at = _terminal_counts(tenants, now)
     oldest = (
-        Attempt.objects.for_tenants(tenants)
+        Attempt.objects.visible_to(user)
         .filter(state=State.UNKNOWN)
         .aggregate(oldest=Min("created_at"))["oldest"]
     )
     my_counts = dict(
-        Attempt.objects.for_tenants(tenants)
+        Attempt.objects.visible_to(user)
         .filter(owner_id=user.pk, state__in=ATTENTION_STATES)
         .values_list("state")
         .annotate(n=Count("id"))
         .order_by()
     )
     unassigned = (
-        Attempt.objects.for_tenants(tenants).filter(state=State.UNKNOWN, owner__isnull=True).count()
+        Attempt.objects.visible_to(user).filter(state=State.UNKNOWN, owner__isnull=True).count()
     )
+    awaiting_me = Attempt.objects.awaiting_approval_of(user).count()
     tool_rows = sorted(
         (
             {
@@ -183,6 +184,7 @@ def overview_context(user: Any, now: dt.datetime) -> dict[str, Any]:
         },
         "my_work": _my_open_work(user, tenants),
         "unassigned_unknown": unassigned,
+        "awaiting_me": awaiting_me,
         "chart": _chart(tenants, now),
         "now": now,
         "unknown_total": by_state.get(State.UNKNOWN, 0),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import heapq
+import json
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
@@ -18,7 +19,9 @@ from urllib.parse import urlencode
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import get_user_model
-from django.db.models import Q
+from django.db import connection
+from django.db.models import BooleanField, Max, Q
+from django.db.models.expressions import RawSQL
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
@@ -26,8 +29,21 @@ from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
-from attempts import ledger
-from attempts.models import ROLE_RANK, Attempt, Role, State, Tool
+from attempts import ledger, review
+from attempts.models import (
+    ATTENTION_STATES,
+    MIN_PREFIX,
+    PREFIX_FIELDS,
+    ROLE_RANK,
+    Attempt,
+    AttemptEvent,
+    Role,
+    SlaEscalation,
+    SlaPolicy,
+    State,
+    Tool,
+)
+from attempts.review import Seen
 from attempts.views._common import (
     bad_request,
     max_role,
@@ -112,15 +128,23 @@ class BadFilter(ValueError):
     """A query-string value the queue cannot use (answered with a clear 400)."""
 
 
+PAGE_SIZES = (25, 50, 100, 200)
+# Totals are exact up to this many rows per lane; beyond it they are estimates.
+COUNT_CAP = 1000
+
+
 @dataclass
 class Filters:
     tenant: str = ""
     tool: str = ""
-    owner: str = ""  # "", "me", "unassigned"
+    owner: str = ""  # "", "me", "unassigned" or a username
+    owner_id: int | None = None  # the person when ``owner`` names one
+    awaiting: str = ""  # "me": awaiting my approval
     state: str = ""
     age: str = ""
     q: str = ""
     sort: str = "oldest"
+    size: int = 0  # 0: PAGE_SIZE
     after: tuple[dt.datetime, int] | None = None
     before: tuple[dt.datetime, int] | None = None
 
@@ -130,13 +154,21 @@ class Filters:
             "tenant": self.tenant,
             "tool": self.tool,
             "owner": self.owner,
+            "awaiting": self.awaiting,
             "state": self.state,
             "age": self.age,
             "q": self.q,
             "sort": "" if self.sort == "oldest" else self.sort,
+            "size": str(self.size) if self.size else "",
         }
         values.update(override)
         return {k: v for k, v in values.items() if v}
+
+    @property
+    def any(self) -> bool:
+        return bool(
+            self.q or self.tenant or self.tool or self.owner or self.age or self.state
+        ) or bool(self.awaiting)
 
 
 def encode_cursor(created_at: dt.datetime, pk: int) -> str:
@@ -168,11 +200,30 @@ def parse_filters(request: HttpRequest, queue: Queue) -> Filters:
         age=get.get("age", "").strip(),
         q=get.get("q", "").strip()[:255],
         sort=get.get("sort", "oldest").strip() or "oldest",
+        awaiting=get.get("awaiting", "").strip(),
     )
     if f.tenant and f.tenant not in tenant_roles(request.user):
         raise BadFilter(f"you are not a member of a tenant called {f.tenant!r}")
     if f.owner not in ("", "me", "unassigned"):
-        raise BadFilter("owner must be me, unassigned or empty (anyone)")
+        f.owner_id = (
+            get_user_model()
+            .objects.filter(
+                username=f.owner, ledger_memberships__tenant_id__in=user_tenants(request.user)
+            )
+            .values_list("pk", flat=True)
+            .first()
+        )
+        if f.owner_id is None:
+            raise BadFilter(
+                "owner must be me, unassigned, empty (anyone) or a person in your tenants"
+            )
+    if f.awaiting not in ("", "me"):
+        raise BadFilter("awaiting must be me or empty")
+    size = get.get("size", "").strip()
+    if size:
+        if not size.isdigit() or int(size) not in PAGE_SIZES:
+            raise BadFilter("page size must be one of " + ", ".join(map(str, PAGE_SIZES)))
+        f.size = int(size)
     if f.state and f.state not in queue.states:
         raise BadFilter(f"state {f.state!r} is not shown in the {queue.title} queue")
     if f.age not in AGES:
@@ -188,15 +239,34 @@ def parse_filters(request: HttpRequest, queue: Queue) -> Filters:
     return f
 
 
-def _search_q(term: str) -> Q:
-    """Exact match on the ids people paste, or an args-hash prefix (hex, at least 6 chars)."""
-    q = Q(attempt_id=term) | Q(idempotency_key=term) | Q(provider_request_id=term) | Q(task_id=term)
-    lowered = term.lower()
-    if len(lowered) >= 6 and all(c in "0123456789abcdef" for c in lowered):
-        # A range instead of LIKE so both databases use the args_hash index ("g" > "f").
-        upper = lowered[:64] + "g"
-        q |= Q(args_hash__gte=lowered[:64], args_hash__lt=upper)
-    return q
+def exact_search(term: str) -> Q:
+    """A term shorter than MIN_PREFIX matches identifiers exactly (a prefix would match too
+    much to be useful)."""
+    return (
+        Q(attempt_id=term) | Q(idempotency_key=term) | Q(provider_request_id=term) | Q(task_id=term)
+    )
+
+
+def _search_scope(tenants: list[str], states: tuple[str, ...]) -> Q:
+    """The tenant and state limits of a search lane. On SQLite they are written so the planner
+    cannot read them from an index (``+column``): it must walk the identifier's own index in
+    order, never gather every match of a broad prefix by tenant and sort them."""
+    every_state = set(states) == set(State.values)
+    if connection.vendor != "sqlite":
+        return Q(tenant_id__in=tenants) & (Q() if every_state else Q(state__in=states))
+    table = Attempt._meta.db_table
+    scope = Q(_unindexed_in(f'"{table}"."tenant_id"', tenants))
+    if not every_state:
+        scope &= Q(_unindexed_in(f'"{table}"."state"', list(states)))
+    return scope
+
+
+def _unindexed_in(column: str, values: list[str]) -> RawSQL:
+    if not values:
+        return RawSQL("0 = 1", [], output_field=BooleanField())
+    marks = ", ".join(["%s"] * len(values))
+    # The column name is ours; the values are parameters.
+    return RawSQL(f"+{column} IN ({marks})", list(values), output_field=BooleanField())  # noqa: S611
 
 
 def _keyset(cursor: tuple[dt.datetime, int], *, forward_ascending: bool) -> Q:
@@ -215,6 +285,9 @@ class Page:
     has_prev: bool
     next_cursor: str = ""
     prev_cursor: str = ""
+    total: int = 0
+    total_exact: bool = True
+    more_matches: bool = False
 
 
 def fetch_page(
@@ -226,16 +299,23 @@ def fetch_page(
     page_size: int | None = None,
 ) -> Page:
     """One page of the queue for this user: tenant-scoped, filtered, keyset-paginated."""
-    page_size = page_size or PAGE_SIZE
+    page_size = page_size or filters.size or PAGE_SIZE
     tenants = [filters.tenant] if filters.tenant else user_tenants(user)
     chosen_states = (filters.state,) if filters.state else queue.states
-    base = Attempt.objects.for_tenants(tenants)
+    if filters.awaiting:
+        chosen_states = tuple(s for s in chosen_states if s == State.MANUAL_REVIEW)
+    # ``tenants`` are the user's own (``user_tenants``, the one scoping rule) or one of them;
+    # every lane below is limited to them.
+    base = Attempt.objects.all()
     if filters.tool:
         base = base.filter(tool_name=filters.tool)
-    if filters.owner == "me":
-        base = base.filter(owner_id=user.pk)
+    owner_id = user.pk if filters.owner == "me" else filters.owner_id
+    if owner_id is not None:
+        base = base.filter(owner_id=owner_id)
     elif filters.owner == "unassigned":
         base = base.filter(owner__isnull=True)
+    if filters.awaiting:
+        base = base.filter(pk__in=Attempt.objects.awaiting_approval_of(user).values("pk"))
     age = AGES[filters.age]
     if age is not None:
         base = base.filter(created_at__lte=now - age)
@@ -244,6 +324,7 @@ def fetch_page(
             updated_at__lte=now - dt.timedelta(seconds=settings.LEDGER["STALE_AFTER"])
         )
 
+    uncursored = base
     ascending = filters.sort == "oldest"
     backwards = filters.before is not None
     walk_ascending = ascending != backwards
@@ -254,23 +335,49 @@ def fetch_page(
     order = ("created_at", "id") if walk_ascending else ("-created_at", "-id")
     want = page_size + 1
 
-    if filters.q:
-        lanes = [base.filter(_search_q(filters.q), tenant_id__in=tenants, state__in=chosen_states)]
+    prefix_search = bool(filters.q) and len(filters.q) >= MIN_PREFIX
+    if not chosen_states:
+        lanes, lanes_without_cursor = [], []
+    elif prefix_search:
+        # One lane per identifier, each a range of that identifier's own index walked in
+        # order (``Attempt.objects.prefix_search``); a prefix may match most of the ledger
+        # ("acme:"), so no lane gathers and sorts all its matches. The page shows the first
+        # matches by identifier; a longer prefix narrows it (no further pages).
+        scope = _search_scope(tenants, chosen_states)
+        lanes = [
+            base.prefix_search(filters.q, field).filter(scope).order_by("search_key", "id")
+            for field in PREFIX_FIELDS
+        ]
+        lanes_without_cursor = lanes
     else:
-        # One equality prefix per lane, so each lane is an ordered index range: (tenant) when
-        # every state is wanted, (tenant, state) otherwise; (owner, tenant, state) for "me".
-        every_state = set(chosen_states) == set(State.values)
-        if every_state and filters.owner != "me":
-            lanes = [base.filter(tenant_id=t) for t in tenants]
+        if filters.q:
+            specs = [exact_search(filters.q) & _search_scope(tenants, chosen_states)]
         else:
-            lanes = [base.filter(tenant_id=t, state=s) for t in tenants for s in chosen_states]
-    # Phase one reads only (created_at, id) from each lane: both are in every queue index, so
-    # each lane is an index-only range. Phase two loads the winning rows by primary key.
-    keys = [list(lane.order_by(*order).values_list("created_at", "id")[:want]) for lane in lanes]
-    merged_keys = list(heapq.merge(*keys, reverse=not walk_ascending))[:want]
+            # One equality prefix per lane, so each lane is an ordered index range: (tenant)
+            # when every state is wanted, (tenant, state) otherwise; (owner, tenant, state)
+            # for an owner.
+            every_state = set(chosen_states) == set(State.values)
+            if every_state and owner_id is None:
+                specs = [Q(tenant_id=t) for t in tenants]
+            else:
+                specs = [Q(tenant_id=t, state=s) for t in tenants for s in chosen_states]
+        lanes = [base.filter(spec).order_by(*order) for spec in specs]
+        lanes_without_cursor = [uncursored.filter(spec) for spec in specs]
+    # Phase one reads only (created_at, id) from each lane (for the queues, both are in every
+    # queue index, so each lane is an index-only range); phase two loads the rows by key.
+    keys = [list(lane.values_list("created_at", "id")[:want]) for lane in lanes]
+    if prefix_search:
+        merged_keys = sorted(set().union(*keys), reverse=not walk_ascending)
+    else:
+        merged_keys = []
+        for key in heapq.merge(*keys, reverse=not walk_ascending):
+            if not merged_keys or merged_keys[-1] != key:  # a row found by two identifiers
+                merged_keys.append(key)
+            if len(merged_keys) == want:
+                break
     by_pk = {
         row["id"]: row
-        for row in Attempt.objects.for_tenants(tenants)
+        for row in Attempt.objects.visible_to(user)
         .filter(pk__in=[pk for _, pk in merged_keys])
         .values(*ROW_FIELDS)
     }
@@ -282,12 +389,40 @@ def fetch_page(
         has_prev, has_next = more, True
     else:
         has_next, has_prev = more, filters.after is not None
+    if prefix_search:
+        has_next = has_prev = False
     page = Page(rows=rows, has_next=has_next and bool(rows), has_prev=has_prev and bool(rows))
+    page.more_matches = prefix_search and more
     if rows:
         page.next_cursor = encode_cursor(rows[-1]["created_at"], rows[-1]["id"])
         page.prev_cursor = encode_cursor(rows[0]["created_at"], rows[0]["id"])
+    page.total, page.total_exact = _estimate_total(lanes_without_cursor, filters.q != "")
     _decorate(rows, now, user)
     return page
+
+
+def _estimate_total(lanes: list, search: bool) -> tuple[int, bool]:
+    """How many rows the queue holds: exact up to COUNT_CAP per lane (ids read from the lane's
+    index, no COUNT), else PostgreSQL's planner estimate (SQLite: a lower bound)."""
+    ids: set[int] = set()
+    capped = False
+    for lane in lanes:
+        found = list(lane.order_by().values_list("id", flat=True)[: COUNT_CAP + 1])
+        capped = capped or len(found) > COUNT_CAP
+        ids.update(found[:COUNT_CAP])
+    if not capped:
+        return len(ids), True
+    if connection.vendor == "postgresql":
+        estimate = 0
+        for lane in lanes:
+            sql, params = lane.order_by().values("id").query.sql_with_params()
+            with connection.cursor() as cursor:
+                cursor.execute("EXPLAIN (FORMAT JSON) " + sql, params)
+                plan = cursor.fetchone()[0]
+            plan = json.loads(plan) if isinstance(plan, str) else plan
+            estimate += int(plan[0]["Plan"]["Plan Rows"])
+        return max(estimate, len(ids)), False
+    return len(ids), False
 
 
 def _short(text: str, limit: int) -> str:
@@ -305,17 +440,56 @@ def _decorate(rows: list[dict[str, Any]], now: dt.datetime, user: Any) -> None:
         if owner_ids
         else {}
     )
+    pks = [r["id"] for r in rows]
+    review_pks = [r["id"] for r in rows if r["state"] == State.MANUAL_REVIEW]
+    awaiting_me = (
+        set(
+            Attempt.objects.awaiting_approval_of(user)
+            .filter(pk__in=review_pks)
+            .values_list("pk", flat=True)
+        )
+        if review_pks
+        else set()
+    )
+    last_events = (
+        dict(
+            AttemptEvent.objects.filter(attempt_id__in=pks)
+            .values("attempt_id")
+            .annotate(last=Max("id"))
+            .values_list("attempt_id", "last")
+        )
+        if pks
+        else {}
+    )
+    attention = [r for r in rows if r["state"] in ATTENTION_STATES]
+    policies = SlaPolicy.table() if attention else {}
+    acknowledged = (
+        set(
+            SlaEscalation.objects.filter(
+                attempt_id__in=[r["id"] for r in attention], acknowledged_by__isnull=False
+            ).values_list("attempt_id", "state")
+        )
+        if attention and policies
+        else set()
+    )
+    zone = timezone.get_current_timezone()
     detail_base = reverse("attempt-detail", args=["-"])[:-2]
     for row in rows:
+        age = now - row["created_at"]
         row["owner_name"] = names.get(row["owner_id"], "")
         row["mine"] = row["owner_id"] == user.pk
-        row["age_text"] = duration(now - row["created_at"])
-        row["created_text"] = row["created_at"].astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+        row["age_text"] = duration(age)
+        row["created_text"] = row["created_at"].astimezone(zone).strftime("%Y-%m-%d %H:%M:%S %Z")
         row["state_css"] = state_class(row["state"])
         row["url"] = f"{detail_base}{row['attempt_id']}/"
         row["task_short"] = _short(row["task_id"], 28)
         row["key_short"] = _short(row["idempotency_key"], 40)
         row["provider_short"] = _short(row["provider_request_id"], 24) or "—"
+        row["awaits_me"] = row["id"] in awaiting_me
+        row["seen"] = f"{row['attempt_id']}:{row['version']}:{last_events.get(row['id'], 0)}"
+        policy = SlaPolicy.pick(policies, row["tool_name"], row["tenant_id"]) if policies else None
+        row["sla"] = SlaPolicy.level(policy, row["state"], age)
+        row["sla_ack"] = (row["id"], row["state"]) in acknowledged
 
 
 def _tool_names() -> list[str]:
@@ -353,7 +527,15 @@ def queue_view(request: HttpRequest, slug: str = "unknown") -> HttpResponse:
         "next_url": here + "?" + urlencode({**base_params, "after": page.next_cursor}),
         "prev_url": here + "?" + urlencode({**base_params, "before": page.prev_cursor}),
         "can_bulk": top_role is not None and ROLE_RANK[top_role] >= ROLE_RANK[Role.OPERATOR],
-        "assignees": _assignees(request.user),
+        "can_bulk_review": top_role is not None and ROLE_RANK[top_role] >= ROLE_RANK[Role.REVIEWER],
+        "assignees": _people(request.user, Role.OPERATOR),
+        "owners": _people(request.user),
+        "page_sizes": PAGE_SIZES,
+        "sort_url": here
+        + "?"
+        + urlencode(filters.params(sort="newest" if filters.sort == "oldest" else "")),
+        "short_search": bool(filters.q) and len(filters.q) < MIN_PREFIX,
+        "min_prefix": MIN_PREFIX,
         "poll_seconds": 15,
     }
     if request.htmx:
@@ -361,35 +543,92 @@ def queue_view(request: HttpRequest, slug: str = "unknown") -> HttpResponse:
     return render(request, "attempts/queues.html", context)
 
 
-def _assignees(user: Any) -> list[str]:
-    """People who may own work in the user's tenants (for assign controls)."""
-    tenants = user_tenants(user)
+def _people(user: Any, minimum: str = Role.VIEWER) -> list[str]:
+    """People in the user's tenants holding at least ``minimum`` there (active), by name. An
+    assign control offers operators and above only: an owner must be able to act."""
     return list(
         get_user_model()
-        .objects.filter(ledger_memberships__tenant_id__in=tenants, is_active=True)
+        .objects.filter(
+            ledger_memberships__tenant_id__in=user_tenants(user),
+            ledger_memberships__role__in=[
+                r for r in ROLE_RANK if ROLE_RANK[r] >= ROLE_RANK[minimum]
+            ],
+            is_active=True,
+        )
         .distinct()
         .order_by("username")
         .values_list("username", flat=True)
     )
 
 
+BULK_ACTIONS = {
+    "take": "Took",
+    "assign": "Assigned",
+    "unassign": "Unassigned",
+    "confirm": "Marked OUTCOME_CONFIRMED",
+    "fail": "Marked FAILED",
+    "note": "Added a note to",
+}
+
+
+def _bulk_one(action: str, attempt_id: str, seen: Seen, user: Any, owner: Any, post: Any) -> None:
+    """One attempt of a bulk action: the same review function, role and version checks as
+    the attempt's own page."""
+    if action in ("take", "assign", "unassign"):
+        review.assign(attempt_id, user=user, owner=owner, seen=seen)
+    elif action == "confirm":
+        review.review_confirm(
+            attempt_id,
+            user=user,
+            result_ref=post.get("result_ref", ""),
+            evidence=post.get("evidence", ""),
+            seen=seen,
+        )
+    elif action == "fail":
+        review.review_fail(attempt_id, user=user, reason=post.get("reason", ""), seen=seen)
+    else:
+        review.add_note(attempt_id, user=user, text=post.get("text", ""))
+
+
+def _parse_pick(item: str) -> tuple[str, Seen | None]:
+    """``attempt_id:version[:last event id]`` as the row showed it."""
+    attempt_id, _, rest = item.partition(":")
+    version_text, _, event_text = rest.partition(":")
+    try:
+        version = int(version_text) if version_text else None
+        event_id = int(event_text) if event_text else None
+    except ValueError:
+        raise ValueError("bad version") from None
+    return attempt_id, Seen(version, event_id) if version is not None else None
+
+
 @require_POST
 @refuse_nul_bytes
 def bulk_action(request: HttpRequest) -> HttpResponse:
-    """Take or assign many attempts at once. Each one is its own compare-and-set against the
-    version shown on the page; the message says how many were done and why any were not."""
+    """Take, assign, unassign, mark confirmed or failed (with evidence and a reason), or note
+    many attempts at once. Each one is its own role check and compare against what the page
+    showed; the message says how many were done and why any were not."""
     back = request.POST.get("next", "")
     if not url_has_allowed_host_and_scheme(back, {request.get_host()}, request.is_secure()):
         back = reverse("queue", args=["unknown"])
     action = request.POST.get("action", "")
-    if action not in ("take", "assign", "unassign"):
-        return bad_request(request, "choose take, assign or unassign")
+    if action not in BULK_ACTIONS:
+        return bad_request(request, "choose one of: " + ", ".join(BULK_ACTIONS))
     picked = request.POST.getlist("attempt")
     if not picked:
         messages.error(request, "Select at least one attempt first.")
         return HttpResponseRedirect(back)
     if len(picked) > 200:
         return bad_request(request, "at most 200 attempts at once")
+    required = {
+        "confirm": ("result_ref", "evidence"),
+        "fail": ("reason",),
+        "note": ("text",),
+    }.get(action, ())
+    missing = [name for name in required if not request.POST.get(name, "").strip()]
+    if missing:
+        messages.error(request, f"Nothing changed: {' and '.join(missing)} required.")
+        return HttpResponseRedirect(back)
     owner = None
     if action == "take":
         owner = request.user
@@ -398,30 +637,26 @@ def bulk_action(request: HttpRequest) -> HttpResponse:
         owner = get_user_model().objects.filter(username=username, is_active=True).first()
         if owner is None:
             return bad_request(request, f"there is no active user called {username!r}")
-    scope = user_tenants(request.user)
     done_ids: list[str] = []
     problems: list[str] = []
     for item in picked:
-        attempt_id, _, version_text = item.partition(":")
         try:
-            version = int(version_text) if version_text else None
+            attempt_id, seen = _parse_pick(item)
         except ValueError:
-            problems.append(f"{attempt_id}: bad version")
+            problems.append(f"{item.partition(':')[0]}: bad version")
             continue
-        if not Attempt.objects.for_tenants(scope).filter(attempt_id=attempt_id).exists():
+        if not Attempt.objects.visible_to(request.user).filter(attempt_id=attempt_id).exists():
             problems.append(f"{attempt_id}: not found")
             continue
         try:
-            ledger.assign(attempt_id, user=request.user, owner=owner, expected_version=version)
+            _bulk_one(action, attempt_id, seen, request.user, owner, request.POST)
         except ledger.LedgerError as exc:
             problems.append(f"{attempt_id}: {exc.message}")
         else:
             done_ids.append(attempt_id)
-    verb = {
-        "take": "Took",
-        "assign": f"Assigned to {owner.get_username() if owner else ''}",
-        "unassign": "Unassigned",
-    }[action]
+    verb = BULK_ACTIONS[action]
+    if action == "assign" and owner is not None:
+        verb = f"Assigned to {owner.get_username()}"
     if done_ids:
         messages.success(
             request, f"{verb} {len(done_ids)} attempt{'s' if len(done_ids) != 1 else ''}."

@@ -49,7 +49,8 @@ from attempts.models import (
 from reconciliation import faults
 
 REPO = Path(settings.BASE_DIR)
-MANAGE = REPO / "manage.py"
+# Management commands in child processes, from a checkout or an installed package alike.
+MANAGE = ["-m", "ledgerweb"]
 PYTHON = sys.executable
 
 INVARIANTS: tuple[tuple[str, str], ...] = (
@@ -514,7 +515,7 @@ class Scene:
         out, err = stem.with_suffix(".out"), stem.with_suffix(".err")
         with open(out, "wb") as out_file, open(err, "wb") as err_file:
             process = subprocess.Popen(
-                [PYTHON, str(MANAGE), *command],
+                [PYTHON, *MANAGE, *command],
                 cwd=REPO,
                 env=env,
                 stdout=out_file,
@@ -751,7 +752,7 @@ class Harness:
         env = _base_env()
         env.update(template.child_env)
         done = subprocess.run(
-            [PYTHON, str(MANAGE), "migrate", "--no-input", "-v", "0"],
+            [PYTHON, *MANAGE, "migrate", "--no-input", "-v", "0"],
             cwd=REPO,
             env=env,
             capture_output=True,

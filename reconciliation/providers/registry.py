@@ -1,6 +1,6 @@
 """Tool name -> adapter. ``Tool.adapter`` is a short name from ``settings.LEDGER["ADAPTERS"]``
-(``http`` is the generic provider, ``stripe`` Stripe payment intents with the ``stripe`` extra);
-the class behind it comes from settings, never from the
+(``http`` the generic provider, ``mcp`` tools behind the MCP gateway, ``stripe`` Stripe payment
+intents with the ``stripe`` extra); the class behind it comes from settings, never from the
 database, so whoever edits a tool chooses among adapters the deployment installed and nothing
 else."""
 

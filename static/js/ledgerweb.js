@@ -1,5 +1,6 @@
-// ledgerweb: copy buttons, bulk selection on queue pages, and pausing the queue's live refresh
-// while a selection is in progress. No inline script, no eval: works under the strict CSP.
+// ledgerweb: copy buttons, bulk selection on queue pages, pausing the queue's live refresh while
+// a selection is in progress, and keyboard shortcuts. No inline script, no eval: works under the
+// strict CSP.
 (function () {
   "use strict";
 
@@ -76,6 +77,59 @@
     }
   });
 
-  document.addEventListener("htmx:afterSwap", updateBulk);
+  document.addEventListener("htmx:afterSwap", function () { updateBulk(); reselect(); });
   document.addEventListener("DOMContentLoaded", updateBulk);
+
+  // Keyboard shortcuts: "/" search, "j"/"k" next/previous row, Enter opens it, "?" help.
+  var selectedId = null;
+
+  function rows() { return Array.prototype.slice.call(document.querySelectorAll("tr[data-row]")); }
+
+  function select(row) {
+    rows().forEach(function (r) { r.classList.remove("selected"); });
+    if (!row) { return; }
+    row.classList.add("selected");
+    selectedId = row.getAttribute("data-attempt");
+    var link = row.querySelector("a");
+    if (link) { link.focus({ preventScroll: true }); }
+    row.scrollIntoView({ block: "nearest" });
+  }
+
+  function reselect() {
+    if (!selectedId) { return; }
+    var row = document.querySelector("tr[data-row][data-attempt='" + selectedId + "']");
+    if (row) { row.classList.add("selected"); }
+  }
+
+  function typing(target) {
+    return target && (target.isContentEditable || /^(INPUT|TEXTAREA|SELECT)$/.test(target.tagName));
+  }
+
+  function openHelp() {
+    var dialog = document.getElementById("shortcuts");
+    if (dialog && !dialog.open) { dialog.showModal(); }
+  }
+
+  document.addEventListener("click", function (event) {
+    if (event.target.closest("[data-shortcuts-open]")) { openHelp(); }
+  });
+
+  document.addEventListener("keydown", function (event) {
+    if (event.ctrlKey || event.metaKey || event.altKey || typing(event.target)) { return; }
+    if (document.querySelector("dialog[open]")) { return; }
+    if (event.key === "/") {
+      var search = document.querySelector("[data-search]");
+      if (search) { event.preventDefault(); search.focus(); search.select(); }
+    } else if (event.key === "j" || event.key === "k") {
+      var all = rows();
+      if (!all.length) { return; }
+      event.preventDefault();
+      var current = all.findIndex(function (r) { return r.classList.contains("selected"); });
+      var next = event.key === "j" ? Math.min(all.length - 1, current + 1) : Math.max(0, current - 1);
+      select(all[current === -1 ? 0 : next]);
+    } else if (event.key === "?") {
+      event.preventDefault();
+      openHelp();
+    }
+  });
 })();

@@ -13,7 +13,7 @@ import io
 import pytest
 from django.core.management import CommandError, call_command
 
-from attempts import audit_verify, chain, verify_export
+from attempts import audit_verify, chain, review, verify_export
 from attempts.locking import write_transaction
 from attempts.models import Attempt, AttemptEvent, Checkpoint
 from attempts.states import Actor
@@ -292,9 +292,8 @@ def test_rehashing_a_checkpoint_breaks_the_next_ones_link(sealed, world):
 def test_marking_an_attempt_sealed_to_hide_it_from_the_sealer_is_seen(sealed, world):
     victim = sealed[1]
     victim.refresh_from_db()
-    from attempts import ledger
 
-    ledger.add_note(victim, user=world.admin, text="after the seal")
+    review.add_note(victim, user=world.admin, text="after the seal")
     sql(f"UPDATE {ATTEMPTS} SET sealed = %s WHERE id = %s", [True, victim.pk])
     assert any(p.kind == "seal" and p.attempt_id == victim.attempt_id for p in problems())
 

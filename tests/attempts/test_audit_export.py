@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
-from attempts import audit_export, ledger, verify_export
+from attempts import audit_export, review, verify_export
 from attempts.models import AttemptEvent, Checkpoint
 from tests.attempts.audit_helpers import build_history, fast_passwords, seal_all  # noqa: F401
 from tests.conftest import PYTHON, REPO
@@ -68,10 +68,10 @@ def first_problem(path: Path, **kwargs) -> verify_export.Problem:
 def history(world):
     made = build_history(world, 4)
     build_history(world, 2, tenant="globex", prefix="g")
-    ledger.add_note(made[1], user=world.operator, text="=cmd|' /C calc'!A0")
-    ledger.add_note(made[2], user=world.operator, text='He said "stop, now",\nthen left; ünïcode ✓')
+    review.add_note(made[1], user=world.operator, text="=cmd|' /C calc'!A0")
+    review.add_note(made[2], user=world.operator, text='He said "stop, now",\nthen left; ünïcode ✓')
     # A control character the CSV fast path uses internally: the exact path takes over.
-    ledger.add_note(made[3], user=world.operator, text='odd \x01 "byte"')
+    review.add_note(made[3], user=world.operator, text='odd \x01 "byte"')
     return made
 
 

@@ -9,7 +9,7 @@ import pytest
 from django.http import StreamingHttpResponse
 from django.urls import reverse
 
-from attempts import ledger, verify_export
+from attempts import ledger, review, verify_export
 from attempts.models import AttemptEvent, Checkpoint
 from attempts.states import Actor
 from tests.attempts.audit_helpers import build_history, fast_passwords, seal_all  # noqa: F401
@@ -155,7 +155,7 @@ def test_printable_report_covers_the_lineage_and_who_decided(client, world, hist
     with_review = ledger.create_linked_attempt(
         original, actor=Actor.worker("reconciler"), reason="authority changed"
     )
-    ledger.approve_linked_attempt(with_review, user=world.reviewer)
+    review.approve_linked_attempt(with_review, user=world.reviewer)
     child = ledger.claim_dispatch(with_review.attempt_id, actor=world.agent)[0]
     ledger.attach_provider_request(child, "req-child", actor=world.agent)
     ledger.confirm(child.attempt_id, result_ref="receipt-child", actor=world.agent)

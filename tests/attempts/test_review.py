@@ -3,7 +3,7 @@ authority, same tenant) and four eyes for critical effects."""
 
 import pytest
 
-from attempts import ledger
+from attempts import ledger, review
 from attempts.locking import write_transaction
 from attempts.models import Attempt, Grant, State
 from attempts.states import Actor, move
@@ -29,15 +29,15 @@ def manual_review(world, tool="open_ticket", key="ticket:acme:1"):
 def test_operator_actions_need_the_operator_role_in_that_tenant(world, name):
     attempt = manual_review(world)
     with pytest.raises(ledger.NotAllowed):
-        ledger.assign(attempt, user=getattr(world, name), owner=getattr(world, name))
+        review.assign(attempt, user=getattr(world, name), owner=getattr(world, name))
     with pytest.raises(ledger.NotAllowed):
-        ledger.add_note(attempt, user=getattr(world, name), text="hello")
+        review.add_note(attempt, user=getattr(world, name), text="hello")
 
 
 def test_take_assign_and_note_are_recorded_with_the_person(world):
     attempt = manual_review(world)
-    ledger.assign(attempt, user=world.operator, owner=world.operator)
-    ledger.add_note(attempt, user=world.operator, text="calling the provider")
+    review.assign(attempt, user=world.operator, owner=world.operator)
+    review.add_note(attempt, user=world.operator, text="calling the provider")
     events = list(attempt.events.order_by("id").values_list("action", "actor"))
     assert events[-2:] == [
         ("attempt.owner_changed", "operator"),
@@ -49,22 +49,22 @@ def test_take_assign_and_note_are_recorded_with_the_person(world):
 def test_owner_must_belong_to_the_tenant_and_review_work_keeps_an_owner(world):
     attempt = manual_review(world)
     with pytest.raises(ledger.NotAllowed):
-        ledger.assign(attempt, user=world.operator, owner=world.outsider)
+        review.assign(attempt, user=world.operator, owner=world.outsider)
     with pytest.raises(ledger.StateConflict):
-        ledger.assign(attempt, user=world.operator, owner=None)
+        review.assign(attempt, user=world.operator, owner=None)
 
 
 def test_operators_cannot_mark_outcomes(world):
     attempt = manual_review(world)
     with pytest.raises(ledger.NotAllowed):
-        ledger.review_confirm(attempt, user=world.operator, result_ref="T-1", evidence="seen")
+        review.review_confirm(attempt, user=world.operator, result_ref="T-1", evidence="seen")
 
 
 def test_reviewer_confirms_with_evidence(world):
     attempt = manual_review(world)
     with pytest.raises(ledger.InvalidIntent):
-        ledger.review_confirm(attempt, user=world.reviewer, result_ref="T-1", evidence=" ")
-    ledger.review_confirm(attempt, user=world.reviewer, result_ref="T-1", evidence="ticket seen")
+        review.review_confirm(attempt, user=world.reviewer, result_ref="T-1", evidence=" ")
+    review.review_confirm(attempt, user=world.reviewer, result_ref="T-1", evidence="ticket seen")
     stored = Attempt.objects.get(pk=attempt.pk)
     assert (stored.state, stored.result_ref) == (State.OUTCOME_CONFIRMED, "T-1")
     last = stored.events.last()
@@ -74,11 +74,11 @@ def test_reviewer_confirms_with_evidence(world):
 def test_stale_form_loses_to_a_concurrent_reviewer(world):
     attempt = manual_review(world)
     seen_version = attempt.version
-    ledger.review_fail(
+    review.review_fail(
         attempt, user=world.reviewer, reason="not done", expected_version=seen_version
     )
     with pytest.raises(ledger.StateConflict) as exc:
-        ledger.review_confirm(
+        review.review_confirm(
             attempt,
             user=world.reviewer2,
             result_ref="T",
@@ -91,7 +91,7 @@ def test_stale_form_loses_to_a_concurrent_reviewer(world):
 
 def test_linked_retry_of_a_non_critical_effect_needs_one_reviewer(world):
     attempt = manual_review(world)
-    child = ledger.approve_linked_retry(attempt, user=world.reviewer)
+    child = review.approve_linked_retry(attempt, user=world.reviewer)
     original = Attempt.objects.get(pk=attempt.pk)
     assert original.state == State.RECONCILED
     assert child.parent_id == original.pk and child.state == State.INTENT_RECORDED
@@ -102,12 +102,12 @@ def test_linked_retry_of_a_non_critical_effect_needs_one_reviewer(world):
 
 def test_linked_retry_of_a_critical_effect_needs_two_distinct_reviewers(world):
     attempt = manual_review(world, tool="charge_card", key="charge:acme:9")
-    assert ledger.approve_linked_retry(attempt, user=world.reviewer) is None
+    assert review.approve_linked_retry(attempt, user=world.reviewer) is None
     assert Attempt.objects.get(pk=attempt.pk).state == State.MANUAL_REVIEW
     with pytest.raises(ledger.StateConflict) as exc:
-        ledger.approve_linked_retry(attempt, user=world.reviewer)
+        review.approve_linked_retry(attempt, user=world.reviewer)
     assert exc.value.code == "needs_second_reviewer"
-    child = ledger.approve_linked_retry(attempt, user=world.reviewer2)
+    child = review.approve_linked_retry(attempt, user=world.reviewer2)
     assert child is not None and child.state == State.INTENT_RECORDED
     assert Attempt.objects.get(pk=attempt.pk).state == State.RECONCILED
 
@@ -134,7 +134,7 @@ def test_linked_attempts_never_widen_authority(world):
     assert child.credential_scope == []  # neither the original's write nor the grant's admin
     assert child.owner == world.triage
     assert Attempt.objects.get(pk=attempt.pk).state == State.RECONCILED
-    approved = ledger.approve_linked_attempt(child, user=world.reviewer)
+    approved = review.approve_linked_attempt(child, user=world.reviewer)
     assert approved.state == State.INTENT_RECORDED and not approved.awaiting_approval
 
 
@@ -142,17 +142,17 @@ def test_a_revoked_grant_blocks_linked_attempts(world):
     attempt = manual_review(world)
     Grant.objects.filter(tenant="acme", tool="open_ticket").update(active=False)
     with pytest.raises(ledger.NotGranted):
-        ledger.approve_linked_retry(attempt, user=world.reviewer)
+        review.approve_linked_retry(attempt, user=world.reviewer)
     assert Attempt.objects.get(pk=attempt.pk).state == State.MANUAL_REVIEW
     assert Attempt.objects.count() == 1
 
 
 def test_each_link_of_a_lineage_gets_the_next_key(world):
     attempt = manual_review(world)
-    child = ledger.approve_linked_retry(attempt, user=world.reviewer)
+    child = review.approve_linked_retry(attempt, user=world.reviewer)
     ledger.claim_dispatch(child, actor=world.agent)
     with write_transaction():
         move(child, State.MANUAL_REVIEW, actor=Actor.worker("w1"), fields={"review_reason": "x"})
-    grandchild = ledger.approve_linked_retry(child, user=world.reviewer)
+    grandchild = review.approve_linked_retry(child, user=world.reviewer)
     assert grandchild.idempotency_key == "ticket:acme:1~r2"
     assert grandchild.parent_id == child.pk and child.parent_id == attempt.pk

@@ -4,6 +4,7 @@ itself (no hand-written rows), and logged-in clients for each named person."""
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 from django.test import Client
@@ -12,9 +13,21 @@ from attempts import ledger, states
 from attempts.locking import write_transaction
 from attempts.models import Attempt, State
 from attempts.states import Actor
-from tests.conftest import PASSWORD
+from tests.conftest import PASSWORD, REPO
 
 _seq = itertools.count(1)
+
+CHROMIUM = "/usr/bin/chromium"
+SHOTS = REPO / "var" / "artifacts" / "screenshots"
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 WORKER = Actor.worker("recon-1")
 
 
@@ -102,3 +115,20 @@ def clients(world):
             return client
 
     return Clients()
+
+
+@pytest.fixture
+def browser(monkeypatch):
+    """Debian's Chromium, headless, through Playwright (browser tests only)."""
+    # Playwright's sync API runs an event loop in this thread; the test's own ORM calls are
+    # still plain synchronous code.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    if not Path(CHROMIUM).exists():
+        pytest.skip("Debian's chromium is not installed at /usr/bin/chromium")
+    from playwright.sync_api import sync_playwright
+
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        launched = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield launched
+        launched.close()

@@ -382,7 +382,7 @@ def test_reject_needs_a_reason_and_nothing_to_approve_is_clear(world, clients):
 
 def test_two_reviewers_failing_with_different_reasons_is_a_race_not_a_repeat(world, clients):
     """The same move with the same reason is a harmless repeat; with another reason it is a
-    second person's decision that lost, and they are told so (core: ledger.review_fail)."""
+    second person's decision that lost, and they are told so (core: review.review_fail)."""
     attempt = make_review(world)
     url = f"/attempts/{attempt.attempt_id}/fail/"
     first = clients.reviewer.post(url, {"expected_version": attempt.version, "reason": "gone"})

@@ -6,7 +6,6 @@ bulk-take from the queue. Screenshots are kept under var/artifacts/screenshots/.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
@@ -16,38 +15,10 @@ import pytest
 os.environ.setdefault("DJANGO_LIVE_TEST_SERVER_ADDRESS", "127.0.0.1")
 
 from attempts.models import Attempt, State  # noqa: E402
-from tests.conftest import PASSWORD, REPO, make_world  # noqa: E402
-from tests.dashboard.conftest import make_review, make_unknown  # noqa: E402
+from tests.conftest import PASSWORD, make_world  # noqa: E402
+from tests.dashboard.conftest import SHOTS, make_review, make_unknown  # noqa: E402
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
-
-CHROMIUM = "/usr/bin/chromium"
-SHOTS = REPO / "var" / "artifacts" / "screenshots"
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-
-
-@pytest.fixture
-def browser(monkeypatch):
-    # Playwright's sync API runs an event loop in this thread; the test's own ORM calls are
-    # still plain synchronous code.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    if not Path(CHROMIUM).exists():
-        pytest.skip("Debian's chromium is not installed at /usr/bin/chromium")
-    from playwright.sync_api import sync_playwright
-
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield browser
-        browser.close()
 
 
 class Session:

@@ -3,7 +3,7 @@ lookups and notes; another tenant's attempt is a 404."""
 
 from __future__ import annotations
 
-from attempts import ledger
+from attempts import review
 from tests.dashboard.conftest import make_awaiting, make_review, make_unknown, record_lookup
 
 
@@ -48,7 +48,7 @@ def test_secret_argument_fields_are_redacted(world, clients, settings):
 def test_history_lookups_and_notes(world, clients):
     attempt = make_unknown(world)
     record_lookup(attempt, answer="unavailable", latency_ms=9001)
-    ledger.add_note(attempt, user=world.operator, text="Called the provider; they are checking.")
+    review.add_note(attempt, user=world.operator, text="Called the provider; they are checking.")
     response = clients.viewer.get(f"/attempts/{attempt.attempt_id}/")
     body = response.content.decode()
     context = response.context
@@ -103,7 +103,7 @@ def test_viewer_sees_no_action_forms(world, clients):
 
 def test_history_names_owners(world, clients):
     attempt = make_unknown(world)
-    ledger.assign(attempt, user=world.operator, owner=world.reviewer)
+    review.assign(attempt, user=world.operator, owner=world.reviewer)
     body = clients.viewer.get(f"/attempts/{attempt.attempt_id}/").content.decode()
     assert "owner=reviewer" in body and "previous_owner=triage" in body
     assert "owner_id=" not in body

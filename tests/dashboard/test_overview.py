@@ -9,7 +9,7 @@ from django.contrib.auth.models import User
 from django.core.cache import cache
 from django.utils import timezone
 
-from attempts import ledger
+from attempts import review
 from attempts.models import Attempt, State
 from tests.conftest import PASSWORD
 from tests.dashboard.conftest import login, make_attempt, make_review, make_unknown
@@ -21,7 +21,7 @@ def test_counts_are_scoped_to_my_tenants(world, clients):
     make_unknown(world, tool="charge_card")
     make_review(world, tool="charge_card")
     done = make_unknown(world)
-    ledger.review_confirm(done, user=world.reviewer, result_ref="r", evidence="seen")
+    review.review_confirm(done, user=world.reviewer, result_ref="r", evidence="seen")
     for _ in range(3):
         make_unknown(world, tenant="globex")
     response = clients.viewer.get("/")
@@ -42,9 +42,9 @@ def test_oldest_unknown_my_work_and_unassigned(world, clients):
     old = make_unknown(world)
     Attempt.objects.filter(pk=old.pk).update(created_at=timezone.now() - dt.timedelta(hours=5))
     mine = make_unknown(world)
-    ledger.assign(mine, user=world.operator, owner=world.operator)
+    review.assign(mine, user=world.operator, owner=world.operator)
     loose = make_unknown(world)
-    ledger.assign(loose, user=world.operator, owner=None)
+    review.assign(loose, user=world.operator, owner=None)
     ctx = clients.operator.get("/").context
     assert ctx["oldest_unknown_age"] >= dt.timedelta(hours=5)
     assert [a["attempt_id"] for a in ctx["my_work"]] == [mine.attempt_id]

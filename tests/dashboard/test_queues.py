@@ -106,8 +106,22 @@ def test_search_by_every_identifier(world, clients):
         assert ids_in(clients.viewer.get("/queues/all/", {"q": term})) == [target.attempt_id], term
     assert ids_in(clients.viewer.get("/queues/all/", {"q": "req-globex-9"})) == []
     assert ids_in(clients.viewer.get("/queues/all/", {"q": other_tenant.attempt_id})) == []
-    # Too short a hash prefix is not a prefix search (it would match everything).
-    assert ids_in(clients.viewer.get("/queues/all/", {"q": target.args_hash[:3]})) == []
+    # Too short a prefix is not a prefix search (it would match everything), and the page
+    # says so instead of silently finding nothing.
+    short = clients.viewer.get("/queues/all/", {"q": target.args_hash[:3]})
+    assert ids_in(short) == []
+    assert "only exact matches" in short.content.decode()
+    # Prefixes of every identifier, from MIN_PREFIX characters on.
+    for term in (
+        "acme:sea",
+        "req-abc",
+        target.task_id[:5],
+        target.attempt_id[:-3],
+        target.args_hash[:5],
+    ):
+        found = ids_in(clients.viewer.get("/queues/all/", {"q": term}))
+        assert target.attempt_id in found, term
+        assert other_tenant.attempt_id not in found, term
 
 
 def test_keyset_pagination_walks_every_row_once_forwards_and_back(world, clients, monkeypatch):
@@ -272,3 +286,50 @@ def test_the_poll_of_a_later_page_stays_on_that_page(world, clients, monkeypatch
     assert f'hx-get="{second_url.replace("&", "&amp;")}"' in body
     assert ids_in(poll) == ids_in(clients.operator.get(second_url))
     assert ids_in(poll) == [a.attempt_id for a in made[2:4]]
+
+
+@pytest.mark.parametrize("term", ["acme:", "req-", "task-", "att_0", "abcdef"])
+def test_prefix_search_lanes_walk_an_index_on_sqlite(world, clients, term):
+    """Each identifier's lane of a prefix search is a range of that identifier's index, read in
+    order: no table scan, no sort of every match (a prefix may match most of the ledger)."""
+    if connection.vendor != "sqlite":
+        pytest.skip("query plans are checked on SQLite")
+    make_unknown(world, provider_request_id="req-1")
+    with CaptureQueriesContext(connection) as queries:
+        response = clients.operator.get("/queues/all/", {"q": term})
+    assert response.status_code == 200
+    lanes = [
+        q["sql"]
+        for q in queries.captured_queries
+        if q["sql"].startswith('SELECT "attempts_attempt"."created_at" AS "created_at", ')
+    ]
+    assert lanes
+    with connection.cursor() as cursor:
+        for sql in lanes:
+            cursor.execute("EXPLAIN QUERY PLAN " + sql)
+            plan = " | ".join(str(row[-1]) for row in cursor.fetchall())
+            assert "USING INDEX" in plan or "USING COVERING INDEX" in plan, plan
+            assert "TEMP B-TREE" not in plan, plan
+            assert "SCAN attempts_attempt" not in plan or "USING" in plan, plan
+
+
+@pytest.mark.parametrize(
+    "field", ["idempotency_key", "provider_request_id", "task_id", "attempt_id", "args_hash"]
+)
+def test_prefix_search_has_a_byte_order_index_on_postgresql(world, field):
+    """On PostgreSQL each identifier's prefix range is a range of its ``COLLATE "C"`` index (a
+    range under the database's own collation would not be a prefix)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's prefix indexes")
+    make_unknown(world)
+    lane = (
+        Attempt.objects.prefix_search("abcd", field)
+        .order_by("search_key", "id")
+        .values_list("created_at", "id")[:51]
+    )
+    sql, params = lane.query.sql_with_params()
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute("EXPLAIN " + sql, params)
+        plan = " | ".join(row[0] for row in cursor.fetchall())
+    assert "_prefix_idx" in plan and "Index Cond" in plan, plan

@@ -291,7 +291,10 @@ def test_unreachable_provider_is_unavailable_never_an_exception(world) -> None:
 
 
 def _ids() -> set[str]:
-    return {message.id for message in run_checks(include_deployment_checks=False)}
+    # These checks read the database (Tags.database): they run when a database is named.
+    return {
+        message.id for message in run_checks(include_deployment_checks=False, databases=["default"])
+    }
 
 
 def test_checks_report_unusable_tools_and_short_stale_threshold(world, settings) -> None:

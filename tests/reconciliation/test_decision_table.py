@@ -9,7 +9,7 @@ import datetime as dt
 import pytest
 from django.utils import timezone
 
-from attempts import ledger
+from attempts import ledger, review
 from attempts.canonical import normalize_args
 from attempts.models import Attempt, Grant, State, Tool
 from reconciliation.reconciler import Reconciler, Summary
@@ -275,7 +275,7 @@ def test_approved_linked_attempt_is_sent_under_todays_authority(wired, demo) -> 
     Grant.objects.filter(tenant_id="acme", tool_id="update_crm").update(policy_version="v2")
     reconcile()
     child = reload(attempt).children.get()
-    ledger.approve_linked_attempt(child, user=wired.reviewer)
+    review.approve_linked_attempt(child, user=wired.reviewer)
 
     reconcile()
 
@@ -522,10 +522,10 @@ def test_critical_not_found_is_sent_only_after_two_reviewers_approve_a_linked_re
     attempt = reload(attempt)
     assert attempt.state == State.MANUAL_REVIEW
 
-    assert ledger.approve_linked_retry(attempt, user=wired.reviewer) is None  # one of two
+    assert review.approve_linked_retry(attempt, user=wired.reviewer) is None  # one of two
     reconcile()
     assert demo.summary()["total"] == 0
-    child = ledger.approve_linked_retry(attempt, user=wired.reviewer2)
+    child = review.approve_linked_retry(attempt, user=wired.reviewer2)
     reconcile()
 
     child = reload(child)

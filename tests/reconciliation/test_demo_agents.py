@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 
 from attempts.models import AgentToken, Attempt, State
@@ -136,7 +137,13 @@ def test_the_command_issues_and_revokes_its_own_token(demo_world, live_server, p
     assert Attempt.objects.count() == 4
     token = AgentToken.objects.get(name__startswith="demo-agents-")
     assert token.revoked_at is not None
-    # A second run with --if-queues-empty and no attention work still runs tasks.
+    # Every run leaves one buggy CRM update in the UNKNOWN queue (a review item for newcomers);
+    # settle it, and a second run with --if-queues-empty and no attention work runs tasks.
+    from attempts import ledger
+
+    (buggy,) = Attempt.objects.filter(state=State.UNKNOWN)
+    assert buggy.tool_name == "update_crm"
+    ledger.review_fail(buggy, user=User.objects.get(username="reviewer"), reason="demo")
     call_command(
         "demo_agents",
         "--api",
@@ -187,3 +194,42 @@ def test_seed_demo_is_idempotent_and_prints_logins(db, settings, tmp_path) -> No
         "http://127.0.0.1:2222/tools/charge_card/send"
     )
     assert Tool.objects.get(name="deploy_service").lookup_url == ""
+
+
+def test_the_demo_shows_a_non_critical_review_item_one_reviewer_retries(
+    demo_world, live_server, provider_url
+) -> None:
+    from django.contrib.auth.models import User
+
+    from attempts import ledger
+    from reconciliation.reconciler import Reconciler
+
+    call_command("seed_demo", "--provider-url", provider_url, stdout=io.StringIO())
+    _, token = AgentToken.issue("demo-test", ["acme", "globex"])
+    counts = demo_agents.run(
+        api=live_server.url,
+        token=token,
+        provider_url=provider_url,
+        tasks=3,
+        crash_rate=0,
+        timeout_rate=0,
+        mismatch_rate=0,
+        lookup_fault_rate=0,
+        lookup_outage=(),
+        seed=2,
+        agents=1,
+        send_timeout=2,
+        out=io.StringIO(),
+    )
+    assert counts["unknown_mismatch"] == 1
+    buggy = Attempt.objects.get(tool_name="update_crm", state=State.UNKNOWN)
+    Attempt.objects.filter(pk=buggy.pk).update(next_check_at=buggy.created_at)
+    Reconciler(worker_id="demo-test").run_once()
+    buggy.refresh_from_db()
+    assert (buggy.state, buggy.review_reason) == (State.MANUAL_REVIEW, "payload_mismatch")
+    assert buggy.owner.username == "reviewer"
+    # update_crm is not critical: one reviewer's approval sends a linked retry.
+    child = ledger.approve_linked_retry(buggy, user=User.objects.get(username="reviewer"))
+    assert child is not None and child.parent_id == buggy.pk
+    buggy.refresh_from_db()
+    assert buggy.state == State.RECONCILED

@@ -37,7 +37,13 @@ class Command(BaseCommand):
         known = set(Tenant.objects.filter(slug__in=wanted).values_list("slug", flat=True))
         missing = [slug for slug in wanted if slug not in known]
         if missing:
-            raise CommandError(f"unknown tenant(s): {', '.join(missing)}")
+            known_list = ", ".join(Tenant.objects.order_by("slug").values_list("slug", flat=True))
+            raise CommandError(
+                f"unknown tenant(s): {', '.join(missing)}. Tenants are made from the "
+                'configuration file: add a [[tenants]] entry (slug = "...") and run '
+                "`manage.py ledger_config apply FILE` (docs/config.md). "
+                + (f"Known tenants: {known_list}." if known_list else "There are no tenants yet.")
+            )
         if AgentToken.objects.filter(name=name).exists():
             raise CommandError(
                 f"a token named {name!r} already exists; revoke it and choose another name"

@@ -1,4 +1,8 @@
-"""``manage.py load_tools FILE``: configure tools (and their generic HTTP provider) from JSON."""
+"""``manage.py load_tools FILE``: configure tools (and their generic HTTP provider) from JSON.
+
+The older, tools-only form of ``ledger_config`` (docs/config.md): the same engine makes the
+changes, all or none, and records each in the configuration history. Fields an entry leaves out
+keep their current values."""
 
 from __future__ import annotations
 
@@ -10,11 +14,9 @@ from urllib.parse import urlsplit
 
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import transaction
 
-from attempts.config_history import save_with_history
 from attempts.models import EffectClass, Tool
-from attempts.states import Actor
+from reconciliation import config
 from reconciliation.providers.base import ProviderError
 from reconciliation.providers.registry import adapter_for
 
@@ -40,9 +42,9 @@ def tool_as_dict(tool: Tool) -> dict[str, Any]:
 class Command(BaseCommand):
     help = (
         'Create or update tools from a JSON file: a list of objects (or {"tools": [...]}) with '
-        "name, effect_class (idempotent|reconcilable|manual), critical, adapter (a name from "
-        "LEDGER['ADAPTERS']: 'http', 'stripe' or one the deployment adds), dispatch_url, "
-        "lookup_url, timeout_seconds, max_sends, description, active. "
+        "name, effect_class (idempotent|reconcilable|manual), critical, adapter ('http', 'stripe', "
+        "'mcp' or a dotted path), dispatch_url, lookup_url, timeout_seconds, max_sends, description, "
+        "active. "
         "All tools load or none do. Tools not in the file are left as they are. "
         "Use --dump to print the current configuration in the same format."
     )
@@ -55,6 +57,11 @@ class Command(BaseCommand):
         parser.add_argument(
             "--dump", action="store_true", help="Print the current tools as JSON and exit."
         )
+        parser.add_argument(
+            "--actor",
+            default=None,
+            help="who loads them, as recorded in the history (default: the operating-system user)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["dump"]:
@@ -64,14 +71,28 @@ class Command(BaseCommand):
         if not options["file"]:
             raise CommandError("give a JSON file to load (or --dump)")
         entries = self._read(options["file"])
-        changes: list[str] = []
-        with transaction.atomic():
-            for index, entry in enumerate(entries):
-                changes.append(self._load_one(index, entry))
+        checked = [self._check_one(index, entry) for index, entry in enumerate(entries)]
+        document = config.Document(
+            path=options["file"], data={"version": 1, "tools": [t for t, _ in checked]}, text=""
+        )
+        try:
             if options["dry_run"]:
-                transaction.set_rollback(True)
-        for line in changes:
-            self.stdout.write(line)
+                result = config.plan(document)
+            else:
+                try:
+                    actor = config.applied_by(options["actor"])
+                except ValueError as exc:
+                    raise CommandError(str(exc)) from None
+                result = config.apply(document, actor=actor, reason=f"load_tools {options['file']}")
+        except config.ConfigError as exc:
+            raise CommandError(str(exc)) from None
+        actions = {change.key: change.action for change in result.changes}
+        for tool, problems in checked:
+            flags = ", critical" if tool["critical"] else ""
+            action = actions.get(tool["name"], "unchanged")
+            line = f"{action} {tool['name']} ({tool['effect_class']}{flags}, adapter {tool['adapter']})"
+            # Loadable but not yet usable by recovery (e.g. no lookup URL yet): said, plainly.
+            self.stdout.write(line + "".join(f"\n  warning: {p}" for p in problems))
         verb = "would load" if options["dry_run"] else "loaded"
         self.stdout.write(f"{verb} {len(entries)} tool(s)")
 
@@ -94,7 +115,8 @@ class Command(BaseCommand):
             raise CommandError(f"tools listed twice: {', '.join(duplicates)}")
         return data
 
-    def _load_one(self, index: int, entry: dict[str, Any]) -> str:
+    def _check_one(self, index: int, entry: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        """The entry over the tool's current values, checked; and what recovery would miss."""
         where = f"tool #{index + 1}" + (f" ({entry['name']})" if "name" in entry else "")
         unknown = sorted(set(entry) - set(FIELDS))
         if unknown:
@@ -112,9 +134,7 @@ class Command(BaseCommand):
             raise CommandError(
                 f"{where}: effect_class must be one of {', '.join(EffectClass.values)}"
             )
-        tool = Tool.objects.filter(name=entry["name"]).first()
-        created = tool is None
-        tool = tool or Tool(name=entry["name"])
+        tool = Tool.objects.filter(name=entry["name"]).first() or Tool(name=entry["name"])
         for name, value in entry.items():
             setattr(tool, name, value)
         try:
@@ -130,9 +150,4 @@ class Command(BaseCommand):
             problems = adapter_for(tool).check()
         except ProviderError as exc:
             raise CommandError(f"{where}: {exc}") from None
-        save_with_history(tool, actor=Actor.system("manage.py load_tools"), reason=where)
-        flags = ", critical" if tool.critical else ""
-        action = "created" if created else "updated"
-        line = f"{action} {tool.name} ({tool.effect_class}{flags}, adapter {tool.adapter})"
-        # Loadable but not yet usable by recovery (e.g. no lookup URL yet): say so, plainly.
-        return line + "".join(f"\n  warning: {problem}" for problem in problems)
+        return tool_as_dict(tool), problems

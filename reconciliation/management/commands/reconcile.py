@@ -10,11 +10,14 @@ import time
 from typing import Any
 
 from django.conf import settings
+from django.core.checks import Tags
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, close_old_connections
 
 from attempts import chain
 from attempts.locking import LedgerBusy
+from attempts.notify import NotifyStep
+from ledgerweb import logs
 from reconciliation.reconciler import Reconciler, Summary, tune_worker_process
 
 log = logging.getLogger("ledgerweb.reconciler")
@@ -37,9 +40,10 @@ def _positive_float(value: str) -> float:
 class Command(BaseCommand):
     help = (
         "Reconcile interrupted attempts with their providers: claim stale intents and dispatches "
-        "and due UNKNOWN attempts, look them up, and settle them by the decision table; and seal "
-        "new history into audit checkpoints every LEDGERWEB_SEAL_EVERY seconds. Runs in a loop "
-        "until SIGTERM (or once with --once). Safe to run on many machines at once."
+        "and due UNKNOWN attempts, look them up, and settle them by the decision table; seal "
+        "new history into audit checkpoints every LEDGERWEB_SEAL_EVERY seconds; escalate SLA "
+        "breaches and deliver notifications from the outbox. Runs in a loop until SIGTERM (or "
+        "once with --once). Safe to run on many machines at once."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -87,6 +91,11 @@ class Command(BaseCommand):
             default="",
             help="Set by a supervisor: how the previous worker process ended (shown by /healthz).",
         )
+        parser.add_argument(
+            "--no-notify",
+            action="store_true",
+            help="Do not escalate SLAs or deliver notifications in this process.",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         worker_id = options["worker_id"]
@@ -100,7 +109,12 @@ class Command(BaseCommand):
             restarts=max(0, options["restarts"]),
             last_exit=options["last_exit"],
         )
+        # The checks that read the database (an owner for attention work, reconcilable tools)
+        # matter here, where attempts are moved to people: warnings are printed, not fatal.
+        self.check(tags=[Tags.database], databases=["default"], display_num_errors=False)
         tune_worker_process()
+        logs.skip_unused_record_fields()  # this process logs a line per settled attempt
+        self.notify = None if options["no_notify"] else NotifyStep()
         stop = threading.Event()
         previous = {
             sig: signal.signal(sig, lambda *_: stop.set())
@@ -111,6 +125,7 @@ class Command(BaseCommand):
             if options["once"]:
                 try:
                     total = reconciler.run_once(stop=stop)
+                    self._notify()
                 except Exception as exc:
                     log.exception("reconcile pass failed")
                     raise CommandError(
@@ -167,9 +182,23 @@ class Command(BaseCommand):
             total.add(summary)
             if summary.claimed and verbosity >= 1:
                 self.stdout.write(f"pass: {summary}")
+            try:
+                notified = self._notify()
+            except Exception as exc:  # notifications must not stop recovery either
+                if not isinstance(exc, DatabaseError):
+                    log.exception("notification step failed")
+                self.stderr.write(f"notification step failed, retrying: {exc}")
+                close_old_connections()
+                notified = {}
+            if notified.get("sent") and verbosity >= 1:
+                self.stdout.write(f"notify: {notified}")
             if summary.claimed == 0:
                 stop.wait(max(0.0, min(interval, next_seal - time.monotonic())))
         return total
+
+    def _notify(self) -> dict[str, int]:
+        """One notification step (SLA escalation, enqueue, delivery) unless --no-notify."""
+        return self.notify.run() if self.notify is not None else {}
 
     def _seal(self) -> None:
         """Seal everything written so far into checkpoints (attempts/chain.py). A failure is

@@ -19,7 +19,7 @@ def paths_to_names(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-    dependencies = [("attempts", "0005_chain_per_attempt")]
+    dependencies = [("attempts", "0007_operator_shift")]
 
     operations = [
         migrations.RunPython(paths_to_names, migrations.RunPython.noop),

@@ -1,0 +1,46 @@
+"""Framework adapters: agent tools whose every call goes through the ledger.
+
+* ``ledgerweb_client.integrations.decorator``: ``@ledgered`` for plain Python tool functions
+  (no extra needed; re-exported here);
+* ``ledgerweb_client.integrations.langchain``: LangChain / LangGraph tools (extra ``langchain``);
+* ``ledgerweb_client.integrations.openai_agents``: OpenAI Agents SDK function tools (extra
+  ``openai-agents``).
+
+Each records the intent, claims, sends and confirms through ``LedgerClient`` with the shared
+``ledgerweb_client.guard``, and turns the ledger's refusals into the framework's tool errors.
+See ``docs/integrations.md``.
+"""
+
+from ..guard import (
+    LedgerContext,
+    Recorded,
+    ToolCallConflict,
+    ToolCallError,
+    ToolCallFailed,
+    ToolCallInvalid,
+    ToolCallLedgerUnavailable,
+    ToolCallNotDispatchable,
+    ToolCallNotGranted,
+    ToolCallOutcomeUnknown,
+    ToolSpec,
+    current_ledger,
+    use_ledger,
+)
+from .decorator import ledgered
+
+__all__ = [
+    "LedgerContext",
+    "Recorded",
+    "ToolCallConflict",
+    "ToolCallError",
+    "ToolCallFailed",
+    "ToolCallInvalid",
+    "ToolCallLedgerUnavailable",
+    "ToolCallNotDispatchable",
+    "ToolCallNotGranted",
+    "ToolCallOutcomeUnknown",
+    "ToolSpec",
+    "current_ledger",
+    "ledgered",
+    "use_ledger",
+]

@@ -1,0 +1,104 @@
+"""``@ledgered``: a plain Python tool function whose every call goes through the ledger.
+
+::
+
+    @ledgered(key="invoice:{tenant}:{args.invoice}:send", receipt=True)
+    def send_invoice_email(to: str, invoice: str) -> dict:
+        return mailer.send(...)          # returns the provider's receipt
+
+    with use_ledger(client, tenant="acme", task_id="task-42"):
+        send_invoice_email("ap@acme.test", "INV-7")
+
+The function's bound arguments (defaults applied) are the recorded ``args``. A repeated call with
+the same key returns the recorded result without calling the function; the ledger's refusals
+raise ``ToolCallError`` subclasses (see ``ledgerweb_client.guard``).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from ..guard import (
+    KeySource,
+    LedgerContext,
+    Receipt,
+    RequestId,
+    ToolSpec,
+    current_ledger,
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+__all__ = ["bound_arguments", "ledgered"]
+
+
+def bound_arguments(
+    signature: inspect.Signature, args: tuple[Any, ...], kwargs: Mapping[str, Any], skip: int = 0
+) -> dict[str, Any]:
+    """The call's arguments by parameter name, defaults applied, ``**kwargs`` flattened; the
+    first ``skip`` parameters (a framework's context argument) left out."""
+    bound = signature.bind(*args, **kwargs)
+    bound.apply_defaults()
+    skipped = list(signature.parameters)[:skip]
+    out: dict[str, Any] = {}
+    for name, value in bound.arguments.items():
+        if name in skipped:
+            continue
+        kind = signature.parameters[name].kind
+        if kind is inspect.Parameter.VAR_KEYWORD:
+            out.update(value)
+        elif kind is inspect.Parameter.VAR_POSITIONAL:
+            out[name] = list(value)
+        else:
+            out[name] = value
+    return out
+
+
+def ledgered(
+    *,
+    key: KeySource,
+    tool_name: str | None = None,
+    receipt: Receipt = False,
+    request_id: RequestId = None,
+    context: LedgerContext | Callable[[], LedgerContext] | None = None,
+) -> Callable[[F], F]:
+    """Guard a tool function (sync or async) with the ledger's safe order.
+
+    ``tool_name`` is the ledger's name for the tool (default: the function's name); ``key``,
+    ``receipt`` and ``request_id`` are described on ``ToolSpec``. ``context`` is the
+    ``LedgerContext`` (or a function returning it); by default the one set by ``use_ledger``.
+    The wrapped function keeps its signature, so frameworks that read it (LangChain's ``@tool``,
+    the Agents SDK's ``function_tool``) see the original parameters.
+    """
+
+    def decorate(fn: F) -> F:
+        spec = ToolSpec(tool_name or fn.__name__, key, receipt, request_id)
+        signature = inspect.signature(fn)
+
+        def resolve() -> LedgerContext:
+            if context is None:
+                return current_ledger()
+            return context() if callable(context) else context
+
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                call_args = bound_arguments(signature, args, kwargs)
+                return await spec.arun(resolve(), call_args, lambda: fn(*args, **kwargs))
+
+            async_wrapper.ledger_spec = spec  # type: ignore[attr-defined]
+            return async_wrapper  # type: ignore[return-value]
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            call_args = bound_arguments(signature, args, kwargs)
+            return spec.run(resolve(), call_args, lambda: fn(*args, **kwargs))
+
+        wrapper.ledger_spec = spec  # type: ignore[attr-defined]
+        return wrapper  # type: ignore[return-value]
+
+    return decorate

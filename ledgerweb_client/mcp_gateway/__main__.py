@@ -1,0 +1,7 @@
+"""``python -m ledgerweb_client.mcp_gateway --config gateway.toml``."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

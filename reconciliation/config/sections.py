@@ -1,0 +1,450 @@
+"""The parts of the configuration file, one ``Section`` each: what an entry looks like with its
+defaults filled in, how today's database reads as entries, and how one change is made.
+
+Adding a part (SLAs, notification targets, ...) is one subclass here, registered with
+``register()``, and its property in ``docs/config.schema.json``; plan, apply, dump, history and
+line-numbered errors come with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
+from django.db.models import ProtectedError
+
+from attempts import memberships
+from attempts.models import (
+    TERMINAL_STATES,
+    Attempt,
+    Grant,
+    Membership,
+    OwnershipRule,
+    SsoGroupRole,
+    Tenant,
+    Tool,
+)
+from attempts.states import Actor
+from reconciliation.providers.base import ProviderError
+from reconciliation.providers.registry import adapter_for
+
+CREATE, UPDATE, REMOVE = "created", "updated", "removed"
+
+
+class Refused(Exception):
+    """A change the database's current state does not allow; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class By:
+    """Who applies the file and why: what the history records with each change."""
+
+    actor: Actor
+    reason: str
+
+
+@dataclass
+class Change:
+    """One object created, updated or removed by applying a file."""
+
+    section: Section
+    key: str
+    action: str
+    before: dict[str, Any] | None
+    after: dict[str, Any] | None
+    where: tuple[Any, ...] = ()
+
+    def describe(self) -> str:
+        sign = {CREATE: "+", UPDATE: "~", REMOVE: "-"}[self.action]
+        text = f"{sign} {self.section.noun} {self.key}"
+        if self.action == UPDATE and self.before is not None and self.after is not None:
+            fields = [
+                f"{name} {_show(self.before.get(name))} -> {_show(self.after.get(name))}"
+                for name in self.after
+                if self.before.get(name) != self.after.get(name)
+            ]
+            text += ": " + ", ".join(fields)
+        return text
+
+
+def _show(value: Any) -> str:
+    return "(none)" if value is None else repr(value)
+
+
+class Section:
+    """One kind of object in the file. Subclasses set the class attributes and the four
+    database methods; ``defaults`` lists every field besides the key fields."""
+
+    name: ClassVar[str]  # the file's key, e.g. "tools"
+    noun: ClassVar[str]  # "tool", in plans and errors
+    subject_prefix: ClassVar[str]  # history subjects are "<prefix>:<key>"
+    key_fields: ClassVar[tuple[str, ...]]
+    defaults: ClassVar[dict[str, Any]]
+    # field -> section whose key it names (checked against the state after the file is applied)
+    references: ClassVar[dict[str, str]] = {}
+
+    def key(self, entry: dict[str, Any]) -> str:
+        return "/".join(str(entry[field]) for field in self.key_fields)
+
+    def normalize(self, entry: dict[str, Any]) -> dict[str, Any]:
+        """The entry as stored: key fields, then every field with its default when omitted."""
+        normal = {field: entry[field] for field in self.key_fields}
+        for field, default in self.defaults.items():
+            value = entry.get(field, default)
+            if isinstance(default, float) and isinstance(value, int):
+                value = float(value)
+            normal[field] = value
+        return normal
+
+    def problems(self, entry: dict[str, Any]) -> list[tuple[str | None, str]]:
+        """Checks beyond the schema for one normalized entry: (field or None, message)."""
+        return []
+
+    def warnings(self, entry: dict[str, Any]) -> list[str]:
+        return []
+
+    def current(self) -> dict[str, dict[str, Any]]:
+        """Today's objects as normalized entries, by key."""
+        raise NotImplementedError
+
+    def create(self, entry: dict[str, Any], by: By) -> str:
+        """Make the object; returns its history subject."""
+        raise NotImplementedError
+
+    def update(self, key: str, before: dict[str, Any], after: dict[str, Any], by: By) -> str:
+        raise NotImplementedError
+
+    def remove(self, key: str, before: dict[str, Any], by: By) -> str:
+        raise NotImplementedError
+
+    def subject(self, key: str) -> str:
+        return f"{self.subject_prefix}:{key}"
+
+    def dump_entry(self, entry: dict[str, Any]) -> dict[str, Any]:
+        """The entry as ``dump`` writes it (TOML has no null: None is left out)."""
+        return {field: value for field, value in entry.items() if value is not None}
+
+
+def _protected(what: str, hint: str):
+    def wrap(function):
+        def run(*args, **kwargs):
+            try:
+                return function(*args, **kwargs)
+            except ProtectedError:
+                raise Refused(f"{what} is still referred to; {hint}") from None
+
+        return run
+
+    return wrap
+
+
+class Tenants(Section):
+    name, noun, subject_prefix = "tenants", "tenant", "tenant"
+    key_fields = ("slug",)
+    defaults: ClassVar[dict[str, Any]] = {"name": None}
+
+    def normalize(self, entry: dict[str, Any]) -> dict[str, Any]:
+        return {"slug": entry["slug"], "name": entry.get("name") or entry["slug"]}
+
+    def current(self) -> dict[str, dict[str, Any]]:
+        return {t.slug: {"slug": t.slug, "name": t.name} for t in Tenant.objects.order_by("slug")}
+
+    def create(self, entry: dict[str, Any], by: By) -> str:
+        Tenant.objects.create(**entry)
+        return self.subject(entry["slug"])
+
+    def update(self, key: str, before: dict[str, Any], after: dict[str, Any], by: By) -> str:
+        Tenant.objects.filter(slug=key).update(name=after["name"])
+        return self.subject(key)
+
+    def remove(self, key: str, before: dict[str, Any], by: By) -> str:
+        if Attempt.objects.filter(tenant_id=key).exists():
+            raise Refused(f"tenant {key} has attempts, whose history stays; deactivate its grants")
+        if Grant.objects.filter(tenant_id=key).exists():
+            raise Refused(f"tenant {key} still has grants: remove them in the same file")
+        Tenant.objects.filter(slug=key).delete()  # memberships and SSO roles go with it
+        return self.subject(key)
+
+
+TOOL_DEFAULTS: dict[str, Any] = {
+    "description": "",
+    "effect_class": None,
+    "critical": False,
+    "adapter": "http",
+    "dispatch_url": "",
+    "lookup_url": "",
+    "timeout_seconds": 10.0,
+    "max_sends": None,
+    "active": True,
+}
+
+
+class Tools(Section):
+    name, noun, subject_prefix = "tools", "tool", "tool"
+    key_fields = ("name",)
+    defaults = TOOL_DEFAULTS
+
+    def _instance(self, entry: dict[str, Any]) -> Tool:
+        return Tool(**entry)
+
+    def problems(self, entry: dict[str, Any]) -> list[tuple[str | None, str]]:
+        tool = self._instance(entry)
+        try:
+            tool.full_clean(validate_unique=False)
+        except ValidationError as exc:
+            return [(field, " ".join(messages)) for field, messages in exc.message_dict.items()]
+        try:
+            adapter_for(tool)
+        except ProviderError as exc:
+            return [("adapter", str(exc))]
+        return []
+
+    def warnings(self, entry: dict[str, Any]) -> list[str]:
+        # Usable by agents but not yet by recovery (no lookup URL yet, say): said, not refused.
+        try:
+            return adapter_for(self._instance(entry)).check()
+        except ProviderError:
+            return []
+
+    def current(self) -> dict[str, dict[str, Any]]:
+        return {
+            tool.name: {"name": tool.name, **{f: getattr(tool, f) for f in TOOL_DEFAULTS}}
+            for tool in Tool.objects.order_by("name")
+        }
+
+    def create(self, entry: dict[str, Any], by: By) -> str:
+        self._instance(entry).save(force_insert=True)
+        return self.subject(entry["name"])
+
+    def update(self, key: str, before: dict[str, Any], after: dict[str, Any], by: By) -> str:
+        self._instance(after).save(force_update=True)
+        return self.subject(key)
+
+    def remove(self, key: str, before: dict[str, Any], by: By) -> str:
+        open_work = Attempt.objects.filter(tool_name=key).exclude(state__in=TERMINAL_STATES)
+        if open_work.exists():
+            raise Refused(f"tool {key} has unsettled attempts; set active = false instead")
+        _protected(f"tool {key}", "remove its grants in the same file")(
+            Tool.objects.filter(name=key).delete
+        )()
+        return self.subject(key)
+
+
+class Users(Section):
+    """People with a password login. Their ``roles`` (tenant -> role) are their memberships,
+    recorded in the history as ``membership:<tenant>/<username>`` changes."""
+
+    name, noun, subject_prefix = "users", "user", "user"
+    key_fields = ("username",)
+    defaults: ClassVar[dict[str, Any]] = {
+        "email": "",
+        "first_name": "",
+        "last_name": "",
+        "active": True,
+        "staff": False,
+        "superuser": False,
+        "roles": {},
+    }
+    FIELDS: ClassVar[dict[str, str]] = {
+        "email": "email",
+        "first_name": "first_name",
+        "last_name": "last_name",
+        "active": "is_active",
+        "staff": "is_staff",
+        "superuser": "is_superuser",
+    }
+
+    def normalize(self, entry: dict[str, Any]) -> dict[str, Any]:
+        normal = super().normalize(entry)
+        normal["roles"] = dict(sorted(normal["roles"].items()))
+        return normal
+
+    def current(self) -> dict[str, dict[str, Any]]:
+        roles: dict[int, dict[str, str]] = {}
+        for user_id, tenant, role in Membership.objects.order_by("tenant_id").values_list(
+            "user_id", "tenant_id", "role"
+        ):
+            roles.setdefault(user_id, {})[tenant] = role
+        users = get_user_model().objects.order_by("username")
+        return {
+            user.username: {
+                "username": user.username,
+                **{field: getattr(user, column) for field, column in self.FIELDS.items()},
+                "roles": roles.get(user.pk, {}),
+            }
+            for user in users
+        }
+
+    def create(self, entry: dict[str, Any], by: By) -> str:
+        user = get_user_model()(username=entry["username"])
+        for field, column in self.FIELDS.items():
+            setattr(user, column, entry[field])
+        user.set_unusable_password()  # the person sets it: manage.py password_link
+        user.save()
+        memberships.set_roles(user, entry["roles"], actor=by.actor, reason=by.reason)
+        return self.subject(entry["username"])
+
+    def update(self, key: str, before: dict[str, Any], after: dict[str, Any], by: By) -> str:
+        user = get_user_model().objects.get(username=key)
+        for field, column in self.FIELDS.items():
+            setattr(user, column, after[field])
+        user.save()
+        memberships.set_roles(user, after["roles"], actor=by.actor, reason=by.reason)
+        return self.subject(key)
+
+    def remove(self, key: str, before: dict[str, Any], by: By) -> str:
+        user = get_user_model().objects.get(username=key)
+        memberships.set_roles(user, {}, actor=by.actor, reason=by.reason)
+        _protected(
+            f"user {key}",
+            "they own attempts or ownership rules: set active = false instead",
+        )(user.delete)()
+        return self.subject(key)
+
+    def tenants_named(self, entry: dict[str, Any]) -> list[str]:
+        return sorted(entry["roles"])
+
+
+class Grants(Section):
+    name, noun, subject_prefix = "grants", "grant", "grant"
+    key_fields = ("tenant", "tool")
+    defaults: ClassVar[dict[str, Any]] = {"policy_version": None, "scopes": [], "active": True}
+    references: ClassVar[dict[str, str]] = {"tenant": "tenants", "tool": "tools"}
+
+    def current(self) -> dict[str, dict[str, Any]]:
+        return {
+            f"{g.tenant_id}/{g.tool_id}": {
+                "tenant": g.tenant_id,
+                "tool": g.tool_id,
+                "policy_version": g.policy_version,
+                "scopes": list(g.allowed_scopes),
+                "active": g.active,
+            }
+            for g in Grant.objects.order_by("tenant_id", "tool_id")
+        }
+
+    def _values(self, entry: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "policy_version": entry["policy_version"],
+            "allowed_scopes": entry["scopes"],
+            "active": entry["active"],
+        }
+
+    def create(self, entry: dict[str, Any], by: By) -> str:
+        Grant.objects.create(
+            tenant_id=entry["tenant"], tool_id=entry["tool"], **self._values(entry)
+        )
+        return self.subject(self.key(entry))
+
+    def update(self, key: str, before: dict[str, Any], after: dict[str, Any], by: By) -> str:
+        grant = Grant.objects.get(tenant_id=after["tenant"], tool_id=after["tool"])
+        for field, value in self._values(after).items():
+            setattr(grant, field, value)
+        grant.save()
+        return self.subject(key)
+
+    def remove(self, key: str, before: dict[str, Any], by: By) -> str:
+        Grant.objects.get(tenant_id=before["tenant"], tool_id=before["tool"]).delete()
+        return self.subject(key)
+
+
+class OwnershipRules(Section):
+    """One rule per (tenant pattern, tool pattern); its history subject is its database id."""
+
+    name, noun, subject_prefix = "ownership_rules", "ownership rule", "ownership_rule"
+    key_fields = ("tenant", "tool")
+    defaults: ClassVar[dict[str, Any]] = {"owner": None, "priority": 100}
+    references: ClassVar[dict[str, str]] = {"owner": "users"}
+
+    def current(self) -> dict[str, dict[str, Any]]:
+        found: dict[str, dict[str, Any]] = {}
+        for rule in OwnershipRule.objects.select_related("owner").order_by("priority", "id"):
+            entry = {
+                "tenant": rule.tenant_pattern,
+                "tool": rule.tool_pattern,
+                "owner": rule.owner.get_username(),
+                "priority": rule.priority,
+            }
+            found.setdefault(self.key(entry), entry)  # a duplicate pair never wins: not listed
+        return found
+
+    def _rule(self, entry: dict[str, Any]) -> OwnershipRule:
+        return (
+            OwnershipRule.objects.filter(tenant_pattern=entry["tenant"], tool_pattern=entry["tool"])
+            .order_by("priority", "id")
+            .first()
+        )
+
+    def create(self, entry: dict[str, Any], by: By) -> str:
+        owner = get_user_model().objects.get(username=entry["owner"])
+        rule = OwnershipRule.objects.create(
+            tenant_pattern=entry["tenant"],
+            tool_pattern=entry["tool"],
+            owner=owner,
+            priority=entry["priority"],
+        )
+        return f"{self.subject_prefix}:{rule.pk}"
+
+    def update(self, key: str, before: dict[str, Any], after: dict[str, Any], by: By) -> str:
+        rule = self._rule(after)
+        rule.owner = get_user_model().objects.get(username=after["owner"])
+        rule.priority = after["priority"]
+        rule.save()
+        return f"{self.subject_prefix}:{rule.pk}"
+
+    def remove(self, key: str, before: dict[str, Any], by: By) -> str:
+        rule = self._rule(before)
+        subject = f"{self.subject_prefix}:{rule.pk}"
+        rule.delete()
+        return subject
+
+
+class SsoGroups(Section):
+    """Identity-provider groups and the roles they give (``attempts.sso``)."""
+
+    name, noun, subject_prefix = "sso_groups", "SSO group", "sso_group"
+    key_fields = ("group",)
+    defaults: ClassVar[dict[str, Any]] = {"roles": {}}
+
+    def normalize(self, entry: dict[str, Any]) -> dict[str, Any]:
+        return {"group": entry["group"], "roles": dict(sorted(entry.get("roles", {}).items()))}
+
+    def current(self) -> dict[str, dict[str, Any]]:
+        found: dict[str, dict[str, Any]] = {}
+        for group, tenant, role in SsoGroupRole.objects.order_by("group", "tenant_id").values_list(
+            "group", "tenant_id", "role"
+        ):
+            found.setdefault(group, {"group": group, "roles": {}})["roles"][tenant] = role
+        return found
+
+    def create(self, entry: dict[str, Any], by: By) -> str:
+        return self.update(entry["group"], {"roles": {}}, entry, by)
+
+    def update(self, key: str, before: dict[str, Any], after: dict[str, Any], by: By) -> str:
+        SsoGroupRole.objects.filter(group=key).exclude(tenant_id__in=after["roles"]).delete()
+        for tenant, role in after["roles"].items():
+            SsoGroupRole.objects.update_or_create(
+                group=key, tenant_id=tenant, defaults={"role": role}
+            )
+        return self.subject(key)
+
+    def remove(self, key: str, before: dict[str, Any], by: By) -> str:
+        SsoGroupRole.objects.filter(group=key).delete()
+        return self.subject(key)
+
+    def tenants_named(self, entry: dict[str, Any]) -> list[str]:
+        return sorted(entry["roles"])
+
+
+# In the order changes are made (removals run in the reverse order, after every other change).
+SECTIONS: list[Section] = [Tenants(), Tools(), Users(), Grants(), OwnershipRules(), SsoGroups()]
+
+
+def register(section: Section, *, after: str | None = None) -> None:
+    """Add a section (placed after the section named ``after``, else last)."""
+    names = [existing.name for existing in SECTIONS]
+    if section.name in names:
+        raise ValueError(f"a section named {section.name!r} is already registered")
+    SECTIONS.insert(names.index(after) + 1 if after else len(SECTIONS), section)

@@ -1,0 +1,211 @@
+"""The provider adapter for tools behind the MCP gateway: reconciliation asks the upstream MCP
+server itself, through the lookup tool the gateway's configuration names.
+
+The adapter reads the same TOML file as the gateway (``LEDGERWEB_MCP_GATEWAY_CONFIG``) and finds
+the gateway tool whose ``ledger_tool`` is this tool's name: its upstream (started over stdio or
+reached over streamable HTTP with the official ``mcp`` SDK, which the server's ``mcp`` extra
+installs), its ``lookup_tool`` and ``lookup_args``.
+
+The lookup tool answers with a JSON object (structured content, or text holding JSON):
+``{"found": false}`` is NOT_FOUND; ``{"found": true, "id": "<provider id>", "args": {...}}``
+(or ``"args_hash"`` instead of ``"args"``; optionally ``"count"`` and ``"result"``, the receipt
+kept as ``result_ref``) is FOUND. The ledger hashes ``args`` as it hashed the intent, so a
+payload that differs goes to MANUAL_REVIEW. A tool error, a timeout or an unreadable answer is
+UNAVAILABLE or AMBIGUOUS: the attempt stays UNKNOWN.
+
+A send (recovery resending a stale intent, or an idempotent tool not found) calls the upstream
+tool with the recorded arguments and the key in ``_meta``, as the gateway does.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+
+from attempts.canonical import InvalidArguments, normalize_args
+from ledgerweb_client.mcp_gateway.config import ConfigError, GatewayConfig, ToolConfig, load_config
+from ledgerweb_client.mcp_gateway.receipts import result_ref_for, structured_or_json_text
+from reconciliation.providers.base import (
+    Adapter,
+    Call,
+    LookupAnswer,
+    LookupStatus,
+    SendAnswer,
+    SendStatus,
+)
+
+META_KEY = "io.ledgerweb/idempotency_key"
+META_ATTEMPT = "io.ledgerweb/attempt_id"
+
+
+def _elapsed_ms(started: float) -> int:
+    return int((time.monotonic() - started) * 1000)
+
+
+def _error_text(result: dict[str, Any]) -> str:
+    texts = [b.get("text", "") for b in result.get("content", []) if b.get("type") == "text"]
+    return ("upstream tool error: " + " ".join(texts))[:300]
+
+
+class McpAdapter(Adapter):
+    """Looks effects up (and resends) through the gateway's upstream MCP servers."""
+
+    def __init__(self, tool: Any) -> None:
+        super().__init__(tool)
+        self._loaded: tuple[GatewayConfig, ToolConfig] | None = None
+
+    def _gateway_tool(self) -> tuple[GatewayConfig, ToolConfig]:
+        """The gateway configuration and this tool's entry; ``ConfigError`` naming what is
+        missing."""
+        if self._loaded is None:
+            path = settings.LEDGER.get("MCP_GATEWAY_CONFIG", "")
+            if not path:
+                raise ConfigError(
+                    "LEDGERWEB_MCP_GATEWAY_CONFIG is not set: the mcp adapter needs the "
+                    "gateway's configuration file"
+                )
+            config = load_config(Path(path))
+            entry = config.tool_for_ledger_tool(self.tool.name)
+            if entry is None:
+                raise ConfigError(
+                    f"{path}: no [tools.*] entry has ledger_tool = {self.tool.name!r}"
+                )
+            self._loaded = (config, entry)
+        return self._loaded
+
+    def check(self) -> list[str]:
+        problems = []
+        if importlib.util.find_spec("mcp") is None:
+            problems.append("the mcp package is not installed (pip install 'ledgerweb[mcp]')")
+        try:
+            _, entry = self._gateway_tool()
+        except ConfigError as exc:
+            return [*problems, str(exc)]
+        if self.can_look_up and not entry.lookup_tool:
+            problems.append(
+                f"[tools.{entry.name}] has no lookup_tool: recovery cannot look this tool up"
+            )
+        if self.tool.timeout_seconds <= 0:
+            problems.append("timeout_seconds must be positive")
+        return problems
+
+    def _call_upstream(
+        self, entry_config: tuple[GatewayConfig, ToolConfig], tool: str, arguments: Any, meta: Any
+    ) -> dict[str, Any]:
+        import anyio
+
+        from ledgerweb_client.mcp_gateway.upstream import call_tool_once
+
+        config, entry = entry_config
+        upstream = config.upstreams[entry.upstream]
+        return anyio.run(
+            lambda: call_tool_once(upstream, tool, arguments, timeout=self.timeout, meta=meta)
+        )
+
+    def lookup(self, call: Call) -> LookupAnswer:
+        started = time.monotonic()
+        try:
+            loaded = self._gateway_tool()
+            entry = loaded[1]
+            if not entry.lookup_tool:
+                return LookupAnswer(LookupStatus.UNAVAILABLE, detail="no lookup_tool configured")
+            arguments = entry.lookup_arguments(
+                {
+                    "tenant": call.tenant,
+                    "tool": call.tool_name,
+                    "key": call.idempotency_key,
+                    "attempt_id": call.attempt_id,
+                    "args_hash": call.args_hash,
+                },
+                call.args,
+            )
+        except (ConfigError, ValueError) as exc:
+            return LookupAnswer(LookupStatus.UNAVAILABLE, detail=str(exc)[:300])
+        try:
+            result = self._call_upstream(loaded, entry.lookup_tool, arguments, None)
+        except Exception as exc:  # the SDK's errors, timeouts, a dead upstream: all unavailable
+            return LookupAnswer(
+                LookupStatus.UNAVAILABLE,
+                detail=f"{type(exc).__name__}: {exc}"[:300],
+                latency_ms=_elapsed_ms(started),
+            )
+        latency = _elapsed_ms(started)
+        if result.get("isError"):
+            return LookupAnswer(
+                LookupStatus.UNAVAILABLE, detail=_error_text(result), latency_ms=latency
+            )
+        answer = structured_or_json_text(result)
+        if not isinstance(answer, dict) or not isinstance(answer.get("found"), bool):
+            return LookupAnswer(
+                LookupStatus.AMBIGUOUS,
+                detail="the lookup tool's answer has no boolean 'found'",
+                latency_ms=latency,
+            )
+        if not answer["found"]:
+            return LookupAnswer(LookupStatus.NOT_FOUND, latency_ms=latency)
+        provider_id = answer.get("id")
+        args_hash = answer.get("args_hash")
+        try:
+            if not isinstance(args_hash, str) and isinstance(answer.get("args"), dict):
+                args_hash = normalize_args(answer["args"], max_bytes=10**9).args_hash
+        except InvalidArguments as exc:
+            args_hash = None
+            detail = f"the found args cannot be hashed: {exc}"
+        else:
+            detail = "found without a string 'id' and 'args' (or 'args_hash')"
+        if not isinstance(provider_id, str) or not provider_id or not isinstance(args_hash, str):
+            return LookupAnswer(LookupStatus.AMBIGUOUS, detail=detail, latency_ms=latency)
+        count = answer.get("count", 1)
+        kept = answer.get("result", answer)
+        return LookupAnswer(
+            LookupStatus.FOUND,
+            provider_request_id=provider_id,
+            args_hash=args_hash.lower(),
+            count=count if isinstance(count, int) and count >= 1 else 1,
+            result_ref=result_ref_for({"structuredContent": kept}, entry.receipt_fields),
+            latency_ms=latency,
+        )
+
+    def send(self, call: Call) -> SendAnswer:
+        from ledgerweb_client.mcp_gateway.upstream import NotSent
+
+        started = time.monotonic()
+        try:
+            loaded = self._gateway_tool()
+        except ConfigError as exc:
+            return SendAnswer(SendStatus.REFUSED, retryable=True, detail=str(exc)[:300])
+        entry = loaded[1]
+        meta = {META_KEY: call.idempotency_key, META_ATTEMPT: call.attempt_id}
+        try:
+            result = self._call_upstream(loaded, entry.name, dict(call.args), meta)
+        except NotSent as exc:
+            # The connection was never made: nothing can have happened.
+            return SendAnswer(SendStatus.REFUSED, retryable=True, detail=f"not sent: {exc}"[:300])
+        except Exception as exc:
+            return SendAnswer(
+                SendStatus.UNCERTAIN,
+                detail=f"{type(exc).__name__}: {exc}"[:300],
+                latency_ms=_elapsed_ms(started),
+            )
+        latency = _elapsed_ms(started)
+        if result.get("isError"):
+            if entry.error_result == "unknown":
+                return SendAnswer(
+                    SendStatus.UNCERTAIN, detail=_error_text(result), latency_ms=latency
+                )
+            return SendAnswer(
+                SendStatus.REFUSED,
+                retryable=entry.error_result == "retryable",
+                detail=_error_text(result),
+                latency_ms=latency,
+            )
+        provider_id = ""
+        if entry.request_id:
+            found = structured_or_json_text(result)
+            value = found.get(entry.request_id) if isinstance(found, dict) else None
+            provider_id = str(value) if value not in (None, "") else ""
+        return SendAnswer(SendStatus.ACCEPTED, provider_request_id=provider_id, latency_ms=latency)
