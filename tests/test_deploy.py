@@ -61,8 +61,13 @@ def test_the_alert_rules_check() -> None:
 
 
 @pytest.mark.django_db
-def test_the_alert_rules_use_metrics_the_server_serves(world) -> None:
-    served = Client(REMOTE_ADDR="127.0.0.1").get("/metrics").content.decode()
+def test_the_alert_rules_use_metrics_the_server_serves(world, settings) -> None:
+    settings.OPS = {**settings.OPS, "METRICS_TOKEN": "scrape-token"}
+    served = (
+        Client(REMOTE_ADDR="127.0.0.1")
+        .get("/metrics", headers={"Authorization": "Bearer scrape-token"})
+        .content.decode()
+    )
     names = set(re.findall(r"^# TYPE (\w+)", served, flags=re.M))
     used = set(re.findall(r"\b(ledger_\w+)", RULES.read_text()))
     assert used and used <= names, used - names

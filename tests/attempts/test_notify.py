@@ -274,7 +274,9 @@ def test_a_crash_between_accepted_and_recorded_resends_the_same_notice(transacti
             LEDGERWEB_CHAT_WEBHOOK_URL=hook.url,
             LEDGERWEB_NOTIFY_LEASE_SECONDS="2",
         )
-        crashing = _worker(child_env(LEDGERWEB_CRASH_AT="notify_sent", **base))
+        crashing = _worker(
+            child_env(LEDGERWEB_CRASH_AT="notify_sent", LEDGERWEB_FAULTS_ALLOWED="1", **base)
+        )
         assert crashing.wait(timeout=60) == -signal.SIGKILL
         assert len(mail.messages) + len(hook.posts) == 1
         second = _worker(child_env(**base))
