@@ -139,11 +139,11 @@ def test_the_command_issues_and_revokes_its_own_token(demo_world, live_server, p
     assert token.revoked_at is not None
     # Every run leaves one buggy CRM update in the UNKNOWN queue (a review item for newcomers);
     # settle it, and a second run with --if-queues-empty and no attention work runs tasks.
-    from attempts import ledger
+    from attempts import review
 
     (buggy,) = Attempt.objects.filter(state=State.UNKNOWN)
     assert buggy.tool_name == "update_crm"
-    ledger.review_fail(buggy, user=User.objects.get(username="reviewer"), reason="demo")
+    review.review_fail(buggy, user=User.objects.get(username="reviewer"), reason="demo")
     call_command(
         "demo_agents",
         "--api",
@@ -201,7 +201,7 @@ def test_the_demo_shows_a_non_critical_review_item_one_reviewer_retries(
 ) -> None:
     from django.contrib.auth.models import User
 
-    from attempts import ledger
+    from attempts import review
     from reconciliation.reconciler import Reconciler
 
     call_command("seed_demo", "--provider-url", provider_url, stdout=io.StringIO())
@@ -229,7 +229,7 @@ def test_the_demo_shows_a_non_critical_review_item_one_reviewer_retries(
     assert (buggy.state, buggy.review_reason) == (State.MANUAL_REVIEW, "payload_mismatch")
     assert buggy.owner.username == "reviewer"
     # update_crm is not critical: one reviewer's approval sends a linked retry.
-    child = ledger.approve_linked_retry(buggy, user=User.objects.get(username="reviewer"))
+    child = review.approve_linked_retry(buggy, user=User.objects.get(username="reviewer"))
     assert child is not None and child.parent_id == buggy.pk
     buggy.refresh_from_db()
     assert buggy.state == State.RECONCILED
