@@ -14,6 +14,7 @@ import pytest
 import rfc8785
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
+from django.db.migrations.loader import MigrationLoader
 
 from attempts import audit_verify, chain, ledger
 from attempts.models import Attempt, AttemptEvent
@@ -26,15 +27,23 @@ BEFORE = [("attempts", "0004_fewer_index_writes_per_intent")]
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def _migrate(targets) -> None:
+def _old_path() -> MigrationExecutor:
+    """An executor over the migrations a ledger created before the squash went through (the
+    squashed schema migration taken out of the graph)."""
     executor = MigrationExecutor(connection)
-    executor.loader.build_graph()
-    executor.migrate(targets)
+    loader = MigrationLoader(connection, replace_migrations=False)
+    for key, migration in loader.replacements.items():
+        loader.graph.remove_replacement_node(key, migration.replaces)
+    executor.loader = loader
+    return executor
+
+
+def _migrate(targets) -> None:
+    _old_path().migrate(targets)
 
 
 def _latest() -> list[tuple[str, str]]:
-    executor = MigrationExecutor(connection)
-    return [key for key in executor.loader.graph.leaf_nodes() if key[0] == "attempts"]
+    return [key for key in _old_path().loader.graph.leaf_nodes() if key[0] == "attempts"]
 
 
 def _legacy_ledger() -> tuple[list[str], str]:
