@@ -115,11 +115,13 @@ def seal(*, limit: int = SEAL_BATCH, now: dt.datetime | None = None) -> Checkpoi
     now = now or timezone.now()
     with write_transaction():
         named_lock("ledgerweb:checkpoints")
-        rows = list(
-            Attempt.objects.filter(sealed=False)
-            .order_by("id")
-            .values_list("id", "attempt_id", "chain_length", "chain_head")[:limit]
-        )
+        pending = Attempt.objects.filter(sealed=False).order_by("id")
+        if connection.vendor == "postgresql":
+            # Lock what is sealed and pass over rows a writer holds: the sealer then never waits
+            # for a writer, so a writer (which may hold several rows) can never deadlock with it.
+            # A skipped attempt goes into the next checkpoint.
+            pending = pending.select_for_update(skip_locked=True)
+        rows = list(pending.values_list("id", "attempt_id", "chain_length", "chain_head")[:limit])
         last = Checkpoint.objects.order_by("-seq").first()
         config_length, config_head = config_head_now()
         if not rows and (

@@ -334,3 +334,56 @@ def test_reload_and_stop_leave_no_process_behind(db, tmp_path):
     finally:
         if web.poll() is None:
             os.killpg(web.pid, signal.SIGKILL)
+
+
+def test_the_sealer_never_waits_for_a_writer(transactional_db):
+    """A writer may hold several attempt rows (a reconcile worker writes a group of answers in one
+    transaction); the sealer passes over rows a writer holds instead of waiting for them, so the
+    two can never deadlock. The held attempt is sealed by a later checkpoint."""
+    postgresql_only()
+    from attempts import chain
+
+    world = make_world()
+    made = [
+        ledger.record_intent(
+            tenant="acme",
+            task_id="seal",
+            tool_name="update_crm",
+            idempotency_key=f"seal:{i}",
+            args={"i": i},
+            actor=world.agent,
+        )[0]
+        for i in range(3)
+    ]
+    inside, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with write_transaction():
+                attempt = Attempt.objects.get(pk=made[1].pk)
+                states.move(attempt, None, action="attempt.note", actor=world.agent, reason="hold")
+                inside.set()
+                release.wait(30)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert inside.wait(10)
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '2s'")
+        started = time.monotonic()
+        checkpoint = chain.seal()
+        assert time.monotonic() - started < 1.5, "the sealer waited for a writer's row"
+        assert checkpoint is not None and checkpoint.size == 2
+        sealed = set(Attempt.objects.filter(sealed=True).values_list("pk", flat=True))
+        assert sealed == {made[0].pk, made[2].pk}
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET lock_timeout")
+        release.set()
+        holder.join(timeout=30)
+    assert chain.seal() is not None  # the held attempt, in the next checkpoint
+    assert not Attempt.objects.filter(sealed=False).exists()
+    assert audit_verify.verify_django_database().ok
