@@ -656,6 +656,22 @@ def linked_preview(original: Attempt) -> dict[str, Any]:
     }
 
 
+def linked_fields(original: Attempt, preview: dict[str, Any]) -> dict[str, Any]:
+    """What a linked attempt takes from its original (tenant, task, tool, arguments) and from
+    ``linked_preview`` (its key and today's authority)."""
+    return {
+        "tenant_id": original.tenant_id,
+        "task_id": original.task_id,
+        "tool_name": original.tool_name,
+        "idempotency_key": preview["idempotency_key"],
+        "args": original.args,
+        "args_hash": original.args_hash,
+        "policy_version": preview["policy_version"],
+        "credential_scope": preview["credential_scope"],
+        "parent": original,
+    }
+
+
 def create_linked_attempt(
     original: Attempt, *, actor: Actor, reason: str, review_reason: str = "authority_changed"
 ) -> Attempt:
@@ -675,15 +691,7 @@ def create_linked_attempt(
             state=State.MANUAL_REVIEW,
             actor=actor,
             reason=reason,
-            tenant_id=current.tenant_id,
-            task_id=current.task_id,
-            tool_name=current.tool_name,
-            idempotency_key=preview["idempotency_key"],
-            args=current.args,
-            args_hash=current.args_hash,
-            policy_version=preview["policy_version"],
-            credential_scope=preview["credential_scope"],
-            parent=current,
+            **linked_fields(current, preview),
             awaiting_approval=True,
             review_reason=review_reason,
         )

@@ -23,6 +23,7 @@ from attempts.ledger import (
     _refreshes_caller,
     _reload,
     _text,
+    linked_fields,
     linked_preview,
 )
 from attempts.locking import write_transaction
@@ -328,15 +329,7 @@ def approve_linked_retry(
             actor=Actor.user(user),
             reason="linked retry approved" + (f": {comment}" if comment else ""),
             details={"approvals_needed": needed},
-            tenant_id=current.tenant_id,
-            task_id=current.task_id,
-            tool_name=current.tool_name,
-            idempotency_key=preview["idempotency_key"],
-            args=current.args,
-            args_hash=current.args_hash,
-            policy_version=preview["policy_version"],
-            credential_scope=preview["credential_scope"],
-            parent=current,
+            **linked_fields(current, preview),
             next_check_at=now,
             now=now,
         )
