@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from attempts import rows
 from attempts.models import Attempt, Grant
 
 
@@ -61,11 +62,8 @@ class GrantTerms(NamedTuple):
 def active_terms(tenant: str, tool_name: str, *, tool_active: bool = False) -> GrantTerms | None:
     """The active grant's policy version and scopes in one small query (every intent and claim
     asks); with ``tool_active``, only while the tool itself is active too (new intents)."""
-    grants = Grant.objects.filter(tenant_id=tenant, tool_id=tool_name, active=True)
-    if tool_active:
-        grants = grants.filter(tool__active=True)
-    row = grants.values_list("policy_version", "allowed_scopes").first()
-    return GrantTerms(row[0], tuple(row[1])) if row else None
+    terms = rows.grant_terms(tenant, tool_name, tool_active=tool_active)
+    return GrantTerms(terms[0], tuple(terms[1])) if terms else None
 
 
 def authority_holds(attempt: Attempt, grant: Grant | GrantTerms | None = None) -> tuple[bool, str]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import rfc8785
 from django.conf import settings
@@ -32,7 +32,7 @@ from django.utils import timezone
 
 from attempts.canonical import InvalidArguments
 from attempts.locking import named_lock, write_transaction
-from attempts.models import Attempt, AttemptEvent, Checkpoint, CheckpointLeaf, ConfigEvent
+from attempts.models import Attempt, Checkpoint, CheckpointLeaf, ConfigEvent
 from attempts.verify_export import (
     CHAIN_FORMAT,
     GENESIS,
@@ -52,6 +52,22 @@ SEAL_BATCH = 5000
 _MARK_CHUNK = 200
 
 
+class EventRow(NamedTuple):
+    """One event of an attempt, linked into its chain, as it is written (``attempts.rows``)."""
+
+    action: str
+    actor_kind: str
+    actor: str
+    from_state: str
+    to_state: str
+    reason: str
+    details: dict[str, Any]
+    created_at: dt.datetime
+    prev_hash: str
+    hash: str
+    chain_format: int
+
+
 def attempt_event(
     attempt: Attempt,
     *,
@@ -62,8 +78,8 @@ def attempt_event(
     reason: str = "",
     details: dict[str, Any] | None = None,
     now: dt.datetime,
-) -> AttemptEvent:
-    """The attempt's next event, linked after its current chain head (not yet saved).
+) -> EventRow:
+    """The attempt's next event, linked after its current chain head (not yet written).
 
     Raises InvalidArguments for details the chain could not hash reproducibly (not JSON)."""
     details = details or {}
@@ -85,19 +101,18 @@ def attempt_event(
         digest = event_hash(row)
     except (rfc8785.CanonicalizationError, TypeError, ValueError) as exc:
         raise InvalidArguments(f"event details are not JSON: {exc}") from None
-    return AttemptEvent(
-        attempt_id=attempt.pk,
-        action=action,
-        actor_kind=actor.kind,
-        actor=actor.name,
-        from_state=from_state,
-        to_state=to_state,
-        reason=reason,
-        details=details,
-        created_at=now,
-        prev_hash=prev_hash,
-        hash=digest,
-        chain_format=CHAIN_FORMAT,
+    return EventRow(
+        action,
+        actor.kind,
+        actor.name,
+        from_state,
+        to_state,
+        reason,
+        details,
+        now,
+        prev_hash,
+        digest,
+        CHAIN_FORMAT,
     )
 
 

@@ -276,19 +276,18 @@ def record_intent(
         raise
 
     try:
-        with write_transaction():
-            attempt = states.create(
-                state=State.INTENT_RECORDED,
-                actor=actor,
-                tenant_id=tenant,
-                task_id=task_id,
-                tool_name=tool_name,
-                idempotency_key=idempotency_key,
-                args=normalized.value,
-                args_hash=normalized.args_hash,
-                policy_version=auth.policy_version,
-                credential_scope=auth.scopes,
-            )
+        attempt = states.create(
+            state=State.INTENT_RECORDED,
+            actor=actor,
+            tenant_id=tenant,
+            task_id=task_id,
+            tool_name=tool_name,
+            idempotency_key=idempotency_key,
+            args=normalized.value,
+            args_hash=normalized.args_hash,
+            policy_version=auth.policy_version,
+            credential_scope=auth.scopes,
+        )
     except IntegrityError:
         # The key is already recorded: a replay of the same intent, a race, or a conflict.
         existing = Attempt.objects.filter(idempotency_key=idempotency_key).first()
@@ -342,19 +341,18 @@ def claim_dispatch(attempt: Attempt | str, *, actor: Actor, tenants: set[str] | 
 
     UNKNOWN is never claimable here: only reconciliation resends it, after a lookup.
     """
-    with write_transaction():
-        current = _current(attempt, tenants, (State.INTENT_RECORDED, State.FAILED_RETRYABLE))
-        if current.state not in (State.INTENT_RECORDED, State.FAILED_RETRYABLE):
-            return current, False
-        holds, why = authority.authority_holds(current)
-        if not holds:
-            raise StateConflict(
-                f"authority changed since the intent was recorded: {why}",
-                code="authority_changed",
-                attempt=current,
-            )
-        states.move(current, State.DISPATCHED, actor=actor, increments={"send_count": 1})
-        return current, True
+    current = _current(attempt, tenants, (State.INTENT_RECORDED, State.FAILED_RETRYABLE))
+    if current.state not in (State.INTENT_RECORDED, State.FAILED_RETRYABLE):
+        return current, False
+    holds, why = authority.authority_holds(current)
+    if not holds:
+        raise StateConflict(
+            f"authority changed since the intent was recorded: {why}",
+            code="authority_changed",
+            attempt=current,
+        )
+    states.move(current, State.DISPATCHED, actor=actor, increments={"send_count": 1})
+    return current, True
 
 
 @_refreshes_caller
@@ -368,38 +366,37 @@ def attach_provider_request(
     """Persist the provider's request id the moment it is known. The same id again is a no-op;
     a different one is refused."""
     provider_request_id = _text("provider_request_id", provider_request_id)
-    with write_transaction():
-        current = _current(attempt, tenants, (State.DISPATCHED, State.UNKNOWN))
-        if current.provider_request_id == provider_request_id:
-            return _repeated(current)
-        if current.provider_request_id:
-            raise StateConflict(
-                f"attempt already has provider request id {current.provider_request_id!r}",
-                code="provider_request_conflict",
-                attempt=current,
-            )
-        if current.state == State.INTENT_RECORDED:
-            raise StateConflict(
-                "nothing was dispatched yet: claim the dispatch before sending",
-                code="not_dispatched",
-                attempt=current,
-            )
-        if current.state not in (State.DISPATCHED, State.UNKNOWN):
-            # Never sent (INTENT_RECORDED -> FAILED), settled, or with a person: an id arriving
-            # now is not this attempt's send in flight.
-            raise StateConflict(
-                f"attempt is {current.state}: a provider request id is attached only while it "
-                "is DISPATCHED or UNKNOWN",
-                code="not_in_flight",
-                attempt=current,
-            )
-        return states.move(
-            current,
-            None,
-            actor=actor,
-            action="attempt.provider_request_attached",
-            fields={"provider_request_id": provider_request_id},
+    current = _current(attempt, tenants, (State.DISPATCHED, State.UNKNOWN))
+    if current.provider_request_id == provider_request_id:
+        return _repeated(current)
+    if current.provider_request_id:
+        raise StateConflict(
+            f"attempt already has provider request id {current.provider_request_id!r}",
+            code="provider_request_conflict",
+            attempt=current,
         )
+    if current.state == State.INTENT_RECORDED:
+        raise StateConflict(
+            "nothing was dispatched yet: claim the dispatch before sending",
+            code="not_dispatched",
+            attempt=current,
+        )
+    if current.state not in (State.DISPATCHED, State.UNKNOWN):
+        # Never sent (INTENT_RECORDED -> FAILED), settled, or with a person: an id arriving
+        # now is not this attempt's send in flight.
+        raise StateConflict(
+            f"attempt is {current.state}: a provider request id is attached only while it "
+            "is DISPATCHED or UNKNOWN",
+            code="not_in_flight",
+            attempt=current,
+        )
+    return states.move(
+        current,
+        None,
+        actor=actor,
+        action="attempt.provider_request_attached",
+        fields={"provider_request_id": provider_request_id},
+    )
 
 
 @_refreshes_caller
@@ -419,35 +416,32 @@ def confirm(
     result_ref = _text("result_ref", result_ref)
     if provider_request_id is not None:
         provider_request_id = _text("provider_request_id", provider_request_id)
-    with write_transaction():
-        current = _current(attempt, tenants, (State.DISPATCHED, State.UNKNOWN))
-        if current.state == State.OUTCOME_CONFIRMED:
-            if current.result_ref == result_ref and provider_request_id in (
-                None,
-                current.provider_request_id,
-            ):
-                return _repeated(current)
+    current = _current(attempt, tenants, (State.DISPATCHED, State.UNKNOWN))
+    if current.state == State.OUTCOME_CONFIRMED:
+        if current.result_ref == result_ref and provider_request_id in (
+            None,
+            current.provider_request_id,
+        ):
+            return _repeated(current)
+        raise StateConflict("attempt is already confirmed with a different result", attempt=current)
+    if current.state not in (State.DISPATCHED, State.UNKNOWN):
+        raise StateConflict(f"cannot confirm an attempt in {current.state}", attempt=current)
+    fields: dict[str, Any] = {"result_ref": result_ref, "review_reason": ""}
+    if provider_request_id:
+        if current.provider_request_id and current.provider_request_id != provider_request_id:
             raise StateConflict(
-                "attempt is already confirmed with a different result", attempt=current
+                f"attempt already has provider request id {current.provider_request_id!r}",
+                code="provider_request_conflict",
+                attempt=current,
             )
-        if current.state not in (State.DISPATCHED, State.UNKNOWN):
-            raise StateConflict(f"cannot confirm an attempt in {current.state}", attempt=current)
-        fields: dict[str, Any] = {"result_ref": result_ref, "review_reason": ""}
-        if provider_request_id:
-            if current.provider_request_id and current.provider_request_id != provider_request_id:
-                raise StateConflict(
-                    f"attempt already has provider request id {current.provider_request_id!r}",
-                    code="provider_request_conflict",
-                    attempt=current,
-                )
-            fields["provider_request_id"] = provider_request_id
-        return states.move(
-            current,
-            State.OUTCOME_CONFIRMED,
-            actor=actor,
-            fields=fields,
-            details=evidence or {},
-        )
+        fields["provider_request_id"] = provider_request_id
+    return states.move(
+        current,
+        State.OUTCOME_CONFIRMED,
+        actor=actor,
+        fields=fields,
+        details=evidence or {},
+    )
 
 
 @_refreshes_caller
@@ -465,22 +459,21 @@ def fail(
     if not isinstance(retryable, bool):
         raise InvalidIntent("retryable must be true or false")
     target = State.FAILED_RETRYABLE if retryable else State.FAILED
-    with write_transaction():
-        current = _current(
-            attempt, tenants, (State.DISPATCHED, State.INTENT_RECORDED, State.FAILED_RETRYABLE)
+    current = _current(
+        attempt, tenants, (State.DISPATCHED, State.INTENT_RECORDED, State.FAILED_RETRYABLE)
+    )
+    if current.state == target:
+        return _repeated(current)
+    allowed = {
+        State.DISPATCHED: (State.FAILED_RETRYABLE, State.FAILED),
+        State.INTENT_RECORDED: (State.FAILED,),
+        State.FAILED_RETRYABLE: (State.FAILED,),
+    }.get(current.state, ())
+    if target not in allowed:
+        raise StateConflict(
+            f"cannot mark an attempt in {current.state} as {target}", attempt=current
         )
-        if current.state == target:
-            return _repeated(current)
-        allowed = {
-            State.DISPATCHED: (State.FAILED_RETRYABLE, State.FAILED),
-            State.INTENT_RECORDED: (State.FAILED,),
-            State.FAILED_RETRYABLE: (State.FAILED,),
-        }.get(current.state, ())
-        if target not in allowed:
-            raise StateConflict(
-                f"cannot mark an attempt in {current.state} as {target}", attempt=current
-            )
-        return states.move(current, target, actor=actor, reason=reason)
+    return states.move(current, target, actor=actor, reason=reason)
 
 
 @_refreshes_caller
@@ -494,16 +487,15 @@ def mark_unknown(
 ) -> Attempt:
     """DISPATCHED -> UNKNOWN: a timeout or lost answer. Repeating it is a no-op."""
     reason = _text("reason", reason)
-    with write_transaction():
-        current = _current(attempt, tenants, (State.DISPATCHED,))
-        if current.state == State.UNKNOWN:
-            return _repeated(current)
-        if current.state != State.DISPATCHED:
-            raise StateConflict(
-                f"only a dispatched attempt can become UNKNOWN (this one is {current.state})",
-                attempt=current,
-            )
-        return states.move(current, State.UNKNOWN, actor=actor, reason=reason, details=details)
+    current = _current(attempt, tenants, (State.DISPATCHED,))
+    if current.state == State.UNKNOWN:
+        return _repeated(current)
+    if current.state != State.DISPATCHED:
+        raise StateConflict(
+            f"only a dispatched attempt can become UNKNOWN (this one is {current.state})",
+            attempt=current,
+        )
+    return states.move(current, State.UNKNOWN, actor=actor, reason=reason, details=details)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -34,12 +34,10 @@ def _is_lock_timeout(exc: BaseException) -> bool:
 
 
 @contextlib.contextmanager
-def write_transaction() -> Iterator[None]:
-    """A transaction for ledger writes (nested ones become savepoints). A lock wait that runs out
-    raises ``LedgerBusy`` with a message a person can act on, after the transaction rolled back."""
+def lock_errors() -> Iterator[None]:
+    """Turn a lock wait that ran out into ``LedgerBusy``, with a message a person can act on."""
     try:
-        with transaction.atomic():
-            yield
+        yield
     except OperationalError as exc:
         if not _is_lock_timeout(exc):
             raise
@@ -47,6 +45,15 @@ def write_transaction() -> Iterator[None]:
             f"the ledger database is busy: a lock was not granted in time ({exc}); nothing was "
             "written, try again (a writer holding a transaction open too long is the usual cause)"
         ) from exc
+
+
+@contextlib.contextmanager
+def write_transaction() -> Iterator[None]:
+    """A transaction for ledger writes that must commit together (nested ones become
+    savepoints). A lock wait that runs out raises ``LedgerBusy`` after the transaction rolled
+    back. A single ``states.create`` or ``states.move`` needs none: each is atomic on its own."""
+    with lock_errors(), transaction.atomic():
+        yield
 
 
 def named_lock(name: str) -> None:

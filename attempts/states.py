@@ -2,8 +2,9 @@
 ``state`` or ``version``.
 
 Every change is a compare-and-set on (attempt, expected state, version) that appends one event to
-the attempt's own hash chain (``attempts.chain``) in the same transaction; the reconciler's lease
-claim is a compare-and-set on the version too. Callers wrap their work in
+the attempt's own hash chain (``attempts.chain``) atomically with it (``attempts.rows`` writes
+both); the reconciler's lease claim is a compare-and-set on the version too. One create or move
+is atomic on its own; a caller whose several writes must commit together wraps them in
 ``attempts.locking.write_transaction()``. No lock is shared by unrelated attempts.
 """
 
@@ -19,7 +20,7 @@ from django.db import connection
 from django.db.models import F, Q
 from django.utils import timezone
 
-from attempts import chain
+from attempts import chain, rows
 from attempts.models import ATTENTION_STATES, ActorKind, Attempt, State
 
 S = State
@@ -128,9 +129,8 @@ def create(
     now: dt.datetime | None = None,
     **fields: Any,
 ) -> Attempt:
-    """Create a new attempt in an initial state with its first event (inside a write
-    transaction). ``fields`` are the attempt's own (tenant_id, task_id, tool_name, ...)."""
-    _require_write_transaction()
+    """Create a new attempt in an initial state with its first event. ``fields`` are the
+    attempt's own (tenant_id, task_id, tool_name, ...)."""
     if state not in INITIAL_STATES:
         raise TransitionError(f"an attempt cannot be created in {state}")
     now = now or timezone.now()
@@ -162,9 +162,7 @@ def create(
         now=now,
     )
     attempt.chain_head, attempt.chain_length, attempt.sealed = event.hash, 1, False
-    attempt.save(force_insert=True)
-    event.attempt = attempt
-    event.save(force_insert=True)
+    rows.insert_attempt(attempt, event)
     return attempt
 
 
@@ -193,14 +191,13 @@ def move(
     StaleAttempt when another process got there first; in both cases nothing is written. On
     success ``attempt`` is updated in place.
     """
-    _require_write_transaction()
     now = now or timezone.now()
     from_state = attempt.state
     changing_state = to_state is not None and to_state != from_state
     if changing_state and to_state not in LEGAL_MOVES[from_state]:
         raise IllegalMove(attempt, to_state)
     fields = dict(fields or {})
-    if _OWN_FIELDS & fields.keys():
+    if _OWN_FIELDS & (fields.keys() | (increments or {}).keys()):
         raise TransitionError("state, version and the chain are set by the state machine only")
     if changing_state:
         _owner_on_attention(attempt, to_state, fields)
@@ -220,33 +217,30 @@ def move(
         details=event_details,
         now=now,
     )
-    updates: dict[str, Any] = {
+    values: dict[str, Any] = {
         **fields,
         "updated_at": now,
         "chain_head": event.hash,
-        "chain_length": F("chain_length") + 1,
         "sealed": False,
-        "version": F("version") + 1,
     }
     if changing_state:
-        updates["state"] = to_state
+        values["state"] = to_state
     if next_check_at is not ...:
-        updates["next_check_at"] = next_check_at
-    for name, amount in (increments or {}).items():
-        updates[name] = F(name) + amount
-    changed = Attempt.objects.filter(
-        pk=attempt.pk, state=from_state, version=attempt.version
-    ).update(**updates)
-    if changed != 1:
+        values["next_check_at"] = next_check_at
+    added = {**(increments or {}), "version": 1, "chain_length": 1}
+    if not rows.compare_and_set(
+        attempt.pk,
+        state=from_state,
+        version=attempt.version,
+        values=values,
+        increments=added,
+        event=event,
+    ):
         raise StaleAttempt(attempt)
-    event.save(force_insert=True)
     # Mirror the update in memory without another query (after everything that could fail).
-    for name, value in updates.items():
-        if name not in ("version", "chain_length", *(increments or {})):
-            setattr(attempt, name, value)
-    attempt.version += 1
-    attempt.chain_length += 1
-    for name, amount in (increments or {}).items():
+    for name, value in values.items():
+        setattr(attempt, name, value)
+    for name, amount in added.items():
         setattr(attempt, name, getattr(attempt, name) + amount)
     return attempt
 

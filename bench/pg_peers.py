@@ -186,7 +186,17 @@ def run_raw(prefix: str, start_at: float, seconds: float) -> int:
         attempt_id = "att_" + uuid.uuid4().hex[:26].upper()
         key = f"{prefix}:{i}"
         now = dt.datetime.now(dt.UTC)
-        details = {"tenant": "acme", "idempotency_key": key, "args_hash": args_hash}
+        # What the ledger records with an intent.
+        details = {
+            "tenant": "acme",
+            "task_id": f"task-{i}",
+            "tool_name": "update_crm",
+            "idempotency_key": key,
+            "args_hash": args_hash,
+            "policy_version": "v1",
+            "credential_scope": ["crm"],
+            "parent_attempt_id": None,
+        }
         first = {
             "v": 2,
             "attempt_id": attempt_id,
@@ -228,7 +238,7 @@ def run_raw(prefix: str, start_at: float, seconds: float) -> int:
             ("DISPATCHED", "OUTCOME_CONFIRMED", f"receipt-{i}", 0),
         ):
             now = dt.datetime.now(dt.UTC)
-            extra = {"result_ref": result} if result else {}
+            extra = {"result_ref": result, "review_reason": ""} if result else {}
             with conn.transaction():
                 digest = event(pk, attempt_id, head, frm, to, extra, now)
                 changed = conn.execute(
@@ -330,6 +340,30 @@ def measure(base: str, system: str, procs: int, seconds: float, tag: str) -> flo
     return total / seconds
 
 
+def row_shape(url: str) -> tuple:
+    """What must match between the ledger's rows and raw's for one tool call (the newest
+    confirmed one): the attempt's state and counters, which fields are set, and each event's
+    move and detail keys."""
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        pk, *attempt = conn.execute(
+            "SELECT id, state, version, chain_length, send_count, lookup_count, review_reason,"
+            " policy_version, credential_scope, sealed, next_check_at IS NULL,"
+            " result_ref != '' FROM attempts_attempt WHERE state = 'OUTCOME_CONFIRMED'"
+            " ORDER BY id DESC LIMIT 1"
+        ).fetchone()
+        events = [
+            (action, kind, frm, to, sorted(details))
+            for action, kind, frm, to, details in conn.execute(
+                "SELECT action, actor_kind, from_state, to_state, details"
+                " FROM attempts_attemptevent WHERE attempt_id = %s ORDER BY id",
+                (pk,),
+            )
+        ]
+    return tuple(attempt), events
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/postgres")
@@ -360,6 +394,14 @@ def main() -> None:
                 rate = measure(args.database_url, system, count, args.seconds, f"r{round_number}")
                 results.setdefault((system, count), []).append(rate)
                 print(f"round {round_number}: {system:6} x{count}: {rate:8.1f} calls/s", flush=True)
+    if "ledger" in systems and "raw" in systems:
+        ledger_rows = row_shape(database_url(args.database_url, DATABASES["ledger"]))
+        raw_rows = row_shape(database_url(args.database_url, DATABASES["raw"]))
+        if ledger_rows != raw_rows:
+            raise SystemExit(
+                f"raw does not write the ledger's rows:\n  ledger {ledger_rows}\n  raw    {raw_rows}"
+            )
+        print("ledger and raw wrote the same rows (attempt fields, events and their details)")
     print("\ncalls/s (3 commits each), per round:")
     for count in procs:
         row = "  ".join(

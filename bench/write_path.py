@@ -3,8 +3,10 @@
 
 A tool call is four durable commits: record the intent, claim the dispatch, attach the provider
 request id, confirm. The API runs them through attempts.ledger on SQLite (WAL, synchronous=FULL);
-the baseline writes the same rows (attempt + chained events, same hashes) into the same schema
-with the standard library's sqlite3 module, one transaction per step, in the same run.
+the baseline writes the same rows (attempt + chained events, same hashes, same fields and event
+details, recovery's next check kept as the ledger keeps it) into the same schema with the
+standard library's sqlite3 module, one transaction per step, in the same run. After the run the
+bench checks that both wrote the same rows and stops if they did not.
 
     .venv/bin/python bench/write_path.py [--calls 2000] [--rounds 3]
 
@@ -75,9 +77,16 @@ def raw_calls(db_path: Path, n: int, prefix: str) -> float:
     version first, as this baseline always has)."""
     import datetime as dt
 
+    from django.conf import settings
+
     from attempts import jcs
     from attempts.models import new_attempt_id
     from attempts.verify_export import GENESIS, chain_time, event_hash
+
+    stale_after = dt.timedelta(seconds=settings.LEDGER["STALE_AFTER"])
+
+    def due(moment: dt.datetime) -> str:
+        return (moment + stale_after).replace(tzinfo=None).isoformat(" ")
 
     conn = sqlite3.connect(db_path, isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
@@ -114,13 +123,13 @@ def raw_calls(db_path: Path, n: int, prefix: str) -> float:
         heads[attempt_id] = digest
         return digest
 
-    def move(attempt_id, frm, to, sets, details):
+    def move(attempt_id, action, frm, to, sets, details):
         now = chain_time(dt.datetime.now(dt.UTC))
         conn.execute("BEGIN IMMEDIATE")
         pk, version = conn.execute(
             "SELECT id, version FROM attempts_attempt WHERE attempt_id = ?", (attempt_id,)
         ).fetchone()
-        digest = event(pk, attempt_id, f"attempt.{to.lower()}", frm, to, details, now)
+        digest = event(pk, attempt_id, action, frm, to, details, now)
         assignments = ", ".join(f"{k} = ?" for k in sets)
         cur = conn.execute(
             f"UPDATE attempts_attempt SET state = ?, version = version + 1, updated_at = ?, "  # noqa: S608
@@ -137,8 +146,19 @@ def raw_calls(db_path: Path, n: int, prefix: str) -> float:
         canonical = jcs.dumps(args)  # the ledger's own canonical encoder
         args_hash = hashlib.sha256(canonical).hexdigest()
         attempt_id = new_attempt_id()
-        now = chain_time(dt.datetime.now(dt.UTC))
-        details = {"idempotency_key": f"{prefix}-{i}", "args_hash": args_hash}
+        created = dt.datetime.now(dt.UTC)
+        now = chain_time(created)
+        # What the ledger records with an intent, due for recovery after the stale interval.
+        details = {
+            "tenant": "acme",
+            "task_id": f"task-{i}",
+            "tool_name": "update_crm",
+            "idempotency_key": f"{prefix}-{i}",
+            "args_hash": args_hash,
+            "policy_version": "v1",
+            "credential_scope": ["crm"],
+            "parent_attempt_id": None,
+        }
         first = ("attempt.created", "", "INTENT_RECORDED", details, now)
         linked = link(attempt_id, *first)
         conn.execute("BEGIN IMMEDIATE")
@@ -156,7 +176,7 @@ def raw_calls(db_path: Path, n: int, prefix: str) -> float:
                 canonical.decode(),
                 args_hash,
                 f"{prefix}-{i}",
-                now,
+                due(created),
                 linked[1],
                 now,
                 now,
@@ -164,12 +184,60 @@ def raw_calls(db_path: Path, n: int, prefix: str) -> float:
         )
         event(cur.lastrowid, attempt_id, *first, linked=linked)
         conn.execute("COMMIT")
-        move(attempt_id, "INTENT_RECORDED", "DISPATCHED", {"send_count": 1}, {})
-        move(attempt_id, "DISPATCHED", "DISPATCHED", {"provider_request_id": f"req-{i}"}, {})
-        move(attempt_id, "DISPATCHED", "OUTCOME_CONFIRMED", {"result_ref": f"rcpt-{i}"}, {})
+        # The same moves, fields and event details as the ledger's claim, attach and confirm.
+        move(
+            attempt_id,
+            "attempt.dispatched",
+            "INTENT_RECORDED",
+            "DISPATCHED",
+            {"send_count": 1, "next_check_at": due(dt.datetime.now(dt.UTC))},
+            {},
+        )
+        request = f"req-{prefix}-{i}"
+        move(
+            attempt_id,
+            "attempt.provider_request_attached",
+            "DISPATCHED",
+            "DISPATCHED",
+            {"provider_request_id": request},
+            {"provider_request_id": request},
+        )
+        move(
+            attempt_id,
+            "attempt.outcome_confirmed",
+            "DISPATCHED",
+            "OUTCOME_CONFIRMED",
+            {"result_ref": f"rcpt-{i}", "review_reason": "", "next_check_at": None},
+            {"result_ref": f"rcpt-{i}", "review_reason": ""},
+        )
     elapsed = time.perf_counter() - start
     conn.close()
     return elapsed
+
+
+def row_shape(db_path: Path, key: str) -> tuple:
+    """What must match between the ledger's rows and the baseline's for one tool call: the
+    attempt's state and counters, which fields are set, and each event's move and detail keys."""
+    conn = sqlite3.connect(db_path)
+    try:
+        pk, *attempt = conn.execute(
+            "SELECT id, state, version, chain_length, send_count, lookup_count, review_reason,"
+            " policy_version, credential_scope, sealed, next_check_at IS NULL,"
+            " provider_request_id != '', result_ref != '' FROM attempts_attempt"
+            " WHERE idempotency_key = ?",
+            (key,),
+        ).fetchone()
+        events = [
+            (action, kind, frm, to, sorted(json.loads(details)))
+            for action, kind, frm, to, details in conn.execute(
+                "SELECT action, actor_kind, from_state, to_state, details"
+                " FROM attempts_attemptevent WHERE attempt_id = ? ORDER BY id",
+                (pk,),
+            )
+        ]
+        return tuple(attempt), events
+    finally:
+        conn.close()
 
 
 def main() -> None:
@@ -189,6 +257,12 @@ def main() -> None:
         for r in range(args.rounds):
             raw_times.append(raw_calls(db_path, args.calls, f"raw{r}"))
             api_times.append(api_calls(args.calls, f"api{r}"))
+        ledger_rows, raw_rows = row_shape(db_path, "api0-0"), row_shape(db_path, "raw0-0")
+        if ledger_rows != raw_rows:
+            raise SystemExit(
+                f"the baseline does not write the ledger's rows:\n  ledger {ledger_rows}\n"
+                f"  raw    {raw_rows}"
+            )
         api, raw = statistics.median(api_times), statistics.median(raw_times)
         print(f"write path: {args.calls} tool calls x {args.rounds} rounds, 4 durable commits each")
         print(
@@ -200,6 +274,7 @@ def main() -> None:
             f"{api / args.calls * 1e3:6.2f} ms/call"
         )
         print(f"  ratio API/raw: {api / raw:.2f}x (target <= 2.0x)")
+        print("  (both wrote the same rows: attempt fields, events and their details)")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

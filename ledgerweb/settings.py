@@ -112,6 +112,13 @@ def _databases() -> dict:
         config.setdefault("OPTIONS", {})["options"] = (
             f"-c synchronous_commit=on -c lock_timeout={lock_ms}"
         )
+        # Parameters travel apart from the SQL, and a statement a connection has run a few times
+        # is prepared once and then only executed: the server stops re-planning the same few
+        # writes on every tool call. 0 turns preparing off (for a pooler that cannot keep
+        # prepared statements).
+        config["OPTIONS"]["server_side_binding"] = True
+        prepare = env_int("LEDGERWEB_PG_PREPARE_THRESHOLD", 5, minimum=0)
+        config["OPTIONS"]["prepare_threshold"] = prepare or None
         config["TEST"] = {"NAME": env_str("LEDGERWEB_TEST_DB_NAME", "test_ledgerweb")}
         return {"default": config}
     busy_ms = env_int("LEDGERWEB_SQLITE_BUSY_TIMEOUT_MS", 30000, minimum=0)

@@ -132,12 +132,38 @@ def test_state_cannot_be_set_through_fields(world):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_moves_outside_a_write_transaction_are_refused():
+def test_a_move_alone_commits_its_row_and_its_event_together():
+    """No transaction around it: the move is atomic on its own (one statement on PostgreSQL,
+    a transaction of its own on SQLite), and a stale one writes nothing at all."""
     from tests.conftest import make_world
 
     attempt = _intent(make_world())
-    with pytest.raises(RuntimeError):
-        states.move(attempt, S.DISPATCHED, actor=states.Actor.system())
+    assert not connection.in_atomic_block
+    stale = Attempt.objects.get(pk=attempt.pk)
+    states.move(attempt, S.DISPATCHED, actor=states.Actor.system())
+    stored = Attempt.objects.get(pk=attempt.pk)
+    assert (stored.state, stored.version, stored.chain_length) == (S.DISPATCHED, 2, 2)
+    assert stored.events.count() == 2
+    assert stored.chain_head == stored.events.order_by("-id").first().hash
+    with pytest.raises(StaleAttempt):
+        states.move(stale, S.FAILED, actor=states.Actor.system())
+    assert Attempt.objects.get(pk=attempt.pk).version == 2
+    assert AttemptEvent.objects.filter(attempt=attempt).count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_moves_in_a_write_transaction_commit_or_roll_back_together():
+    from tests.conftest import make_world
+
+    world = make_world()
+    first, second = _intent(world, "k-1"), _intent(world, "k-2")
+    with pytest.raises(RuntimeError), write_transaction():
+        states.move(first, S.DISPATCHED, actor=states.Actor.system())
+        states.move(second, S.DISPATCHED, actor=states.Actor.system())
+        raise RuntimeError("the caller fails after both moves")
+    for attempt in (first, second):
+        stored = Attempt.objects.get(pk=attempt.pk)
+        assert (stored.state, stored.version, stored.events.count()) == (S.INTENT_RECORDED, 1, 1)
 
 
 def test_history_refuses_update_and_delete_in_the_database(world):

@@ -1,0 +1,200 @@
+"""How the state machine's rows reach the database: the statements every tool call sends.
+
+An intent inserts an attempt and its first event; every later move is a compare-and-set
+``UPDATE`` of the attempt plus one event ``INSERT``; intents and claims read the grant's terms.
+Building these statements with the ORM cost most of a tool call (bench/pg_peers.py,
+bench/write_path.py), so they are written here once as parameterized SQL, with columns and
+values taken from the models' own fields, and nothing else writes attempts or events. On
+PostgreSQL an attempt's row and its event go in one statement (a data-modifying ``WITH``): a
+single statement is atomic on its own, so a move made alone needs no transaction around it. On
+SQLite the two statements run in a transaction of their own. Inside a caller's
+``write_transaction()`` both simply join it.
+
+Only ``attempts.states`` (and the grant read in ``attempts.authority``) call this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import Field
+
+from attempts.chain import EventRow
+from attempts.locking import lock_errors, write_transaction
+from attempts.models import Attempt, AttemptEvent, Grant, Tool
+
+
+def _db() -> BaseDatabaseWrapper:
+    return connections[DEFAULT_DB_ALIAS]
+
+
+def _q(name: str) -> str:
+    return _db().ops.quote_name(name)
+
+
+def _marks(count: int) -> str:
+    return ", ".join(["%s"] * count)
+
+
+# ---------------------------------------------------------------------------------------------
+# Statements, built once from the models
+
+
+@functools.cache
+def _attempt_fields() -> tuple[Field, ...]:
+    return tuple(f for f in Attempt._meta.concrete_fields if not f.primary_key)
+
+
+@functools.cache
+def _attempt_insert() -> str:
+    columns = ", ".join(_q(f.column) for f in _attempt_fields())
+    return (
+        f"INSERT INTO {_q(Attempt._meta.db_table)} ({columns}) "
+        f"VALUES ({_marks(len(_attempt_fields()))}) RETURNING {_q('id')}"
+    )
+
+
+@functools.cache
+def _event_fields() -> tuple[Field, ...]:
+    return tuple(AttemptEvent._meta.get_field(name) for name in EventRow._fields)
+
+
+@functools.cache
+def _event_insert(source: str) -> str:
+    """The event INSERT taking its attempt's id from the CTE ``source`` (PostgreSQL), or from
+    the first parameter (``source`` empty)."""
+    columns = ", ".join(
+        _q(f.column) for f in (AttemptEvent._meta.get_field("attempt"), *_event_fields())
+    )
+    head = f"INSERT INTO {_q(AttemptEvent._meta.db_table)} ({columns})"
+    marks = _marks(len(_event_fields()))
+    if source:
+        return f"{head} SELECT {source}.{_q('id')}, {marks} FROM {source}"
+    return f"{head} VALUES (%s, {marks})"
+
+
+@functools.cache
+def _attempt_field(name: str) -> Field:
+    field = Attempt._meta.get_field(name)
+    if not field.concrete or field.primary_key:
+        raise ValueError(f"{name!r} is not a column a move may set")
+    return field
+
+
+@functools.cache
+def _update(names: tuple[str, ...], increments: tuple[str, ...]) -> str:
+    sets = [f"{_q(_attempt_field(name).column)} = %s" for name in names]
+    for name in increments:
+        column = _q(_attempt_field(name).column)
+        sets.append(f"{column} = {column} + %s")
+    return (
+        f"UPDATE {_q(Attempt._meta.db_table)} SET {', '.join(sets)} "
+        f"WHERE {_q('id')} = %s AND {_q('state')} = %s AND {_q('version')} = %s"
+    )
+
+
+def _event_values(event: EventRow, db: BaseDatabaseWrapper) -> list[Any]:
+    return [f.get_db_prep_save(value, db) for f, value in zip(_event_fields(), event, strict=True)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Writes
+
+
+def _atomic(db: BaseDatabaseWrapper, statements: int) -> contextlib.AbstractContextManager:
+    """What makes a write of ``statements`` statements atomic: the caller's transaction if it
+    holds one, the statement itself if it is one, else a transaction of its own."""
+    if db.in_atomic_block:
+        return contextlib.nullcontext()
+    return lock_errors() if statements == 1 else write_transaction()
+
+
+def insert_attempt(attempt: Attempt, event: EventRow) -> None:
+    """Insert a new attempt with its first event and set the attempt's primary key. The
+    idempotency key's unique index raises IntegrityError for a key already recorded."""
+    db = _db()
+    values = [f.get_db_prep_save(f.pre_save(attempt, True), db) for f in _attempt_fields()]
+    event_values = _event_values(event, db)
+    if db.vendor == "postgresql":
+        sql = f"WITH new AS ({_attempt_insert()}) {_event_insert('new')} RETURNING attempt_id"
+        # A savepoint when nested: a key already recorded (IntegrityError) must not abort the
+        # caller's transaction.
+        with write_transaction() if db.in_atomic_block else lock_errors(), db.cursor() as cursor:
+            cursor.execute(sql, values + event_values)
+            attempt.pk = cursor.fetchone()[0]
+    else:
+        with write_transaction(), db.cursor() as cursor:
+            cursor.execute(_attempt_insert(), values)
+            attempt.pk = cursor.fetchone()[0]
+            cursor.execute(_event_insert(""), [attempt.pk, *event_values])
+    attempt._state.adding = False
+    attempt._state.db = db.alias
+
+
+def compare_and_set(
+    pk: int,
+    *,
+    state: str,
+    version: int,
+    values: Mapping[str, Any],
+    increments: Mapping[str, int],
+    event: EventRow,
+) -> bool:
+    """Set ``values`` and add ``increments`` on attempt ``pk`` and append ``event``, if the
+    attempt is still in ``state`` at ``version``. Returns whether it was (False: someone else
+    changed it first, and nothing was written)."""
+    db = _db()
+    update = _update(tuple(values), tuple(increments))
+    params = [_attempt_field(name).get_db_prep_save(value, db) for name, value in values.items()]
+    params += [int(amount) for amount in increments.values()]
+    params += [pk, state, version]
+    event_values = _event_values(event, db)
+    if db.vendor == "postgresql":
+        sql = f"WITH moved AS ({update} RETURNING {_q('id')}) {_event_insert('moved')}"
+        with _atomic(db, 1), db.cursor() as cursor:
+            cursor.execute(sql, params + event_values)
+            return cursor.rowcount == 1
+    with _atomic(db, 2), db.cursor() as cursor:
+        cursor.execute(update, params)
+        if cursor.rowcount != 1:
+            return False
+        cursor.execute(_event_insert(""), [pk, *event_values])
+        return True
+
+
+# ---------------------------------------------------------------------------------------------
+# The grant read
+
+
+@functools.cache
+def _terms_select(tool_active: bool) -> str:
+    grant, tool = Grant._meta, Tool._meta
+    tenant_col, tool_col = grant.get_field("tenant").column, grant.get_field("tool").column
+    sql = f"SELECT g.{_q('policy_version')}, g.{_q('allowed_scopes')} FROM {_q(grant.db_table)} g "
+    if tool_active:
+        sql += (
+            f"JOIN {_q(tool.db_table)} t "
+            f"ON t.{_q(tool.pk.column)} = g.{_q(tool_col)} AND t.{_q('active')} "
+        )
+    return sql + (
+        f"WHERE g.{_q(tenant_col)} = %s AND g.{_q(tool_col)} = %s AND g.{_q('active')} "
+        f"ORDER BY g.{_q(grant.pk.column)} LIMIT 1"
+    )
+
+
+def grant_terms(tenant: str, tool_name: str, *, tool_active: bool) -> tuple[str, list[str]] | None:
+    """(policy version, allowed scopes) of the tenant's active grant for the tool, or None;
+    with ``tool_active``, only while the tool is active too."""
+    db = _db()
+    with db.cursor() as cursor:
+        cursor.execute(_terms_select(tool_active), [tenant, tool_name])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    scopes = Grant._meta.get_field("allowed_scopes").from_db_value(row[1], None, db)
+    return row[0], scopes
