@@ -38,7 +38,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 PYTHON = sys.executable
 SYSTEMS = ("ledger", "raw", "dbos")
-DATABASES = {"ledger": "bench_peers_ledger", "raw": "bench_peers_raw", "dbos": "bench_peers_dbos"}
+# One database per system, named <prefix>_<system> (--database-prefix).
+DATABASES = {system: f"bench_peers_{system}" for system in SYSTEMS}
 
 
 def database_url(base: str, name: str) -> str:
@@ -53,12 +54,15 @@ def admin(base: str, statement: str) -> None:
         conn.execute(statement)
 
 
-def prepare(base: str) -> None:
-    """Fresh databases: the ledger's and raw's migrated to the product's schema and seeded."""
-    for name in DATABASES.values():
-        admin(base, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin(base, f'CREATE DATABASE "{name}"')
+def prepare(base: str, systems: list[str]) -> None:
+    """Fresh databases for ``systems``: the ledger's and raw's migrated to the product's schema
+    and seeded."""
+    for system in systems:
+        admin(base, f'DROP DATABASE IF EXISTS "{DATABASES[system]}" WITH (FORCE)')
+        admin(base, f'CREATE DATABASE "{DATABASES[system]}"')
     for system in ("ledger", "raw"):
+        if system not in systems:
+            continue
         env = {**os.environ, "DATABASE_URL": database_url(base, DATABASES[system])}
         subprocess.run(
             [PYTHON, str(REPO / "manage.py"), "migrate", "-v0"], env=env, check=True, cwd=REPO
@@ -66,6 +70,8 @@ def prepare(base: str) -> None:
         subprocess.run(
             [PYTHON, __file__, "--seed"], env=env, check=True, cwd=REPO, stdout=subprocess.DEVNULL
         )
+    if "dbos" not in systems:
+        return
     # DBOS creates its system tables on first launch: do it once, not in eight racing processes.
     subprocess.run(
         [
@@ -371,6 +377,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--procs", default="1,8", help="process counts, comma-separated")
     parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument(
+        "--database-prefix",
+        default="bench_peers",
+        help="the databases made afresh are <prefix>_ledger, <prefix>_raw, <prefix>_dbos",
+    )
     parser.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
     parser.add_argument("--prefix", help=argparse.SUPPRESS)
     parser.add_argument("--start-at", type=float, help=argparse.SUPPRESS)
@@ -386,7 +397,11 @@ def main() -> None:
     procs = [int(p) for p in args.procs.split(",")]
     systems = [s for s in args.systems.split(",") if s]
     print(f"preparing databases on {urlsplit(args.database_url).netloc} ...", flush=True)
-    prepare(args.database_url)
+    DATABASES.update({system: f"{args.database_prefix}_{system}" for system in SYSTEMS})
+    unknown = sorted(set(systems) - set(SYSTEMS))
+    if unknown:
+        parser.error(f"unknown system(s): {', '.join(unknown)} (choose from {', '.join(SYSTEMS)})")
+    prepare(args.database_url, systems)
     results: dict[tuple[str, int], list[float]] = {}
     for round_number in range(1, args.rounds + 1):
         for count in procs:

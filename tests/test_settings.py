@@ -69,6 +69,17 @@ def test_bad_settings_fail_with_a_clear_message(tmp_path, variable, value, messa
     assert "Traceback" not in result.stderr or "ImproperlyConfigured" in result.stderr
 
 
+def test_a_bad_postgresql_prepare_threshold_fails_with_a_clear_message(tmp_path):
+    result = run_manage(
+        tmp_path,
+        "check",
+        DATABASE_URL="postgres://postgres@127.0.0.1:5432/postgres",
+        LEDGERWEB_PG_PREPARE_THRESHOLD="often",
+    )
+    assert result.returncode != 0
+    assert "LEDGERWEB_PG_PREPARE_THRESHOLD must be a whole number" in result.stderr
+
+
 def test_production_settings_pass_the_deploy_check(tmp_path):
     result = run_manage(
         tmp_path,

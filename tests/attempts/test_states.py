@@ -211,3 +211,18 @@ def test_the_write_path_takes_no_ledger_wide_lock(world):
         ledger.confirm(attempt, result_ref="r-1", actor=world.agent)
     statements = " ".join(q["sql"].lower() for q in queries.captured_queries)
     assert "advisory" not in statements and "lock table" not in statements
+
+
+def test_postgresql_prepares_the_write_path_once_per_connection(world):
+    """Server-side binding with prepared statements: after a few tool calls the connection
+    executes the intent's and the move's statements without parsing and planning them again."""
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL only")
+    for number in range(7):
+        attempt = _intent(world, f"k-{number}")
+        ledger.claim_dispatch(attempt, actor=world.agent)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        prepared = [row[0] for row in cursor.fetchall()]
+    assert any(text.startswith("WITH new AS (INSERT INTO") for text in prepared), prepared
+    assert any(text.startswith("WITH moved AS (UPDATE") for text in prepared), prepared
