@@ -44,7 +44,7 @@ from attempts.verify_export import (
 )
 
 if TYPE_CHECKING:
-    from attempts.states import Actor
+    from attempts.actors import Actor
 
 # Attempts sealed into one checkpoint at most; a larger backlog takes several.
 SEAL_BATCH = 5000

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -21,7 +20,8 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from attempts import chain, rows
-from attempts.models import ATTENTION_STATES, ActorKind, Attempt, State
+from attempts.actors import Actor
+from attempts.models import ATTENTION_STATES, Attempt, State
 
 S = State
 LEGAL_MOVES: dict[str, frozenset[str]] = {
@@ -68,31 +68,6 @@ class StaleAttempt(TransitionError):
             f"(expected {attempt.state} at version {attempt.version}); reload and retry"
         )
         self.attempt = attempt
-
-
-@dataclass(frozen=True, slots=True)
-class Actor:
-    """Who or what acts: recorded on every event."""
-
-    kind: str
-    name: str
-    user_id: int | None = None
-
-    @classmethod
-    def agent(cls, name: str) -> Actor:
-        return cls(ActorKind.AGENT, name)
-
-    @classmethod
-    def worker(cls, name: str) -> Actor:
-        return cls(ActorKind.WORKER, name)
-
-    @classmethod
-    def user(cls, user: Any) -> Actor:
-        return cls(ActorKind.USER, user.get_username(), user.pk)
-
-    @classmethod
-    def system(cls, name: str = "ledgerweb") -> Actor:
-        return cls(ActorKind.SYSTEM, name)
 
 
 def _require_write_transaction() -> None:
