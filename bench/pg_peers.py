@@ -441,6 +441,11 @@ def main() -> None:
         f"  ledger {high} / ledger {low}: {ratio(('ledger', high), ('ledger', low))}  (target >= 1.5)"
     )
     print(f"  dbos / raw     at {high}: {ratio(('dbos', high), ('raw', high))}")
+    # The floor's own scaling on this machine: what more processes can give at all when the
+    # clients and the database share its cores.
+    print(
+        f"  raw {high} / raw {low}: {ratio(('raw', high), ('raw', low))}  (the floor's own scaling)"
+    )
 
 
 if __name__ == "__main__":
