@@ -41,6 +41,44 @@ def _marks(count: int) -> str:
     return ", ".join(["%s"] * count)
 
 
+class _SQLiteCursor:
+    """This module's statements straight on the ``sqlite3`` connection. Django's cursor wrapper
+    (query logging, rewriting ``%s`` to ``?`` on every call) cost about a quarter of a tool call
+    on SQLite (bench/write_path.py); errors are still turned into Django's (``IntegrityError``
+    for a key already recorded), and a broken transaction is still refused."""
+
+    def __init__(self, db: BaseDatabaseWrapper) -> None:
+        db.ensure_connection()
+        self.db, self.cursor = db, db.connection.cursor()
+
+    def execute(self, sql: str, params: list[Any]) -> None:
+        self.db.validate_no_broken_transaction()
+        with self.db.wrap_database_errors:
+            self.cursor.execute(_qmark(sql), params)
+
+    def fetchone(self) -> tuple | None:
+        return self.cursor.fetchone()
+
+    @property
+    def rowcount(self) -> int:
+        return self.cursor.rowcount
+
+    def __enter__(self) -> _SQLiteCursor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.cursor.close()
+
+
+@functools.cache
+def _qmark(sql: str) -> str:
+    return sql.replace("%s", "?")
+
+
+def _cursor(db: BaseDatabaseWrapper) -> Any:
+    return _SQLiteCursor(db) if db.vendor == "sqlite" else db.cursor()
+
+
 # ---------------------------------------------------------------------------------------------
 # Statements, built once from the models
 
@@ -124,11 +162,11 @@ def insert_attempt(attempt: Attempt, event: EventRow) -> None:
         sql = f"WITH new AS ({_attempt_insert()}) {_event_insert('new')} RETURNING attempt_id"
         # A savepoint when nested: a key already recorded (IntegrityError) must not abort the
         # caller's transaction.
-        with write_transaction() if db.in_atomic_block else lock_errors(), db.cursor() as cursor:
+        with write_transaction() if db.in_atomic_block else lock_errors(), _cursor(db) as cursor:
             cursor.execute(sql, values + event_values)
             attempt.pk = cursor.fetchone()[0]
     else:
-        with write_transaction(), db.cursor() as cursor:
+        with write_transaction(), _cursor(db) as cursor:
             cursor.execute(_attempt_insert(), values)
             attempt.pk = cursor.fetchone()[0]
             cursor.execute(_event_insert(""), [attempt.pk, *event_values])
@@ -156,10 +194,10 @@ def compare_and_set(
     event_values = _event_values(event, db)
     if db.vendor == "postgresql":
         sql = f"WITH moved AS ({update} RETURNING {_q('id')}) {_event_insert('moved')}"
-        with _atomic(db, 1), db.cursor() as cursor:
+        with _atomic(db, 1), _cursor(db) as cursor:
             cursor.execute(sql, params + event_values)
             return cursor.rowcount == 1
-    with _atomic(db, 2), db.cursor() as cursor:
+    with _atomic(db, 2), _cursor(db) as cursor:
         cursor.execute(update, params)
         if cursor.rowcount != 1:
             return False
@@ -191,7 +229,7 @@ def grant_terms(tenant: str, tool_name: str, *, tool_active: bool) -> tuple[str,
     """(policy version, allowed scopes) of the tenant's active grant for the tool, or None;
     with ``tool_active``, only while the tool is active too."""
     db = _db()
-    with db.cursor() as cursor:
+    with _cursor(db) as cursor:
         cursor.execute(_terms_select(tool_active), [tenant, tool_name])
         row = cursor.fetchone()
     if row is None:
