@@ -103,6 +103,16 @@ def make_world() -> World:
     return World(acme=acme, globex=globex, agent=Actor.agent("test-agent"), **users)
 
 
+def no_digests() -> None:
+    """Turn the daily digest off for everyone. It goes out from the person's local hour (08:00
+    UTC by default) on: a test that counts what a real worker delivers would otherwise pass or
+    fail by the time of day it runs."""
+    from attempts.models import PersonSettings
+
+    for user in User.objects.all():
+        PersonSettings.objects.update_or_create(user=user, defaults={"digest_hour": None})
+
+
 def child_env(**extra: str) -> dict[str, str]:
     """Environment for a child process that must use the same (test) database as this test."""
     env = dict(os.environ)

@@ -25,7 +25,7 @@ from attempts.models import (
     SlaPolicy,
     State,
 )
-from tests.conftest import PYTHON, REPO, child_env, make_world
+from tests.conftest import PYTHON, REPO, child_env, make_world, no_digests
 from tests.dashboard.conftest import make_review, make_unknown
 from tests.notify_servers import MailSink, Webhook
 
@@ -220,6 +220,7 @@ def _kill(process: subprocess.Popen) -> None:
 
 def _setup_notices(count: int) -> set[int]:
     world = make_world()
+    no_digests()
     for person in (world.triage, world.reviewer):
         person.email = f"{person.username}@example.test"
         person.save()

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from attempts import ledger, notify, review
 from attempts.models import Attempt, Grant, Notification, SlaPolicy, State
-from tests.conftest import PASSWORD, PYTHON, REPO, child_env, make_world
+from tests.conftest import PASSWORD, PYTHON, REPO, child_env, make_world, no_digests
 from tests.dashboard.conftest import SHOTS, WORKER, make_awaiting, make_review, make_unknown
 from tests.dashboard.test_shift import worker_lookup
 from tests.notify_servers import MailSink, Webhook
@@ -136,6 +136,7 @@ def test_awaiting_my_approval_from_the_overview(live_server, browser):
 
 def test_a_notice_reaches_a_real_mailbox_and_chat(live_server, browser):
     world = make_world()
+    no_digests()
     attempt = make_unknown(world)
     with MailSink() as mail, Webhook() as hook:
         env = child_env(
