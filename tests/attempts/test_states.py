@@ -152,6 +152,72 @@ def test_a_move_alone_commits_its_row_and_its_event_together():
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_move_whose_event_cannot_be_written_changes_nothing():
+    """The row's compare-and-set and its event commit together or not at all, outside any
+    transaction too: an event the database refuses leaves the attempt as it was, and the
+    connection goes on working."""
+    from attempts import rows
+    from tests.conftest import make_world
+
+    attempt = _intent(make_world())
+    assert not connection.in_atomic_block
+    good = states.chain.attempt_event(
+        attempt,
+        action="attempt.updated",
+        actor=states.Actor.system(),
+        from_state=S.INTENT_RECORDED,
+        to_state=S.INTENT_RECORDED,
+        reason="",
+        details={},
+        now=attempt.created_at,
+    )
+    refused = good._replace(action=None)  # NOT NULL
+    with pytest.raises(IntegrityError):
+        rows.compare_and_set(
+            attempt.pk,
+            state=S.INTENT_RECORDED,
+            version=1,
+            values={"chain_head": refused.hash, "result_ref": "half-written"},
+            increments={"version": 1, "chain_length": 1},
+            event=refused,
+        )
+    stored = Attempt.objects.get(pk=attempt.pk)
+    assert (stored.version, stored.result_ref, stored.chain_length) == (1, "", 1)
+    assert stored.events.count() == 1
+    states.move(attempt, S.DISPATCHED, actor=states.Actor.system())
+    assert Attempt.objects.get(pk=attempt.pk).version == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_move_waiting_for_sqlites_write_lock_gives_up_with_ledger_busy():
+    """SQLite: another writer holds the database; a move waits the busy timeout, then raises
+    LedgerBusy with nothing written, and works once the other writer is done."""
+    import sqlite3
+
+    from attempts.locking import LedgerBusy
+    from tests.conftest import make_world
+
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite's one write lock (PostgreSQL: test_scale_out's held transaction)")
+    attempt = _intent(make_world())
+    other = sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None)
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA busy_timeout = 200")
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        with pytest.raises(LedgerBusy, match="busy"):
+            states.move(attempt, S.DISPATCHED, actor=states.Actor.system())
+        other.execute("ROLLBACK")
+        assert Attempt.objects.get(pk=attempt.pk).version == 1
+        states.move(attempt, S.DISPATCHED, actor=states.Actor.system())
+        assert Attempt.objects.get(pk=attempt.pk).state == S.DISPATCHED
+    finally:
+        other.close()
+        with connection.cursor() as cursor:
+            cursor.execute("PRAGMA busy_timeout = 30000")
+
+
+@pytest.mark.django_db(transaction=True)
 def test_moves_in_a_write_transaction_commit_or_roll_back_together():
     from tests.conftest import make_world
 
