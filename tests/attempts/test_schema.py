@@ -1,0 +1,53 @@
+"""The ledger's tables carry the indexes the models declare and no others: every index is one
+more B-tree insert on every intent and every move, so one that slips in (a squash that forgot a
+drop, say) slows every tool call without failing anything else."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+
+from attempts.models import Attempt, AttemptEvent
+
+PREFIX_INDEXES = {  # attempts.models.search_key (PostgreSQL only)
+    "attempt_key_prefix_idx",
+    "attempt_id_prefix_idx",
+    "attempt_task_prefix_idx",
+    "attempt_req_prefix_idx",
+    "attempt_hash_prefix_idx",
+}
+
+
+@pytest.mark.django_db
+def test_models_and_migrations_agree():
+    call_command("makemigrations", "--check", "--dry-run", verbosity=0)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("model", [Attempt, AttemptEvent], ids=lambda m: m.__name__)
+def test_postgresql_has_only_the_declared_indexes(model):
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL: Django's pattern-ops copies and the byte-order prefix indexes")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT c.relname, i.indisunique, i.indisprimary, pg_get_indexdef(i.indexrelid)"
+            " FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+            " WHERE i.indrelid = %s::regclass",
+            [model._meta.db_table],
+        )
+        found = cursor.fetchall()
+    assert not [name for name, *_, definition in found if "pattern_ops" in definition]
+    declared = {index.name for index in model._meta.indexes}
+    if model is Attempt:
+        declared |= PREFIX_INDEXES
+    unique_columns = {f.column for f in model._meta.concrete_fields if f.unique}
+    other = [
+        (name, definition)
+        for name, unique, primary, definition in found
+        if name not in declared and not primary and not unique
+    ]
+    assert other == []
+    assert declared <= {name for name, *_ in found}
+    uniques = [name for name, unique, primary, _ in found if unique and not primary]
+    assert len(uniques) == len(unique_columns - {model._meta.pk.column}), uniques
