@@ -30,6 +30,7 @@ from django.db import connection
 from django.db.models import Min, Q
 from django.utils import timezone
 
+from attempts import jcs
 from attempts.canonical import InvalidArguments
 from attempts.locking import named_lock, write_transaction
 from attempts.models import Attempt, Checkpoint, CheckpointLeaf, ConfigEvent
@@ -98,7 +99,7 @@ def attempt_event(
         "prev_hash": prev_hash,
     }
     try:
-        digest = event_hash(row)
+        digest = event_hash(row, dumps=jcs.dumps)
     except (rfc8785.CanonicalizationError, TypeError, ValueError) as exc:
         raise InvalidArguments(f"event details are not JSON: {exc}") from None
     return EventRow(
