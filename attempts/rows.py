@@ -41,20 +41,22 @@ def _marks(count: int) -> str:
     return ", ".join(["%s"] * count)
 
 
-class _SQLiteCursor:
-    """This module's statements straight on the ``sqlite3`` connection. Django's cursor wrapper
-    (query logging, rewriting ``%s`` to ``?`` on every call) cost about a quarter of a tool call
-    on SQLite (bench/write_path.py); errors are still turned into Django's (``IntegrityError``
-    for a key already recorded), and a broken transaction is still refused."""
+class _Cursor:
+    """This module's statements straight on the driver's connection (``sqlite3`` or psycopg).
+    Django's cursor wrapper (a wrapper object per statement, the execute-wrapper chain, and on
+    SQLite rewriting ``%s`` to ``?`` on every call) cost about a quarter of a tool call
+    (bench/write_path.py, bench/pg_peers.py). What it guards is kept: errors are still Django's
+    (``IntegrityError`` for a key already recorded) and a broken transaction is still refused."""
 
     def __init__(self, db: BaseDatabaseWrapper) -> None:
         db.ensure_connection()
         self.db, self.cursor = db, db.connection.cursor()
+        self.sqlite = db.vendor == "sqlite"
 
     def execute(self, sql: str, params: list[Any]) -> None:
         self.db.validate_no_broken_transaction()
         with self.db.wrap_database_errors:
-            self.cursor.execute(_qmark(sql), params)
+            self.cursor.execute(_qmark(sql) if self.sqlite else sql, params)
 
     def fetchone(self) -> tuple | None:
         return self.cursor.fetchone()
@@ -63,7 +65,7 @@ class _SQLiteCursor:
     def rowcount(self) -> int:
         return self.cursor.rowcount
 
-    def __enter__(self) -> _SQLiteCursor:
+    def __enter__(self) -> _Cursor:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -76,7 +78,8 @@ def _qmark(sql: str) -> str:
 
 
 def _cursor(db: BaseDatabaseWrapper) -> Any:
-    return _SQLiteCursor(db) if db.vendor == "sqlite" else db.cursor()
+    # Whoever watches the queries (DEBUG, CaptureQueriesContext) sees these too.
+    return db.cursor() if db.queries_logged else _Cursor(db)
 
 
 # ---------------------------------------------------------------------------------------------
