@@ -46,9 +46,11 @@ class _Cursor:
     Django's cursor wrapper (a wrapper object per statement, the execute-wrapper chain, and on
     SQLite rewriting ``%s`` to ``?`` on every call) cost about a quarter of a tool call
     (bench/write_path.py, bench/pg_peers.py). What it guards is kept: errors are still Django's
-    (``IntegrityError`` for a key already recorded) and a broken transaction is still refused."""
+    (``IntegrityError`` for a key already recorded), a broken transaction is still refused, and a
+    connection that failed its health check is replaced."""
 
     def __init__(self, db: BaseDatabaseWrapper) -> None:
+        db.close_if_health_check_failed()  # CONN_HEALTH_CHECKS, as Django's cursor does
         db.ensure_connection()
         self.db, self.cursor = db, db.connection.cursor()
         self.sqlite = db.vendor == "sqlite"
