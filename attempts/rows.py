@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
@@ -25,7 +25,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field
 
 from attempts.chain import EventRow
-from attempts.locking import lock_errors, write_transaction
+from attempts.locking import lock_errors, sqlite_transaction, write_transaction
 from attempts.models import Attempt, AttemptEvent, Grant, Tool
 
 
@@ -194,27 +194,7 @@ def _atomic(db: BaseDatabaseWrapper, statements: int) -> contextlib.AbstractCont
         return contextlib.nullcontext()
     if statements == 1:
         return lock_errors()
-    return _sqlite_transaction(db) if db.vendor == "sqlite" else write_transaction()
-
-
-@contextlib.contextmanager
-def _sqlite_transaction(db: BaseDatabaseWrapper) -> Iterator[None]:
-    """A transaction of its own for one write on SQLite, outside any other: ``BEGIN IMMEDIATE``
-    and ``COMMIT`` on the ``sqlite3`` connection, as ``write_transaction()`` would send them,
-    without Django's bookkeeping for nested blocks (a tenth of a tool call, bench/write_path.py).
-    Whatever fails, the transaction is rolled back before the error goes on."""
-    db.ensure_connection()
-    raw = db.connection
-    try:
-        with lock_errors(), db.wrap_database_errors:
-            raw.execute("BEGIN IMMEDIATE")
-        yield
-        with lock_errors(), db.wrap_database_errors:
-            raw.execute("COMMIT")
-    except BaseException:
-        if raw.in_transaction:
-            raw.rollback()
-        raise
+    return sqlite_transaction(db) if db.vendor == "sqlite" else write_transaction()
 
 
 def insert_attempt(attempt: Attempt, event: EventRow) -> None:

@@ -1,6 +1,8 @@
 """Protocol section 3: the legal moves and nothing else, each a compare-and-set with one event;
 history is append-only at the database level."""
 
+import time
+
 import pytest
 from django.db import DatabaseError, IntegrityError, connection, transaction
 
@@ -215,6 +217,46 @@ def test_a_move_waiting_for_sqlites_write_lock_gives_up_with_ledger_busy():
         other.close()
         with connection.cursor() as cursor:
             cursor.execute("PRAGMA busy_timeout = 30000")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_move_waits_for_sqlites_write_lock_and_keeps_the_busy_timeout():
+    """SQLite: a move that finds another writer holding the database tries again until that
+    writer is done, then commits; the connection's busy timeout is as it was afterwards."""
+    import sqlite3
+    import threading
+
+    from tests.conftest import make_world
+
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite's one write lock")
+    attempt = _intent(make_world())
+    other = sqlite3.connect(
+        connection.settings_dict["NAME"], isolation_level=None, check_same_thread=False
+    )
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA busy_timeout")
+        (before,) = cursor.fetchone()
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        released = threading.Event()
+
+        def release() -> None:
+            time.sleep(0.3)
+            released.set()
+            other.execute("COMMIT")
+
+        releaser = threading.Thread(target=release)
+        releaser.start()
+        states.move(attempt, S.DISPATCHED, actor=states.Actor.system())
+        assert released.is_set()  # it waited for the other writer, and did not fail
+        releaser.join()
+    finally:
+        other.close()
+    assert Attempt.objects.get(pk=attempt.pk).state == S.DISPATCHED
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA busy_timeout")
+        assert cursor.fetchone() == (before,)
 
 
 @pytest.mark.django_db(transaction=True)
