@@ -11,7 +11,9 @@ system writes its own rows into its own database on one PostgreSQL server:
 
 For each round and each process count (1 and 8 by default) the three systems run one after the
 other; the processes of one system start together at a shared moment and run for ``--seconds``.
-It prints calls/s for each and the ratios the scale-out targets are stated in.
+It prints calls/s for each and the ratios the scale-out targets are stated in, and, before the
+run and after each round, one connection's durable commit round trip: on a shared machine the
+disk's sync latency moves the 1-process figures (and so the 8/1 ratio) far more than any code.
 
     .venv/bin/pip install -e '.[bench]'          # DBOS Transact, bench only
     .venv/bin/python bench/pg_peers.py [--seconds 8] [--rounds 2] [--procs 1,8]
@@ -346,6 +348,28 @@ def measure(base: str, system: str, procs: int, seconds: float, tag: str) -> flo
     return total / seconds
 
 
+def commit_round_trip(base: str, table: str, seconds: float = 2.0) -> float:
+    """Microseconds one connection spends per durable one-row commit on this server now: the
+    floor under a single process's figure (three commits per call), which swings with the
+    disk's sync latency and the host's scheduling far more than CPU work does."""
+    import psycopg
+    from psycopg import sql
+
+    name = sql.Identifier(table)
+    insert = sql.SQL("INSERT INTO {} (body) VALUES (%s)").format(name)
+    with psycopg.connect(database_url(base, "postgres"), autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(name))
+        conn.execute(sql.SQL("CREATE TABLE {} (id bigserial PRIMARY KEY, body text)").format(name))
+        n = 0
+        start = time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            conn.execute(insert, ("x" * 200,))
+            n += 1
+        elapsed = time.perf_counter() - start
+        conn.execute(sql.SQL("DROP TABLE {}").format(name))
+    return elapsed / n * 1e6
+
+
 def row_shape(url: str) -> tuple:
     """What must match between the ledger's rows and raw's for one tool call (the newest
     confirmed one): the attempt's state and counters, which fields are set, and each event's
@@ -402,6 +426,11 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown system(s): {', '.join(unknown)} (choose from {', '.join(SYSTEMS)})")
     prepare(args.database_url, systems)
+    commit_table = f"{args.database_prefix}_commit"
+    print(
+        f"durable commit round trip here now: {commit_round_trip(args.database_url, commit_table):.0f} us",
+        flush=True,
+    )
     results: dict[tuple[str, int], list[float]] = {}
     for round_number in range(1, args.rounds + 1):
         for count in procs:
@@ -409,6 +438,11 @@ def main() -> None:
                 rate = measure(args.database_url, system, count, args.seconds, f"r{round_number}")
                 results.setdefault((system, count), []).append(rate)
                 print(f"round {round_number}: {system:6} x{count}: {rate:8.1f} calls/s", flush=True)
+        print(
+            f"round {round_number}: durable commit round trip "
+            f"{commit_round_trip(args.database_url, commit_table, 1.0):.0f} us",
+            flush=True,
+        )
     if "ledger" in systems and "raw" in systems:
         ledger_rows = row_shape(database_url(args.database_url, DATABASES["ledger"]))
         raw_rows = row_shape(database_url(args.database_url, DATABASES["raw"]))

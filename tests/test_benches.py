@@ -52,6 +52,7 @@ def test_pg_peers_bench_writes_the_ledgers_rows():
         assert done.returncode == 0, done.stdout + done.stderr
         assert "ledger and raw wrote the same rows" in done.stdout
         assert "ledger / raw   at 1:" in done.stdout
+        assert "durable commit round trip" in done.stdout
     finally:
         with psycopg.connect(database_url(url, "postgres"), autocommit=True) as conn:
             for system in ("ledger", "raw"):
