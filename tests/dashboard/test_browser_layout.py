@@ -1,0 +1,82 @@
+"""Layout in a real browser with the data an operator really has: the attempt page's
+"Configuration changes" table with long before/after values at a laptop's 1,280 px, the
+overview's By tenant / By tool cards with many long names on a 390 px phone, and axe-core's
+scrollable-region rule where tables scroll sideways."""
+
+from __future__ import annotations
+
+import pytest
+
+from attempts.config_history import save_with_history
+from attempts.models import Grant, Membership, Role, Tenant, Tool
+from attempts.states import Actor
+from tests.conftest import make_world
+from tests.dashboard.conftest import make_attempt, make_review, make_unknown
+from tests.dashboard.test_browser_shift import AXE, PHONE, Tab
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+LAPTOP = {"width": 1280, "height": 800}
+
+
+def _busy_world():
+    """Attempts across many tenants and tools with long names, and config changes with long
+    values that affect them."""
+    world = make_world()
+    for n in range(6):
+        tenant = Tenant.objects.create(slug=f"north-america-enterprise-{n}", name=f"NA {n}")
+        tool = Tool.objects.create(name=f"provision_customer_workspace_region_{n}")
+        Grant.objects.create(tenant=tenant, tool=tool, policy_version="v1")
+        make_unknown(world, tenant=tenant.slug, tool=tool.name)
+    tool = Tool.objects.get(name="open_ticket")
+    tool.dispatch_url = "https://tickets.internal.example/api/v2/" + "very-long-path-segment/" * 8
+    tool.lookup_url = tool.dispatch_url + "lookup?idempotency_key="
+    save_with_history(tool, actor=Actor.user(world.admin), reason="moved the ticket service")
+    unknown = make_unknown(world, provider_request_id="prv_" + "y" * 90)
+    review_item = make_review(world)
+    make_attempt(world)
+    for tenant in Tenant.objects.exclude(slug__in=["acme", "globex"]):
+        Membership.objects.create(user=world.reviewer, tenant=tenant, role=Role.REVIEWER)
+    return world, unknown, review_item
+
+
+def test_attempt_page_fits_a_laptop_with_long_configuration_changes(live_server, browser):
+    _, unknown, review_item = _busy_world()
+    tab = Tab(browser, live_server.url, viewport=LAPTOP)
+    tab.login("reviewer")
+    wide = []
+    for attempt in (unknown, review_item):
+        tab.goto(f"/attempts/{attempt.attempt_id}/")
+        if not tab.no_sideways_scroll():
+            wide.append(tab.page.evaluate("document.documentElement.scrollWidth"))
+    tab.shot("layout-laptop-detail")
+    assert not wide, f"the attempt page is wider than 1280 px: {wide}"
+
+
+def test_overview_fits_a_phone_with_many_tenants_and_tools(live_server, browser):
+    _busy_world()
+    tab = Tab(browser, live_server.url, viewport=PHONE)
+    tab.login("reviewer")
+    tab.goto("/")
+    tab.shot("layout-phone-overview")
+    width = tab.page.evaluate("document.documentElement.scrollWidth")
+    assert tab.no_sideways_scroll(), f"the overview is {width} px wide on a 390 px phone"
+
+
+def test_sideways_scrolling_regions_take_the_keyboard_on_a_phone(live_server, browser):
+    if not AXE.exists():
+        pytest.skip("axe-core is not installed (scripts/setup runs npm ci)")
+    _, unknown, review_item = _busy_world()
+    tab = Tab(browser, live_server.url, viewport=PHONE, axe=True)
+    tab.login("reviewer")
+    found = {}
+    for path in (
+        "/",
+        f"/attempts/{unknown.attempt_id}/",
+        f"/attempts/{review_item.attempt_id}/",
+        f"/audit/report/{review_item.attempt_id}/",
+    ):
+        tab.goto(path)
+        if violations := tab.axe():
+            found[path] = violations
+    assert not found, found
