@@ -352,6 +352,21 @@ def detail_context(request: HttpRequest, attempt: Attempt) -> dict[str, Any]:
             ),
         }
     )
+    # A card with nothing to do in it is not shown (a terminal attempt, a viewer).
+    context["has_actions"] = any(
+        context[name]
+        for name in (
+            "can_take",
+            "can_unassign",
+            "can_assign",
+            "can_ack",
+            "can_confirm",
+            "can_fail",
+            "can_reject",
+            "approval_kind",
+        )
+    )
+
     return context
 
 

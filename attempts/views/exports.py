@@ -219,7 +219,7 @@ def attempt_report(request: HttpRequest, attempt_id: str) -> HttpResponse:
     scoped = Attempt.objects.visible_to(request.user, Role.REVIEWER)
     attempt = scoped.select_related("parent").filter(attempt_id=attempt_id).first()
     if attempt is None:
-        raise Http404("no such attempt in your tenants")
+        raise Http404("no such attempt")
     root = attempt
     while root.parent_id is not None:
         parent = scoped.filter(pk=root.parent_id).first()

@@ -3,7 +3,10 @@ lookups and notes; another tenant's attempt is a 404."""
 
 from __future__ import annotations
 
+import datetime as dt
+
 from attempts import review
+from attempts.models import SlaPolicy
 from tests.dashboard.conftest import make_awaiting, make_review, make_unknown, record_lookup
 
 
@@ -107,3 +110,30 @@ def test_history_names_owners(world, clients):
     body = clients.viewer.get(f"/attempts/{attempt.attempt_id}/").content.decode()
     assert "owner=reviewer" in body and "previous_owner=triage" in body
     assert "owner_id=" not in body
+
+
+def test_a_terminal_attempt_shows_no_empty_actions_card(world, clients):
+    attempt = make_review(world)
+    review.review_fail(attempt, user=world.reviewer, reason="declined by the customer")
+    body = clients.reviewer.get(f"/attempts/{attempt.attempt_id}/").content.decode()
+    assert "<h2>Actions</h2>" not in body
+    assert (
+        "<h2>Actions</h2>"
+        in clients.reviewer.get(f"/attempts/{make_review(world).attempt_id}/").content.decode()
+    )
+
+
+def test_not_found_page_says_nothing_of_other_tenants(world, clients):
+    theirs = make_review(world, tenant="globex")
+    for path in (f"/attempts/{theirs.attempt_id}/", f"/audit/report/{theirs.attempt_id}/"):
+        response = clients.admin.get(path)
+        assert response.status_code == 404
+        assert "tenant" not in response.content.decode().lower(), path
+
+
+def test_acknowledging_says_who_stays_the_owner(world, clients):
+    attempt = make_review(world)
+    SlaPolicy.objects.create(tool_id="open_ticket", review_warn_after=dt.timedelta(0))
+    body = clients.operator.get(f"/attempts/{attempt.attempt_id}/").content.decode()
+    assert "not the owner" not in body
+    assert f"the owner stays {attempt.owner.username}" in body
