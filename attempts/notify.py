@@ -39,6 +39,7 @@ from django.db.models import Exists, OuterRef, Q
 from django.urls import reverse
 from django.utils import timezone
 
+from attempts import owners
 from attempts.faults import crash_point
 from attempts.models import (
     APPROVAL_ACTION,
@@ -50,11 +51,9 @@ from attempts.models import (
     Notification,
     NotifyCursor,
     PersonSettings,
-    Role,
     SlaEscalation,
     SlaPolicy,
     State,
-    has_role,
 )
 
 log = logging.getLogger("ledgerweb.notify")
@@ -139,15 +138,6 @@ def enqueue(drafts: list[Draft], now: dt.datetime | None = None) -> int:
 # What is worth telling people, read from the attempts' history
 
 
-def _reviewers(tenant: str) -> list[Any]:
-    users = (
-        get_user_model()
-        .objects.filter(is_active=True)
-        .filter(Q(ledger_memberships__tenant_id=tenant) | Q(is_superuser=True))
-    )
-    return [u for u in users.distinct().order_by("username") if has_role(u, tenant, Role.REVIEWER)]
-
-
 def _about(attempt: Attempt) -> str:
     return f"{attempt.attempt_id} ({attempt.tool_name}, tenant {attempt.tenant_id})"
 
@@ -175,7 +165,7 @@ def drafts_for(event: AttemptEvent, attempt: Attempt) -> list[Draft]:
             )
     if moved and event.to_state == State.MANUAL_REVIEW and attempt.state == State.MANUAL_REVIEW:
         if attempt.awaiting_approval:
-            for person in _reviewers(attempt.tenant_id):
+            for person in owners.reviewers_of(attempt.tenant_id):
                 if person.get_username() == event.actor:
                     continue
                 out.append(
@@ -206,7 +196,7 @@ def drafts_for(event: AttemptEvent, attempt: Attempt) -> list[Draft]:
         approved = set(attempt.approvers_since_last_move())
         needed = attempt.approvals_needed()
         if len(approved) < needed:
-            for person in _reviewers(attempt.tenant_id):
+            for person in owners.reviewers_of(attempt.tenant_id):
                 if person.get_username() in approved:
                     continue
                 out.append(
@@ -268,17 +258,11 @@ def enqueue_from_events(now: dt.datetime | None = None) -> int:
 # SLAs
 
 
-def escalation_target(policy: SlaPolicy) -> Any | None:
-    """Who hears of a breach: the policy's named person, else the default owner."""
-    if policy.escalate_to_id:
-        return policy.escalate_to
-    name = settings.LEDGER["DEFAULT_OWNER"]
-    return get_user_model().objects.filter(username=name, is_active=True).first() if name else None
-
-
 def escalate_slas(now: dt.datetime | None = None, limit: int = 500) -> int:
     """Escalate, once per attempt and state, every UNKNOWN or MANUAL_REVIEW attempt past its
-    SLA that nobody acknowledged. Returns how many were escalated."""
+    SLA that nobody acknowledged, and tell each person concerned once per pass, one notice
+    listing all of their breaches (``owners.told_of_breach``). Returns how many attempts were
+    escalated."""
     now = now or timezone.now()
     table = SlaPolicy.table()
     if not table:
@@ -293,46 +277,76 @@ def escalate_slas(now: dt.datetime | None = None, limit: int = 500) -> int:
         .exclude(
             Exists(SlaEscalation.objects.filter(attempt=OuterRef("pk"), state=OuterRef("state")))
         )
+        .select_related("owner")
         .order_by("created_at")[:limit]
     )
     escalated = 0
-    for attempt in candidates:
-        policy = SlaPolicy.pick(table, attempt.tool_name, attempt.tenant_id)
-        if SlaPolicy.level(policy, attempt.state, now - attempt.created_at) != "breach":
-            continue
-        target = escalation_target(policy)
-        with transaction.atomic():
+    # person pk -> (person, [(escalation id, attempt, breach threshold)])
+    told: dict[int, tuple[Any, list[tuple[int, Attempt, dt.timedelta]]]] = {}
+    # The escalations and their notices commit together: a worker killed in between leaves
+    # neither, and the next pass escalates again.
+    with transaction.atomic():
+        for attempt in candidates:
+            policy = SlaPolicy.pick(table, attempt.tool_name, attempt.tenant_id)
+            if SlaPolicy.level(policy, attempt.state, now - attempt.created_at) != "breach":
+                continue
+            people = owners.told_of_breach(attempt, policy.escalate_to)
             row, created = SlaEscalation.objects.get_or_create(
                 attempt=attempt,
                 state=attempt.state,
-                defaults={"escalated_to": target, "escalated_at": now},
+                defaults={"escalated_to": people[0] if people else None, "escalated_at": now},
             )
             if not created:
                 continue
-            if target is not None and has_role(target, attempt.tenant_id, Role.VIEWER):
-                _, breach = policy.thresholds(attempt.state)
-                enqueue(
-                    [
-                        Draft(
-                            NoticeKind.SLA_BREACH,
-                            target,
-                            f"[ledgerweb] SLA breached: {attempt.attempt_id} in {attempt.state}",
-                            f"{_about(attempt)} has been {attempt.state} past its SLA "
-                            f"({breach}); owner: "
-                            f"{attempt.owner.get_username() if attempt.owner else 'nobody'}. "
-                            f"Acknowledge it or act on it.\n{_link(attempt.attempt_id)}",
-                            f"sla:{attempt.pk}:{attempt.state}",
-                            attempt,
-                        )
-                    ],
-                    now,
-                )
-        escalated += 1
+            _, breach = policy.thresholds(attempt.state)
+            for person in people:
+                told.setdefault(person.pk, (person, []))[1].append((row.pk, attempt, breach))
+            escalated += 1
+        enqueue([_breach_notice(person, items) for person, items in told.values()], now)
     return escalated
+
+
+BREACHES_LISTED = 20
+
+
+def _breach_notice(person: Any, items: list[tuple[int, Attempt, dt.timedelta]]) -> Draft:
+    """One notice telling ``person`` of every breach of this pass."""
+    lines = []
+    for _, attempt, breach in items[:BREACHES_LISTED]:
+        owner = attempt.owner.get_username() if attempt.owner else "nobody"
+        mine = " (yours)" if attempt.owner_id == person.pk else ""
+        lines.append(
+            f"- {_about(attempt)}: {attempt.state} past its SLA ({breach}); owner: {owner}{mine}\n"
+            f"  {_link(attempt.attempt_id)}"
+        )
+    if len(items) > BREACHES_LISTED:
+        lines.append(f"... and {len(items) - BREACHES_LISTED} more: {_link(None)}")
+    first = items[0][1]
+    if len(items) == 1:
+        subject = f"[ledgerweb] SLA breached: {first.attempt_id} in {first.state}"
+    else:
+        subject = f"[ledgerweb] SLA breached: {len(items)} attempts"
+    body = (
+        f"{len(items)} attempt{'s' if len(items) != 1 else ''} breached "
+        f"{'its' if len(items) == 1 else 'their'} SLA. Acknowledge or act on each.\n"
+        + "\n".join(lines)
+    )
+    # Each escalation is in exactly one pass's notice to a person: the first one names it.
+    key = f"sla:{min(pk for pk, _, _ in items)}"
+    return Draft(
+        NoticeKind.SLA_BREACH, person, subject, body, key, first if len(items) == 1 else None
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # The daily digest
+
+
+DIGEST_WINDOW_HOURS = 3
+
+
+def _greeting(hour: int) -> str:
+    return "Good morning" if hour < 12 else "Good afternoon" if hour < 18 else "Good evening"
 
 
 def enqueue_digests(now: dt.datetime | None = None) -> int:
@@ -349,7 +363,9 @@ def enqueue_digests(now: dt.datetime | None = None) -> int:
         except (zoneinfo.ZoneInfoNotFoundError, ValueError):
             zone = dt.UTC
         local = now.astimezone(zone)
-        if local.hour < prefs.digest_hour:
+        # Within a few hours of the chosen hour, never later that day: a worker first started
+        # (or back) in the evening does not send the morning's digest at night.
+        if not prefs.digest_hour <= local.hour < min(24, prefs.digest_hour + DIGEST_WINDOW_HOURS):
             continue
         scoped = Attempt.objects.visible_to(person)
         owned = scoped.filter(owner_id=person.pk, state__in=ATTENTION_STATES).count()
@@ -357,7 +373,7 @@ def enqueue_digests(now: dt.datetime | None = None) -> int:
         if not owned and not awaiting:
             continue
         body = (
-            f"Good morning {person.get_username()}.\n"
+            f"{_greeting(local.hour)} {person.get_username()}.\n"
             f"You own {owned} attempt{'s' if owned != 1 else ''} in UNKNOWN or MANUAL_REVIEW, and "
             f"{awaiting} wait{'s' if awaiting == 1 else ''} for your approval.\n{_link(None)}"
         )

@@ -20,6 +20,7 @@ from attempts.models import (
     NoticeKind,
     NoticeStatus,
     Notification,
+    OwnershipRule,
     PersonSettings,
     SlaEscalation,
     SlaPolicy,
@@ -128,9 +129,12 @@ def test_an_sla_breach_escalates_once_to_the_named_person_and_ack_stops_it(world
     assert notify.escalate_slas() == 0  # once
     row = SlaEscalation.objects.get(attempt=late)
     assert row.escalated_to == world.admin and row.state == State.UNKNOWN
+    # The policy's person and the attempt's owner hear of it.
     assert pending(kind=NoticeKind.SLA_BREACH) == [
         (NoticeKind.SLA_BREACH, "admin", "chat"),
         (NoticeKind.SLA_BREACH, "admin", "email"),
+        (NoticeKind.SLA_BREACH, "triage", "chat"),
+        (NoticeKind.SLA_BREACH, "triage", "email"),
     ]
     assert not SlaEscalation.objects.filter(attempt=fresh).exists()
     # Acknowledging did not take the attempt: its owner is still the rule's person.
@@ -138,12 +142,51 @@ def test_an_sla_breach_escalates_once_to_the_named_person_and_ack_stops_it(world
     assert acked.events.last().action == "attempt.sla_acknowledged"
 
 
+def test_many_breaches_are_one_notice_per_person_per_pass(world, channels):
+    SlaPolicy.objects.create(
+        tool_id="open_ticket", unknown_breach_after=dt.timedelta(0), escalate_to=world.admin
+    )
+    made = [make_unknown(world) for _ in range(12)]
+    assert notify.escalate_slas() == 12
+    assert notify.escalate_slas() == 0
+    assert pending(kind=NoticeKind.SLA_BREACH) == [
+        (NoticeKind.SLA_BREACH, "admin", "chat"),
+        (NoticeKind.SLA_BREACH, "admin", "email"),
+        (NoticeKind.SLA_BREACH, "triage", "chat"),
+        (NoticeKind.SLA_BREACH, "triage", "email"),
+    ]
+    notice = Notification.objects.filter(kind=NoticeKind.SLA_BREACH, recipient=world.triage).first()
+    assert notice.subject == "[ledgerweb] SLA breached: 12 attempts"
+    assert all(a.attempt_id in notice.body for a in made) and "(yours)" in notice.body
+    # The next breach is a new notice.
+    make_unknown(world)
+    assert notify.escalate_slas() == 1
+    assert Notification.objects.filter(kind=NoticeKind.SLA_BREACH).count() == 8
+
+
+def test_a_breach_with_nobody_named_reaches_the_owner_or_the_reviewers(world, channels):
+    SlaPolicy.objects.create(tool_id="open_ticket", unknown_breach_after=dt.timedelta(0))
+    make_unknown(world)  # triage owns it (ownership rule)
+    assert notify.escalate_slas() == 1
+    assert {n for _, n, _ in pending(kind=NoticeKind.SLA_BREACH)} == {"triage"}
+    Notification.objects.all().delete()
+    OwnershipRule.objects.all().delete()
+    ownerless = make_unknown(world)
+    assert ownerless.owner is None
+    assert notify.escalate_slas() == 1
+    assert {n for _, n, _ in pending(kind=NoticeKind.SLA_BREACH)} == {
+        "reviewer",
+        "reviewer2",
+        "admin",
+    }
+
+
 def test_breaches_escalate_to_the_default_owner_when_nobody_is_named(world, channels):
     channels.LEDGER = {**channels.LEDGER, "DEFAULT_OWNER": "reviewer2"}
     SlaPolicy.objects.create(tool_id="open_ticket", unknown_breach_after=dt.timedelta(0))
     make_unknown(world)
     assert notify.escalate_slas() == 1
-    assert {n for _, n, _ in pending(kind=NoticeKind.SLA_BREACH)} == {"reviewer2"}
+    assert {n for _, n, _ in pending(kind=NoticeKind.SLA_BREACH)} == {"reviewer2", "triage"}
 
 
 def test_the_digest_comes_once_a_day_at_the_local_hour(world, channels):
@@ -154,9 +197,24 @@ def test_the_digest_comes_once_a_day_at_the_local_hour(world, channels):
     assert notify.enqueue_digests(morning_tokyo - dt.timedelta(hours=1)) == 0  # 08:30
     assert notify.enqueue_digests(morning_tokyo) == 2
     assert notify.enqueue_digests(morning_tokyo + dt.timedelta(hours=3)) == 0  # same day
-    assert notify.enqueue_digests(night_tokyo) == 2  # 23:00 on the 1st: that day's digest
+    # 23:00 on the 1st, a first start in the evening: not a morning digest at night.
+    assert notify.enqueue_digests(night_tokyo) == 0
     body = Notification.objects.filter(kind=NoticeKind.DIGEST).first().body
-    assert "You own 1 attempt" in body
+    assert "You own 1 attempt" in body and body.startswith("Good morning triage")
+
+
+def test_the_digest_greets_by_the_local_hour_and_waits_for_the_next_day(world, channels):
+    make_review(world)
+    PersonSettings.objects.create(user=world.triage, time_zone="Europe/Paris", digest_hour=16)
+    late = dt.datetime(2026, 3, 2, 16, 30, tzinfo=dt.UTC)  # 17:30 in Paris
+    assert notify.enqueue_digests(late) == 2
+    assert (
+        Notification.objects.filter(kind=NoticeKind.DIGEST)
+        .first()
+        .body.startswith("Good afternoon triage")
+    )
+    assert notify.enqueue_digests(late + dt.timedelta(hours=4)) == 0  # 21:30: too late
+    assert notify.enqueue_digests(late + dt.timedelta(days=1)) == 2  # the next day
 
 
 def test_delivery_reaches_a_real_smtp_server_and_webhook(world, settings):
