@@ -5,6 +5,7 @@ The embedded default is a SQLite file under ``LEDGERWEB_DATA_DIR`` in WAL mode w
 ``synchronous=FULL`` and immediate transactions; ``DATABASE_URL`` selects PostgreSQL.
 """
 
+import ipaddress
 import secrets
 from pathlib import Path
 
@@ -159,7 +160,11 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
-AUTHENTICATION_BACKENDS = ["django.contrib.auth.backends.ModelBackend"]
+AUTHENTICATION_BACKENDS = [
+    "django.contrib.auth.backends.ModelBackend",
+    # Staff get the admin-site permissions of their tenant roles (attempts/memberships.py).
+    "attempts.memberships.RolePermissionBackend",
+]
 
 # Single sign-on through OpenID Connect (attempts/sso.py, docs/deploy.md): on when a client id is
 # configured. Roles come from the provider's groups claim through the configuration file's
@@ -275,6 +280,15 @@ LOGGING = {
     },
 }
 
+def _networks(name: str) -> tuple:
+    try:
+        return tuple(ipaddress.ip_network(item, strict=False) for item in read(name))
+    except ValueError as exc:
+        raise ImproperlyConfigured(
+            f"{name}: {exc} (addresses or networks, comma-separated)"
+        ) from None
+
+
 # The ledger's own knobs (seconds unless named otherwise).
 LEDGER = {
     # Largest accepted normalized argument document, in bytes of canonical JSON.
@@ -299,6 +313,8 @@ LEDGER = {
     # Dashboard login throttling: this many failures per username and address lock it out.
     "LOGIN_MAX_FAILURES": read("LEDGERWEB_LOGIN_MAX_FAILURES"),
     "LOGIN_LOCK_SECONDS": read("LEDGERWEB_LOGIN_LOCK_SECONDS"),
+    # Reverse proxies whose X-Forwarded-For the login throttle believes (ip_network objects).
+    "TRUSTED_PROXIES": _networks("LEDGERWEB_TRUSTED_PROXIES"),
     # Provider adapters a tool may name (Tool.adapter): short name -> adapter class. The list
     # is code and deployment configuration; the database only ever holds a name from it.
     # LEDGERWEB_ADAPTERS=name=package.module.Class,... adds custom adapters.

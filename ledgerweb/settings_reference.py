@@ -296,7 +296,9 @@ declare(
     "LEDGERWEB_LOGIN_MAX_FAILURES",
     "int",
     5,
-    "Failed password logins for one username from one address before it is locked.",
+    "Failed password logins (`/login/` and `/admin/login/` alike) for one username from one "
+    "address before that pair is locked; four times as many from one address (any username), "
+    "or for one username (any address), lock the address or the account.",
     group=_SECURITY,
     minimum=1,
 )
@@ -307,6 +309,16 @@ declare(
     "How long a login lock lasts (also the window failures are counted in).",
     group=_SECURITY,
     minimum=1,
+)
+declare(
+    "LEDGERWEB_TRUSTED_PROXIES",
+    "list",
+    [],
+    "Addresses or networks (`10.0.0.0/8`, `::1`) of reverse proxies whose `X-Forwarded-For` "
+    "names the client: the login throttle then counts the nearest address in it that is not a "
+    "listed proxy. Unset, the peer's own address counts (behind a proxy, every client would "
+    "share the proxy's).",
+    group=_SECURITY,
 )
 declare(
     "LEDGERWEB_FAULTS_ALLOWED",
