@@ -280,6 +280,7 @@ LOGGING = {
     },
 }
 
+
 def _networks(name: str) -> tuple:
     try:
         return tuple(ipaddress.ip_network(item, strict=False) for item in read(name))

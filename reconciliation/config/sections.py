@@ -269,7 +269,7 @@ class Users(Section):
                 (
                     "staff",
                     "staff = true opens the admin site with the permissions of the person's "
-                    "roles, and this user has none: give them roles = { tenant = \"role\" } "
+                    'roles, and this user has none: give them roles = { tenant = "role" } '
                     "(or superuser = true for every permission)",
                 )
             ]
