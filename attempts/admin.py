@@ -30,6 +30,7 @@ from attempts.models import (
     tenants_where,
 )
 from attempts.states import Actor
+from attempts.views.auth import ThrottledAdminAuthenticationForm
 
 
 class MembershipInline(admin.TabularInline):
@@ -57,6 +58,9 @@ class LedgerUserAdmin(UserAdmin):
 
     inlines = [*UserAdmin.inlines, UserMembershipInline, PersonSettingsInline]
 
+
+# One login throttle for /login/ and /admin/login/ (attempts/views/auth.py).
+admin.site.login_form = ThrottledAdminAuthenticationForm
 
 User = get_user_model()
 if admin.site.is_registered(User):

@@ -48,3 +48,31 @@ def check_sqlite_durability(app_configs=None, **kwargs):
             )
         )
     return errors
+
+
+@register(Tags.security, deploy=True)
+def check_secrets_are_real(app_configs=None, **kwargs):
+    """The gate before production (``check --deploy``): no secret may be a placeholder copied
+    from an example file, too short, or too uniform to be random."""
+    from ledgerweb import settings_reference as reference
+
+    errors = []
+    for setting in reference.REFERENCE.values():
+        if setting.kind != "secret":
+            continue
+        value = settings.SECRET_KEY if setting.name == "LEDGERWEB_SECRET_KEY" else None
+        if value is None:
+            value = reference.read(setting.name)
+        if not value:
+            continue  # unset: the feature is off (the secret key is then generated)
+        why = reference.weak_secret(value, setting.minimum or 16)
+        if why:
+            errors.append(
+                Error(
+                    f"{setting.name} is not a production secret: {why}.",
+                    hint="Generate one: python3 -c 'import secrets; "
+                    "print(secrets.token_urlsafe(64))' (docs/settings.md).",
+                    id="attempts.E010",
+                )
+            )
+    return errors

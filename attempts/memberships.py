@@ -37,3 +37,40 @@ def set_roles(user: Any, roles: dict[str, str], *, actor: Actor, reason: str) ->
         )
         changed += 1
     return changed
+
+
+# What a person's roles allow on the admin site (``is_staff``; superusers have everything):
+# seeing the attempts and history of their own tenants, which the admin scopes with
+# ``visible_to``. Configuration there (tools, grants, tenants, people, tokens) spans tenants, so
+# changing it stays with superusers; people act on attempts in the dashboard.
+ADMIN_PERMISSIONS_BY_ROLE = {
+    "viewer": frozenset({"attempts.view_attempt", "attempts.view_attemptevent"}),
+}
+
+
+class RolePermissionBackend:
+    """Django permissions from tenant roles, for staff on the admin site. Authenticates nobody."""
+
+    def authenticate(self, request, **credentials):
+        return None
+
+    def get_user(self, user_id):
+        return None
+
+    def get_all_permissions(self, user_obj, obj=None) -> set[str]:
+        from attempts.models import ROLE_RANK, tenant_roles
+
+        if obj is not None or not user_obj.is_active or not user_obj.is_staff:
+            return set()
+        best = max((ROLE_RANK.get(r, -1) for r in tenant_roles(user_obj).values()), default=-1)
+        granted: set[str] = set()
+        for role, perms in ADMIN_PERMISSIONS_BY_ROLE.items():
+            if best >= ROLE_RANK[role]:
+                granted |= perms
+        return granted
+
+    def has_perm(self, user_obj, perm: str, obj=None) -> bool:
+        return perm in self.get_all_permissions(user_obj, obj)
+
+    def has_module_perms(self, user_obj, app_label: str) -> bool:
+        return any(p.startswith(f"{app_label}.") for p in self.get_all_permissions(user_obj))

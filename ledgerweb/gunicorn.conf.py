@@ -1,15 +1,15 @@
 """gunicorn configuration: ``gunicorn -c ledgerweb/gunicorn.conf.py ledgerweb.wsgi``."""
 
-import os
+from ledgerweb.settings_reference import read
 
-bind = os.environ.get("LEDGERWEB_BIND", "127.0.0.1:8000")
-workers = int(os.environ.get("LEDGERWEB_WORKERS", "3"))
-threads = int(os.environ.get("LEDGERWEB_THREADS", "4"))
+bind = read("LEDGERWEB_BIND")
+workers = read("LEDGERWEB_WORKERS")
+threads = read("LEDGERWEB_THREADS")
 worker_class = "gthread"
 timeout = 30
 graceful_timeout = 10
 keepalive = 5
-accesslog = os.environ.get("LEDGERWEB_ACCESS_LOG", "-")
+accesslog = read("LEDGERWEB_ACCESS_LOG") or None
 errorlog = "-"
 # Bodies are bounded by Django (LEDGERWEB_MAX_BODY_BYTES); headers are bounded here.
 limit_request_line = 8190

@@ -1,9 +1,11 @@
-"""Settings for ledgerweb, read from the environment (see README, "Configuration").
+"""Settings for ledgerweb, read from the environment through the declared reference
+(ledgerweb/settings_reference.py, documented in docs/settings.md).
 
 The embedded default is a SQLite file under ``LEDGERWEB_DATA_DIR`` in WAL mode with
 ``synchronous=FULL`` and immediate transactions; ``DATABASE_URL`` selects PostgreSQL.
 """
 
+import ipaddress
 import secrets
 from pathlib import Path
 
@@ -11,19 +13,19 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.csp import CSP
 
-from ledgerweb.env import env_bool, env_int, env_list, env_names, env_str
 from ledgerweb.paths import CHECKOUT_DIR, default_data_dir, shipped
+from ledgerweb.settings_reference import read
 
 BASE_DIR = CHECKOUT_DIR
-DATA_DIR = Path(env_str("LEDGERWEB_DATA_DIR", str(default_data_dir()))).resolve()
+DATA_DIR = Path(read("LEDGERWEB_DATA_DIR", str(default_data_dir()))).resolve()
 
-DEBUG = env_bool("LEDGERWEB_DEBUG", False)
-HTTPS = env_bool("LEDGERWEB_HTTPS", False)
+DEBUG = read("LEDGERWEB_DEBUG")
+HTTPS = read("LEDGERWEB_HTTPS")
 
 
 def _secret_key() -> str:
     """The configured key, or one generated once and kept (mode 0600) in the data folder."""
-    configured = env_str("LEDGERWEB_SECRET_KEY")
+    configured = read("LEDGERWEB_SECRET_KEY")
     if configured:
         if len(configured) < 50:
             raise ImproperlyConfigured("LEDGERWEB_SECRET_KEY must be at least 50 characters long")
@@ -40,8 +42,8 @@ def _secret_key() -> str:
 
 
 SECRET_KEY = _secret_key()
-ALLOWED_HOSTS = env_list("LEDGERWEB_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
-CSRF_TRUSTED_ORIGINS = env_list("LEDGERWEB_CSRF_TRUSTED_ORIGINS", [])
+ALLOWED_HOSTS = read("LEDGERWEB_ALLOWED_HOSTS")
+CSRF_TRUSTED_ORIGINS = read("LEDGERWEB_CSRF_TRUSTED_ORIGINS")
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -93,12 +95,10 @@ TEMPLATES = [
 
 
 def _databases() -> dict:
-    url = env_str("DATABASE_URL")
+    url = read("DATABASE_URL")
     if url:
         try:
-            config = dj_database_url.parse(
-                url, conn_max_age=env_int("LEDGERWEB_DB_CONN_MAX_AGE", 60)
-            )
+            config = dj_database_url.parse(url, conn_max_age=read("LEDGERWEB_DB_CONN_MAX_AGE"))
         except Exception as exc:  # dj_database_url raises several types for a bad URL
             raise ImproperlyConfigured(f"DATABASE_URL is not a valid database URL: {exc}") from None
         if config["ENGINE"] != "django.db.backends.postgresql":
@@ -108,7 +108,7 @@ def _databases() -> dict:
             )
         # Durability is the product: never run the ledger with synchronous_commit off. Every lock
         # wait is bounded (attempts/locking.py turns a timeout into LedgerBusy).
-        lock_ms = env_int("LEDGERWEB_LOCK_TIMEOUT_MS", 10000, minimum=1)
+        lock_ms = read("LEDGERWEB_LOCK_TIMEOUT_MS")
         config.setdefault("OPTIONS", {})["options"] = (
             f"-c synchronous_commit=on -c lock_timeout={lock_ms}"
         )
@@ -117,19 +117,19 @@ def _databases() -> dict:
         # writes on every tool call. 0 turns preparing off (for a pooler that cannot keep
         # prepared statements).
         config["OPTIONS"]["server_side_binding"] = True
-        prepare = env_int("LEDGERWEB_PG_PREPARE_THRESHOLD", 5, minimum=0)
+        prepare = read("LEDGERWEB_PG_PREPARE_THRESHOLD")
         config["OPTIONS"]["prepare_threshold"] = prepare or None
-        config["TEST"] = {"NAME": env_str("LEDGERWEB_TEST_DB_NAME", "test_ledgerweb")}
+        config["TEST"] = {"NAME": read("LEDGERWEB_TEST_DB_NAME")}
         return {"default": config}
-    busy_ms = env_int("LEDGERWEB_SQLITE_BUSY_TIMEOUT_MS", 30000, minimum=0)
+    busy_ms = read("LEDGERWEB_SQLITE_BUSY_TIMEOUT_MS")
     return {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
-            "NAME": env_str("LEDGERWEB_SQLITE_PATH", str(DATA_DIR / "ledger.sqlite3")),
+            "NAME": read("LEDGERWEB_SQLITE_PATH", str(DATA_DIR / "ledger.sqlite3")),
             # Keep each thread's connection between requests: closing the last connection to a
             # WAL database checkpoints it, and opening one re-runs the pragmas (together more
             # than a whole intent's work).
-            "CONN_MAX_AGE": env_int("LEDGERWEB_DB_CONN_MAX_AGE", 60, minimum=0),
+            "CONN_MAX_AGE": read("LEDGERWEB_DB_CONN_MAX_AGE"),
             "CONN_HEALTH_CHECKS": True,
             "OPTIONS": {
                 # WAL for concurrent readers, FULL so a commit survives power loss before the next
@@ -145,7 +145,7 @@ def _databases() -> dict:
                 "timeout": busy_ms / 1000,
             },
             "TEST": {
-                "NAME": env_str("LEDGERWEB_TEST_SQLITE_PATH", str(DATA_DIR / "test_ledger.sqlite3"))
+                "NAME": read("LEDGERWEB_TEST_SQLITE_PATH", str(DATA_DIR / "test_ledger.sqlite3"))
             },
         }
     }
@@ -160,30 +160,34 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
-AUTHENTICATION_BACKENDS = ["django.contrib.auth.backends.ModelBackend"]
+AUTHENTICATION_BACKENDS = [
+    "django.contrib.auth.backends.ModelBackend",
+    # Staff get the admin-site permissions of their tenant roles (attempts/memberships.py).
+    "attempts.memberships.RolePermissionBackend",
+]
 
 # Single sign-on through OpenID Connect (attempts/sso.py, docs/deploy.md): on when a client id is
 # configured. Roles come from the provider's groups claim through the configuration file's
 # [[sso_groups]]; someone in no mapped group is refused.
 SSO = {
-    "ENABLED": bool(env_str("LEDGERWEB_OIDC_CLIENT_ID")),
-    "GROUPS_CLAIM": env_str("LEDGERWEB_OIDC_GROUPS_CLAIM", "groups"),
-    "USERNAME_CLAIM": env_str("LEDGERWEB_OIDC_USERNAME_CLAIM", "preferred_username"),
-    "LABEL": env_str("LEDGERWEB_OIDC_LABEL", "single sign-on"),
+    "ENABLED": bool(read("LEDGERWEB_OIDC_CLIENT_ID")),
+    "GROUPS_CLAIM": read("LEDGERWEB_OIDC_GROUPS_CLAIM"),
+    "USERNAME_CLAIM": read("LEDGERWEB_OIDC_USERNAME_CLAIM"),
+    "LABEL": read("LEDGERWEB_OIDC_LABEL"),
 }
 if SSO["ENABLED"]:
     AUTHENTICATION_BACKENDS.append("attempts.sso.GroupRoleBackend")
-    OIDC_RP_CLIENT_ID = env_str("LEDGERWEB_OIDC_CLIENT_ID")
-    OIDC_RP_CLIENT_SECRET = env_str("LEDGERWEB_OIDC_CLIENT_SECRET")
-    OIDC_OP_AUTHORIZATION_ENDPOINT = env_str("LEDGERWEB_OIDC_AUTHORIZATION_ENDPOINT")
-    OIDC_OP_TOKEN_ENDPOINT = env_str("LEDGERWEB_OIDC_TOKEN_ENDPOINT")
-    OIDC_OP_USER_ENDPOINT = env_str("LEDGERWEB_OIDC_USERINFO_ENDPOINT")
-    OIDC_OP_JWKS_ENDPOINT = env_str("LEDGERWEB_OIDC_JWKS_ENDPOINT")
-    OIDC_RP_SIGN_ALGO = env_str("LEDGERWEB_OIDC_SIGN_ALGO", "RS256")
-    OIDC_RP_SCOPES = env_str("LEDGERWEB_OIDC_SCOPES", "openid email profile")
+    OIDC_RP_CLIENT_ID = read("LEDGERWEB_OIDC_CLIENT_ID")
+    OIDC_RP_CLIENT_SECRET = read("LEDGERWEB_OIDC_CLIENT_SECRET")
+    OIDC_OP_AUTHORIZATION_ENDPOINT = read("LEDGERWEB_OIDC_AUTHORIZATION_ENDPOINT")
+    OIDC_OP_TOKEN_ENDPOINT = read("LEDGERWEB_OIDC_TOKEN_ENDPOINT")
+    OIDC_OP_USER_ENDPOINT = read("LEDGERWEB_OIDC_USERINFO_ENDPOINT")
+    OIDC_OP_JWKS_ENDPOINT = read("LEDGERWEB_OIDC_JWKS_ENDPOINT")
+    OIDC_RP_SIGN_ALGO = read("LEDGERWEB_OIDC_SIGN_ALGO")
+    OIDC_RP_SCOPES = read("LEDGERWEB_OIDC_SCOPES")
     OIDC_USE_PKCE = True
     OIDC_CREATE_USER = True
-    OIDC_TIMEOUT = env_int("LEDGERWEB_OIDC_TIMEOUT", 10, minimum=1)
+    OIDC_TIMEOUT = read("LEDGERWEB_OIDC_TIMEOUT")
     LOGIN_REDIRECT_URL_FAILURE = "/login/"  # a path: mozilla-django-oidc does not resolve names
     _missing = [
         name
@@ -212,7 +216,7 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [shipped("static")]
-STATIC_ROOT = Path(env_str("LEDGERWEB_STATIC_ROOT", str(DATA_DIR / "staticfiles")))
+STATIC_ROOT = Path(read("LEDGERWEB_STATIC_ROOT", str(DATA_DIR / "staticfiles")))
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {
@@ -242,15 +246,15 @@ SESSION_COOKIE_SAMESITE = "Lax"
 CSRF_COOKIE_HTTPONLY = True  # htmx reads the token from the page, never from the cookie
 SESSION_COOKIE_SECURE = HTTPS
 CSRF_COOKIE_SECURE = HTTPS
-SECURE_SSL_REDIRECT = HTTPS and env_bool("LEDGERWEB_SSL_REDIRECT", True)
-SECURE_HSTS_SECONDS = env_int("LEDGERWEB_HSTS_SECONDS", 31536000 if HTTPS else 0)
+SECURE_SSL_REDIRECT = HTTPS and read("LEDGERWEB_SSL_REDIRECT")
+SECURE_HSTS_SECONDS = read("LEDGERWEB_HSTS_SECONDS", 31536000 if HTTPS else 0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = HTTPS
 SECURE_HSTS_PRELOAD = HTTPS
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if HTTPS else None
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 X_FRAME_OPTIONS = "DENY"
-DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("LEDGERWEB_MAX_BODY_BYTES", 1024 * 1024, minimum=1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = read("LEDGERWEB_MAX_BODY_BYTES")
 
 LOGGING = {
     "version": 1,
@@ -265,10 +269,10 @@ LOGGING = {
         "console": {
             "class": "logging.StreamHandler",
             # LEDGERWEB_LOG_FORMAT=json: one JSON object per line, attempt ids as fields.
-            "formatter": "json" if env_str("LEDGERWEB_LOG_FORMAT") == "json" else "structured",
+            "formatter": "json" if read("LEDGERWEB_LOG_FORMAT") == "json" else "structured",
         }
     },
-    "root": {"handlers": ["console"], "level": env_str("LEDGERWEB_LOG_LEVEL", "INFO")},
+    "root": {"handlers": ["console"], "level": read("LEDGERWEB_LOG_LEVEL").upper()},
     "loggers": {
         "django.db.backends": {"level": "WARNING"},
         # The stripe library logs every request at INFO; the reconciler records what matters.
@@ -276,102 +280,101 @@ LOGGING = {
     },
 }
 
+
+def _networks(name: str) -> tuple:
+    try:
+        return tuple(ipaddress.ip_network(item, strict=False) for item in read(name))
+    except ValueError as exc:
+        raise ImproperlyConfigured(
+            f"{name}: {exc} (addresses or networks, comma-separated)"
+        ) from None
+
+
 # The ledger's own knobs (seconds unless named otherwise).
 LEDGER = {
     # Largest accepted normalized argument document, in bytes of canonical JSON.
-    "MAX_ARGS_BYTES": env_int("LEDGERWEB_MAX_ARGS_BYTES", 64 * 1024, minimum=64),
+    "MAX_ARGS_BYTES": read("LEDGERWEB_MAX_ARGS_BYTES"),
     # An INTENT_RECORDED or DISPATCHED attempt older than this is stale: recovery looks at it.
     # Must be longer than any provider timeout.
-    "STALE_AFTER": env_int("LEDGERWEB_STALE_AFTER", 120, minimum=1),
+    "STALE_AFTER": read("LEDGERWEB_STALE_AFTER"),
     # How long an UNKNOWN attempt may keep being looked up before a person must decide.
-    "UNKNOWN_MAX_AGE": env_int("LEDGERWEB_UNKNOWN_MAX_AGE", 24 * 3600, minimum=1),
+    "UNKNOWN_MAX_AGE": read("LEDGERWEB_UNKNOWN_MAX_AGE"),
     # Backoff between lookups of an UNKNOWN attempt: base * 2**n, capped, with full jitter.
-    "BACKOFF_BASE": env_int("LEDGERWEB_BACKOFF_BASE", 5, minimum=0),
-    "BACKOFF_CAP": env_int("LEDGERWEB_BACKOFF_CAP", 3600, minimum=1),
+    "BACKOFF_BASE": read("LEDGERWEB_BACKOFF_BASE"),
+    "BACKOFF_CAP": read("LEDGERWEB_BACKOFF_CAP"),
     # How many times one attempt may be sent (first send included) before it is FAILED.
-    "MAX_SENDS": env_int("LEDGERWEB_MAX_SENDS", 5, minimum=1),
+    "MAX_SENDS": read("LEDGERWEB_MAX_SENDS"),
     # Field names whose values the dashboard shows redacted.
-    "REDACT_FIELDS": env_list(
-        "LEDGERWEB_REDACT_FIELDS",
-        ["password", "secret", "token", "api_key", "card_number", "cvc", "authorization"],
-    ),
+    "REDACT_FIELDS": read("LEDGERWEB_REDACT_FIELDS"),
     # Username that owns attention work when no ownership rule matches.
-    "DEFAULT_OWNER": env_str("LEDGERWEB_DEFAULT_OWNER", ""),
+    "DEFAULT_OWNER": read("LEDGERWEB_DEFAULT_OWNER"),
     # Fault injection (crash points, mutations) only where a test process asks for it
     # explicitly; never with production settings (checked below).
-    "FAULTS_ALLOWED": env_bool("LEDGERWEB_FAULTS_ALLOWED", False),
+    "FAULTS_ALLOWED": read("LEDGERWEB_FAULTS_ALLOWED"),
     # Dashboard login throttling: this many failures per username and address lock it out.
-    "LOGIN_MAX_FAILURES": env_int("LEDGERWEB_LOGIN_MAX_FAILURES", 5, minimum=1),
-    "LOGIN_LOCK_SECONDS": env_int("LEDGERWEB_LOGIN_LOCK_SECONDS", 15 * 60, minimum=1),
+    "LOGIN_MAX_FAILURES": read("LEDGERWEB_LOGIN_MAX_FAILURES"),
+    "LOGIN_LOCK_SECONDS": read("LEDGERWEB_LOGIN_LOCK_SECONDS"),
+    # Reverse proxies whose X-Forwarded-For the login throttle believes (ip_network objects).
+    "TRUSTED_PROXIES": _networks("LEDGERWEB_TRUSTED_PROXIES"),
     # Provider adapters a tool may name (Tool.adapter): short name -> adapter class. The list
     # is code and deployment configuration; the database only ever holds a name from it.
     # LEDGERWEB_ADAPTERS=name=package.module.Class,... adds custom adapters.
-    "ADAPTERS": env_names(
-        "LEDGERWEB_ADAPTERS",
-        {
-            "http": "reconciliation.providers.http.GenericHttpAdapter",
-            "mcp": "reconciliation.providers.mcp.McpAdapter",
-            # Needs the stripe extra; a tool naming it without the extra is reported unusable.
-            "stripe": "reconciliation.providers.stripe.StripePaymentIntentAdapter",
-        },
-    ),
+    "ADAPTERS": read("LEDGERWEB_ADAPTERS"),
     # The sealer (attempts/chain.py, run by the reconcile worker) seals new history into a
     # checkpoint this often; verify_audit reports anything left unsealed for longer.
-    "SEAL_EVERY": env_int("LEDGERWEB_SEAL_EVERY", 5, minimum=1),
+    "SEAL_EVERY": read("LEDGERWEB_SEAL_EVERY"),
     # Secret API key of the Stripe adapter (reconciliation/providers/stripe.py).
-    "STRIPE_API_KEY": env_str("LEDGERWEB_STRIPE_API_KEY", ""),
+    "STRIPE_API_KEY": read("LEDGERWEB_STRIPE_API_KEY"),
     # The MCP gateway's configuration file: the "mcp" provider adapter finds each tool's upstream
     # server and lookup tool there (docs/integrations.md).
-    "MCP_GATEWAY_CONFIG": env_str("LEDGERWEB_MCP_GATEWAY_CONFIG", ""),
+    "MCP_GATEWAY_CONFIG": read("LEDGERWEB_MCP_GATEWAY_CONFIG"),
 }
 
 # Notifications (attempts/notify.py): email through Django's SMTP backend, and a
 # Slack-compatible chat webhook. Both off until configured; the reconcile worker delivers them.
-_EMAIL_HOST = env_str("LEDGERWEB_EMAIL_HOST", "")
-_EMAIL_TLS = env_bool("LEDGERWEB_EMAIL_USE_TLS", False)
-_EMAIL_SSL = env_bool("LEDGERWEB_EMAIL_USE_SSL", False)
+_EMAIL_HOST = read("LEDGERWEB_EMAIL_HOST")
+_EMAIL_TLS = read("LEDGERWEB_EMAIL_USE_TLS")
+_EMAIL_SSL = read("LEDGERWEB_EMAIL_USE_SSL")
 if _EMAIL_TLS and _EMAIL_SSL:
     raise ImproperlyConfigured("set LEDGERWEB_EMAIL_USE_TLS or LEDGERWEB_EMAIL_USE_SSL, not both")
 MAILERS = {
     "default": {
-        "BACKEND": env_str(
-            "LEDGERWEB_EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend"
-        ),
+        "BACKEND": read("LEDGERWEB_EMAIL_BACKEND") or "django.core.mail.backends.smtp.EmailBackend",
         "OPTIONS": {
             "host": _EMAIL_HOST or "localhost",
-            "port": env_int("LEDGERWEB_EMAIL_PORT", 25, minimum=1, maximum=65535),
-            "username": env_str("LEDGERWEB_EMAIL_USER", ""),
-            "password": env_str("LEDGERWEB_EMAIL_PASSWORD", ""),
+            "port": read("LEDGERWEB_EMAIL_PORT"),
+            "username": read("LEDGERWEB_EMAIL_USER"),
+            "password": read("LEDGERWEB_EMAIL_PASSWORD"),
             "use_tls": _EMAIL_TLS,
             "use_ssl": _EMAIL_SSL,
-            "timeout": env_int("LEDGERWEB_EMAIL_TIMEOUT", 10, minimum=1),
+            "timeout": read("LEDGERWEB_EMAIL_TIMEOUT"),
         },
     }
 }
-DEFAULT_FROM_EMAIL = env_str("LEDGERWEB_EMAIL_FROM", "ledgerweb@localhost")
+DEFAULT_FROM_EMAIL = read("LEDGERWEB_EMAIL_FROM")
 NOTIFY = {
     # Email goes out only when an SMTP host is configured (or another backend chosen).
-    "EMAIL": bool(_EMAIL_HOST) or bool(env_str("LEDGERWEB_EMAIL_BACKEND")),
-    "CHAT_WEBHOOK_URL": env_str("LEDGERWEB_CHAT_WEBHOOK_URL", ""),
-    "CHAT_TIMEOUT": env_int("LEDGERWEB_CHAT_TIMEOUT", 10, minimum=1),
+    "EMAIL": bool(_EMAIL_HOST) or bool(read("LEDGERWEB_EMAIL_BACKEND")),
+    "CHAT_WEBHOOK_URL": read("LEDGERWEB_CHAT_WEBHOOK_URL"),
+    "CHAT_TIMEOUT": read("LEDGERWEB_CHAT_TIMEOUT"),
     # Links in notices: the dashboard's public address (e.g. https://ledger.example.com).
-    "BASE_URL": env_str("LEDGERWEB_BASE_URL", "").rstrip("/"),
+    "BASE_URL": read("LEDGERWEB_BASE_URL").rstrip("/"),
     # A claimed notice not recorded as sent within this many seconds is delivered again.
-    "LEASE_SECONDS": env_int("LEDGERWEB_NOTIFY_LEASE_SECONDS", 60, minimum=1),
-    "MAX_TRIES": env_int("LEDGERWEB_NOTIFY_MAX_TRIES", 8, minimum=1),
+    "LEASE_SECONDS": read("LEDGERWEB_NOTIFY_LEASE_SECONDS"),
+    "MAX_TRIES": read("LEDGERWEB_NOTIFY_MAX_TRIES"),
     # How often the worker looks for SLA breaches (seconds).
-    "SLA_EVERY": env_int("LEDGERWEB_SLA_EVERY", 30, minimum=1),
+    "SLA_EVERY": read("LEDGERWEB_SLA_EVERY"),
 }
 
 # Operations endpoints (docs/operations.md). /metrics answers "Authorization: Bearer
 # <LEDGERWEB_METRICS_TOKEN>"; LEDGERWEB_METRICS_ALLOW_LOOPBACK=1 opens it to loopback clients too.
 OPS = {
-    "HEARTBEAT_MAX_AGE": env_int("LEDGERWEB_HEARTBEAT_MAX_AGE", 60, minimum=1),
-    "HEALTHZ_REQUIRE_WORKER": env_bool("LEDGERWEB_HEALTHZ_REQUIRE_WORKER", True),
-    "METRICS_TOKEN": env_str("LEDGERWEB_METRICS_TOKEN"),
+    "HEARTBEAT_MAX_AGE": read("LEDGERWEB_HEARTBEAT_MAX_AGE"),
+    "HEALTHZ_REQUIRE_WORKER": read("LEDGERWEB_HEALTHZ_REQUIRE_WORKER"),
+    "METRICS_TOKEN": read("LEDGERWEB_METRICS_TOKEN"),
     # Off unless explicitly opened: behind a reverse proxy on the same host every client looks
     # like loopback, so by default /metrics needs the token.
-    "METRICS_ALLOW_LOOPBACK": env_bool("LEDGERWEB_METRICS_ALLOW_LOOPBACK", False),
+    "METRICS_ALLOW_LOOPBACK": read("LEDGERWEB_METRICS_ALLOW_LOOPBACK"),
 }
 if HTTPS and LEDGER["FAULTS_ALLOWED"]:
     raise ImproperlyConfigured(

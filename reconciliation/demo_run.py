@@ -23,6 +23,7 @@ import urllib.request
 from pathlib import Path
 
 from ledgerweb.paths import default_data_dir
+from ledgerweb.settings_reference import read
 
 PR_SET_PDEATHSIG = 1
 # Seconds children get to stop after SIGTERM before SIGKILL (well within 15 s under load).
@@ -108,7 +109,7 @@ class DemoRun:
             self.say("the dashboard did not start (logs/gunicorn.log)")
             return 1
         if provider_url:
-            tasks = os.environ.get("LEDGERWEB_DEMO_TASKS", "60")
+            tasks = str(read("LEDGERWEB_DEMO_TASKS"))
             self.ledgerweb(
                 *("demo_agents", "--api", base, "--provider", provider_url, "--if-queues-empty"),
                 *("--tasks", tasks, "--crash-rate", "0.15", "--timeout-rate", "0.15"),
@@ -143,7 +144,7 @@ class DemoRun:
         return self.start("reconcile.log", *args)
 
     def start_provider(self) -> str:
-        port = os.environ.get("LEDGERWEB_DEMO_PROVIDER_PORT", "8765")
+        port = str(read("LEDGERWEB_DEMO_PROVIDER_PORT"))
         if port != "0" and not _port_free(int(port)):
             port = "0"
         port_file = self.data / "demo" / "provider.port"

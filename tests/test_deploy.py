@@ -5,6 +5,7 @@ passing ``check --deploy``, and the restore drill restoring a real dump."""
 from __future__ import annotations
 
 import re
+import secrets
 import shutil
 import subprocess
 import sys
@@ -88,7 +89,10 @@ def test_the_example_environment_passes_the_deploy_check(tmp_path: Path) -> None
     # The example points at PostgreSQL on a production host; the check runs on a scratch SQLite.
     env.pop("DATABASE_URL")
     env.update(LEDGERWEB_DATA_DIR=str(tmp_path), LEDGERWEB_SQLITE_PATH=str(tmp_path / "l.db"))
-    env["LEDGERWEB_SECRET_KEY"] = "k9-Px" * 12
+    # With its placeholders replaced by real secrets, as the guide says (the placeholders
+    # themselves are refused: tests/test_settings_reference.py).
+    env["LEDGERWEB_SECRET_KEY"] = secrets.token_urlsafe(64)
+    env["LEDGERWEB_METRICS_TOKEN"] = secrets.token_urlsafe(32)
     done = subprocess.run(
         [PYTHON, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
         cwd=REPO,

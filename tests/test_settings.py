@@ -88,7 +88,7 @@ def test_production_settings_pass_the_deploy_check(tmp_path):
         "--fail-level",
         "WARNING",
         LEDGERWEB_HTTPS="1",
-        LEDGERWEB_SECRET_KEY="x7Jq-" * 12,
+        LEDGERWEB_SECRET_KEY="Vt3o_q9ZkP0r7LxW2mYc8HfN5aJdE1sGbU4iKlR6nTzQwX-yAvBgMhOe",
         LEDGERWEB_DEFAULT_OWNER="oncall",
         LEDGERWEB_ALLOWED_HOSTS="ledger.example.com",
     )

@@ -1,16 +1,25 @@
-"""Log-in with throttling: too many failed passwords for one username from one address lock
-that pair out for a while, and the person is told so (even a correct password is refused until
-the lock ends, or guessing would simply continue)."""
+"""Log-in with throttling, one throttle for the dashboard's ``/login/`` and the admin's
+``/admin/login/``: too many failed passwords for one username from one address lock that pair
+out for a while; many failures from one address (any username) lock the address, and many for
+one username (from any address) lock the account. The person is told so, and even a correct
+password is refused until the lock ends, or guessing would simply continue.
+
+The client address is ``REMOTE_ADDR``, or, when that is a trusted proxy
+(``LEDGERWEB_TRUSTED_PROXIES``), the nearest address in ``X-Forwarded-For`` that is not one."""
 
 from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import ipaddress
 import math
 
 from django import forms
 from django.conf import settings
+from django.contrib import admin
+from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth import views as auth_views
+from django.contrib.auth.decorators import login_not_required
 from django.contrib.auth.forms import AuthenticationForm
 from django.db import IntegrityError, transaction
 from django.http import HttpRequest, HttpResponse
@@ -23,10 +32,28 @@ def throttle_key(username: str, address: str) -> str:
     return hashlib.sha256(f"{username.strip().lower()}|{address}".encode()).hexdigest()
 
 
+def _is_trusted_proxy(address: str) -> bool:
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return any(ip in network for network in settings.LEDGER["TRUSTED_PROXIES"])
+
+
 def client_address(request: HttpRequest) -> str:
-    # REMOTE_ADDR only: a forwarded-for header is chosen by the client and would let anyone
-    # pick a fresh address per guess. Behind a proxy, the proxy must set REMOTE_ADDR.
-    return request.META.get("REMOTE_ADDR", "") or "unknown"
+    """The address the request came from. ``X-Forwarded-For`` is chosen by the client, so it is
+    read only when the peer is a trusted proxy, and only from the right: each trusted proxy
+    appends the address it saw, and the first hop that is not a trusted proxy is the client
+    (anything left of it is whatever the client wrote)."""
+    address = request.META.get("REMOTE_ADDR", "") or "unknown"
+    if not _is_trusted_proxy(address):
+        return address
+    forwarded = request.META.get("HTTP_X_FORWARDED_FOR", "")
+    for hop in reversed([h.strip() for h in forwarded.split(",") if h.strip()]):
+        if not _is_trusted_proxy(hop):
+            return hop[:64]
+        address = hop
+    return address
 
 
 def locked_for(key: str, now: dt.datetime) -> dt.timedelta | None:
@@ -37,8 +64,11 @@ def locked_for(key: str, now: dt.datetime) -> dt.timedelta | None:
     return None
 
 
-# An address guessing across many usernames is locked too, at this multiple of the limit.
+# An address guessing across many usernames, and a username guessed from many addresses, are
+# locked too, at this multiple of the limit.
 ADDRESS_LIMIT_FACTOR = 4
+ANY_USER = "\x00any-user"
+ANY_ADDRESS = "\x00any-address"
 
 
 def record_failure(
@@ -73,8 +103,9 @@ def clear_failures(key: str) -> None:
     LoginThrottle.objects.filter(key=key).delete()
 
 
-class ThrottledAuthenticationForm(AuthenticationForm):
-    """Django's form, refusing a locked (username, address) pair before checking the password."""
+class ThrottleMixin:
+    """Refuses a locked account, address or (account, address) pair before the password is
+    checked, and counts a failure on all three; used by both login forms."""
 
     locked = False
 
@@ -82,29 +113,54 @@ class ThrottledAuthenticationForm(AuthenticationForm):
         username = self.cleaned_data.get("username") or ""
         address = client_address(self.request)
         pair_key = throttle_key(username, address)
-        address_key = throttle_key("\x00any-user", address)
+        address_key = throttle_key(ANY_USER, address)
+        account_key = throttle_key(username, ANY_ADDRESS)
         limit = settings.LEDGER["LOGIN_MAX_FAILURES"]
         now = timezone.now()
-        for key, whom in ((pair_key, "this account"), (address_key, "any account")):
+        for key, whom in (
+            (pair_key, "this account from your address"),
+            (address_key, "any account from your address"),
+            (account_key, "this account"),
+        ):
             remaining = locked_for(key, now)
             if remaining is not None:
                 self.locked = True
                 minutes = max(1, math.ceil(remaining.total_seconds() / 60))
                 raise forms.ValidationError(
-                    f"Too many failed log-ins for {whom} from your address. Try again in "
+                    f"Too many failed log-ins for {whom}. Try again in "
                     f"{minutes} minute{'s' if minutes != 1 else ''}.",
                     code="locked",
                 )
         try:
             cleaned = super().clean()
         except forms.ValidationError:
+            wider = limit * ADDRESS_LIMIT_FACTOR
             record_failure(pair_key, now, limit, username=username, address=address)
-            record_failure(address_key, now, limit * ADDRESS_LIMIT_FACTOR, address=address)
+            record_failure(address_key, now, wider, address=address)
+            record_failure(account_key, now, wider, username=username, address="(any)")
             if locked_for(pair_key, now) is not None:
                 self.locked = True
             raise
         clear_failures(pair_key)
         return cleaned
+
+
+class ThrottledAuthenticationForm(ThrottleMixin, AuthenticationForm):
+    """The dashboard's login form."""
+
+
+class ThrottledAdminAuthenticationForm(ThrottleMixin, AdminAuthenticationForm):
+    """The admin site's login form (attempts/admin.py installs it): the same throttle."""
+
+
+@login_not_required
+def admin_login(request: HttpRequest) -> HttpResponse:
+    """The admin site's own login view, answering 429 while locked, as ``/login/`` does."""
+    response = admin.site.login(request)
+    form = (getattr(response, "context_data", None) or {}).get("form")
+    if getattr(form, "locked", False):
+        response.status_code = 429
+    return response
 
 
 class LoginView(auth_views.LoginView):

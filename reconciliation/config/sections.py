@@ -261,6 +261,20 @@ class Users(Section):
         normal["roles"] = dict(sorted(normal["roles"].items()))
         return normal
 
+    def problems(self, entry: dict[str, Any]) -> list[tuple[str | None, str]]:
+        # staff opens the admin site with what the person's roles allow there
+        # (attempts.memberships.RolePermissionBackend); without a role that is nothing.
+        if entry["staff"] and not entry["superuser"] and not entry["roles"]:
+            return [
+                (
+                    "staff",
+                    "staff = true opens the admin site with the permissions of the person's "
+                    'roles, and this user has none: give them roles = { tenant = "role" } '
+                    "(or superuser = true for every permission)",
+                )
+            ]
+        return []
+
     def current(self) -> dict[str, dict[str, Any]]:
         roles: dict[int, dict[str, str]] = {}
         for user_id, tenant, role in Membership.objects.order_by("tenant_id").values_list(

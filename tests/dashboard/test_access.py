@@ -161,8 +161,9 @@ def test_lock_ends_and_success_resets_the_count(world):
     past = timezone.now() - dt.timedelta(seconds=1)
     LoginThrottle.objects.update(locked_until=past, first_failure_at=past - dt.timedelta(hours=1))
     assert client.post("/login/", {"username": "reviewer", "password": PASSWORD}).status_code == 302
-    # The (username, address) count is cleared; the address-wide one just ages out.
-    assert LoginThrottle.objects.count() == 1
+    # The (username, address) count is cleared; the address-wide and account-wide ones just
+    # age out.
+    assert LoginThrottle.objects.count() == 2
 
 
 def test_pages_carry_a_csp_with_a_nonce_and_htmx_from_our_static_files(world, clients):

@@ -298,7 +298,7 @@ def test_my_settings_and_time_zone(world, clients):
 def test_admin_shows_who_is_locked_out(client, world):
     for _ in range(6):
         client.post("/login/", {"username": "operator", "password": "wrong"})
-    row = LoginThrottle.objects.get(username="operator")
+    row = LoginThrottle.objects.get(username="operator", address="127.0.0.1")
     assert row.address == "127.0.0.1" and row.locked_until is not None
     admin = login_admin(world)
     page = admin.get("/admin/attempts/loginthrottle/").content.decode()

@@ -10,7 +10,6 @@ the tools' provider URLs, and prints the same logins.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from attempts.states import Actor
+from ledgerweb.settings_reference import read
 from reconciliation import config
 
 DEMO_CONFIG = Path(__file__).resolve().parents[2] / "demo.toml"
@@ -36,12 +36,12 @@ class Command(BaseCommand):
     def add_arguments(self, parser) -> None:
         parser.add_argument(
             "--provider-url",
-            default=os.environ.get("LEDGERWEB_DEMO_PROVIDER_URL", "http://127.0.0.1:8765"),
+            default=read("LEDGERWEB_DEMO_PROVIDER_URL"),
             help="the demo provider's base URL (default $LEDGERWEB_DEMO_PROVIDER_URL or :8765)",
         )
         parser.add_argument(
             "--password",
-            default=os.environ.get("LEDGERWEB_DEMO_PASSWORD", ""),
+            default=read("LEDGERWEB_DEMO_PASSWORD"),
             help="password for new demo users (default: generated once, kept in the data dir)",
         )
 

@@ -1,0 +1,779 @@
+"""Every setting ledgerweb reads from the environment, declared once: name, type, default and
+meaning. ``ledgerweb/settings.py``, the gunicorn configuration and the commands read them through
+``read()``; ``docs/settings.md`` (and the README's short table) are generated from this list by
+``manage.py settings_reference``, and tests/test_settings_reference.py fails when they differ or
+when code names a ``LEDGERWEB_`` variable that is not declared here.
+
+Adding a setting is one ``declare(...)`` in the block of its feature, then ``read(name)`` where it
+is used. The type decides how the value is parsed (the strict helpers of ``ledgerweb.env``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from django.core.exceptions import ImproperlyConfigured
+
+from ledgerweb.env import env_bool, env_int, env_list, env_names, env_str
+
+KINDS = {
+    "str": "text",
+    "secret": "secret text",
+    "bool": "boolean",
+    "int": "whole number",
+    "list": "comma-separated list",
+    "names": "comma-separated `name=dotted.path` pairs",
+    "choice": "one of a list",
+}
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    kind: str
+    default: object
+    description: str
+    group: str
+    minimum: int | None = None  # int: smallest value; secret: shortest length check --deploy takes
+    maximum: int | None = None
+    choices: tuple[str, ...] = ()
+    shown_default: str | None = None  # the documented default when the code computes it
+    essential: bool = False  # also in the README's short table
+    extra: dict = field(default_factory=dict)
+
+    def documented_default(self) -> str:
+        if self.shown_default is not None:
+            return self.shown_default
+        value = self.default
+        if self.kind == "bool":
+            return "on" if value else "off"
+        if self.kind in ("list",):
+            return f"`{','.join(value)}`" if value else "(none)"
+        if self.kind == "names":
+            return ", ".join(f"`{k}`" for k in value) if value else "(none)"
+        if value in ("", None):
+            return "(none)"
+        return f"`{value}`"
+
+    def documented_type(self) -> str:
+        if self.kind == "int":
+            bounds = []
+            if self.minimum is not None:
+                bounds.append(f">= {self.minimum}")
+            if self.maximum is not None:
+                bounds.append(f"<= {self.maximum}")
+            return KINDS["int"] + (f" ({', '.join(bounds)})" if bounds else "")
+        if self.kind == "choice":
+            return "one of " + ", ".join(f"`{c}`" for c in self.choices)
+        if self.kind == "secret" and self.minimum:
+            return f"secret text (>= {self.minimum} characters in production)"
+        return KINDS[self.kind]
+
+
+REFERENCE: dict[str, Setting] = {}
+GROUPS: list[str] = []
+
+
+def declare(name: str, kind: str, default: object, description: str, **options) -> Setting:
+    """Add one setting to the reference (at import time; a name declared twice is a bug)."""
+    if name in REFERENCE:
+        raise ImproperlyConfigured(f"setting {name} is declared twice")
+    if kind not in KINDS:
+        raise ImproperlyConfigured(f"setting {name}: unknown type {kind!r}")
+    setting = Setting(name, kind, default, description, **options)
+    if setting.group not in GROUPS:
+        GROUPS.append(setting.group)
+    REFERENCE[name] = setting
+    return setting
+
+
+_DECLARED = object()
+
+
+def read(name: str, default: object = _DECLARED):
+    """The value of a declared setting, parsed by its type. ``default`` replaces the declared
+    one where the code computes it (the declaration's ``shown_default`` documents it)."""
+    try:
+        setting = REFERENCE[name]
+    except KeyError:
+        raise ImproperlyConfigured(
+            f"{name} is read but not declared in ledgerweb/settings_reference.py"
+        ) from None
+    value = setting.default if default is _DECLARED else default
+    if setting.kind in ("str", "secret"):
+        return env_str(name, value)
+    if setting.kind == "bool":
+        return env_bool(name, value)
+    if setting.kind == "int":
+        return env_int(
+            name,
+            value,
+            minimum=setting.minimum if setting.minimum is not None else 0,
+            maximum=setting.maximum,
+        )
+    if setting.kind == "list":
+        return env_list(name, value)
+    if setting.kind == "names":
+        return env_names(name, value)
+    raw = os.environ.get(name, "").strip().lower()
+    if not raw:
+        return value
+    if raw not in setting.choices:
+        raise ImproperlyConfigured(
+            f"{name} must be one of {', '.join(setting.choices)}; got {os.environ[name]!r}"
+        )
+    return raw
+
+
+# Placeholder secrets as example files and guides write them: check --deploy refuses them.
+_PLACEHOLDER_MARKS = (
+    "change-me",
+    "changeme",
+    "change_me",
+    "replace-me",
+    "replaceme",
+    "placeholder",
+    "example",
+    "your-",
+    "xxxxxx",
+    "...",
+    "<",
+)
+MIN_DISTINCT_CHARACTERS = 12
+
+
+def weak_secret(value: str, minimum_length: int) -> str | None:
+    """Why ``value`` is not fit to guard a production deployment, or None."""
+    lowered = value.lower()
+    for mark in _PLACEHOLDER_MARKS:
+        if mark in lowered:
+            return f"it looks like a placeholder (contains {mark!r})"
+    if len(value) < minimum_length:
+        return f"it is {len(value)} characters long; at least {minimum_length} are needed"
+    if len(set(value)) < MIN_DISTINCT_CHARACTERS:
+        return f"it has only {len(set(value))} distinct characters; a random value has many more"
+    return None
+
+
+# --- Core: where the data lives, the database, Django's basics -------------------------------
+_CORE = "Core"
+declare(
+    "LEDGERWEB_DATA_DIR",
+    "str",
+    "",
+    "Data folder: the SQLite ledger, the generated secret key, collected static files. "
+    "Installed from the wheel: `var` under the working directory.",
+    group=_CORE,
+    shown_default="`./var` in a checkout",
+    essential=True,
+)
+declare(
+    "DATABASE_URL",
+    "str",
+    "",
+    "`postgres://user@host:port/db` selects PostgreSQL (`synchronous_commit=on`).",
+    group=_CORE,
+    shown_default="(unset: SQLite)",
+    essential=True,
+)
+declare(
+    "LEDGERWEB_SQLITE_PATH",
+    "str",
+    "",
+    "The SQLite ledger file.",
+    group=_CORE,
+    shown_default="`$LEDGERWEB_DATA_DIR/ledger.sqlite3`",
+)
+declare(
+    "LEDGERWEB_SECRET_KEY",
+    "secret",
+    "",
+    "Django's secret key, the same on every web machine "
+    "(`python3 -c 'import secrets; print(secrets.token_urlsafe(64))'`).",
+    group=_CORE,
+    minimum=50,
+    shown_default="generated once into `$LEDGERWEB_DATA_DIR/secret_key` (mode 0600)",
+    essential=True,
+)
+declare("LEDGERWEB_DEBUG", "bool", False, "Django's debug mode; never in production.", group=_CORE)
+declare(
+    "LEDGERWEB_ALLOWED_HOSTS",
+    "list",
+    ["127.0.0.1", "localhost", "[::1]"],
+    "Host names the server answers to.",
+    group=_CORE,
+    essential=True,
+)
+declare(
+    "LEDGERWEB_CSRF_TRUSTED_ORIGINS",
+    "list",
+    [],
+    "Origins trusted for form posts behind a proxy: `https://` + the host name.",
+    group=_CORE,
+)
+declare(
+    "LEDGERWEB_STATIC_ROOT",
+    "str",
+    "",
+    "Where `collectstatic` (and `ledgerweb serve`) put the static files whitenoise serves.",
+    group=_CORE,
+    shown_default="`$LEDGERWEB_DATA_DIR/staticfiles`",
+)
+declare(
+    "LEDGERWEB_MAX_BODY_BYTES",
+    "int",
+    1024 * 1024,
+    "Largest request body Django accepts.",
+    group=_CORE,
+    minimum=1024,
+)
+
+# --- Database tuning ------------------------------------------------------------------------
+_DB = "Database"
+declare(
+    "LEDGERWEB_DB_CONN_MAX_AGE",
+    "int",
+    60,
+    "Seconds a database connection is kept between requests.",
+    group=_DB,
+    minimum=0,
+)
+declare(
+    "LEDGERWEB_LOCK_TIMEOUT_MS",
+    "int",
+    10000,
+    "PostgreSQL: longest wait for a lock before the call fails cleanly (`ledger_busy`).",
+    group=_DB,
+    minimum=1,
+)
+declare(
+    "LEDGERWEB_PG_PREPARE_THRESHOLD",
+    "int",
+    5,
+    "PostgreSQL: a statement a connection runs this many times is prepared on the server; "
+    "0 turns preparing off (for a pooler that cannot keep prepared statements).",
+    group=_DB,
+    minimum=0,
+)
+declare(
+    "LEDGERWEB_SQLITE_BUSY_TIMEOUT_MS",
+    "int",
+    30000,
+    "SQLite: longest wait for the write lock before the call fails cleanly (`ledger_busy`).",
+    group=_DB,
+    minimum=0,
+)
+
+# --- HTTPS and security ----------------------------------------------------------------------
+_SECURITY = "HTTPS and security"
+declare(
+    "LEDGERWEB_HTTPS",
+    "bool",
+    False,
+    "Behind HTTPS: secure cookies, HSTS, redirect to HTTPS, the proxy's `X-Forwarded-Proto` "
+    "trusted; fault injection refused.",
+    group=_SECURITY,
+    essential=True,
+)
+declare(
+    "LEDGERWEB_SSL_REDIRECT",
+    "bool",
+    True,
+    "With `LEDGERWEB_HTTPS=1`: redirect plain HTTP to HTTPS (turn off when the proxy does).",
+    group=_SECURITY,
+)
+declare(
+    "LEDGERWEB_HSTS_SECONDS",
+    "int",
+    0,
+    "`Strict-Transport-Security` max-age.",
+    group=_SECURITY,
+    minimum=0,
+    shown_default="31536000 with `LEDGERWEB_HTTPS=1`, else 0",
+)
+declare(
+    "LEDGERWEB_LOGIN_MAX_FAILURES",
+    "int",
+    5,
+    "Failed password logins (`/login/` and `/admin/login/` alike) for one username from one "
+    "address before that pair is locked; four times as many from one address (any username), "
+    "or for one username (any address), lock the address or the account.",
+    group=_SECURITY,
+    minimum=1,
+)
+declare(
+    "LEDGERWEB_LOGIN_LOCK_SECONDS",
+    "int",
+    15 * 60,
+    "How long a login lock lasts (also the window failures are counted in).",
+    group=_SECURITY,
+    minimum=1,
+)
+declare(
+    "LEDGERWEB_TRUSTED_PROXIES",
+    "list",
+    [],
+    "Addresses or networks (`10.0.0.0/8`, `::1`) of reverse proxies whose `X-Forwarded-For` "
+    "names the client: the login throttle then counts the nearest address in it that is not a "
+    "listed proxy. Unset, the peer's own address counts (behind a proxy, every client would "
+    "share the proxy's).",
+    group=_SECURITY,
+)
+declare(
+    "LEDGERWEB_FAULTS_ALLOWED",
+    "bool",
+    False,
+    "Allows fault injection (crash points, mutations) in a test process; refused with "
+    "`LEDGERWEB_HTTPS=1`.",
+    group=_SECURITY,
+)
+
+# --- The ledger and its worker ---------------------------------------------------------------
+_LEDGER = "Ledger and reconciliation"
+declare(
+    "LEDGERWEB_DEFAULT_OWNER",
+    "str",
+    "",
+    "Username that owns UNKNOWN and MANUAL_REVIEW work when no ownership rule matches.",
+    group=_LEDGER,
+    essential=True,
+)
+declare(
+    "LEDGERWEB_MAX_ARGS_BYTES",
+    "int",
+    64 * 1024,
+    "Largest normalized argument document, in bytes of canonical JSON.",
+    group=_LEDGER,
+    minimum=64,
+)
+declare(
+    "LEDGERWEB_STALE_AFTER",
+    "int",
+    120,
+    "Seconds before an INTENT_RECORDED or DISPATCHED attempt counts as stale and recovery "
+    "looks at it; longer than any provider timeout. Read by the worker when it looks, so a "
+    "change applies to attempts already recorded; set it the same on web and worker machines.",
+    group=_LEDGER,
+    minimum=1,
+    essential=True,
+)
+declare(
+    "LEDGERWEB_UNKNOWN_MAX_AGE",
+    "int",
+    24 * 3600,
+    "Seconds an attempt may stay UNKNOWN (looked up with backoff) before a person must decide.",
+    group=_LEDGER,
+    minimum=1,
+)
+declare(
+    "LEDGERWEB_BACKOFF_BASE",
+    "int",
+    5,
+    "Seconds: lookups of an UNKNOWN attempt wait base * 2**n, capped, with full jitter.",
+    group=_LEDGER,
+    minimum=0,
+)
+declare(
+    "LEDGERWEB_BACKOFF_CAP",
+    "int",
+    3600,
+    "Longest wait between two lookups of an UNKNOWN attempt, in seconds.",
+    group=_LEDGER,
+    minimum=1,
+)
+declare(
+    "LEDGERWEB_MAX_SENDS",
+    "int",
+    5,
+    "Sends of one attempt (the first included) before it is FAILED.",
+    group=_LEDGER,
+    minimum=1,
+)
+declare(
+    "LEDGERWEB_REDACT_FIELDS",
+    "list",
+    ["password", "secret", "token", "api_key", "card_number", "cvc", "authorization"],
+    "Argument field names (case-insensitive substrings of the key, at any depth) the dashboard "
+    "shows redacted.",
+    group=_LEDGER,
+)
+declare(
+    "LEDGERWEB_ADAPTERS",
+    "names",
+    {
+        "http": "reconciliation.providers.http.GenericHttpAdapter",
+        "mcp": "reconciliation.providers.mcp.McpAdapter",
+        "stripe": "reconciliation.providers.stripe.StripePaymentIntentAdapter",
+    },
+    "Extra provider adapters tools may name, `name=package.module.Class,...`; a tool names "
+    "one, never an import path. A listed name replaces the built-in one.",
+    group=_LEDGER,
+    shown_default="`http`, `mcp`, `stripe` built in",
+)
+declare(
+    "LEDGERWEB_SEAL_EVERY",
+    "int",
+    5,
+    "Seconds between the worker's seals of new history into audit checkpoints; verify_audit "
+    "reports anything left unsealed longer.",
+    group=_LEDGER,
+    minimum=1,
+)
+declare(
+    "LEDGERWEB_STRIPE_API_KEY",
+    "secret",
+    "",
+    "Secret key (`sk_...`) of the Stripe adapter; `manage.py check` reports a Stripe tool "
+    "unusable without it.",
+    group=_LEDGER,
+)
+declare(
+    "LEDGERWEB_MCP_GATEWAY_CONFIG",
+    "str",
+    "",
+    "The MCP gateway's configuration file, where the `mcp` adapter finds each tool's upstream "
+    "server and lookup tool (docs/integrations.md).",
+    group=_LEDGER,
+)
+
+# --- Notifications ---------------------------------------------------------------------------
+_NOTIFY = "Notifications"
+declare(
+    "LEDGERWEB_EMAIL_HOST",
+    "str",
+    "",
+    "SMTP server; email is sent only when it (or `LEDGERWEB_EMAIL_BACKEND`) is set.",
+    group=_NOTIFY,
+)
+declare("LEDGERWEB_EMAIL_PORT", "int", 25, "SMTP port.", group=_NOTIFY, minimum=1, maximum=65535)
+declare("LEDGERWEB_EMAIL_USER", "str", "", "SMTP user name.", group=_NOTIFY)
+declare("LEDGERWEB_EMAIL_PASSWORD", "secret", "", "SMTP password.", group=_NOTIFY)
+declare(
+    "LEDGERWEB_EMAIL_USE_TLS", "bool", False, "SMTP with STARTTLS (not with SSL).", group=_NOTIFY
+)
+declare(
+    "LEDGERWEB_EMAIL_USE_SSL", "bool", False, "SMTP over TLS (not with STARTTLS).", group=_NOTIFY
+)
+declare("LEDGERWEB_EMAIL_TIMEOUT", "int", 10, "SMTP timeout in seconds.", group=_NOTIFY, minimum=1)
+declare("LEDGERWEB_EMAIL_FROM", "str", "ledgerweb@localhost", "Sender address.", group=_NOTIFY)
+declare(
+    "LEDGERWEB_EMAIL_BACKEND",
+    "str",
+    "",
+    "Another Django email backend (dotted path); turns email on without a host.",
+    group=_NOTIFY,
+    shown_default="Django's SMTP backend",
+)
+declare(
+    "LEDGERWEB_CHAT_WEBHOOK_URL",
+    "str",
+    "",
+    'Slack-compatible incoming webhook (JSON `{"text": ...}`); chat is off without it.',
+    group=_NOTIFY,
+)
+declare(
+    "LEDGERWEB_CHAT_TIMEOUT",
+    "int",
+    10,
+    "Chat webhook timeout in seconds.",
+    group=_NOTIFY,
+    minimum=1,
+)
+declare(
+    "LEDGERWEB_BASE_URL",
+    "str",
+    "",
+    "The dashboard's public address (e.g. `https://ledger.example.com`), for links in notices.",
+    group=_NOTIFY,
+)
+declare(
+    "LEDGERWEB_NOTIFY_LEASE_SECONDS",
+    "int",
+    60,
+    "A claimed notice not recorded as sent by then is delivered again.",
+    group=_NOTIFY,
+    minimum=1,
+)
+declare(
+    "LEDGERWEB_NOTIFY_MAX_TRIES",
+    "int",
+    8,
+    "Failed deliveries (with backoff) before a notice is given up.",
+    group=_NOTIFY,
+    minimum=1,
+)
+declare(
+    "LEDGERWEB_SLA_EVERY",
+    "int",
+    30,
+    "Seconds between a worker's SLA (and digest) checks.",
+    group=_NOTIFY,
+    minimum=1,
+)
+
+# --- Operations: serving, logs, monitoring ---------------------------------------------------
+_OPS = "Serving, logs and monitoring"
+declare(
+    "LEDGERWEB_BIND",
+    "str",
+    "127.0.0.1:8000",
+    "Address gunicorn (`ledgerweb serve`) listens on.",
+    group=_OPS,
+    essential=True,
+)
+declare("LEDGERWEB_WORKERS", "int", 3, "gunicorn worker processes.", group=_OPS, minimum=1)
+declare("LEDGERWEB_THREADS", "int", 4, "Threads per gunicorn worker.", group=_OPS, minimum=1)
+declare(
+    "LEDGERWEB_ACCESS_LOG",
+    "str",
+    "-",
+    "gunicorn's access log: a file, `-` for standard output; empty turns it off.",
+    group=_OPS,
+)
+declare(
+    "LEDGERWEB_LOG_FORMAT",
+    "choice",
+    "text",
+    "`json`: one JSON object per log line, ledger fields (attempt ids) at the top level.",
+    group=_OPS,
+    choices=("text", "json"),
+    essential=True,
+)
+declare(
+    "LEDGERWEB_LOG_LEVEL",
+    "choice",
+    "INFO",
+    "Level of the root logger.",
+    group=_OPS,
+    choices=("debug", "info", "warning", "error", "critical"),
+    shown_default="`INFO`",
+)
+declare(
+    "LEDGERWEB_METRICS_TOKEN",
+    "secret",
+    "",
+    "Bearer token `/metrics` requires (Prometheus sends `Authorization: Bearer <token>`).",
+    group=_OPS,
+    minimum=32,
+    essential=True,
+)
+declare(
+    "LEDGERWEB_METRICS_ALLOW_LOOPBACK",
+    "bool",
+    False,
+    "Opens `/metrics` to loopback clients without the token (`scripts/run` does for a local "
+    "run); behind a proxy on the same host everyone looks like loopback.",
+    group=_OPS,
+)
+declare(
+    "LEDGERWEB_HEARTBEAT_MAX_AGE",
+    "int",
+    60,
+    "Seconds without a worker heartbeat before `/healthz` reports the worker missing.",
+    group=_OPS,
+    minimum=1,
+)
+declare(
+    "LEDGERWEB_HEALTHZ_REQUIRE_WORKER",
+    "bool",
+    True,
+    "`/healthz` fails when no reconcile worker has reported within the heartbeat age.",
+    group=_OPS,
+)
+
+# --- Single sign-on (OpenID Connect) ---------------------------------------------------------
+_SSO = "Single sign-on (OpenID Connect)"
+declare(
+    "LEDGERWEB_OIDC_CLIENT_ID",
+    "str",
+    "",
+    "The client id registered at the identity provider; setting it turns single sign-on on.",
+    group=_SSO,
+    shown_default="(unset: passwords only)",
+)
+declare("LEDGERWEB_OIDC_CLIENT_SECRET", "secret", "", "The client's secret.", group=_SSO)
+declare(
+    "LEDGERWEB_OIDC_AUTHORIZATION_ENDPOINT",
+    "str",
+    "",
+    "The provider's authorization endpoint (from its `/.well-known/openid-configuration`).",
+    group=_SSO,
+)
+declare("LEDGERWEB_OIDC_TOKEN_ENDPOINT", "str", "", "The provider's token endpoint.", group=_SSO)
+declare(
+    "LEDGERWEB_OIDC_USERINFO_ENDPOINT", "str", "", "The provider's userinfo endpoint.", group=_SSO
+)
+declare(
+    "LEDGERWEB_OIDC_JWKS_ENDPOINT",
+    "str",
+    "",
+    "The provider's JSON Web Key Set endpoint.",
+    group=_SSO,
+)
+declare("LEDGERWEB_OIDC_SIGN_ALGO", "str", "RS256", "ID token signing algorithm.", group=_SSO)
+declare(
+    "LEDGERWEB_OIDC_SCOPES",
+    "str",
+    "openid email profile",
+    "Scopes asked for; add the one your provider needs for groups.",
+    group=_SSO,
+)
+declare(
+    "LEDGERWEB_OIDC_GROUPS_CLAIM",
+    "str",
+    "groups",
+    "Claim holding the person's groups (mapped to roles by `[[sso_groups]]`).",
+    group=_SSO,
+)
+declare(
+    "LEDGERWEB_OIDC_USERNAME_CLAIM",
+    "str",
+    "preferred_username",
+    "Claim used as the username (then `email`, then `sub`).",
+    group=_SSO,
+)
+declare("LEDGERWEB_OIDC_LABEL", "str", "single sign-on", "The login button's text.", group=_SSO)
+declare(
+    "LEDGERWEB_OIDC_TIMEOUT",
+    "int",
+    10,
+    "Seconds the server waits for the identity provider.",
+    group=_SSO,
+    minimum=1,
+)
+
+# --- The demo (`ledgerweb demo`, scripts/run) ------------------------------------------------
+_DEMO = "Demo"
+declare(
+    "LEDGERWEB_DEMO_PROVIDER_PORT",
+    "int",
+    8765,
+    "Port of the demo provider (`0` for any free port).",
+    group=_DEMO,
+    minimum=0,
+    maximum=65535,
+)
+declare(
+    "LEDGERWEB_DEMO_PROVIDER_URL",
+    "str",
+    "http://127.0.0.1:8765",
+    "Address `seed_demo` gives the demo tools.",
+    group=_DEMO,
+)
+declare(
+    "LEDGERWEB_DEMO_TASKS", "int", 60, "Demo agent tasks on the first run.", group=_DEMO, minimum=0
+)
+declare(
+    "LEDGERWEB_DEMO_PASSWORD",
+    "secret",
+    "",
+    "Password for new demo users.",
+    group=_DEMO,
+    shown_default="(none: generated and printed)",
+)
+
+# --- Tests and failure injection (never in production) ---------------------------------------
+_TESTS = "Tests and failure injection"
+declare(
+    "LEDGERWEB_TEST_DB_NAME",
+    "str",
+    "test_ledgerweb",
+    "PostgreSQL: name of the test database.",
+    group=_TESTS,
+)
+declare(
+    "LEDGERWEB_TEST_SQLITE_PATH",
+    "str",
+    "",
+    "SQLite: the test database file.",
+    group=_TESTS,
+    shown_default="`$LEDGERWEB_DATA_DIR/test_ledger.sqlite3`",
+)
+declare(
+    "LEDGERWEB_CRASH_AT",
+    "list",
+    [],
+    "Crash points (comma-separated) where this process kills itself (needs "
+    "`LEDGERWEB_FAULTS_ALLOWED=1`; docs/crashtest.md).",
+    group=_TESTS,
+)
+declare(
+    "LEDGERWEB_CRASH_AFTER",
+    "int",
+    1,
+    "Kill at the N-th hit of a listed crash point.",
+    group=_TESTS,
+    minimum=1,
+)
+declare(
+    "LEDGERWEB_CRASH_TIMER_MS",
+    "int",
+    0,
+    "Kill the process this many milliseconds after the kill timer is armed.",
+    group=_TESTS,
+    minimum=0,
+)
+declare(
+    "LEDGERWEB_MUTATION",
+    "str",
+    "",
+    "A deliberately broken behaviour, so crashtest shows it can fail.",
+    group=_TESTS,
+)
+
+
+def essential() -> list[Setting]:
+    return [s for s in REFERENCE.values() if s.essential]
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def render_markdown() -> str:
+    """docs/settings.md, from the declarations above."""
+    lines = [
+        "# Settings reference",
+        "",
+        "<!-- Generated by `manage.py settings_reference` from ledgerweb/settings_reference.py;"
+        " edit the declarations there, then run the command. -->",
+        "",
+        "Every setting ledgerweb reads, all from environment variables. A wrong value stops",
+        "start-up with a sentence naming the variable; a boolean is one of 1/0, true/false,",
+        "yes/no, on/off. `manage.py check --deploy` refuses",
+        "placeholder and short secrets (the example file's `change-me-...` values).",
+        "",
+    ]
+    for group in GROUPS:
+        lines += [f"## {group}", "", "| variable | type | default | meaning |", "|---|---|---|---|"]
+        for s in REFERENCE.values():
+            if s.group == group:
+                lines.append(
+                    f"| `{s.name}` | {_cell(s.documented_type())} | "
+                    f"{_cell(s.documented_default())} | {_cell(s.description)} |"
+                )
+        lines.append("")
+    return "\n".join(lines)
+
+
+README_START = "<!-- settings:start (generated by `manage.py settings_reference`) -->"
+README_END = "<!-- settings:end -->"
+
+
+def render_readme_block() -> str:
+    """The README's short table of the settings a deployment sets first."""
+    lines = [README_START, "| variable | default | meaning |", "|---|---|---|"]
+    for s in essential():
+        lines.append(f"| `{s.name}` | {_cell(s.documented_default())} | {_cell(s.description)} |")
+    lines.append(README_END)
+    return "\n".join(lines)
+
+
+def with_readme_block(readme: str) -> str:
+    """``readme`` with its generated block replaced by today's."""
+    start = readme.find(README_START)
+    end = readme.find(README_END)
+    if start < 0 or end < start:
+        raise ValueError("the README has no settings block (its start and end markers)")
+    return readme[:start] + render_readme_block() + readme[end + len(README_END) :]
