@@ -227,6 +227,17 @@ def prefix_value(term: str, field: str) -> str | None:
     if field == "args_hash":
         value = term.lower()
         return value if all(c in "0123456789abcdef" for c in value) else None
+    if field == "attempt_id":
+        return canonical_attempt_id(term)
+    return term
+
+
+def canonical_attempt_id(term: str) -> str:
+    """An attempt id as the ledger writes it (``att_`` then upper-case Crockford base32), from
+    however a person typed it: the ids the ledger makes match whatever their case. Keys, task
+    ids and provider ids are the agents' and providers' own, where case matters."""
+    if term[:4].lower() == "att_":
+        return "att_" + term[4:].upper()
     return term
 
 

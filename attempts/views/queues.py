@@ -42,6 +42,7 @@ from attempts.models import (
     SlaPolicy,
     State,
     Tool,
+    canonical_attempt_id,
 )
 from attempts.review import Seen
 from attempts.views._common import (
@@ -109,6 +110,12 @@ QUEUES: dict[str, Queue] = {
             "Manual review",
             (State.MANUAL_REVIEW,),
             description="A person must decide: confirm, fail, or approve a linked retry.",
+        ),
+        Queue(
+            "inflight",
+            "In flight",
+            IN_FLIGHT,
+            description="Recorded, dispatched or waiting to be sent again: the ledger or its agent is still working on these.",
         ),
         Queue(
             "stale",
@@ -243,7 +250,10 @@ def exact_search(term: str) -> Q:
     """A term shorter than MIN_PREFIX matches identifiers exactly (a prefix would match too
     much to be useful)."""
     return (
-        Q(attempt_id=term) | Q(idempotency_key=term) | Q(provider_request_id=term) | Q(task_id=term)
+        Q(attempt_id=canonical_attempt_id(term))
+        | Q(idempotency_key=term)
+        | Q(provider_request_id=term)
+        | Q(task_id=term)
     )
 
 

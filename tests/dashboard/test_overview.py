@@ -82,3 +82,13 @@ def test_a_person_without_memberships_sees_nothing(world):
     ctx = client.get("/").context
     assert ctx["unknown_total"] == 0 and ctx["tenant_rows"] == []
     assert client.get("/queues/all/").context["page"].rows == []
+
+
+def test_in_flight_counts_link_to_the_in_flight_work_only(world, clients):
+    cache.clear()
+    recorded = make_attempt(world)
+    unknown = make_unknown(world)
+    body = clients.viewer.get("/").content.decode()
+    assert "/queues/inflight/?tenant=acme" in body and "/queues/inflight/?tool=open_ticket" in body
+    listed = clients.viewer.get("/queues/inflight/", {"tool": "open_ticket"}).content.decode()
+    assert recorded.attempt_id in listed and unknown.attempt_id not in listed

@@ -100,6 +100,7 @@ def test_search_by_every_identifier(world, clients):
         "req-abc-123",
         target.task_id,
         target.attempt_id,
+        target.attempt_id.lower(),
         target.args_hash[:10],
         target.args_hash[:10].upper(),
     ):
@@ -117,6 +118,7 @@ def test_search_by_every_identifier(world, clients):
         "req-abc",
         target.task_id[:5],
         target.attempt_id[:-3],
+        target.attempt_id[:-3].lower(),
         target.args_hash[:5],
     ):
         found = ids_in(clients.viewer.get("/queues/all/", {"q": term}))
