@@ -61,20 +61,28 @@ class StaleForm(StateConflict):
 
     code = "concurrent_change"
 
-    def __init__(self, attempt: Attempt, changes: list[AttemptEvent]) -> None:
-        what = "; ".join(describe_change(e) for e in changes[-5:])
+    def __init__(self, attempt: Attempt, changes: list[AttemptEvent], *, user: Any = None) -> None:
+        me = user.get_username() if user is not None else None
+        recent = changes[-5:]
+        what = "; ".join(describe_change(e, viewer=me) for e in recent)
+        if recent and me is not None and all(e.actor == me for e in recent):
+            opening = "you changed this attempt in another window or tab"
+        else:
+            opening = "someone else changed this attempt while you were looking at it"
+        if attempt.is_terminal:
+            closing = f". It is {attempt.state} now: nothing is left to decide"
+        else:
+            closing = ". Check what changed, then submit again"
         super().__init__(
-            "someone else changed this attempt while you were looking at it"
-            + (f": {what}" if what else "")
-            + ". Check what changed, then submit again",
+            opening + (f": {what}" if what else "") + closing,
             code=self.code,
             attempt=attempt,
         )
         self.changes = changes
 
 
-def describe_change(event: AttemptEvent) -> str:
-    """One line a person can read: who did what."""
+def describe_change(event: AttemptEvent, *, viewer: str | None = None) -> str:
+    """One line a person can read: who did what (``you`` for the person reading it)."""
     if event.from_state != event.to_state:
         what = f"moved it {event.from_state or '(new)'} → {event.to_state}"
     elif event.action == APPROVAL_ACTION:
@@ -85,7 +93,8 @@ def describe_change(event: AttemptEvent) -> str:
         what = "unassigned it"
     else:
         what = event.action.removeprefix("attempt.").replace("_", " ")
-    return f"{event.actor} {what}"
+    who = "you" if viewer is not None and event.actor == viewer else event.actor
+    return f"{who} {what}"
 
 
 def _seen(expected_version: int | None, seen: Seen | None) -> Seen | None:
@@ -94,14 +103,15 @@ def _seen(expected_version: int | None, seen: Seen | None) -> Seen | None:
     return Seen(expected_version) if expected_version is not None else None
 
 
-def check_seen(current: Attempt, seen: Seen | None) -> None:
-    """Refuse (``StaleForm``) when what the form saw is out of date in a way that matters."""
+def check_seen(current: Attempt, seen: Seen | None, *, user: Any = None) -> None:
+    """Refuse (``StaleForm``) when what the form saw is out of date in a way that matters;
+    ``user`` is who submitted it (their own changes are told as theirs)."""
     if seen is None or current.version == seen.version:
         return
     changes = current.decisive_changes_since(seen.event_id) if seen.event_id is not None else []
     if seen.event_id is not None and not changes:
         return
-    raise StaleForm(current, changes)
+    raise StaleForm(current, changes, user=user)
 
 
 def require_role(user: Any, attempt: Attempt, minimum: str) -> None:
@@ -136,7 +146,7 @@ def assign(
         new_id = owner.pk if owner is not None else None
         if current.owner_id == new_id:
             return current
-        check_seen(current, _seen(expected_version, seen))
+        check_seen(current, _seen(expected_version, seen), user=user)
         if owner is not None and not may_own(owner, current.tenant_id):
             raise NotAllowed(
                 f"{owner.get_username()} cannot act on attempts in {current.tenant_id} "
@@ -211,7 +221,7 @@ def review_confirm(
         require_role(user, current, Role.REVIEWER)
         if current.state == State.OUTCOME_CONFIRMED and current.result_ref == result_ref:
             return current
-        check_seen(current, _seen(expected_version, seen))
+        check_seen(current, _seen(expected_version, seen), user=user)
         if current.state not in (State.MANUAL_REVIEW, State.UNKNOWN) or current.awaiting_approval:
             raise StateConflict(f"cannot confirm an attempt in {current.state}", attempt=current)
         return states.move(
@@ -240,7 +250,7 @@ def review_fail(
         require_role(user, current, Role.REVIEWER)
         if current.state == State.FAILED and _failed_with(current, reason):
             return current  # the same decision repeated: success, nothing new written
-        check_seen(current, _seen(expected_version, seen))
+        check_seen(current, _seen(expected_version, seen), user=user)
         if current.state not in (State.MANUAL_REVIEW, State.UNKNOWN):
             raise StateConflict(f"cannot fail an attempt in {current.state}", attempt=current)
         return states.move(
@@ -313,7 +323,7 @@ def approve_linked_retry(
     with write_transaction():
         current = _reload(attempt)
         require_role(user, current, Role.REVIEWER)
-        check_seen(current, _seen(expected_version, seen))
+        check_seen(current, _seen(expected_version, seen), user=user)
         if current.state != State.MANUAL_REVIEW or current.awaiting_approval:
             raise StateConflict(
                 f"a linked retry is approved from MANUAL_REVIEW, not {current.state}",
@@ -360,7 +370,7 @@ def approve_linked_attempt(
     with write_transaction():
         current = _reload(attempt)
         require_role(user, current, Role.REVIEWER)
-        check_seen(current, _seen(expected_version, seen))
+        check_seen(current, _seen(expected_version, seen), user=user)
         if current.state != State.MANUAL_REVIEW or not current.awaiting_approval:
             raise StateConflict("this attempt is not waiting for approval", attempt=current)
         holds, why = authority.authority_holds(current)

@@ -105,7 +105,9 @@ def stale_form(request: HttpRequest, exc: StaleForm, form: str, attempt_id: str)
         {
             "typed": {name: request.POST.get(name, "") for name in TYPED_FIELDS[form]},
             "conflict_form": form,
-            "conflict_changes": [review.describe_change(e) for e in exc.changes],
+            "conflict_changes": [
+                review.describe_change(e, viewer=request.user.get_username()) for e in exc.changes
+            ],
             "conflict_message": exc.message,
         }
     )

@@ -422,3 +422,39 @@ def test_nul_characters_are_a_clear_4xx_never_a_500(world, clients):
         == 400
     )
     assert not attempt.events.filter(action="attempt.note").exists()
+
+
+def test_a_conflict_on_an_attempt_that_became_terminal_does_not_invite_submitting_again(
+    world, clients
+):
+    attempt = make_review(world)
+    version = clients.reviewer.get(f"/attempts/{attempt.attempt_id}/").context["attempt"].version
+    clients.reviewer.post(
+        f"/attempts/{attempt.attempt_id}/confirm/",
+        {"expected_version": version, "result_ref": "r-9", "evidence": "seen at provider"},
+    )
+    late = clients.reviewer2.post(
+        f"/attempts/{attempt.attempt_id}/fail/",
+        {"expected_version": version, "reason": "I think it failed"},
+        headers={"HX-Request": "true"},
+    ).content.decode()
+    assert "someone else changed this attempt" in late
+    assert "submit again" not in late and "OUTCOME_CONFIRMED now" in late
+
+
+def test_my_own_change_in_another_tab_is_told_as_mine(world, clients):
+    attempt = make_unknown(world)
+    page = clients.operator.get(f"/attempts/{attempt.attempt_id}/").context
+    version, seen = page["attempt"].version, page["last_event_id"]
+    # The same person assigns it in another tab, then submits the stale form of the first.
+    clients.operator.post(
+        f"/attempts/{attempt.attempt_id}/assign/",
+        {"expected_version": version, "seen_event": seen, "owner": "reviewer"},
+    )
+    stale = clients.operator.post(
+        f"/attempts/{attempt.attempt_id}/assign/",
+        {"expected_version": version, "seen_event": seen, "owner": "operator"},
+        headers={"HX-Request": "true"},
+    ).content.decode()
+    assert "you changed this attempt in another window or tab" in stale.lower()
+    assert "someone else" not in stale and "you changed its owner" in stale
