@@ -80,3 +80,14 @@ def test_sideways_scrolling_regions_take_the_keyboard_on_a_phone(live_server, br
         if violations := tab.axe():
             found[path] = violations
     assert not found, found
+
+
+def test_after_an_approval_the_address_is_the_attempt_not_the_approve_form(live_server, browser):
+    world = make_world()
+    critical = make_review(world, tool="charge_card")  # two reviewers needed
+    tab = Tab(browser, live_server.url)
+    tab.login("reviewer")
+    tab.goto(f"/attempts/{critical.attempt_id}/approve/")
+    tab.page.click("[data-testid=approve]")
+    tab.page.wait_for_selector("text=Your approval is recorded")
+    assert tab.page.url.endswith(f"/attempts/{critical.attempt_id}/"), tab.page.url

@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 
 from attempts import review
-from attempts.models import SlaPolicy
+from attempts.models import ConfigEvent, SlaPolicy
 from tests.dashboard.conftest import make_awaiting, make_review, make_unknown, record_lookup
 
 
@@ -137,3 +137,22 @@ def test_acknowledging_says_who_stays_the_owner(world, clients):
     body = clients.operator.get(f"/attempts/{attempt.attempt_id}/").content.decode()
     assert "not the owner" not in body
     assert f"the owner stays {attempt.owner.username}" in body
+
+
+def test_configuration_changes_are_shown_in_my_time_zone(world, clients):
+    from django.utils import timezone
+
+    from attempts.config_history import save_with_history
+    from attempts.models import PersonSettings, Tool
+    from attempts.states import Actor
+
+    attempt = make_unknown(world)
+    tool = Tool.objects.get(name="open_ticket")
+    tool.timeout_seconds = 7
+    save_with_history(tool, actor=Actor.user(world.admin), reason="slower provider")
+    PersonSettings.objects.create(user=world.viewer, time_zone="Asia/Tokyo")
+    body = clients.viewer.get(f"/attempts/{attempt.attempt_id}/").content.decode()
+    change = ConfigEvent.objects.get(subject="tool:open_ticket")
+    tokyo = timezone.localtime(change.created_at, dt.timezone(dt.timedelta(hours=9)))
+    assert f"{tokyo:%Y-%m-%d %H:%M:%S} JST" in body
+    assert "When (UTC)" not in body
