@@ -341,6 +341,17 @@ class AttemptQuerySet(models.QuerySet):
             return keyed.none()
         return keyed.filter(search_key__gte=value, search_key__lt=value + "\U0010ffff")
 
+    def next_for(self, user: Any, *, after: Attempt) -> Attempt | None:
+        """The attempt ``user`` should look at after ``after``: the oldest UNKNOWN or
+        MANUAL_REVIEW attempt they own, else the oldest in their tenants."""
+        open_work = (
+            self.visible_to(user)
+            .filter(state__in=ATTENTION_STATES)
+            .exclude(pk=after.pk)
+            .order_by("created_at", "id")
+        )
+        return open_work.filter(owner_id=user.pk).first() or open_work.first()
+
     def for_tenants(self, tenants: list[str] | set[str]) -> AttemptQuerySet:
         """Tenant scoping for agent tokens."""
         return self.filter(tenant_id__in=list(tenants))

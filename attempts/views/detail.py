@@ -352,6 +352,7 @@ def detail_context(request: HttpRequest, attempt: Attempt) -> dict[str, Any]:
             ),
         }
     )
+    context["next_attempt"] = Attempt.objects.next_for(user, after=attempt)
     # A card with nothing to do in it is not shown (a terminal attempt, a viewer).
     context["has_actions"] = any(
         context[name]

@@ -80,7 +80,8 @@
   document.addEventListener("htmx:afterSwap", function () { updateBulk(); reselect(); });
   document.addEventListener("DOMContentLoaded", updateBulk);
 
-  // Keyboard shortcuts: "/" search, "j"/"k" next/previous row, Enter opens it, "?" help.
+  // Keyboard shortcuts: "/" search, "j"/"k" next/previous row, Enter opens it, "n" the next
+  // attempt needing attention (on an attempt's page), "?" help.
   var selectedId = null;
 
   function rows() { return Array.prototype.slice.call(document.querySelectorAll("tr[data-row]")); }
@@ -127,6 +128,9 @@
       var current = all.findIndex(function (r) { return r.classList.contains("selected"); });
       var next = event.key === "j" ? Math.min(all.length - 1, current + 1) : Math.max(0, current - 1);
       select(all[current === -1 ? 0 : next]);
+    } else if (event.key === "n") {
+      var onward = document.querySelector("a[rel=next][data-testid=next-attempt]");
+      if (onward) { event.preventDefault(); window.location.assign(onward.href); }
     } else if (event.key === "?") {
       event.preventDefault();
       openHelp();

@@ -1,7 +1,8 @@
-"""Layout in a real browser with the data an operator really has: the attempt page's
+"""Layout and flow in a real browser with the data an operator really has: the attempt page's
 "Configuration changes" table with long before/after values at a laptop's 1,280 px, the
-overview's By tenant / By tool cards with many long names on a 390 px phone, and axe-core's
-scrollable-region rule where tables scroll sideways."""
+overview's By tenant / By tool cards with many long names on a 390 px phone, axe-core's
+scrollable-region rule where tables scroll sideways, the address after an approval, and the
+"n" key from one decided attempt to the next."""
 
 from __future__ import annotations
 
@@ -91,3 +92,18 @@ def test_after_an_approval_the_address_is_the_attempt_not_the_approve_form(live_
     tab.page.click("[data-testid=approve]")
     tab.page.wait_for_selector("text=Your approval is recorded")
     assert tab.page.url.endswith(f"/attempts/{critical.attempt_id}/"), tab.page.url
+
+
+def test_n_goes_from_a_decided_attempt_to_the_next_one_needing_attention(live_server, browser):
+    world = make_world()
+    first, second = make_unknown(world), make_unknown(world)
+    tab = Tab(browser, live_server.url)
+    tab.login("reviewer")
+    tab.goto(f"/attempts/{first.attempt_id}/")
+    tab.page.click("text=Mark failed…")
+    tab.page.fill("textarea[name=reason]", "the provider says it never arrived")
+    tab.page.click("button:has-text('Mark FAILED')")
+    tab.page.wait_for_selector("[data-testid=state]:has-text('FAILED')")
+    tab.page.keyboard.press("n")
+    tab.page.wait_for_url(f"**/attempts/{second.attempt_id}/")
+    assert not tab.errors, tab.errors

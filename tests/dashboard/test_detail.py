@@ -156,3 +156,24 @@ def test_configuration_changes_are_shown_in_my_time_zone(world, clients):
     tokyo = timezone.localtime(change.created_at, dt.timezone(dt.timedelta(hours=9)))
     assert f"{tokyo:%Y-%m-%d %H:%M:%S} JST" in body
     assert "When (UTC)" not in body
+
+
+def test_after_a_decision_the_page_offers_the_next_attempt_needing_attention(world, clients):
+    first, second, third = make_review(world), make_unknown(world), make_review(world)
+    review.assign(third, user=world.operator, owner=world.reviewer)
+    clients.reviewer.post(
+        f"/attempts/{first.attempt_id}/confirm/",
+        {"expected_version": 4, "result_ref": "r-1", "evidence": "seen at the provider"},
+    )
+    page = clients.reviewer.get(f"/attempts/{first.attempt_id}/")
+    assert page.context["attempt"].state == "OUTCOME_CONFIRMED"
+    # Mine first (third), then the oldest in my tenants (second).
+    assert page.context["next_attempt"].attempt_id == third.attempt_id
+    assert f'href="/attempts/{third.attempt_id}/" rel="next"' in page.content.decode()
+    after_mine = clients.reviewer.get(f"/attempts/{third.attempt_id}/").context["next_attempt"]
+    assert after_mine.attempt_id == second.attempt_id
+    # Nothing of another tenant, nothing terminal.
+    make_review(world, tenant="globex")
+    assert clients.viewer.get(f"/attempts/{second.attempt_id}/").context[
+        "next_attempt"
+    ].attempt_id in {third.attempt_id}
