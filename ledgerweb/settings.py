@@ -11,7 +11,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.csp import CSP
 
-from ledgerweb.env import env_bool, env_int, env_list, env_names, env_str
+from ledgerweb.env import env_bool, env_int, env_int_map, env_list, env_names, env_str
 from ledgerweb.paths import CHECKOUT_DIR, default_data_dir, shipped
 
 BASE_DIR = CHECKOUT_DIR
@@ -324,6 +324,20 @@ LEDGER = {
     # server and lookup tool there (docs/integrations.md).
     "MCP_GATEWAY_CONFIG": env_str("LEDGERWEB_MCP_GATEWAY_CONFIG", ""),
 }
+
+# Provider bulkheads (reconciliation/bulkhead.py, issue 23): calls in flight per provider (a
+# lookup URL's host:port, an MCP upstream, or a tool name), overridable per provider, and the
+# circuit breaker that stops calling a failing provider and probes it again.
+LEDGER.update(
+    {
+        "PROVIDER_CONCURRENCY": env_int("LEDGERWEB_PROVIDER_CONCURRENCY", 4, minimum=1),
+        "PROVIDER_CONCURRENCY_BY_KEY": env_int_map("LEDGERWEB_PROVIDER_CONCURRENCY_BY_KEY"),
+        "PROVIDER_BREAKER_FAILURES": env_int("LEDGERWEB_PROVIDER_BREAKER_FAILURES", 3, minimum=1),
+        "PROVIDER_BREAKER_OPEN_SECONDS": env_int(
+            "LEDGERWEB_PROVIDER_BREAKER_OPEN_SECONDS", 30, minimum=1
+        ),
+    }
+)
 
 # Notifications (attempts/notify.py): email through Django's SMTP backend, and a
 # Slack-compatible chat webhook. Both off until configured; the reconcile worker delivers them.

@@ -71,6 +71,11 @@ class SendAnswer:
     detail: str = ""
     http_status: int | None = None
     latency_ms: int = 0
+    # Seconds the provider asked us to wait (429/503 ``Retry-After``): backoff for it alone.
+    retry_after: float | None = None
+    # A 2xx whose id failed validation: why, and the raw answer as evidence (see LookupAnswer).
+    invalid: str = ""
+    evidence: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +90,11 @@ class LookupAnswer:
     http_status: int | None = None
     latency_ms: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    retry_after: float | None = None
+    # A provider answer that failed validation (bad id, too large, wrong types): the reason,
+    # and the raw answer, truncated and escaped, kept as evidence and never as a fact.
+    invalid: str = ""
+    evidence: str = ""
 
     def as_details(self) -> dict[str, Any]:
         """The answer as recorded in the attempt's history (JSON, integers only)."""
@@ -99,6 +109,11 @@ class LookupAnswer:
             details["count"] = self.count
         if self.detail:
             details["detail"] = self.detail[:300]
+        if self.retry_after is not None:
+            details["retry_after"] = round(self.retry_after, 3)
+        if self.invalid:
+            details["invalid"] = self.invalid[:300]
+            details["evidence"] = self.evidence
         return details
 
 
@@ -138,6 +153,12 @@ class Adapter:
         """Look the effect up by key (or a correlation field). Never raises for network
         trouble: UNAVAILABLE says the provider could not be asked."""
         raise NotImplementedError
+
+    @property
+    def provider_key(self) -> str:
+        """Which provider this tool talks to, for its bulkhead (concurrency cap, circuit
+        breaker, ``Retry-After``): tools on one provider share them. Default: the tool."""
+        return f"tool:{self.tool.name}"
 
     def check(self) -> list[str]:
         """Configuration problems of this tool for this adapter (empty when usable)."""

@@ -77,6 +77,14 @@ class McpAdapter(Adapter):
             self._loaded = (config, entry)
         return self._loaded
 
+    @property
+    def provider_key(self) -> str:
+        """The upstream MCP server: tools it serves share its bulkhead."""
+        try:
+            return f"mcp:{self._gateway_tool()[1].upstream}"
+        except ConfigError:
+            return super().provider_key
+
     def check(self) -> list[str]:
         problems = []
         if importlib.util.find_spec("mcp") is None:

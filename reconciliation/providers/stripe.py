@@ -32,6 +32,7 @@ from django.conf import settings
 
 from attempts.canonical import canonical_bytes, hash_bytes
 from reconciliation.faults import crash_point
+from reconciliation.providers import transport
 from reconciliation.providers.base import (
     Adapter,
     Call,
@@ -95,36 +96,29 @@ class _HttpClient(stripe.HTTPClient):
         *,
         _usage: Any = None,
     ) -> tuple[bytes, int, dict[str, str]]:
-        parts = urlsplit(url)
-        connection_class = (
-            http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-        )
-        connection = connection_class(parts.hostname or "", parts.port, timeout=self.timeout)
-        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         body = post_data.encode() if isinstance(post_data, str) else post_data
+        host = urlsplit(url).hostname
+        sent = (lambda: crash_point("request_sent")) if method.lower() == "post" else None
         try:
-            try:
-                connection.connect()
-            except OSError as exc:
-                raise stripe.APIConnectionError(
-                    f"could not connect to {parts.hostname}: {exc}", should_retry=False
-                ) from _NothingSent(str(exc))
-            try:
-                connection.request(method.upper(), target, body=body, headers=dict(headers or {}))
-                response = connection.getresponse()
-                if method.lower() == "post":
-                    # The payment is made (or refused) at Stripe; this process has not read it.
-                    crash_point("request_sent")
-                data = response.read()
-            except (OSError, http.client.HTTPException) as exc:
-                what = "timeout" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}"
-                raise stripe.APIConnectionError(
-                    f"{what} after the request to {parts.hostname} was sent: {exc}",
-                    should_retry=False,
-                ) from exc
-        finally:
-            connection.close()
-        return data, response.status, {k.lower(): v for k, v in response.getheaders()}
+            # One deadline for the whole exchange and a size limit (transport.exchange).
+            answer = transport.exchange(
+                method.upper(),
+                url,
+                body=body,
+                headers=dict(headers or {}),
+                deadline=self.timeout,
+                after_response=sent,
+            )
+        except transport.NotSent as exc:
+            raise stripe.APIConnectionError(
+                f"could not connect to {host}: {exc}", should_retry=False
+            ) from _NothingSent(str(exc))
+        except (OSError, http.client.HTTPException, transport.AnswerTooLarge) as exc:
+            what = "timeout" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}"
+            raise stripe.APIConnectionError(
+                f"{what} after the request to {host} was sent: {exc}", should_retry=False
+            ) from exc
+        return answer.body, answer.status, answer.headers
 
     def close(self) -> None:
         pass
@@ -211,6 +205,11 @@ class StripePaymentIntentAdapter(Adapter):
         super().__init__(tool)
         self._client: stripe.StripeClient | None = None
         self._lock = threading.Lock()
+
+    @property
+    def provider_key(self) -> str:
+        parts = urlsplit(self.api_base)
+        return f"stripe:{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
 
     @property
     def api_base(self) -> str:
