@@ -406,6 +406,9 @@ class Reconciler:
                 finished = [self._finished(future) for future in done]
                 self._apply(finished, summary)
                 self._unbeaten.add(summary)
+            if self._unbeaten.claimed or self._unbeaten.lookups or self._unbeaten.outcomes:
+                self.heartbeat(self._unbeaten)
+                self._unbeaten = Summary()
         finally:
             self._waiting.clear()
             if self._pool is not None:
