@@ -9,6 +9,7 @@ misconfigured tool raises, with ``ProviderError``.
 
 from __future__ import annotations
 
+import datetime as dt
 import enum
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -36,6 +37,9 @@ class Call:
     args: dict[str, Any]
     args_hash: str
     provider_request_id: str = ""
+    # When the intent was recorded: nothing of this attempt can have happened before it (a
+    # lookup may read only what is newer, with some slack for clocks).
+    created_at: dt.datetime | None = None
 
     @classmethod
     def of(cls, attempt: Attempt) -> Call:
@@ -47,6 +51,7 @@ class Call:
             args=attempt.args,
             args_hash=attempt.args_hash,
             provider_request_id=attempt.provider_request_id,
+            created_at=attempt.created_at,
         )
 
 
