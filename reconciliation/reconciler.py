@@ -54,6 +54,7 @@ from reconciliation.providers.base import (
     SendStatus,
 )
 from reconciliation.providers.registry import Registry
+from reconciliation.providers.registry import close_shared as registry_close_shared
 
 log = logging.getLogger("ledgerweb.reconciler")
 
@@ -414,6 +415,14 @@ class Reconciler:
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
                 self._pool = None
+
+    def stop(self) -> None:
+        """The worker stops: close its calls (``close``) and what adapters share (pooled
+        upstream sessions)."""
+        try:
+            self.close()
+        finally:
+            registry_close_shared()
 
     def wait_for_work(self, stop: threading.Event, timeout: float) -> None:
         """Sleep up to ``timeout`` seconds, waking early when a call in flight finishes or

@@ -159,6 +159,11 @@ class Adapter:
         trouble: UNAVAILABLE says the provider could not be asked."""
         raise NotImplementedError
 
+    @classmethod
+    def close_shared(cls) -> None:
+        """Close what instances of this adapter share across passes (pooled sessions); the
+        reconcile worker calls it as it stops. Nothing by default."""
+
     @property
     def provider_key(self) -> str:
         """Which provider this tool talks to, for its bulkhead (concurrency cap, circuit

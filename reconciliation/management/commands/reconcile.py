@@ -124,7 +124,10 @@ class Command(BaseCommand):
         try:
             if options["once"]:
                 try:
-                    total = reconciler.run_once(stop=stop)
+                    try:
+                        total = reconciler.run_once(stop=stop)
+                    finally:
+                        reconciler.stop()
                     self._notify()
                 except Exception as exc:
                     log.exception("reconcile pass failed")
@@ -137,7 +140,7 @@ class Command(BaseCommand):
                     total = self._loop(reconciler, stop, options["interval"], options["verbosity"])
                 finally:
                     # Calls still in flight end within their deadlines; nothing outlives us.
-                    reconciler.close()
+                    reconciler.stop()
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
