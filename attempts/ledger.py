@@ -66,6 +66,18 @@ def text_problem(value: str, *, multiline: bool = False) -> str:
     return ""
 
 
+def stored_text_problem(name: str, value: Any) -> str:
+    """Why ``value`` cannot be stored as the field ``name`` (``provider_request_id``,
+    ``result_ref``, ...) under the rules agent input is held to ('' when it can be, as it is).
+    The one home of those rules, so that what a provider says is checked like what an agent
+    says (reconciliation.providers.answers)."""
+    try:
+        kept = _text(name, value)
+    except InvalidIntent as exc:
+        return exc.message
+    return "" if kept == value else f"{name} has surrounding spaces"
+
+
 class LedgerError(Exception):
     """Base of the ledger's refusals. ``code`` is stable and shown to API clients."""
 

@@ -69,3 +69,16 @@ def env_names(name: str, default: dict[str, str]) -> dict[str, str]:
             )
         found[short] = path
     return found
+
+
+def env_int_map(name: str, *, minimum: int = 1) -> dict[str, int]:
+    """``key=number`` pairs, comma-separated (a key may hold ``:``, e.g. ``host:port=2``)."""
+    found: dict[str, int] = {}
+    for item in env_list(name, []):
+        key, sep, number = (part.strip() for part in item.rpartition("="))
+        if not sep or not key or not number.isdigit() or int(number) < minimum:
+            raise ImproperlyConfigured(
+                f"{name}: {item!r} is not key=number (a whole number >= {minimum})"
+            )
+        found[key] = int(number)
+    return found

@@ -68,9 +68,35 @@ def healthz(request: HttpRequest) -> JsonResponse:
         fresh = age <= ops["HEARTBEAT_MAX_AGE"]
         body["worker"] = "ok" if fresh else "stale"
         healthy = fresh or not ops["HEALTHZ_REQUIRE_WORKER"]
+    degraded = degraded_providers()
+    if degraded:
+        # A provider in trouble is not the ledger's: the status stays, the providers are named.
+        body["providers_degraded"] = {key: info["state"] for key, info in degraded.items()}
     if not healthy:
         body["status"] = "unhealthy"
     return JsonResponse(body, status=200 if healthy else 503, headers=_no_store())
+
+
+def degraded_providers() -> dict[str, dict]:
+    """Providers that the reconcile workers with a fresh heartbeat find degraded (breaker open or
+    half-open, holding for Retry-After), by provider key; the worst state when they differ."""
+    since = timezone.now() - dt.timedelta(seconds=settings.OPS["HEARTBEAT_MAX_AGE"])
+    rank = {"open": 3, "half_open": 2, "retry_after": 1, "closed": 0}
+    found: dict[str, dict] = {}
+    for providers in WorkerHeartbeat.objects.filter(last_seen__gte=since).values_list(
+        "providers", flat=True
+    ):
+        for key, info in (providers or {}).items():
+            if not isinstance(info, dict):
+                continue
+            state = info.get("state", "closed")
+            if state == "closed" and info.get("retry_after"):
+                state = "retry_after"
+            if state == "closed":
+                continue
+            if rank.get(state, 0) > rank.get(found.get(key, {}).get("state", ""), -1):
+                found[key] = {**info, "state": state}
+    return found
 
 
 def _no_store() -> dict[str, str]:
@@ -250,6 +276,20 @@ def metrics(request: HttpRequest) -> HttpResponse:
         "counter",
         "Attempts settled by the reconcile workers that are registered now.",
         [({}, totals["settled"] or 0)],
+    )
+    degraded = degraded_providers()
+    out.family(
+        "ledger_provider_degraded",
+        "gauge",
+        "Providers a reconcile worker finds degraded, by provider and state (open: the "
+        "breaker stopped calling it; half_open: probing it; retry_after: it asked to wait).",
+        (({"provider": key, "state": info["state"]}, 1) for key, info in sorted(degraded.items())),
+    )
+    out.family(
+        "ledger_provider_failures",
+        "gauge",
+        "Failures in a row of each degraded provider, as its worker counted them.",
+        (({"provider": key}, int(info.get("failures") or 0)) for key, info in degraded.items()),
     )
     window = chain.unsealed_window(now)
     out.family(

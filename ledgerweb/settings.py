@@ -330,6 +330,18 @@ LEDGER = {
     "MCP_GATEWAY_CONFIG": read("LEDGERWEB_MCP_GATEWAY_CONFIG"),
 }
 
+# Provider bulkheads (reconciliation/bulkhead.py, issue 23): calls in flight per provider (a
+# lookup URL's host:port, an MCP upstream, or a tool name), overridable per provider, and the
+# circuit breaker that stops calling a failing provider and probes it again.
+LEDGER.update(
+    {
+        "PROVIDER_CONCURRENCY": read("LEDGERWEB_PROVIDER_CONCURRENCY"),
+        "PROVIDER_CONCURRENCY_BY_KEY": read("LEDGERWEB_PROVIDER_CONCURRENCY_BY_KEY"),
+        "PROVIDER_BREAKER_FAILURES": read("LEDGERWEB_PROVIDER_BREAKER_FAILURES"),
+        "PROVIDER_BREAKER_OPEN_SECONDS": read("LEDGERWEB_PROVIDER_BREAKER_OPEN_SECONDS"),
+    }
+)
+
 # Notifications (attempts/notify.py): email through Django's SMTP backend, and a
 # Slack-compatible chat webhook. Both off until configured; the reconcile worker delivers them.
 _EMAIL_HOST = read("LEDGERWEB_EMAIL_HOST")

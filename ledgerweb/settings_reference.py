@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from django.core.exceptions import ImproperlyConfigured
 
-from ledgerweb.env import env_bool, env_int, env_list, env_names, env_str
+from ledgerweb.env import env_bool, env_int, env_int_map, env_list, env_names, env_str
 
 KINDS = {
     "str": "text",
@@ -24,6 +24,7 @@ KINDS = {
     "int": "whole number",
     "list": "comma-separated list",
     "names": "comma-separated `name=dotted.path` pairs",
+    "intmap": "comma-separated `key=number` pairs",
     "choice": "one of a list",
 }
 
@@ -52,6 +53,8 @@ class Setting:
             return f"`{','.join(value)}`" if value else "(none)"
         if self.kind == "names":
             return ", ".join(f"`{k}`" for k in value) if value else "(none)"
+        if self.kind == "intmap":
+            return ", ".join(f"`{k}={v}`" for k, v in value.items()) if value else "(none)"
         if value in ("", None):
             return "(none)"
         return f"`{value}`"
@@ -116,6 +119,9 @@ def read(name: str, default: object = _DECLARED):
         return env_list(name, value)
     if setting.kind == "names":
         return env_names(name, value)
+    if setting.kind == "intmap":
+        found = env_int_map(name, minimum=setting.minimum if setting.minimum is not None else 1)
+        return found if os.environ.get(name, "").strip() else value
     raw = os.environ.get(name, "").strip().lower()
     if not raw:
         return value
@@ -435,6 +441,44 @@ declare(
     "The MCP gateway's configuration file, where the `mcp` adapter finds each tool's upstream "
     "server and lookup tool (docs/integrations.md).",
     group=_LEDGER,
+)
+
+# --- Provider bulkheads (reconciliation/bulkhead.py) ------------------------------------------
+_PROVIDERS = "Provider bulkheads"
+declare(
+    "LEDGERWEB_PROVIDER_CONCURRENCY",
+    "int",
+    4,
+    "Recovery's calls in flight per provider (a lookup URL's `host:port`, an MCP upstream, a "
+    "Stripe API base), at most half of the worker's `--concurrency`.",
+    group=_PROVIDERS,
+    minimum=1,
+)
+declare(
+    "LEDGERWEB_PROVIDER_CONCURRENCY_BY_KEY",
+    "intmap",
+    {},
+    "Per-provider caps that replace the one above, `host:port=2,tool-name=8,...`.",
+    group=_PROVIDERS,
+    minimum=1,
+)
+declare(
+    "LEDGERWEB_PROVIDER_BREAKER_FAILURES",
+    "int",
+    3,
+    "Failures in a row (deadline, refused connection, 5xx, 429) that open a provider's circuit "
+    "breaker.",
+    group=_PROVIDERS,
+    minimum=1,
+)
+declare(
+    "LEDGERWEB_PROVIDER_BREAKER_OPEN_SECONDS",
+    "int",
+    30,
+    "How long an open breaker waits before its probe (doubling while probes fail, at most "
+    "`LEDGERWEB_BACKOFF_CAP`).",
+    group=_PROVIDERS,
+    minimum=1,
 )
 
 # --- Notifications ---------------------------------------------------------------------------

@@ -17,6 +17,9 @@ class WorkerHeartbeat(models.Model):
     # how many times, and how the last one ended. /healthz shows both.
     restarts = models.PositiveIntegerField(default=0)
     last_exit = models.CharField(max_length=200, blank=True, default="")
+    # The providers this worker finds degraded (breaker open or half-open, holding for
+    # Retry-After, failing), by provider: /healthz and /metrics show them.
+    providers = models.JSONField(default=dict, blank=True)
 
     def __str__(self) -> str:
         return self.worker_id

@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -41,8 +41,10 @@ from attempts import authority, ledger, states
 from attempts.locking import write_transaction
 from attempts.models import Attempt, EffectClass, State
 from attempts.states import Actor, TransitionError
+from reconciliation.bulkhead import Bulkheads
 from reconciliation.faults import arm_kill_timer, crash_point, mutation
 from reconciliation.models import WorkerHeartbeat
+from reconciliation.providers.answers import evidence_of, id_problem
 from reconciliation.providers.base import (
     Adapter,
     Call,
@@ -52,6 +54,7 @@ from reconciliation.providers.base import (
     SendStatus,
 )
 from reconciliation.providers.registry import Registry
+from reconciliation.providers.registry import close_shared as registry_close_shared
 
 log = logging.getLogger("ledgerweb.reconciler")
 
@@ -93,7 +96,15 @@ QUARANTINABLE = frozenset(
 )
 
 # Outcomes after which the attempt is still recovery's work.
-UNSETTLED = frozenset({"still_unknown", "blocked", "failed_retryable", "errors", "quarantined"})
+UNSETTLED = frozenset(
+    {"still_unknown", "blocked", "failed_retryable", "errors", "quarantined", "deferred"}
+)
+
+# A pass that lasts beats this often, so /healthz sees the worker alive whatever a provider does.
+BEAT_EVERY = 5.0
+# A worker that keeps calls in flight across passes (the loop) writes its heartbeat at most
+# this often.
+CARRY_BEAT_EVERY = 1.0
 
 
 @dataclass
@@ -217,6 +228,14 @@ class Reconciler:
         self.rng = rng or random.Random()
         self.restarts = restarts
         self.last_exit = last_exit[:200]
+        self.bulkheads = Bulkheads(concurrency=concurrency)
+        # Provider calls outlive a pass only in the worker's loop (``carry``): started in this
+        # pool, bounded by their deadlines, and waited for by ``close``.
+        self._pool: ThreadPoolExecutor | None = None
+        self._in_flight: dict[Future, _Job] = {}
+        self._waiting: deque[_Job] = deque()  # waiting for room under their provider's cap
+        self._last_beat = time.monotonic()
+        self._unbeaten = Summary()
 
     # -----------------------------------------------------------------------------------------
     # Claiming
@@ -265,12 +284,19 @@ class Reconciler:
     # -----------------------------------------------------------------------------------------
     # One pass
 
-    def run_pass(self, *, stop: threading.Event | None = None) -> Summary:
+    def run_pass(self, *, stop: threading.Event | None = None, carry: bool = False) -> Summary:
         """Settle everything due now (once each), then return what was done.
 
-        Claimed attempts go to the pool at once; finished answers are written in groups (up to
+        Claimed attempts go to the pool at once, each provider's calls up to its cap (the
+        rest wait their turn; a provider whose breaker is open or that asked to wait is not
+        called: its attempts are deferred). Finished answers are written in groups (up to
         ``FLUSH_SIZE`` answers, or whatever finished within ``FLUSH_AFTER`` seconds), so a slow
         commit is paid once per group rather than once per attempt.
+
+        With ``carry`` (the worker's loop) the pass returns as soon as nothing more is due and
+        nothing finished within ``FLUSH_AFTER``: calls still in flight (a slow provider, within
+        its deadline) carry over to the next pass, so the heartbeat, the sealer and the
+        notifications never wait for a provider. Without it the pass waits for every call.
         """
         stop = stop or threading.Event()
         arm_kill_timer()  # crashtest's random kill; inert unless fault injection is on
@@ -278,48 +304,151 @@ class Reconciler:
         cutoff = timezone.now()
         registry = Registry.load()
         lease = self._lease_for(registry, registry.tool_names)
-        in_flight: dict[Future, _Job] = {}
         finished: list[tuple[_Job, Any]] = []
         first_finished_at = 0.0
         exhausted = False
-        with ThreadPoolExecutor(self.concurrency, thread_name_prefix="reconcile") as pool:
+        pool = self._executor()
+        try:
             while True:
-                if not exhausted and not stop.is_set() and len(in_flight) <= self.batch_size // 2:
+                load = len(self._in_flight) + len(self._waiting)
+                if not exhausted and not stop.is_set() and load <= self.batch_size // 2:
                     batch = self.claim(cutoff=cutoff, limit=self.batch_size, lease=lease)
                     if batch:
                         crash_point("reconcile_claimed")
                     summary.claimed += len(batch)
                     exhausted = not batch
-                    for job in self._prepare(batch, registry, summary):
-                        in_flight[pool.submit(_run_job, job)] = job
-                if not in_flight and not finished:
+                    self._waiting.extend(self._prepare(batch, registry, summary))
+                self._start_waiting(pool, summary)
+                if not self._in_flight and not finished:
                     if exhausted or stop.is_set():
                         break
                     continue
-                if in_flight:
-                    timeout = None
+                got = False
+                if self._in_flight:
+                    timeout = BEAT_EVERY
                     if finished:
                         timeout = max(
                             0.0, self.FLUSH_AFTER - (time.monotonic() - first_finished_at)
                         )
-                    done, _ = wait(list(in_flight), timeout=timeout, return_when=FIRST_COMPLETED)
+                    elif carry and (exhausted or stop.is_set()):
+                        timeout = self.FLUSH_AFTER
+                    done, _ = wait(
+                        list(self._in_flight), timeout=timeout, return_when=FIRST_COMPLETED
+                    )
                     if done and not finished:
                         first_finished_at = time.monotonic()
-                    finished += [(in_flight.pop(future), _outcome(future)) for future in done]
+                    got = bool(done)
+                    finished += [self._finished(future) for future in done]
                 if finished and (
-                    not in_flight
+                    not self._in_flight
                     or len(finished) >= self.FLUSH_SIZE
                     or time.monotonic() - first_finished_at >= self.FLUSH_AFTER
                 ):
-                    for job in self._apply(finished, summary):
-                        in_flight[pool.submit(_run_job, job)] = job
+                    self._waiting.extend(self._apply(finished, summary))
                     finished = []
+                    continue
+                if not finished and not got and time.monotonic() - self._last_beat >= BEAT_EVERY:
+                    # A long pass still says the worker is alive.
+                    self.heartbeat()
+                if carry and not finished and not got and (exhausted or stop.is_set()):
+                    break
+        finally:
+            if not carry:
+                self.close()
         return summary
 
-    def run_once(self, *, stop: threading.Event | None = None) -> Summary:
-        """One pass, then record the heartbeat."""
-        summary = self.run_pass(stop=stop)
-        self.heartbeat(summary)
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="reconcile")
+        return self._pool
+
+    def _finished(self, future: Future) -> tuple[_Job, Any]:
+        job = self._in_flight.pop(future)
+        outcome = _outcome(future)
+        if isinstance(outcome, _JobError):
+            self.bulkheads.errored(job.adapter, outcome.error)
+        elif isinstance(outcome, _SendResult):
+            self.bulkheads.finished(
+                job.adapter, [a for a in (outcome.send, outcome.confirmation) if a is not None]
+            )
+        else:
+            self.bulkheads.finished(job.adapter, [outcome])
+        return job, outcome
+
+    def _start_waiting(self, pool: ThreadPoolExecutor, summary: Summary) -> None:
+        """Start the waiting calls that have room (under the pool's size and their provider's
+        cap); defer the lookups of a provider that may not be called now."""
+        waiting, self._waiting = self._waiting, deque()
+        deferred: list[tuple[_Job, float, str]] = []
+        while waiting:
+            job = waiting.popleft()
+            refusal = self.bulkheads.refusal(job.adapter)
+            if refusal is not None:
+                deferred.append((job, *refusal))
+                continue
+            if len(self._in_flight) >= self.concurrency or not self.bulkheads.has_room(job.adapter):
+                self._waiting.append(job)
+                continue
+            self.bulkheads.started(job.adapter)
+            self._in_flight[pool.submit(_run_job, job)] = job
+        if deferred:
+            with write_transaction():
+                for job, seconds, why in deferred:
+                    self._guarded(summary, self._defer_job, job.attempt, job, seconds, why, summary)
+
+    def close(self) -> None:
+        """Wait for the calls in flight (each bounded by its deadline), write their answers,
+        and stop the pool: nothing this worker started outlives it. Calls that were waiting
+        for room are left to their lease (another pass or worker takes them up)."""
+        try:
+            if self._in_flight:
+                summary = Summary()
+                done, _ = wait(list(self._in_flight))
+                finished = [self._finished(future) for future in done]
+                self._apply(finished, summary)
+                self._unbeaten.add(summary)
+            if self._unbeaten.claimed or self._unbeaten.lookups or self._unbeaten.outcomes:
+                self.heartbeat(self._unbeaten)
+                self._unbeaten = Summary()
+        finally:
+            self._waiting.clear()
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+
+    def stop(self) -> None:
+        """The worker stops: close its calls (``close``) and what adapters share (pooled
+        upstream sessions)."""
+        try:
+            self.close()
+        finally:
+            registry_close_shared()
+
+    def wait_for_work(self, stop: threading.Event, timeout: float) -> None:
+        """Sleep up to ``timeout`` seconds, waking early when a call in flight finishes or
+        ``stop`` is set."""
+        deadline = time.monotonic() + timeout
+        while not stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if self._in_flight:
+                done, _ = wait(
+                    list(self._in_flight), timeout=min(left, 0.2), return_when=FIRST_COMPLETED
+                )
+                if done:
+                    return
+            else:
+                stop.wait(min(left, 0.2))
+
+    def run_once(self, *, stop: threading.Event | None = None, carry: bool = False) -> Summary:
+        """One pass, then record the heartbeat (with ``carry``, at most every
+        ``CARRY_BEAT_EVERY`` seconds)."""
+        summary = self.run_pass(stop=stop, carry=carry)
+        self._unbeaten.add(summary)
+        if not carry or time.monotonic() - self._last_beat >= CARRY_BEAT_EVERY:
+            self.heartbeat(self._unbeaten)
+            self._unbeaten = Summary()
         return summary
 
     def heartbeat(
@@ -328,9 +457,12 @@ class Reconciler:
         """Record that this worker is alive (``/healthz`` reads the freshest heartbeat)."""
         now = timezone.now()
         summary = summary or Summary()
+        self._last_beat = time.monotonic()
+        providers = self.bulkheads.snapshot()
         with transaction.atomic():
             updated = WorkerHeartbeat.objects.filter(worker_id=self.worker_id).update(
                 last_seen=now,
+                providers=providers,
                 settled_total=F("settled_total") + summary.settled,
                 lookups_total=F("lookups_total") + summary.lookups,
             )
@@ -345,6 +477,7 @@ class Reconciler:
                     lookups_total=summary.lookups,
                     restarts=self.restarts,
                     last_exit=self.last_exit,
+                    providers=providers,
                 )
 
     # -----------------------------------------------------------------------------------------
@@ -353,21 +486,79 @@ class Reconciler:
     def _prepare(self, batch: list[Attempt], registry: Registry, summary: Summary) -> list[_Job]:
         jobs: list[_Job] = []
         needs_write = []
+        deferred: list[tuple[Attempt, float, str]] = []
         for attempt in batch:
             adapter, problems = registry.usable(attempt.tool_name)
+            if adapter is not None and not problems:
+                refusal = self.bulkheads.refusal(adapter)
+                if refusal is not None:
+                    # Its provider's breaker is open or it asked to wait: not called now.
+                    deferred.append((attempt, *refusal))
+                    continue
             if attempt.state == State.UNKNOWN and adapter is not None and not problems:
                 if adapter.can_look_up:
                     # The common case writes nothing before its lookup.
                     jobs.append(_Job("lookup", attempt, adapter, Call.of(attempt)))
                     continue
             needs_write.append(attempt)
-        if needs_write:
+        if needs_write or deferred:
             with write_transaction():
+                for attempt, seconds, why in deferred:
+                    self._guarded(summary, self._defer, attempt, seconds, why, summary)
                 for attempt in needs_write:
                     job = self._guarded(summary, self._prepare_one, attempt, registry, summary)
                     if job is not None:
                         jobs.append(job)
         return jobs
+
+    def _defer(
+        self,
+        attempt: Attempt,
+        seconds: float,
+        why: str,
+        summary: Summary,
+        *,
+        unsent: bool = False,
+    ) -> None:
+        """Its provider may not be called now (breaker open, Retry-After): look again when it
+        may, and say so in the attempt's history (the detail page shows it). Nothing is sent
+        and nothing is guessed."""
+        if attempt.state == State.DISPATCHED:
+            if unsent:
+                # This worker committed the send but never made it: nothing left this machine.
+                self._move(
+                    attempt,
+                    State.FAILED_RETRYABLE,
+                    reason=f"not sent: {why}",
+                    details={"provider_deferred": {"why": why[:300]}},
+                    next_check_at=self._deferred_until(seconds),
+                )
+                summary.outcomes["deferred"] += 1
+                return
+            self._move(
+                attempt,
+                State.UNKNOWN,
+                reason="stale claim found by recovery: the send may have happened",
+                keep_lease=True,
+            )
+        self._move(
+            attempt,
+            None,
+            action="attempt.provider_deferred",
+            reason=f"recovery deferred: {why}",
+            details={"provider_deferred": {"why": why[:300], "seconds": round(seconds, 1)}},
+            next_check_at=self._deferred_until(seconds),
+        )
+        summary.outcomes["deferred"] += 1
+
+    def _defer_job(
+        self, attempt: Attempt, job: _Job, seconds: float, why: str, summary: Summary
+    ) -> None:
+        self._defer(attempt, seconds, why, summary, unsent=job.kind == "send")
+
+    def _deferred_until(self, seconds: float) -> dt.datetime:
+        # A little jitter, so deferred attempts do not all come back in the same instant.
+        return timezone.now() + dt.timedelta(seconds=seconds + self.rng.uniform(0.0, 1.0))
 
     def _guarded(
         self,
@@ -579,6 +770,9 @@ class Reconciler:
         """The decision table for an UNKNOWN attempt, given the provider's answer."""
         details = {"lookup": answer.as_details()}
         adapter = job.adapter
+        if answer.invalid:
+            self._invalid_answer(attempt, answer.invalid, summary, details)
+            return None
         if answer.status == LookupStatus.FOUND:
             return self._found(attempt, answer, details, summary, from_send=False)
         if answer.status == LookupStatus.NOT_FOUND:
@@ -657,6 +851,22 @@ class Reconciler:
     ) -> None:
         """The provider holds an effect under this key: confirm it, or hand it to a person."""
         lookup_increment = {"lookup_count": 1}
+        # Whatever adapter answered, nothing it says is stored unchecked.
+        problem = id_problem("provider_request_id", answer.provider_request_id)
+        if not problem and answer.result_ref:
+            problem = id_problem("result_ref", answer.result_ref)
+        if problem:
+            details = {**details, "invalid": problem}
+            details["lookup"] = {
+                k: v
+                for k, v in details.get("lookup", {}).items()
+                if k not in ("provider_request_id",)
+            }
+            details["lookup"]["evidence"] = evidence_of(
+                {"id": answer.provider_request_id, "result_ref": answer.result_ref}
+            )
+            self._invalid_answer(attempt, problem, summary, details, increments=lookup_increment)
+            return
         if answer.args_hash != attempt.args_hash:
             self._to_review(
                 attempt,
@@ -711,6 +921,17 @@ class Reconciler:
         answer = result.send
         details: dict[str, Any] = {"send": _send_details(answer)}
         max_sends = max_sends_for(job.adapter)
+        if answer.invalid or (result.confirmation is not None and result.confirmation.invalid):
+            if result.confirmation is not None:
+                details["lookup"] = result.confirmation.as_details()
+            self._invalid_answer(
+                attempt,
+                answer.invalid or result.confirmation.invalid,  # type: ignore[union-attr]
+                summary,
+                details,
+                increments={"lookup_count": 1} if result.confirmation is not None else None,
+            )
+            return
         if answer.status == SendStatus.REFUSED:
             if answer.retryable and attempt.send_count < max_sends:
                 self._move(
@@ -823,6 +1044,26 @@ class Reconciler:
         )
         summary.outcomes["manual_review"] += 1
 
+    def _invalid_answer(
+        self,
+        attempt: Attempt,
+        problem: str,
+        summary: Summary,
+        details: dict[str, Any],
+        *,
+        increments: dict[str, int] | None = None,
+    ) -> None:
+        """The provider's answer failed validation: a person decides, with the raw answer as
+        evidence in the event; nothing of it is stored as the attempt's id or reference."""
+        self._to_review(
+            attempt,
+            "invalid_provider_answer",
+            f"the provider's answer failed validation: {problem}"[:500],
+            summary,
+            details,
+            increments=increments,
+        )
+
     def _supersede(
         self, attempt: Attempt, why: str, summary: Summary, details: dict[str, Any] | None = None
     ) -> None:
@@ -866,6 +1107,11 @@ class Reconciler:
 
 def _send_details(answer: SendAnswer) -> dict[str, Any]:
     details: dict[str, Any] = {"answer": str(answer.status), "latency_ms": int(answer.latency_ms)}
+    if answer.invalid:
+        details["invalid"] = answer.invalid[:300]
+        details["evidence"] = answer.evidence
+    if answer.retry_after is not None:
+        details["retry_after"] = round(answer.retry_after, 3)
     if answer.http_status is not None:
         details["http_status"] = answer.http_status
     if answer.provider_request_id:

@@ -305,6 +305,12 @@ def live_context(request: HttpRequest, attempt: Attempt) -> dict[str, Any]:
         "changed_since_open": changed,
         "poll_seconds": DETAIL_POLL_SECONDS,
         "live_url": f"{request.path}?since={since}" if since.isdigit() else "",
+        # Recovery could not ask the provider (breaker open, Retry-After): say so on the page.
+        "provider_deferred": events[-1]
+        if events
+        and not attempt.is_terminal
+        and "provider_deferred" in (events[-1].details or {})
+        else None,
     }
 
 

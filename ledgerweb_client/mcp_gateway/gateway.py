@@ -40,6 +40,7 @@ from ..errors import ProviderLostResponse, ProviderRefused, ProviderTimeout
 from ..guard import GuardedCall, LedgerContext, Recorded, ToolCallError, ToolCallInvalid
 from .config import ConfigError, GatewayConfig, ToolConfig, Upstream, load_config
 from .receipts import kept_result, result_ref_for, structured_or_json_text
+from .schema import SchemaMissing, SchemaRefusal, conform
 from .upstream import client_for, result_dict
 
 log = logging.getLogger("ledgerweb_client.mcp_gateway")
@@ -194,7 +195,18 @@ class Gateway:
             # Not a side effect: straight through, unrecorded.
             result = await route.client.call_tool(params.name, arguments, meta=forwarded or None)
             return result
+        # What is recorded (and hashed, and sent) is what the upstream acts on.
+        arguments = self.conformed_arguments(route, arguments)
         return await self._guarded_call(tool, route, arguments, meta, forwarded)
+
+    @staticmethod
+    def conformed_arguments(route: _Route, arguments: dict[str, Any]) -> dict[str, Any]:
+        """The arguments coerced and validated against the upstream tool's ``inputSchema``
+        (schema.py), or the MCP error (invalid params) that refuses them; nothing recorded."""
+        try:
+            return conform(arguments, route.tool.input_schema)
+        except (SchemaRefusal, SchemaMissing) as exc:
+            raise mcp_error(ToolCallInvalid(f"{route.tool.name}: {exc}")) from exc
 
     # -- the safe order ---------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ misconfigured tool raises, with ``ProviderError``.
 
 from __future__ import annotations
 
+import datetime as dt
 import enum
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -36,6 +37,9 @@ class Call:
     args: dict[str, Any]
     args_hash: str
     provider_request_id: str = ""
+    # When the intent was recorded: nothing of this attempt can have happened before it (a
+    # lookup may read only what is newer, with some slack for clocks).
+    created_at: dt.datetime | None = None
 
     @classmethod
     def of(cls, attempt: Attempt) -> Call:
@@ -47,6 +51,7 @@ class Call:
             args=attempt.args,
             args_hash=attempt.args_hash,
             provider_request_id=attempt.provider_request_id,
+            created_at=attempt.created_at,
         )
 
 
@@ -71,6 +76,11 @@ class SendAnswer:
     detail: str = ""
     http_status: int | None = None
     latency_ms: int = 0
+    # Seconds the provider asked us to wait (429/503 ``Retry-After``): backoff for it alone.
+    retry_after: float | None = None
+    # A 2xx whose id failed validation: why, and the raw answer as evidence (see LookupAnswer).
+    invalid: str = ""
+    evidence: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +95,11 @@ class LookupAnswer:
     http_status: int | None = None
     latency_ms: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    retry_after: float | None = None
+    # A provider answer that failed validation (bad id, too large, wrong types): the reason,
+    # and the raw answer, truncated and escaped, kept as evidence and never as a fact.
+    invalid: str = ""
+    evidence: str = ""
 
     def as_details(self) -> dict[str, Any]:
         """The answer as recorded in the attempt's history (JSON, integers only)."""
@@ -99,6 +114,11 @@ class LookupAnswer:
             details["count"] = self.count
         if self.detail:
             details["detail"] = self.detail[:300]
+        if self.retry_after is not None:
+            details["retry_after"] = round(self.retry_after, 3)
+        if self.invalid:
+            details["invalid"] = self.invalid[:300]
+            details["evidence"] = self.evidence
         return details
 
 
@@ -138,6 +158,17 @@ class Adapter:
         """Look the effect up by key (or a correlation field). Never raises for network
         trouble: UNAVAILABLE says the provider could not be asked."""
         raise NotImplementedError
+
+    @classmethod
+    def close_shared(cls) -> None:
+        """Close what instances of this adapter share across passes (pooled sessions); the
+        reconcile worker calls it as it stops. Nothing by default."""
+
+    @property
+    def provider_key(self) -> str:
+        """Which provider this tool talks to, for its bulkhead (concurrency cap, circuit
+        breaker, ``Retry-After``): tools on one provider share them. Default: the tool."""
+        return f"tool:{self.tool.name}"
 
     def check(self) -> list[str]:
         """Configuration problems of this tool for this adapter (empty when usable)."""

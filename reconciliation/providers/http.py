@@ -24,12 +24,15 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import socket
 import time
 from typing import Any
 from urllib.parse import SplitResult, quote, urlencode, urlsplit
 
 from attempts.canonical import canonical_bytes
+from reconciliation.providers import transport
+from reconciliation.providers.answers import checked_id, evidence_of, id_problem
 from reconciliation.providers.base import (
     Adapter,
     Call,
@@ -39,10 +42,11 @@ from reconciliation.providers.base import (
     SendStatus,
 )
 
+HASH = re.compile(r"[0-9a-fA-F]{64}")
 PLACEHOLDERS = ("idempotency_key", "attempt_id", "args_hash", "tenant")
 # Refusals after which the same key may be sent again later.
 RETRYABLE_REFUSALS = frozenset({408, 409, 425, 429})
-MAX_ANSWER_BYTES = 1024 * 1024
+MAX_ANSWER_BYTES = transport.MAX_ANSWER_BYTES
 USER_AGENT = "ledgerweb-reconciler/1"
 KEY_ENCODING_HEADER = "Idempotency-Key-Encoding"
 # Characters a key may carry as they are: printable ASCII and inner spaces, except "%" (which
@@ -59,22 +63,22 @@ def wire_key(key: str) -> tuple[str, bool]:
 
 
 class _Answer:
-    __slots__ = ("status", "body", "latency_ms")
+    __slots__ = ("status", "body", "latency_ms", "retry_after")
 
-    def __init__(self, status: int, body: bytes, latency_ms: int) -> None:
-        self.status = status
-        self.body = body
-        self.latency_ms = latency_ms
+    def __init__(self, answer: transport.Answer) -> None:
+        self.status = answer.status
+        self.body = answer.body
+        self.latency_ms = answer.latency_ms
+        self.retry_after = answer.retry_after if answer.status in (429, 503) else None
 
     def json(self) -> Any:
         try:
             return json.loads(self.body)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
             return None
 
 
-class _Unsent(Exception):
-    """The connection could not be opened: no byte of the request left this machine."""
+_Unsent = transport.NotSent
 
 
 def _split(url: str) -> SplitResult:
@@ -87,34 +91,26 @@ def _split(url: str) -> SplitResult:
 def _request(
     method: str, url: str, *, body: bytes | None, headers: dict[str, str], timeout: float
 ) -> _Answer:
-    """One HTTP exchange on a fresh connection. Raises _Unsent when nothing was sent, and
-    OSError / http.client.HTTPException when the exchange broke after that."""
-    try:
-        parts = _split(url)
-    except ValueError as exc:
-        raise _Unsent(str(exc)) from exc
-    connection_class = (
-        http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    """One HTTP exchange on a fresh connection, bounded as a whole by ``timeout``
+    (transport.exchange). Raises _Unsent when nothing was sent, and DeadlineExceeded,
+    AnswerTooLarge, OSError or http.client.HTTPException when it broke after that."""
+    return _Answer(
+        transport.exchange(
+            method,
+            url,
+            body=body,
+            headers={"User-Agent": USER_AGENT, **headers},
+            deadline=timeout,
+            max_bytes=MAX_ANSWER_BYTES,
+        )
     )
-    connection = connection_class(parts.hostname, parts.port, timeout=timeout)
-    path = parts.path or "/"
-    if parts.query:
-        path += "?" + parts.query
-    started = time.monotonic()
-    try:
-        try:
-            connection.connect()
-        except OSError as exc:
-            raise _Unsent(f"{type(exc).__name__}: {exc}") from exc
-        connection.request(method, path, body=body, headers={"User-Agent": USER_AGENT, **headers})
-        response = connection.getresponse()
-        data = response.read(MAX_ANSWER_BYTES)
-        return _Answer(response.status, data, int((time.monotonic() - started) * 1000))
-    finally:
-        connection.close()
 
 
 def _error_text(exc: BaseException) -> str:
+    if isinstance(exc, transport.DeadlineExceeded):
+        return f"timeout: {exc}"
+    if isinstance(exc, transport.AnswerTooLarge):
+        return str(exc)
     if isinstance(exc, socket.timeout | TimeoutError):
         return "timeout"
     return f"{type(exc).__name__}: {exc}".rstrip(": ")
@@ -122,6 +118,18 @@ def _error_text(exc: BaseException) -> str:
 
 class GenericHttpAdapter(Adapter):
     """Adapter for any provider that speaks protocol section 10."""
+
+    @property
+    def provider_key(self) -> str:
+        """The provider's host and port (from the lookup URL, else the dispatch URL): tools
+        on one provider share its bulkhead."""
+        for url in (self.tool.lookup_url, self.tool.dispatch_url):
+            try:
+                parts = _split(url)
+            except ValueError:
+                continue
+            return f"{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
+        return super().provider_key
 
     def check(self) -> list[str]:
         problems = []
@@ -195,17 +203,26 @@ class GenericHttpAdapter(Adapter):
         except _Unsent as exc:
             # Nothing left this machine, so nothing can have happened: safe to send again.
             return SendAnswer(SendStatus.REFUSED, retryable=True, detail=f"not sent: {exc}")
-        except (OSError, http.client.HTTPException) as exc:
+        except (OSError, http.client.HTTPException, transport.AnswerTooLarge) as exc:
             return SendAnswer(SendStatus.UNCERTAIN, detail=_error_text(exc))
         body = answer.json()
         if 200 <= answer.status < 300:
             provider_id = body.get("id") if isinstance(body, dict) else None
+            if provider_id is None:
+                return SendAnswer(
+                    SendStatus.ACCEPTED,
+                    http_status=answer.status,
+                    latency_ms=answer.latency_ms,
+                    detail="2xx answer without an id",
+                )
+            kept, problem = checked_id("provider_request_id", provider_id)
             return SendAnswer(
                 SendStatus.ACCEPTED,
-                provider_request_id=provider_id if isinstance(provider_id, str) else "",
+                provider_request_id=kept,
                 http_status=answer.status,
                 latency_ms=answer.latency_ms,
-                detail="" if isinstance(provider_id, str) else "2xx answer without an id",
+                invalid=problem,
+                evidence=evidence_of(answer.body) if problem else "",
             )
         if 400 <= answer.status < 500:
             return SendAnswer(
@@ -214,6 +231,7 @@ class GenericHttpAdapter(Adapter):
                 http_status=answer.status,
                 latency_ms=answer.latency_ms,
                 detail=_error_detail(body, answer.status),
+                retry_after=answer.retry_after,
             )
         # 5xx (or anything stranger): a gateway may answer after the effect happened.
         return SendAnswer(
@@ -221,6 +239,7 @@ class GenericHttpAdapter(Adapter):
             http_status=answer.status,
             latency_ms=answer.latency_ms,
             detail=_error_detail(body, answer.status),
+            retry_after=answer.retry_after,
         )
 
     def lookup(self, call: Call) -> LookupAnswer:
@@ -234,6 +253,14 @@ class GenericHttpAdapter(Adapter):
                 body=None,
                 headers={"Accept": "application/json", **self.lookup_headers(call)},
                 timeout=self.timeout,
+            )
+        except transport.AnswerTooLarge as exc:
+            return LookupAnswer(
+                LookupStatus.AMBIGUOUS,
+                detail="answer refused unread",
+                latency_ms=int((time.monotonic() - started) * 1000),
+                invalid=str(exc),
+                evidence="(not read)",
             )
         except (_Unsent, OSError, http.client.HTTPException) as exc:
             return LookupAnswer(
@@ -251,11 +278,12 @@ class GenericHttpAdapter(Adapter):
                 http_status=answer.status,
                 latency_ms=answer.latency_ms,
                 detail=_error_detail(answer.json(), answer.status),
+                retry_after=answer.retry_after,
             )
         body = answer.json()
         provider_id = body.get("id") if isinstance(body, dict) else None
         args_hash = body.get("args_hash") if isinstance(body, dict) else None
-        if not isinstance(provider_id, str) or not isinstance(args_hash, str) or not provider_id:
+        if provider_id is None or args_hash is None:
             return LookupAnswer(
                 LookupStatus.AMBIGUOUS,
                 http_status=200,
@@ -263,11 +291,25 @@ class GenericHttpAdapter(Adapter):
                 detail="200 answer without a string id and args_hash",
             )
         count = body.get("count", 1)
+        problem = id_problem("provider_request_id", provider_id)
+        if not problem and not (isinstance(args_hash, str) and HASH.fullmatch(args_hash)):
+            problem = "args_hash is not 64 hexadecimal digits"
+        if not problem and not (type(count) is int and 1 <= count <= 10**6):
+            problem = "count is not a positive integer"
+        if problem:
+            return LookupAnswer(
+                LookupStatus.AMBIGUOUS,
+                http_status=200,
+                latency_ms=answer.latency_ms,
+                detail="the provider's answer failed validation",
+                invalid=problem,
+                evidence=evidence_of(answer.body),
+            )
         return LookupAnswer(
             LookupStatus.FOUND,
             provider_request_id=provider_id,
             args_hash=args_hash.lower(),
-            count=count if isinstance(count, int) and count >= 1 else 1,
+            count=count,
             result_ref=f"lookup:{provider_id}",
             http_status=200,
             latency_ms=answer.latency_ms,

@@ -20,6 +20,8 @@ tool with the recorded arguments and the key in ``_meta``, as the gateway does.
 from __future__ import annotations
 
 import importlib.util
+import logging
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -38,8 +40,127 @@ from reconciliation.providers.base import (
     SendStatus,
 )
 
+log = logging.getLogger("ledgerweb.reconciler")
+
 META_KEY = "io.ledgerweb/idempotency_key"
 META_ATTEMPT = "io.ledgerweb/attempt_id"
+
+
+class _SessionPool:
+    """One connected upstream session per upstream, shared by every lookup of this process
+    (starting a stdio upstream for each lookup costs seconds). The sessions live in one event
+    loop in one thread (an anyio blocking portal), each held open by its own task (the SDK's
+    client must be closed by the task that opened it); a session whose call fails is closed and
+    opened again on the next lookup. At most ``MAX_SESSIONS``; ``close`` (the reconcile worker
+    calls it as it stops) closes them all and ends the thread."""
+
+    MAX_SESSIONS = 16
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._portal_cm: Any = None
+        self._portal: Any = None
+        # upstream name -> (client, closing event, the keeper task's future)
+        self._sessions: dict[str, tuple[Any, Any, Any]] = {}
+
+    def _portal_now(self) -> Any:
+        with self._lock:
+            if self._portal is None:
+                from anyio.from_thread import start_blocking_portal
+
+                self._portal_cm = start_blocking_portal()
+                self._portal = self._portal_cm.__enter__()
+            return self._portal
+
+    @staticmethod
+    async def _keep(upstream: Any, timeout: float, holder: dict, closing: Any) -> None:
+        """The task that opens one session, holds it until ``closing`` is set, and closes it."""
+        from ledgerweb_client.mcp_gateway.upstream import client_for
+
+        try:
+            async with client_for(upstream, read_timeout=timeout) as client:
+                holder["client"] = client
+                holder["ready"].set()
+                await closing.wait()
+        except Exception as exc:  # could not connect, or the session died: the next call says
+            holder.setdefault("error", exc)
+            log.debug("the session of upstream %s ended: %r", upstream.name, exc)
+        finally:
+            holder["ready"].set()
+
+    def _session(self, upstream: Any, timeout: float) -> Any:
+        import anyio
+
+        with self._lock:
+            found = self._sessions.get(upstream.name)
+            if found is not None:
+                return found[0]
+            if len(self._sessions) >= self.MAX_SESSIONS:
+                self._drop(next(iter(self._sessions)))
+            portal = self._portal_now()
+            holder: dict[str, Any] = {"ready": threading.Event()}
+            closing = portal.call(anyio.Event)
+            future = portal.start_task_soon(self._keep, upstream, timeout, holder, closing)
+            if not holder["ready"].wait(timeout):
+                future.cancel()
+                raise TimeoutError(f"upstream {upstream.name!r} did not connect in {timeout:g}s")
+            if "client" not in holder:
+                raise holder.get("error") or ConnectionError(f"upstream {upstream.name!r} closed")
+            self._sessions[upstream.name] = (holder["client"], closing, future)
+            return holder["client"]
+
+    def _drop(self, name: str) -> None:
+        with self._lock:
+            found = self._sessions.pop(name, None)
+            portal = self._portal
+        if found is not None and portal is not None:
+            _, closing, future = found
+            portal.call(closing.set)
+            try:
+                future.result(timeout=10)
+            except Exception as exc:
+                log.debug("the session of upstream %s ended with %r", name, exc)
+
+    def call(self, upstream: Any, tool: str, arguments: Any, *, timeout: float) -> dict[str, Any]:
+        """Call ``tool`` on ``upstream``'s pooled session, within ``timeout`` seconds."""
+        from ledgerweb_client.mcp_gateway.upstream import result_dict
+
+        started = time.monotonic()
+        client = self._session(upstream, timeout)
+
+        async def call_tool() -> Any:
+            with anyio_fail_after(max(0.1, timeout - (time.monotonic() - started))):
+                return await client.call_tool(tool, arguments)
+
+        try:
+            result = self._portal_now().call(call_tool)
+        except BaseException:
+            self._drop(upstream.name)  # the next lookup opens a fresh session
+            raise
+        return result_dict(result)
+
+    @property
+    def open_sessions(self) -> int:
+        return len(self._sessions)
+
+    def close(self) -> None:
+        with self._lock:
+            for name in list(self._sessions):
+                self._drop(name)
+            portal_cm = self._portal_cm
+            self._portal = self._portal_cm = None
+        if portal_cm is not None:
+            portal_cm.__exit__(None, None, None)
+
+
+def anyio_fail_after(timeout: float) -> Any:
+    import anyio
+
+    return anyio.fail_after(timeout)
+
+
+# Lookups of this process share one pool (closed by McpAdapter.close_shared).
+SESSIONS = _SessionPool()
 
 
 def _elapsed_ms(started: float) -> int:
@@ -76,6 +197,19 @@ class McpAdapter(Adapter):
                 )
             self._loaded = (config, entry)
         return self._loaded
+
+    @classmethod
+    def close_shared(cls) -> None:
+        """Close the pooled lookup sessions (the reconcile worker stops)."""
+        SESSIONS.close()
+
+    @property
+    def provider_key(self) -> str:
+        """The upstream MCP server: tools it serves share its bulkhead."""
+        try:
+            return f"mcp:{self._gateway_tool()[1].upstream}"
+        except ConfigError:
+            return super().provider_key
 
     def check(self) -> list[str]:
         problems = []
@@ -126,7 +260,10 @@ class McpAdapter(Adapter):
         except (ConfigError, ValueError) as exc:
             return LookupAnswer(LookupStatus.UNAVAILABLE, detail=str(exc)[:300])
         try:
-            result = self._call_upstream(loaded, entry.lookup_tool, arguments, None)
+            config, _ = loaded
+            result = SESSIONS.call(
+                config.upstreams[entry.upstream], entry.lookup_tool, arguments, timeout=self.timeout
+            )
         except Exception as exc:  # the SDK's errors, timeouts, a dead upstream: all unavailable
             return LookupAnswer(
                 LookupStatus.UNAVAILABLE,

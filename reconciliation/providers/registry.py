@@ -42,6 +42,18 @@ def adapter_class(name: str) -> type[Adapter]:
     return found
 
 
+def close_shared() -> None:
+    """Close what the adapters imported in this process share (``Adapter.close_shared``);
+    adapters never imported have nothing open and are not imported for this."""
+    import sys
+
+    for path in settings.LEDGER["ADAPTERS"].values():
+        module, _, name = path.rpartition(".")
+        found = getattr(sys.modules.get(module), name, None)
+        if isinstance(found, type) and issubclass(found, Adapter):
+            found.close_shared()
+
+
 def adapter_for(tool: Tool) -> Adapter:
     return adapter_class(tool.adapter or "http")(tool)
 

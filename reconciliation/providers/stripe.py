@@ -8,8 +8,9 @@ API base (empty: Stripe's own).
 - **send** creates and confirms a payment intent with the attempt's idempotency key and the
   ledger's metadata (``ledger_attempt_id``, ``ledger_args_hash``, ``ledger_idempotency_key``).
   Stripe's own retries are off: whether to send again is the ledger's decision.
-- **look up** reads the payment intents and keeps those whose metadata carries the attempt's
-  idempotency key. It never trusts the idempotency key to have prevented a duplicate: every
+- **look up** reads the payment intents created since the intent (``created[gte]``, with
+  slack) of the arguments' ``customer`` when there is one, at most ``max_pages`` pages, and
+  keeps those whose metadata carries the attempt's idempotency key. It never trusts the idempotency key to have prevented a duplicate: every
   payment under the key is counted, and amount, currency and customer are compared with the
   recorded arguments. Whatever cannot be read as exactly one settled payment or none at all is
   an ambiguous answer, and the attempt stays UNKNOWN.
@@ -32,6 +33,8 @@ from django.conf import settings
 
 from attempts.canonical import canonical_bytes, hash_bytes
 from reconciliation.faults import crash_point
+from reconciliation.providers import transport
+from reconciliation.providers.answers import evidence_of, id_problem
 from reconciliation.providers.base import (
     Adapter,
     Call,
@@ -95,36 +98,29 @@ class _HttpClient(stripe.HTTPClient):
         *,
         _usage: Any = None,
     ) -> tuple[bytes, int, dict[str, str]]:
-        parts = urlsplit(url)
-        connection_class = (
-            http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-        )
-        connection = connection_class(parts.hostname or "", parts.port, timeout=self.timeout)
-        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         body = post_data.encode() if isinstance(post_data, str) else post_data
+        host = urlsplit(url).hostname
+        sent = (lambda: crash_point("request_sent")) if method.lower() == "post" else None
         try:
-            try:
-                connection.connect()
-            except OSError as exc:
-                raise stripe.APIConnectionError(
-                    f"could not connect to {parts.hostname}: {exc}", should_retry=False
-                ) from _NothingSent(str(exc))
-            try:
-                connection.request(method.upper(), target, body=body, headers=dict(headers or {}))
-                response = connection.getresponse()
-                if method.lower() == "post":
-                    # The payment is made (or refused) at Stripe; this process has not read it.
-                    crash_point("request_sent")
-                data = response.read()
-            except (OSError, http.client.HTTPException) as exc:
-                what = "timeout" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}"
-                raise stripe.APIConnectionError(
-                    f"{what} after the request to {parts.hostname} was sent: {exc}",
-                    should_retry=False,
-                ) from exc
-        finally:
-            connection.close()
-        return data, response.status, {k.lower(): v for k, v in response.getheaders()}
+            # One deadline for the whole exchange and a size limit (transport.exchange).
+            answer = transport.exchange(
+                method.upper(),
+                url,
+                body=body,
+                headers=dict(headers or {}),
+                deadline=self.timeout,
+                after_response=sent,
+            )
+        except transport.NotSent as exc:
+            raise stripe.APIConnectionError(
+                f"could not connect to {host}: {exc}", should_retry=False
+            ) from _NothingSent(str(exc))
+        except (OSError, http.client.HTTPException, transport.AnswerTooLarge) as exc:
+            what = "timeout" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}"
+            raise stripe.APIConnectionError(
+                f"{what} after the request to {host} was sent: {exc}", should_retry=False
+            ) from exc
+        return answer.body, answer.status, answer.headers
 
     def close(self) -> None:
         pass
@@ -205,12 +201,20 @@ class StripePaymentIntentAdapter(Adapter):
     # Payment intents read per lookup page, and pages read at most before the answer is
     # "ambiguous" rather than "not found" (a lookup that has not seen everything proves nothing).
     page_size: ClassVar[int] = 100
-    max_pages: ClassVar[int] = 50
+    max_pages: ClassVar[int] = 10
+    # The lookup reads payment intents created since the attempt's intent, less this much for
+    # clocks that disagree (the payment is always made after the intent was recorded).
+    created_slack_seconds: ClassVar[int] = 600
 
     def __init__(self, tool: Any) -> None:
         super().__init__(tool)
         self._client: stripe.StripeClient | None = None
         self._lock = threading.Lock()
+
+    @property
+    def provider_key(self) -> str:
+        parts = urlsplit(self.api_base)
+        return f"stripe:{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
 
     @property
     def api_base(self) -> str:
@@ -301,13 +305,23 @@ class StripePaymentIntentAdapter(Adapter):
     def lookup(self, call: Call) -> LookupAnswer:
         started = time.monotonic()
         try:
-            matches, complete = self._payments_under(call.idempotency_key)
+            matches, complete = self._payments_under(call)
         except stripe.StripeError as exc:
             return LookupAnswer(
                 LookupStatus.UNAVAILABLE,
                 http_status=exc.http_status,
                 detail=_error_text(exc),
                 latency_ms=int((time.monotonic() - started) * 1000),
+                retry_after=_retry_after(exc),
+            )
+        bad = next((p for p in matches if id_problem("provider_request_id", p.get("id"))), None)
+        if bad is not None:
+            return LookupAnswer(
+                LookupStatus.AMBIGUOUS,
+                latency_ms=int((time.monotonic() - started) * 1000),
+                detail="Stripe's answer failed validation",
+                invalid=id_problem("provider_request_id", bad.get("id")),
+                evidence=evidence_of(bad.get("id")),
             )
         latency = int((time.monotonic() - started) * 1000)
         effects = [p for p in matches if p.get("status") in EFFECT_STATUSES]
@@ -351,7 +365,7 @@ class StripePaymentIntentAdapter(Adapter):
                 LookupStatus.AMBIGUOUS,
                 latency_ms=latency,
                 detail=f"no payment in the newest {self.max_pages * self.page_size} payment "
-                "intents; older ones were not read",
+                "intents since the intent; older ones were not read",
             )
         declined = [p["id"] for p in matches]
         return LookupAnswer(
@@ -363,22 +377,43 @@ class StripePaymentIntentAdapter(Adapter):
             else "",
         )
 
-    def _payments_under(self, idempotency_key: str) -> tuple[list[Any], bool]:
-        """The payment intents whose metadata names this key, and whether every payment
-        intent of the account was read."""
+    def list_filters(self, call: Call) -> dict[str, Any]:
+        """What the lookup asks Stripe for: payment intents created since the intent (less
+        the slack), of the payment's customer when the arguments name one."""
+        params: dict[str, Any] = {"limit": self.page_size}
+        if call.created_at is not None:
+            since = int(call.created_at.timestamp()) - self.created_slack_seconds
+            params["created"] = {"gte": max(0, since)}
+        customer = call.args.get("customer")
+        if isinstance(customer, str) and customer:
+            params["customer"] = customer
+        return params
+
+    def _payments_under(self, call: Call) -> tuple[list[Any], bool]:
+        """The payment intents whose metadata names this attempt's key, and whether every
+        payment intent the filters select was read (at most ``max_pages`` requests)."""
         client = self.client()
         matches: list[Any] = []
-        params: dict[str, Any] = {"limit": self.page_size}
+        params = self.list_filters(call)
         for _ in range(self.max_pages):
             page = client.v1.payment_intents.list(params=params)
             for item in page.data:
                 payment = item.to_dict()
-                if (payment.get("metadata") or {}).get(METADATA_KEY) == idempotency_key:
+                if (payment.get("metadata") or {}).get(METADATA_KEY) == call.idempotency_key:
                     matches.append(payment)
             if not page.has_more or not page.data:
                 return matches, True
-            params = {"limit": self.page_size, "starting_after": page.data[-1].id}
+            params = {**params, "starting_after": page.data[-1].id}
         return matches, False
+
+
+def _retry_after(exc: stripe.StripeError) -> float | None:
+    """Stripe's ``Retry-After`` on a 429 (or 503), as seconds."""
+    if exc.http_status not in (429, 503):
+        return None
+    headers = exc.headers or {}
+    value = headers.get("retry-after") or headers.get("Retry-After")
+    return transport.retry_after_seconds(value) if value else None
 
 
 def _decline_retryable(decline_code: Any, code: Any) -> bool:
@@ -420,13 +455,15 @@ def _send_error(exc: stripe.StripeError, latency: int) -> SendAnswer:
             SendStatus.UNCERTAIN, http_status=status, latency_ms=latency, detail=detail
         )
     if isinstance(exc, stripe.RateLimitError | stripe.AuthenticationError | stripe.PermissionError):
-        # Refused before anything was done; may work later (or once the key is fixed).
+        # Refused before anything was done; may work later (or once the key is fixed). A 429
+        # holds this provider for its Retry-After (reconciliation/bulkhead.py).
         return SendAnswer(
             SendStatus.REFUSED,
             retryable=True,
             http_status=status,
             latency_ms=latency,
             detail=detail,
+            retry_after=_retry_after(exc),
         )
     if isinstance(exc, stripe.InvalidRequestError) and status is not None and status < 500:
         return SendAnswer(SendStatus.REFUSED, http_status=status, latency_ms=latency, detail=detail)

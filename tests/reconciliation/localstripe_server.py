@@ -5,6 +5,10 @@ one fixed file for the whole machine. This starts the same aiohttp application o
 loopback port, writes the port to ``--port-file`` once it listens, and keeps the store in
 ``--store`` (reloaded at start, so a restarted server remembers its payments).
 
+localstripe refuses the payment intent list's ``created`` and ``customer`` filters, which Stripe
+has and the adapter sends; they are added here as Stripe documents them (``created[gte]`` etc.,
+``customer``), so the crash tests run the adapter's real lookup.
+
     python -m tests.reconciliation.localstripe_server --port-file P --store S
 """
 
@@ -33,6 +37,7 @@ def main() -> None:
         temporary.replace(store_path)
 
     resources.Store.dump_to_disk = dump_to_disk
+    _filtered_payment_intent_list()
     if store_path.exists():
         with open(store_path, "rb") as saved:
             resources.store.update(pickle.load(saved))  # noqa: S301 (our own file)
@@ -46,6 +51,27 @@ def main() -> None:
 
     server.app.on_startup.append(announce)
     web.run_app(server.app, sock=sock, print=None, access_log=None)
+
+
+def _filtered_payment_intent_list() -> None:
+    listed = resources.PaymentIntent._api_list_all.__func__
+
+    def list_all(cls, url, customer=None, created=None, limit=None, starting_after=None):
+        page = listed(cls, url, limit=limit, starting_after=starting_after)
+        if customer is not None:
+            page._list = [p for p in page._list if p.customer == customer]
+        bounds = created if isinstance(created, dict) else {}
+        for op, keep in (
+            ("gte", lambda a, b: a >= b),
+            ("gt", lambda a, b: a > b),
+            ("lte", lambda a, b: a <= b),
+            ("lt", lambda a, b: a < b),
+        ):
+            if op in bounds:
+                page._list = [p for p in page._list if keep(p.created, int(bounds[op]))]
+        return page
+
+    resources.PaymentIntent._api_list_all = classmethod(list_all)
 
 
 if __name__ == "__main__":

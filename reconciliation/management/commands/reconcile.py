@@ -124,7 +124,10 @@ class Command(BaseCommand):
         try:
             if options["once"]:
                 try:
-                    total = reconciler.run_once(stop=stop)
+                    try:
+                        total = reconciler.run_once(stop=stop)
+                    finally:
+                        reconciler.stop()
                     self._notify()
                 except Exception as exc:
                     log.exception("reconcile pass failed")
@@ -133,7 +136,11 @@ class Command(BaseCommand):
                     ) from exc
                 self._seal()
             else:
-                total = self._loop(reconciler, stop, options["interval"], options["verbosity"])
+                try:
+                    total = self._loop(reconciler, stop, options["interval"], options["verbosity"])
+                finally:
+                    # Calls still in flight end within their deadlines; nothing outlives us.
+                    reconciler.stop()
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -166,7 +173,9 @@ class Command(BaseCommand):
                 self._seal()
                 next_seal = time.monotonic() + seal_every
             try:
-                summary = reconciler.run_once(stop=stop)
+                # Calls to a slow provider carry over to the next pass (each bounded by its
+                # deadline), so sealing, notifications and the heartbeat never wait for one.
+                summary = reconciler.run_once(stop=stop, carry=True)
             except Exception as exc:
                 # The database went away, or something outside any one attempt broke (one
                 # attempt's errors are quarantined inside the pass): say so, wait, and try
@@ -193,7 +202,9 @@ class Command(BaseCommand):
             if notified.get("sent") and verbosity >= 1:
                 self.stdout.write(f"notify: {notified}")
             if summary.claimed == 0:
-                stop.wait(max(0.0, min(interval, next_seal - time.monotonic())))
+                reconciler.wait_for_work(
+                    stop, max(0.0, min(interval, next_seal - time.monotonic()))
+                )
         return total
 
     def _notify(self) -> dict[str, int]:

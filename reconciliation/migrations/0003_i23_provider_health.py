@@ -1,0 +1,13 @@
+from django.db import migrations, models
+
+
+class Migration(migrations.Migration):
+    dependencies = [("reconciliation", "0002_worker_restarts")]
+
+    operations = [
+        migrations.AddField(
+            model_name="workerheartbeat",
+            name="providers",
+            field=models.JSONField(blank=True, default=dict),
+        ),
+    ]

@@ -1,0 +1,208 @@
+"""One provider slow, silent, huge, rate-limiting or lying must not hold up anybody else's
+recovery, and nothing it says unchecked is stored (issue 23).
+
+Real processes throughout: a misbehaving provider (tests/reconciliation/bad_provider.py), the
+demo provider for the healthy tool, and a real ``manage.py reconcile`` loop."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from attempts.models import Attempt, AttemptEvent, State, Tool
+from reconciliation.models import WorkerHeartbeat
+from reconciliation.reconciler import Reconciler
+from tests.conftest import PYTHON, REPO, child_env, make_world
+from tests.reconciliation.conftest import intent, make_due, unknown
+
+BAD_TOOL = "open_ticket"
+HEALTHY_TOOL = "update_crm"
+TIMEOUT = 1.0
+
+
+class BadProvider:
+    def __init__(self, workdir: Path, mode: str) -> None:
+        self.port_file = workdir / f"bad-{mode}.port"
+        self.log = workdir / f"bad-{mode}.log"
+        self.mode = mode
+        command = [PYTHON, "-m", "tests.reconciliation.bad_provider", mode]
+        with open(self.log, "wb") as out:
+            self.process = subprocess.Popen(
+                [*command, "--port-file", str(self.port_file)], cwd=REPO, stdout=out, stderr=out
+            )
+        deadline = time.monotonic() + 15
+        while not self.port_file.exists():
+            assert self.process.poll() is None, self.log.read_text()
+            assert time.monotonic() < deadline, "bad provider did not start"
+            time.sleep(0.02)
+        self.port = int(self.port_file.read_text())
+        self.base = f"http://127.0.0.1:{self.port}"
+
+    def hits(self) -> int:
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+        try:
+            connection.request("GET", "/_hits")
+            return json.loads(connection.getresponse().read())["hits"]
+        finally:
+            connection.close()
+
+    def point(self, tool: str) -> None:
+        Tool.objects.filter(name=tool).update(
+            dispatch_url=f"{self.base}/send",
+            lookup_url=f"{self.base}/lookup",
+            timeout_seconds=TIMEOUT,
+        )
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait(timeout=10)
+
+
+@pytest.fixture
+def bad_provider(tmp_path: Path, request) -> Iterator[BadProvider]:
+    provider = BadProvider(tmp_path, request.param)
+    yield provider
+    provider.stop()
+
+
+def _stale(attempt: Attempt) -> Attempt:
+    past = timezone.now() - timezone.timedelta(seconds=5)
+    Attempt.objects.filter(pk=attempt.pk).update(updated_at=past)
+    return attempt
+
+
+def _settle_time(world, key: str, limit: float, worker: subprocess.Popen) -> float:
+    """Seconds from a stale intent of the healthy tool to its confirmation, checking all the
+    while that the worker's heartbeat stays fresh."""
+    attempt = _stale(intent(world, HEALTHY_TOOL, key, {"key": key}))
+    started = time.monotonic()
+    while True:
+        state = Attempt.objects.values_list("state", flat=True).get(pk=attempt.pk)
+        if state == State.OUTCOME_CONFIRMED:
+            return time.monotonic() - started
+        assert worker.poll() is None, worker.stderr.read()
+        elapsed = time.monotonic() - started
+        assert elapsed < limit, f"the healthy tool's intent still {state} after {elapsed:.1f}s"
+        beat = WorkerHeartbeat.objects.order_by("-last_seen").first()
+        if beat is not None:
+            age = (timezone.now() - beat.last_seen).total_seconds()
+            assert age < 3.0, f"the worker's heartbeat is {age:.1f}s old"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize(
+    "bad_provider",
+    ["trickle", "blackhole", "slow_headers", "huge", "huge_chunked", "ratelimit"],
+    indirect=True,
+)
+def test_one_misbehaving_provider_holds_up_nobody_else(
+    transactional_db, demo, bad_provider: BadProvider
+) -> None:
+    world = make_world()
+    demo.configure_tools()
+    bad_provider.point(BAD_TOOL)
+    worker = subprocess.Popen(
+        [PYTHON, "manage.py", "reconcile", "--interval", "0.2", "--worker-id", "bulkhead"],
+        cwd=REPO,
+        env=child_env(LEDGERWEB_STALE_AFTER="1", LEDGERWEB_PROVIDER_BREAKER_OPEN_SECONDS="60"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        alone = _settle_time(world, "alone", 15.0, worker)
+        bad = [make_due(unknown(world, BAD_TOOL, f"bad:{i}", {"i": i})) for i in range(24)]
+        deadline = time.monotonic() + 10
+        while bad_provider.hits() == 0:
+            assert time.monotonic() < deadline, "the worker never called the bad provider"
+            time.sleep(0.05)
+        # The bad provider's calls are in flight (or its breaker is open) from here on.
+        with_bad = _settle_time(world, "with-bad", max(3.0, 1.5 * alone + 1.0), worker)
+        assert with_bad <= max(1.5 * alone, alone + 0.6), (alone, with_bad)
+        time.sleep(TIMEOUT * 2.5)  # every call to the bad provider has met its deadline
+        hits = bad_provider.hits()
+        if bad_provider.mode.startswith("huge"):
+            assert hits <= len(bad), hits  # each answer refused early, none asked again
+        else:
+            # A bounded number of calls: capped, then the breaker or Retry-After stopped them.
+            assert hits <= 6, hits
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            out, err = worker.communicate(timeout=TIMEOUT * 4 + 5)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            raise AssertionError("the worker did not stop within its calls' deadlines") from None
+    assert worker.returncode == 0, err
+    for attempt in bad:
+        attempt.refresh_from_db()
+        # Nothing the provider said was stored as a fact.
+        assert attempt.provider_request_id == "" and attempt.result_ref == ""
+        assert attempt.lease_owner == ""
+        assert attempt.state in (State.UNKNOWN, State.MANUAL_REVIEW)
+    mode = bad_provider.mode
+    if mode.startswith("huge"):
+        reviewed = [a for a in bad if a.state == State.MANUAL_REVIEW]
+        assert reviewed and all(a.review_reason == "invalid_provider_answer" for a in reviewed)
+        event = reviewed[0].events.order_by("-id").first()
+        assert "limit" in event.details["lookup"]["invalid"]
+    else:
+        assert all(a.state == State.UNKNOWN for a in bad)
+        deferred = AttemptEvent.objects.filter(action="attempt.provider_deferred").count()
+        assert deferred >= 1
+        beat = WorkerHeartbeat.objects.get(worker_id="bulkhead")
+        key = f"127.0.0.1:{bad_provider.port}"
+        assert beat.providers[key]["state"] in ("open", "half_open", "closed")
+        if mode == "ratelimit":
+            assert beat.providers[key]["retry_after"] is True
+        else:
+            assert beat.providers[key]["state"] == "open"
+
+
+@pytest.mark.parametrize(
+    "bad_provider", ["bad_id_newline", "bad_id_nul", "bad_id_long"], indirect=True
+)
+def test_a_provider_id_the_api_would_refuse_goes_to_a_person_not_into_the_ledger(
+    world, bad_provider: BadProvider
+) -> None:
+    bad_provider.point(BAD_TOOL)
+    attempt = make_due(unknown(world, BAD_TOOL, "lying", {"n": 1}))
+    Reconciler(worker_id="w").run_pass()
+    attempt.refresh_from_db()
+    assert attempt.state == State.MANUAL_REVIEW
+    assert attempt.review_reason == "invalid_provider_answer"
+    assert attempt.provider_request_id == "" and attempt.result_ref == ""
+    assert attempt.owner_id is not None
+    event = attempt.events.order_by("-id").first()
+    evidence = event.details["lookup"]["evidence"]
+    # Kept escaped and truncated: no control character, no bidi override, bounded.
+    assert evidence.isascii() and evidence.isprintable() and len(evidence) < 1100
+    assert "provider_request_id" not in event.details["lookup"]
+
+
+def test_healthz_and_metrics_name_an_open_circuited_provider(world, settings) -> None:
+    settings.OPS = {**settings.OPS, "METRICS_ALLOW_LOOPBACK": True}
+    WorkerHeartbeat.objects.create(
+        worker_id="w1",
+        hostname="h",
+        pid=1,
+        started_at=timezone.now(),
+        last_seen=timezone.now(),
+        providers={
+            "127.0.0.1:9": {"state": "open", "failures": 3, "retry_after": False, "tools": []}
+        },
+    )
+    body = Client().get("/healthz").json()
+    assert body["providers_degraded"] == {"127.0.0.1:9": "open"}
+    text = Client().get("/metrics", REMOTE_ADDR="127.0.0.1").content.decode()
+    assert 'ledger_provider_degraded{provider="127.0.0.1:9",state="open"} 1' in text
+    assert 'ledger_provider_failures{provider="127.0.0.1:9"} 3' in text
