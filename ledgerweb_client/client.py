@@ -17,12 +17,13 @@ from __future__ import annotations
 import http.client
 import json
 import ssl
+import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
+from enum import Enum
 from types import TracebackType
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode, urlsplit
 
 from .errors import (
@@ -52,6 +53,18 @@ __all__ = [
 
 __version__ = "1.0.0"
 
+if TYPE_CHECKING:
+    from typing import Self  # Python 3.11+; annotations are never evaluated at run time
+
+if sys.version_info >= (3, 11):
+    from enum import StrEnum
+else:  # Python 3.10: the same behaviour, str() and format() give the value
+
+    class StrEnum(str, Enum):
+        __str__ = str.__str__
+        __format__ = str.__format__
+
+
 # Longest reason the client sends when it writes an exception's text into the ledger.
 _MAX_REASON = 1000
 
@@ -75,6 +88,19 @@ TERMINAL_STATES: frozenset[str] = frozenset(
 )
 #: States from which an agent's dispatch call may claim the send.
 DISPATCHABLE_STATES: frozenset[str] = frozenset({State.INTENT_RECORDED, State.FAILED_RETRYABLE})
+
+
+def _add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)``; Python 3.10 has no notes, so the note goes where 3.11 keeps them
+    (``__notes__``, which tracebacks print from 3.11 on) and stays readable by callers."""
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+    else:
+        notes = getattr(exc, "__notes__", None)
+        if not isinstance(notes, list):
+            notes = []
+            exc.__notes__ = notes  # type: ignore[attr-defined]
+        notes.append(note)
 
 
 def _opt_str(value: Any) -> str | None:
@@ -308,9 +334,10 @@ class AttemptCall:
         try:
             self.mark_unknown(f"{kind} after dispatch: {_describe(exc)}"[:_MAX_REASON])
         except LedgerError as ledger_exc:
-            exc.add_note(
+            _add_note(
+                exc,
                 f"ledgerweb: could not mark attempt {attempt_id} UNKNOWN ({ledger_exc}); it "
-                "stays DISPATCHED until reconciliation looks it up"
+                "stays DISPATCHED until reconciliation looks it up",
             )
         return False
 

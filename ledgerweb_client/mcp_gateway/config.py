@@ -26,17 +26,23 @@ provider adapter alike, so both ends agree on upstreams, keys and lookups.
     lookup_tool = "find_ticket"       # read-only upstream tool reconciliation asks
     lookup_args = { idempotency_key = "{key}" }
 
-Standard library only (``tomllib``): the server reads it without the MCP SDK's help.
+Standard library only (``tomllib``; ``tomli``, its backport, on Python 3.10): the server reads it
+without the MCP SDK's help.
 """
 
 from __future__ import annotations
 
 import os
-import tomllib
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # the mcp extra installs the backport there
+    import tomli as tomllib
 
 from ..guard import KeyTemplate
 

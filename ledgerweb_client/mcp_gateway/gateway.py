@@ -43,6 +43,9 @@ from .receipts import kept_result, result_ref_for, structured_or_json_text
 from .schema import SchemaMissing, SchemaRefusal, conform
 from .upstream import client_for, result_dict
 
+if sys.version_info < (3, 11):  # anyio's own dependency there: the builtin's backport
+    from exceptiongroup import BaseExceptionGroup
+
 log = logging.getLogger("ledgerweb_client.mcp_gateway")
 
 __all__ = ["LEDGER_ERROR_CODES", "Gateway", "main"]

@@ -19,8 +19,30 @@ import {
 } from "./errors.js";
 import type { components } from "./openapi.js";
 
-export type Attempt = components["schemas"]["Attempt"];
-export type State = components["schemas"]["State"];
+/**
+ * The states of an attempt (protocol section 3), AWAITING_APPROVAL included: an approval policy
+ * holds the intent before anything is sent (protocol section 11).
+ */
+export const STATES = [
+  "INTENT_RECORDED",
+  "AWAITING_APPROVAL",
+  "DISPATCHED",
+  "OUTCOME_CONFIRMED",
+  "FAILED_RETRYABLE",
+  "UNKNOWN",
+  "MANUAL_REVIEW",
+  "FAILED",
+  "RECONCILED",
+] as const;
+export type State = (typeof STATES)[number];
+
+// Every state the API description names is one of the protocol's: this line stops compiling
+// when docs/openapi.json gains a state the list above lacks.
+const wireStatesAreKnown: components["schemas"]["State"] extends State ? true : never = true;
+void wireStatesAreKnown;
+
+/** One attempt as the ledger reported it; `state` is narrowed to the protocol's states. */
+export type Attempt = Omit<components["schemas"]["Attempt"], "state"> & { state: State };
 export type IntentRequest = components["schemas"]["IntentRequest"];
 type AttemptEnvelope = components["schemas"]["AttemptEnvelope"];
 type DispatchEnvelope = components["schemas"]["DispatchEnvelope"];

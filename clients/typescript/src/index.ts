@@ -16,6 +16,7 @@
 
 export {
   LedgerClient,
+  STATES,
   TERMINAL_STATES,
   type Attempt,
   type CallOptions,
