@@ -739,11 +739,15 @@ class AgentToken(models.Model):
         """Revoke the token (idempotent). Returns whether this call revoked it."""
         from django.utils import timezone
 
-        changed = AgentToken.objects.filter(pk=self.pk, revoked_at__isnull=True).update(
-            revoked_at=timezone.now()
-        )
-        self.refresh_from_db(fields=["revoked_at"])
-        return bool(changed)
+        # A save, not a queryset update: the configuration history records it (signals).
+        with transaction.atomic():
+            token = AgentToken.objects.select_for_update().get(pk=self.pk)
+            changed = token.revoked_at is None
+            if changed:
+                token.revoked_at = timezone.now()
+                token.save(update_fields=["revoked_at"])
+        self.revoked_at = token.revoked_at
+        return changed
 
 
 class LoginThrottle(models.Model):

@@ -130,6 +130,46 @@ def config_event_hash(row: dict[str, Any]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+# What the configuration history says who may do what is (attempts.config_history writes it).
+
+# A baseline: the kinds in ``after["kinds"]`` are what the ``snapshot`` events after it say.
+AUTHORITY_SUBJECT = "authority"
+AUTHORITY_BASELINE = "authority.baseline"
+# The actions that state what a row is: its whole record (snapshot, created), the fields that
+# changed (changed), or that it is gone (deleted). Other actions (password.set, config.*) say
+# something happened and change no recorded value.
+AUTHORITY_ACTIONS = frozenset({"snapshot", "created", "changed", "deleted"})
+
+
+def authority_state(events: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Replay configuration changes (in ``seq`` order; each with subject, action and after)
+    into what they say the authority rows are now: subject -> recorded fields."""
+    state: dict[str, dict[str, Any]] = {}
+    for event in events:
+        subject, action, after = event["subject"], event["action"], event["after"]
+        if isinstance(after, str):
+            after = json.loads(after)
+        if action == AUTHORITY_BASELINE and subject == AUTHORITY_SUBJECT:
+            kinds = set((after or {}).get("kinds", []))
+            for name in [s for s in state if s.split(":", 1)[0] in kinds]:
+                del state[name]
+        elif action not in AUTHORITY_ACTIONS:
+            continue
+        elif action == "deleted":
+            state.pop(subject, None)
+        elif action == "changed" and subject in state:
+            state[subject] = {**state[subject], **(after or {})}
+        else:
+            state[subject] = dict(after or {})
+    return state
+
+
+def authority_digest_of(state: dict[str, dict[str, Any]]) -> str:
+    """SHA-256 (hex) of the RFC 8785 JSON of authority rows (subject -> recorded fields)."""
+    return hashlib.sha256(rfc8785.dumps(state)).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
 # Checkpoints: a Merkle tree (RFC 6962's shape) over the attempt chain heads a checkpoint seals,
 # and a chain of checkpoints, each hashing the one before it.
 
