@@ -128,7 +128,9 @@ def test_unticking_critical_is_recorded_with_who_and_shown_on_the_attempt(world)
     rule = OwnershipRule.objects.get(tenant_pattern="acme")
     response = client.post(f"/admin/attempts/ownershiprule/{rule.pk}/delete/", {"post": "yes"})
     assert response.status_code == 302
-    assert ConfigEvent.objects.filter(subject=f"ownership_rule:{rule.pk}").last().action == "deleted"
+    assert (
+        ConfigEvent.objects.filter(subject=f"ownership_rule:{rule.pk}").last().action == "deleted"
+    )
 
     reviewer = login(world.reviewer)
     page = reviewer.get(f"/attempts/{attempt.attempt_id}/").content.decode()
