@@ -548,7 +548,47 @@ class AttemptEvent(models.Model):
         return f"{self.attempt_id} {self.action} {self.from_state}->{self.to_state}"
 
 
+# Config-history subjects by whom they concern: one tenant (the tenant is in the key), every
+# tenant (tools, ownership rules, an SLA for every tenant), or people and agent identities.
+TENANT_SUBJECT_KINDS = ("tenant", "membership", "grant", "sso_group", "sla_policy")
+PEOPLE_SUBJECT_KINDS = ("user", "group", "sso_identity", "agent_token")
+
+
 class ConfigEventQuerySet(models.QuerySet):
+    def visible_to(self, user: Any) -> ConfigEventQuerySet:
+        """The one home of who may read which configuration changes: a superuser every one; a
+        reviewer or admin of a tenant that tenant's (its row, memberships, grants, SSO group
+        roles and SLA policies) and the ones that concern every tenant (tools, ownership
+        rules, SLAs for every tenant, baselines); an admin of any tenant also people's and
+        agent tokens' changes. Nobody else any."""
+        if user is None or not user.is_authenticated or not user.is_active:
+            return self.none()
+        if user.is_superuser:
+            return self.all()
+        tenants = tenants_where(user, Role.REVIEWER)
+        if not tenants:
+            return self.none()
+        seen = (
+            Q(subject__startswith="tool:")
+            | Q(subject__startswith="ownership_rule:")
+            | Q(subject__startswith="authority")
+            | (Q(subject__startswith="sla_policy:") & Q(subject__endswith="/*"))
+        )
+        for tenant in tenants:
+            seen |= (
+                Q(subject=f"tenant:{tenant}")
+                | Q(subject__startswith=f"membership:{tenant}/")
+                | Q(subject__startswith=f"grant:{tenant}/")
+                | (
+                    (Q(subject__startswith="sso_group:") | Q(subject__startswith="sla_policy:"))
+                    & Q(subject__endswith=f"/{tenant}")
+                )
+            )
+        if tenants_where(user, Role.ADMIN):
+            for kind in PEOPLE_SUBJECT_KINDS:
+                seen |= Q(subject__startswith=f"{kind}:")
+        return self.filter(seen)
+
     def affecting(self, attempt: Attempt) -> ConfigEventQuerySet:
         """Changes to what decides the attempt's authority or review: its tenant, its tool, the
         tenant's grant for the tool, and ownership rules (which may match any attempt)."""
