@@ -567,7 +567,7 @@ def check_config_drift(report: Report, *, max_problems: int = 50) -> None:
     ledger from before its models were declared (``config_history.ensure_baseline``)."""
     from attempts import config_history
 
-    baselined = config_history.ensure_baseline()
+    baselined = config_history.ensure_baseline(force=True)
     if baselined:
         report.notes.append(
             "recorded a baseline of the authority rows the history did not hold yet: "

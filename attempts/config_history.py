@@ -225,7 +225,6 @@ AUTHORITIES: list[Authority] = [
         {
             "tenant_pattern": "tenant_pattern",
             "tool_pattern": "tool_pattern",
-            "owner_id": "owner_id",
             "priority": "priority",
             "owner": _username("owner"),
         },
@@ -537,12 +536,12 @@ def _baselined_kinds() -> set[str]:
     return kinds
 
 
-def ensure_baseline() -> list[str]:
+def ensure_baseline(*, force: bool = False) -> list[str]:
     """Record a baseline of every declared model no baseline covers yet (a ledger from before
     it was declared); returns the kinds baselined now. Runs inside the caller's transaction
-    (or its own)."""
+    (or its own). What is covered is remembered per process; ``force`` asks the database."""
     wanted = {a.kind for a in AUTHORITIES}
-    if wanted <= _covered:
+    if not force and wanted <= _covered:
         return []
     with write_transaction():
         covered = _baselined_kinds()

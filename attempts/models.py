@@ -548,19 +548,17 @@ class AttemptEvent(models.Model):
         return f"{self.attempt_id} {self.action} {self.from_state}->{self.to_state}"
 
 
-# Config-history subjects by whom they concern: one tenant (the tenant is in the key), every
-# tenant (tools, ownership rules, an SLA for every tenant), or people and agent identities.
+# Config-history subjects that concern one tenant (the tenant is in the subject's key).
 TENANT_SUBJECT_KINDS = ("tenant", "membership", "grant", "sso_group", "sla_policy")
-PEOPLE_SUBJECT_KINDS = ("user", "group", "sso_identity", "agent_token")
 
 
 class ConfigEventQuerySet(models.QuerySet):
     def visible_to(self, user: Any) -> ConfigEventQuerySet:
         """The one home of who may read which configuration changes: a superuser every one; a
         reviewer or admin of a tenant that tenant's (its row, memberships, grants, SSO group
-        roles and SLA policies) and the ones that concern every tenant (tools, ownership
-        rules, SLAs for every tenant, baselines); an admin of any tenant also people's and
-        agent tokens' changes. Nobody else any."""
+        roles, SLA policies) and tools' and SLAs-for-every-tenant's, which concern every
+        tenant alike. Changes that span tenants and name them (people, groups, SSO identities,
+        agent tokens, ownership rules' patterns) are for superusers. Nobody else sees any."""
         if user is None or not user.is_authenticated or not user.is_active:
             return self.none()
         if user.is_superuser:
@@ -570,8 +568,7 @@ class ConfigEventQuerySet(models.QuerySet):
             return self.none()
         seen = (
             Q(subject__startswith="tool:")
-            | Q(subject__startswith="ownership_rule:")
-            | Q(subject__startswith="authority")
+            | Q(subject="authority")
             | (Q(subject__startswith="sla_policy:") & Q(subject__endswith="/*"))
         )
         for tenant in tenants:
@@ -584,9 +581,6 @@ class ConfigEventQuerySet(models.QuerySet):
                     & Q(subject__endswith=f"/{tenant}")
                 )
             )
-        if tenants_where(user, Role.ADMIN):
-            for kind in PEOPLE_SUBJECT_KINDS:
-                seen |= Q(subject__startswith=f"{kind}:")
         return self.filter(seen)
 
     def affecting(self, attempt: Attempt) -> ConfigEventQuerySet:

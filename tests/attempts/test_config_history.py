@@ -277,3 +277,48 @@ def test_deleting_a_tenant_records_what_went_with_it(world) -> None:
     )
     assert gone == {"tenant:tmp", "membership:tmp/viewer"}
     assert config_history.drift() == []
+
+
+def _export(tmp_path, name: str = "audit.jsonl"):
+    from attempts import verify_export
+
+    path = tmp_path / name
+    call_command("export_audit", "--format", "jsonl", "--out", str(path), stdout=io.StringIO())
+    return path, verify_export
+
+
+def test_the_config_history_is_exported_and_verified_offline(world, tmp_path) -> None:
+    with config_history.acting(Actor.user(world.admin), "before the export"):
+        tool = Tool.objects.get(name="open_ticket")
+        tool.critical = True
+        tool.save()
+    seal_all()
+    path, verify_export = _export(tmp_path)
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    config = [r for r in records if r["type"] == "config"]
+    assert len(config) == ConfigEvent.objects.count()
+    assert any(
+        r["subject"] == "tool:open_ticket" and r["after"] == {"critical": True} for r in config
+    )
+    manifest = records[-1]
+    assert manifest["authority_digest"] == config_history.authority_digest()
+    assert verify_export.verify_file(path).ok
+
+    # Editing a config line, or dropping one, is seen offline.
+    edited = path.read_text().replace('"after": {"critical": true}', '"after": {"critical": false}')
+    (tmp_path / "edited.jsonl").write_text(edited)
+    kinds = {p.kind for p in verify_export.verify_file(tmp_path / "edited.jsonl").problems}
+    assert "config" in kinds
+    lines = path.read_text().splitlines()
+    first_config = next(i for i, line in enumerate(lines) if '"type": "config"' in line)
+    del lines[first_config + 1]
+    (tmp_path / "cut.jsonl").write_text("\n".join(lines) + "\n")
+    assert not verify_export.verify_file(tmp_path / "cut.jsonl").ok
+
+
+def test_an_export_of_a_drifted_ledger_fails_offline_as_config_drift(world, tmp_path) -> None:
+    drop_triggers()
+    sql("UPDATE attempts_membership SET role = 'admin' WHERE user_id = %s", [world.viewer.pk])
+    path, verify_export = _export(tmp_path)
+    report = verify_export.verify_file(path)
+    assert [p.kind for p in report.problems] == ["config-drift"], report.render()
