@@ -10,9 +10,7 @@ from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
 from django.contrib.auth.admin import UserAdmin
 from django.http import HttpRequest
-from django.utils import timezone
 
-from attempts.config_history import delete_with_history, save_with_history
 from attempts.models import (
     AgentToken,
     Attempt,
@@ -29,7 +27,6 @@ from attempts.models import (
     adapter_names,
     tenants_where,
 )
-from attempts.states import Actor
 from attempts.views.auth import ThrottledAdminAuthenticationForm
 
 
@@ -57,6 +54,11 @@ class LedgerUserAdmin(UserAdmin):
     """Django's user admin, plus the person's tenant memberships and roles on the same page."""
 
     inlines = [*UserAdmin.inlines, UserMembershipInline, PersonSettingsInline]
+
+    def get_readonly_fields(self, request, obj=None):
+        # A username names the person's memberships and rules in the history: not renamed here.
+        fields = super().get_readonly_fields(request, obj)
+        return (*fields, "username") if obj is not None else fields
 
 
 # One login throttle for /login/ and /admin/login/ (attempts/views/auth.py).
@@ -172,18 +174,9 @@ class LoginThrottleAdmin(admin.ModelAdmin):
 
 
 class ConfigHistoryAdmin(admin.ModelAdmin):
-    """Admin for configuration that decides authority or review: every save and delete is
-    recorded in the tamper-evident history with the person who made it."""
-
-    def save_model(self, request, obj, form, change) -> None:
-        save_with_history(obj, actor=Actor.user(request.user), reason="admin")
-
-    def delete_model(self, request, obj) -> None:
-        delete_with_history(obj, actor=Actor.user(request.user), reason="admin")
-
-    def delete_queryset(self, request, queryset) -> None:
-        for obj in queryset:
-            delete_with_history(obj, actor=Actor.user(request.user), reason="admin")
+    """Admin for configuration that decides authority or review. Every save and delete of a
+    declared model, here or anywhere, is recorded in the tamper-evident history with the
+    person who made it (``attempts.config_history``; the person comes from its middleware)."""
 
 
 class ToolForm(forms.ModelForm):
@@ -317,7 +310,7 @@ class AgentTokenAdmin(admin.ModelAdmin):
 
     @admin.action(description="Revoke selected tokens")
     def revoke_tokens(self, request, queryset) -> None:
-        count = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
+        count = sum(token.revoke() for token in queryset.filter(revoked_at__isnull=True))
         self.message_user(request, f"Revoked {count} token(s).", messages.SUCCESS)
 
 

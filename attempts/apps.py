@@ -15,7 +15,11 @@ class AttemptsConfig(AppConfig):
     verbose_name = "Ledger"
 
     def ready(self) -> None:
-        from attempts import checks, faults  # noqa: F401  (checks registers system checks)
+        from attempts import (  # noqa: F401  (checks registers system checks)
+            checks,
+            config_history,  # noqa: F401  (records every authority change)
+            faults,
+        )
 
         faults.check_environment()  # fault injection asked for in production: refuse to start
         post_migrate.connect(_reinstall_history_guards, sender=self)

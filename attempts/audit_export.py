@@ -33,11 +33,13 @@ from attempts.models import (
     AttemptEvent,
     Checkpoint,
     CheckpointLeaf,
+    ConfigEvent,
     Role,
     State,
     tenants_where,
 )
 from attempts.verify_export import (
+    CONFIG_FIELDS,
     CSV_COLUMNS,
     EXPORT_FORMAT,
     EXPORT_VERSION,
@@ -167,6 +169,11 @@ class ExportPlan:
     head_hash: str | None
     attempts: QuerySet[Attempt] = field(repr=False)
     checkpoint: tuple[int, str] | None = None  # (seq, hash)
+    # The config chain up to its head when planned; the changes this person may read (None:
+    # all of them); the live authority rows' digest then (attempts.config_history).
+    config_upto: int = 0
+    config_visible: QuerySet[ConfigEvent] | None = field(default=None, repr=False)
+    authority_digest: str | None = None
 
     @property
     def complete_chains(self) -> bool:
@@ -206,7 +213,53 @@ def plan_export(*, user: Any | None, filters: ExportFilters, upto: int | None = 
     scoped = filters.filters_attempts or (user is not None and export_tenants(user) is not None)
     label = "command line" if user is None else user.get_username()
     checkpoint = Checkpoint.objects.order_by("-seq").values_list("seq", "hash").first()
-    return ExportPlan(filters, label, scoped, head_id, head_hash, attempts, checkpoint)
+    config_upto, digest = _config_pin()
+    visible = None if user is None else ConfigEvent.objects.visible_to(user)
+    return ExportPlan(
+        filters,
+        label,
+        scoped,
+        head_id,
+        head_hash,
+        attempts,
+        checkpoint,
+        config_upto=config_upto,
+        config_visible=visible,
+        authority_digest=digest,
+    )
+
+
+def _config_pin() -> tuple[int, str]:
+    """The config chain's length and the live authority digest, read as one moment (read again
+    if a change landed in between)."""
+    from attempts.chain import config_head_now
+    from attempts.config_history import authority_digest
+
+    for _ in range(3):
+        length = config_head_now()[0]
+        digest = authority_digest()
+        if config_head_now()[0] == length:
+            break
+    return length, digest
+
+
+def _config_lines(plan: ExportPlan) -> list[dict[str, Any]]:
+    """The config chain up to the pinned length: the whole chain for an export of everything,
+    else only the changes the person may read (``ConfigEvent.objects.visible_to``: no hash of
+    anyone else's change either), each with its hash."""
+    rows = ConfigEvent.objects.filter(seq__lte=plan.config_upto)
+    if plan.config_visible is not None:
+        rows = rows.filter(pk__in=plan.config_visible.values("pk"))
+    return [
+        {
+            "type": "config",
+            **{name: row[name] for name in CONFIG_FIELDS},
+            "created_at": chain_time(row["created_at"]),
+            "prev_hash": row["prev_hash"],
+            "hash": row["hash"],
+        }
+        for row in rows.order_by("seq").values()
+    ]
 
 
 def _vendor_sql() -> dict[str, str]:
@@ -441,8 +494,20 @@ def _manifest(
     last: int | None,
     seals: int = 0,
     checkpoints: int = 0,
+    config: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     last_ref = _event_ref(last)
+    extra: dict[str, Any] = {}
+    if config is not None:
+        complete = plan.config_visible is None or len(config) == plan.config_upto
+        extra = {
+            "config_count": len(config),
+            "config_complete": complete,
+            "config_head": {"seq": config[-1]["seq"], "hash": config[-1]["hash"]}
+            if config and complete
+            else None,
+            "authority_digest": plan.authority_digest if complete else None,
+        }
     return {
         "type": "manifest",
         "format": EXPORT_FORMAT,
@@ -458,6 +523,7 @@ def _manifest(
         "complete_chains": plan.complete_chains,
         "ledger_head": {"id": plan.upto, "hash": plan.head_hash},
         "checkpoint": _checkpoint_ref(plan),
+        **extra,
     }
 
 
@@ -623,7 +689,8 @@ def stream_jsonl(plan: ExportPlan) -> Iterator[bytes]:
     }
     seals, oldest = _seal_lines(plan)
     checkpoints = _checkpoint_lines(plan, oldest)
-    lines = [header, *checkpoints, *seals]
+    config = _config_lines(plan)
+    lines = [header, *checkpoints, *seals, *config]
     yield ("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)).encode("utf-8")
     where, params = _where(plan)
     sql = f"SELECT e.id, {_json_event_sql()} {_FROM} WHERE {where} ORDER BY e.id"  # noqa: S608
@@ -650,6 +717,7 @@ def stream_jsonl(plan: ExportPlan) -> Iterator[bytes]:
         last=last,
         seals=len(seals),
         checkpoints=len(checkpoints),
+        config=config,
     )
     parts.append(json.dumps(manifest, ensure_ascii=False) + "\n")
     yield "".join(parts).encode("utf-8")

@@ -38,6 +38,7 @@ from attempts.verify_export import (
     MerkleTree,
     Problem,
     Report,
+    authority_digest_of,
     chain_time,
     checkpoint_hash,
     config_event_hash,
@@ -548,12 +549,43 @@ def verify_django_database(
 
     connection = connections[using]
     name = connection.settings_dict.get("NAME")
-    return verify_database(
+    report = verify_database(
         connection.chunked_cursor,
         anchors=anchors,
         max_problems=max_problems,
         max_unsealed_seconds=max_unsealed_seconds,
         what=f"{connection.vendor} database {name}",
+    )
+    check_config_drift(report, max_problems=max_problems)
+    return report
+
+
+def check_config_drift(report: Report, *, max_problems: int = 50) -> None:
+    """``[config-drift]``: the live authority rows (tenants, people, roles, tokens, tools,
+    grants, ...) are what the configuration history says they are. A row changed by SQL, or by
+    a code path that bypassed the model's signals, shows here. Records a baseline first on a
+    ledger from before its models were declared (``config_history.ensure_baseline``)."""
+    from attempts import config_history
+
+    baselined = config_history.ensure_baseline(force=True)
+    if baselined:
+        report.notes.append(
+            "recorded a baseline of the authority rows the history did not hold yet: "
+            + ", ".join(baselined)
+        )
+    live = config_history.live_authority()
+    lines = config_history.drift(live, config_history.history_authority())
+    for line in lines[:max_problems]:
+        report.problems.append(
+            Problem("config-drift", f"{line}: changed outside the recorded history")
+        )
+    if len(lines) > max_problems:
+        report.truncated = True
+    report.notes.append(
+        f"authority rows match their history ({len(live)} rows, digest "
+        f"{authority_digest_of(live)[:16]}…)"
+        if not lines
+        else f"{len(lines)} authority rows differ from their history"
     )
 
 

@@ -570,7 +570,41 @@ class AttemptEvent(models.Model):
         return f"{self.attempt_id} {self.action} {self.from_state}->{self.to_state}"
 
 
+# Config-history subjects that concern one tenant (the tenant is in the subject's key).
+TENANT_SUBJECT_KINDS = ("tenant", "membership", "grant", "sso_group", "sla_policy")
+
+
 class ConfigEventQuerySet(models.QuerySet):
+    def visible_to(self, user: Any) -> ConfigEventQuerySet:
+        """The one home of who may read which configuration changes: a superuser every one; a
+        reviewer or admin of a tenant that tenant's (its row, memberships, grants, SSO group
+        roles, SLA policies) and tools' and SLAs-for-every-tenant's, which concern every
+        tenant alike. Changes that span tenants and name them (people, groups, SSO identities,
+        agent tokens, ownership rules' patterns) are for superusers. Nobody else sees any."""
+        if user is None or not user.is_authenticated or not user.is_active:
+            return self.none()
+        if user.is_superuser:
+            return self.all()
+        tenants = tenants_where(user, Role.REVIEWER)
+        if not tenants:
+            return self.none()
+        seen = (
+            Q(subject__startswith="tool:")
+            | Q(subject="authority")
+            | (Q(subject__startswith="sla_policy:") & Q(subject__endswith="/*"))
+        )
+        for tenant in tenants:
+            seen |= (
+                Q(subject=f"tenant:{tenant}")
+                | Q(subject__startswith=f"membership:{tenant}/")
+                | Q(subject__startswith=f"grant:{tenant}/")
+                | (
+                    (Q(subject__startswith="sso_group:") | Q(subject__startswith="sla_policy:"))
+                    & Q(subject__endswith=f"/{tenant}")
+                )
+            )
+        return self.filter(seen)
+
     def affecting(self, attempt: Attempt) -> ConfigEventQuerySet:
         """Changes to what decides the attempt's authority or review: its tenant, its tool, the
         tenant's grant for the tool, and ownership rules (which may match any attempt)."""
@@ -761,11 +795,15 @@ class AgentToken(models.Model):
         """Revoke the token (idempotent). Returns whether this call revoked it."""
         from django.utils import timezone
 
-        changed = AgentToken.objects.filter(pk=self.pk, revoked_at__isnull=True).update(
-            revoked_at=timezone.now()
-        )
-        self.refresh_from_db(fields=["revoked_at"])
-        return bool(changed)
+        # A save, not a queryset update: the configuration history records it (signals).
+        with transaction.atomic():
+            token = AgentToken.objects.select_for_update().get(pk=self.pk)
+            changed = token.revoked_at is None
+            if changed:
+                token.revoked_at = timezone.now()
+                token.save(update_fields=["revoked_at"])
+        self.revoked_at = token.revoked_at
+        return changed
 
 
 class LoginThrottle(models.Model):

@@ -18,6 +18,7 @@ from django.core.exceptions import SuspiciousOperation
 from mozilla_django_oidc.auth import OIDCAuthenticationBackend
 
 from attempts import memberships
+from attempts.config_history import acting
 from attempts.locking import write_transaction
 from attempts.models import ROLE_RANK, ActorKind, SsoGroupRole, SsoIdentity
 from attempts.states import Actor
@@ -73,8 +74,12 @@ class GroupRoleBackend(OIDCAuthenticationBackend):
         if users.filter(username=username).exists():
             self._refuse(f"the account name {username!r} belongs to a local account")
             raise SuspiciousOperation(f"sso username {username!r} is taken by a local account")
-        user = users.create_user(username, email=claims.get("email", ""))  # no usable password
-        SsoIdentity.objects.create(user=user, subject=claims["sub"])
+        with (
+            acting(Actor(ActorKind.SYSTEM, "sso"), f"first sign-in of {username}"),
+            write_transaction(),
+        ):
+            user = users.create_user(username, email=claims.get("email", ""))  # no password
+            SsoIdentity.objects.create(user=user, subject=claims["sub"])
         return self.update_user(user, claims)
 
     def update_user(self, user: Any, claims: dict[str, Any]):

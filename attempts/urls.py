@@ -3,7 +3,16 @@ from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_not_required
 from django.urls import path
 
-from attempts.views import actions, auth, detail, exports, overview, preferences, queues
+from attempts.views import (
+    actions,
+    auth,
+    config_changes,
+    detail,
+    exports,
+    overview,
+    preferences,
+    queues,
+)
 
 urlpatterns = [
     path("", overview.overview, name="overview"),
@@ -35,6 +44,7 @@ urlpatterns = [
     path("attempts/<str:attempt_id>/reject/", actions.reject, name="attempt-reject"),
     path("audit/", exports.audit_exports, name="audit_exports"),
     path("audit/export.<str:fmt>", exports.audit_download, name="audit_download"),
+    path("audit/config/", config_changes.config_history, name="config_history"),
     path("audit/report/", exports.report_lookup, name="audit_report_lookup"),
     path("audit/report/<str:attempt_id>/", exports.attempt_report, name="audit_report"),
 ]

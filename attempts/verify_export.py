@@ -130,6 +130,46 @@ def config_event_hash(row: dict[str, Any]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+# What the configuration history says who may do what is (attempts.config_history writes it).
+
+# A baseline: the kinds in ``after["kinds"]`` are what the ``snapshot`` events after it say.
+AUTHORITY_SUBJECT = "authority"
+AUTHORITY_BASELINE = "authority.baseline"
+# The actions that state what a row is: its whole record (snapshot, created), the fields that
+# changed (changed), or that it is gone (deleted). Other actions (password.set, config.*) say
+# something happened and change no recorded value.
+AUTHORITY_ACTIONS = frozenset({"snapshot", "created", "changed", "deleted"})
+
+
+def authority_state(events: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Replay configuration changes (in ``seq`` order; each with subject, action and after)
+    into what they say the authority rows are now: subject -> recorded fields."""
+    state: dict[str, dict[str, Any]] = {}
+    for event in events:
+        subject, action, after = event["subject"], event["action"], event["after"]
+        if isinstance(after, str):
+            after = json.loads(after)
+        if action == AUTHORITY_BASELINE and subject == AUTHORITY_SUBJECT:
+            kinds = set((after or {}).get("kinds", []))
+            for name in [s for s in state if s.split(":", 1)[0] in kinds]:
+                del state[name]
+        elif action not in AUTHORITY_ACTIONS:
+            continue
+        elif action == "deleted":
+            state.pop(subject, None)
+        elif action == "changed" and subject in state:
+            state[subject] = {**state[subject], **(after or {})}
+        else:
+            state[subject] = dict(after or {})
+    return state
+
+
+def authority_digest_of(state: dict[str, dict[str, Any]]) -> str:
+    """SHA-256 (hex) of the RFC 8785 JSON of authority rows (subject -> recorded fields)."""
+    return hashlib.sha256(rfc8785.dumps(state)).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
 # Checkpoints: a Merkle tree (RFC 6962's shape) over the attempt chain heads a checkpoint seals,
 # and a chain of checkpoints, each hashing the one before it.
 
@@ -599,6 +639,85 @@ def _check_manifest(
         bad("the manifest's filters differ from the header's")
 
 
+@dataclass
+class ConfigChecker:
+    """Checks an export's ``config`` lines: the config chain (each change's hash, its link to
+    the one before), that it holds what each checkpoint sealed, and, when every change is
+    readable, that replaying it gives the authority digest the export was made with (a row
+    changed outside the history shows as ``[config-drift]``)."""
+
+    problem: Callable[[Problem], None]
+    hashes: dict[int, str] = field(default_factory=dict)
+    last: int = 0
+    gaps: bool = False
+    replayed: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, record: dict[str, Any], line: int | None) -> None:
+        seq = int(record["seq"])
+        where = f"config change {seq}"
+        if config_event_hash(record) != record["hash"]:
+            self.problem(Problem("config", f"{where}: its fields do not match its hash", line=line))
+        if seq <= self.last:
+            self.problem(Problem("config", f"{where}: out of order", line=line))
+        elif seq == self.last + 1:
+            prev = self.hashes.get(self.last, GENESIS)
+            if record["prev_hash"] != prev:
+                self.problem(
+                    Problem("config", f"{where}: broken link to the change before it", line=line)
+                )
+        else:
+            self.gaps = True  # a scoped export: the changes between are someone else's
+        self.last = max(self.last, seq)
+        self.hashes[seq] = record["hash"]
+        self.replayed.append(
+            {"subject": record["subject"], "action": record["action"], "after": record["after"]}
+        )
+
+    def finish(self, checkpoints: dict[int, dict[str, Any]], manifest: dict[str, Any]) -> None:
+        if "config_count" not in manifest:
+            return  # an export made before config changes were exported
+        if manifest["config_count"] != len(self.hashes):
+            self.problem(
+                Problem(
+                    "manifest",
+                    f"the manifest counts {manifest['config_count']} config changes, the file "
+                    f"{len(self.hashes)}",
+                )
+            )
+        if not manifest.get("config_complete"):
+            return  # only each readable change's own hash can be checked
+        if self.gaps:
+            self.problem(
+                Problem("config", "config changes are missing from a complete export's chain")
+            )
+        head = manifest.get("config_head")
+        if (head and self.hashes.get(int(head["seq"])) != head["hash"]) or (
+            head and int(head["seq"]) != self.last
+        ):
+            self.problem(
+                Problem("manifest", f"the manifest's config head {head} is not the file's")
+            )
+        for seq, checkpoint in sorted(checkpoints.items()):
+            length, sealed = int(checkpoint["config_length"]), checkpoint["config_head"]
+            if length and self.hashes.get(length) != sealed:
+                self.problem(
+                    Problem(
+                        "config",
+                        f"checkpoint {seq} sealed {length} config changes ending "
+                        f"{sealed[:16]}…, which the file's config chain does not have",
+                    )
+                )
+        digest = manifest.get("authority_digest")
+        if digest and authority_digest_of(authority_state(self.replayed)) != digest:
+            self.problem(
+                Problem(
+                    "config-drift",
+                    "the authority rows the export was made from differ from what its config "
+                    "history says: a row was changed outside the history",
+                )
+            )
+
+
 def verify_jsonl(path: Path, *, anchors: Iterable[str] = ()) -> Report:
     """Verify a JSON Lines export: header, checkpoints, seals, events, manifest."""
     checker: ExportChecker | None = None
@@ -606,6 +725,7 @@ def verify_jsonl(path: Path, *, anchors: Iterable[str] = ()) -> Report:
     report = Report(what=str(path), problems=problems)
     header: dict[str, Any] | None = None
     manifest: dict[str, Any] | None = None
+    config: ConfigChecker | None = None
     seals = checkpoints = 0
     with path.open("rb") as handle:
         for number, raw in enumerate(handle, start=1):
@@ -680,6 +800,10 @@ def verify_jsonl(path: Path, *, anchors: Iterable[str] = ()) -> Report:
                 elif kind == "checkpoint":
                     checker.checkpoint(record, number)
                     checkpoints += 1
+                elif kind == "config":
+                    if config is None:
+                        config = ConfigChecker(checker.problem)
+                    config.add(record, number)
                 elif kind == "manifest":
                     manifest = record
                 elif kind == "header":
@@ -704,6 +828,7 @@ def verify_jsonl(path: Path, *, anchors: Iterable[str] = ()) -> Report:
         )
     else:
         _check_manifest(checker, manifest, header or {}, seals, checkpoints)
+        (config or ConfigChecker(checker.problem)).finish(checker.checkpoints, manifest)
     report.notes.append(
         f"{len(checker.chains)} attempts, {seals} sealed heads checked against {checkpoints} checkpoints"
     )

@@ -66,6 +66,13 @@ def world(db) -> World:
 
 
 def make_world() -> World:
+    from attempts.config_history import acting
+
+    with acting(Actor.system("test-setup"), "the test world"):
+        return _make_world()
+
+
+def _make_world() -> World:
     acme = Tenant.objects.create(slug="acme", name="Acme Corp")
     globex = Tenant.objects.create(slug="globex", name="Globex")
     tools = [
@@ -75,7 +82,8 @@ def make_world() -> World:
         Tool(name="deploy_service", effect_class=EffectClass.MANUAL, critical=True),
         Tool(name="update_crm", effect_class=EffectClass.IDEMPOTENT),
     ]
-    Tool.objects.bulk_create(tools)
+    for tool in tools:  # one by one: bulk_create would bypass the configuration history
+        tool.save(force_insert=True)
     for tenant in (acme, globex):
         for tool in tools:
             Grant.objects.create(

@@ -196,9 +196,9 @@ def test_a_person_signs_in_with_roles_from_their_groups(provider, ledger_server)
         .values_list("subject", "action", "actor_kind", "actor")
     )
     assert changes == [
-        ("membership:acme/alice", "config.membership.created", "system", "sso"),
-        ("membership:acme/alice", "config.membership.removed", "system", "sso"),
-        ("membership:globex/alice", "config.membership.created", "system", "sso"),
+        ("membership:acme/alice", "created", "system", "sso"),
+        ("membership:acme/alice", "deleted", "system", "sso"),
+        ("membership:globex/alice", "created", "system", "sso"),
     ]
 
 

@@ -3,13 +3,12 @@ ownership rules and SSO group mappings (docs/config.md, schema docs/config.schem
 
 ``plan(document)`` compares the file with the database; ``apply(document, actor=...)`` makes every
 change in one write transaction, or none, and records each one in the verified configuration
-history (``attempts.chain.record_config_change``); ``dump()`` writes today's state in the same
+history (``attempts.config_history``, row by row); ``dump()`` writes today's state in the same
 format, so ``apply(dump())`` changes nothing.
 """
 
 from __future__ import annotations
 
-import getpass
 import json
 import re
 from dataclasses import dataclass, field
@@ -17,7 +16,6 @@ from typing import Any
 
 from django.db import DatabaseError, IntegrityError
 
-from attempts.models import ActorKind
 from attempts.states import Actor
 from reconciliation.config.document import FORMAT_VERSION, ConfigError, Document, read
 from reconciliation.config.sections import (
@@ -153,42 +151,30 @@ def _reference_problems(
 def applied_by(name: str | None) -> Actor:
     """Who applies a file, as the history records it: ``name``, else the operating-system
     user running the command. ValueError when neither is usable."""
-    if name is None:
-        try:
-            name = getpass.getuser()
-        except (KeyError, OSError):
-            raise ValueError("cannot tell who you are: give --actor NAME") from None
-    name = name.strip()
-    if not 0 < len(name) <= 150:
-        raise ValueError("--actor must be 1 to 150 characters")
-    return Actor(ActorKind.USER, name)
+    from attempts.config_history import operator
+
+    return operator(name)
 
 
 def apply(document: Document, *, actor: Actor, reason: str = "") -> Plan:
     """Make every change of ``document`` in one write transaction, recording each in the
     configuration history with ``actor``; on any error nothing is changed (ConfigError)."""
-    from attempts.chain import record_config_change
+    from attempts.config_history import acting
     from attempts.locking import write_transaction
 
     by = By(actor, reason or f"ledger_config apply {document.path}")
-    with write_transaction():
+    # Each row a change creates, updates or removes is recorded by the model's own history
+    # (attempts.config_history), as ``actor``'s.
+    with acting(actor, by.reason), write_transaction():
         result = plan(document)
         for change in result.ordered():
             try:
-                subject = _make(change, by)
+                _make(change, by)
             except Refused as exc:
                 raise ConfigError(document.path, [document.error(change.where, str(exc))]) from None
             except (IntegrityError, DatabaseError) as exc:
                 message = f"{change.section.noun} {change.key}: the database refused it: {exc}"
                 raise ConfigError(document.path, [document.error(change.where, message)]) from None
-            record_config_change(
-                subject=subject,
-                action=f"config.{change.section.subject_prefix}.{change.action}",
-                actor=actor,
-                before=change.before,
-                after=change.after,
-                reason=by.reason,
-            )
     return result
 
 

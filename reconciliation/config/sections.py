@@ -156,7 +156,9 @@ class Tenants(Section):
         return self.subject(entry["slug"])
 
     def update(self, key: str, before: dict[str, Any], after: dict[str, Any], by: By) -> str:
-        Tenant.objects.filter(slug=key).update(name=after["name"])
+        tenant = Tenant.objects.get(slug=key)
+        tenant.name = after["name"]
+        tenant.save()
         return self.subject(key)
 
     def remove(self, key: str, before: dict[str, Any], by: By) -> str:

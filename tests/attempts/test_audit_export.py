@@ -255,7 +255,8 @@ def test_a_reviewers_export_holds_only_their_tenants_and_still_verifies(history,
     recs = records(path)
     events = [r for r in recs if r["type"] == "event"]
     assert {e["tenant"] for e in events} == {"acme"}
-    assert {r["type"] for r in recs} == {"header", "event", "manifest"}  # no one else's hashes
+    # No one else's hashes: only acme's events and the config changes an acme reviewer may read.
+    assert {r["type"] for r in recs} == {"header", "event", "config", "manifest"}
     assert verify_export.verify_file(path).ok
     # An operator (or viewer) may not export; an outsider sees only globex.
     with pytest.raises(CommandError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
+from attempts.config_history import acting, operator
 from attempts.models import AgentToken, Tenant
 
 
@@ -24,12 +25,21 @@ class Command(BaseCommand):
             help="a tenant this token may act for (repeat for several)",
         )
         parser.add_argument(
+            "--actor",
+            default=None,
+            help="who creates it, as recorded in the history (default: the operating-system user)",
+        )
+        parser.add_argument(
             "--quiet",
             action="store_true",
             help="print only the token (for scripts)",
         )
 
     def handle(self, *args, name: str, tenants: list[str], quiet: bool, **options) -> None:
+        try:
+            actor = operator(options.get("actor"))
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
         name = name.strip()
         if not name or len(name) > 100:
             raise CommandError("NAME must be 1 to 100 characters")
@@ -48,7 +58,8 @@ class Command(BaseCommand):
             raise CommandError(
                 f"a token named {name!r} already exists; revoke it and choose another name"
             )
-        token, raw = AgentToken.issue(name, wanted)
+        with acting(actor, "manage.py create_agent_token"):
+            token, raw = AgentToken.issue(name, wanted)
         if quiet:
             self.stdout.write(raw)
             return

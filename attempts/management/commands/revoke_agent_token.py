@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
+from attempts.config_history import acting, operator
 from attempts.models import AgentToken
 
 
@@ -12,12 +13,23 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("name", help="the token's agent name")
+        parser.add_argument(
+            "--actor",
+            default=None,
+            help="who revokes it, as recorded in the history (default: the operating-system user)",
+        )
 
     def handle(self, *args, name: str, **options) -> None:
+        try:
+            actor = operator(options.get("actor"))
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
         token = AgentToken.objects.filter(name=name).first()
         if token is None:
             raise CommandError(f"no agent token named {name!r}")
-        if token.revoke():
+        with acting(actor, "manage.py revoke_agent_token"):
+            revoked = token.revoke()
+        if revoked:
             self.stdout.write(f"Revoked the token of {name} ({token.prefix}…).")
         else:
             self.stdout.write(f"The token of {name} was already revoked at {token.revoked_at}.")
