@@ -532,10 +532,20 @@ declare(
     group=_OPS,
 )
 declare(
+    "LEDGERWEB_CONTROL_SOCKET",
+    "str",
+    "",
+    "gunicorn's control socket (`gunicornc -s PATH`), mode 0600; `off` turns it off.",
+    group=_OPS,
+    shown_default="`$LEDGERWEB_DATA_DIR/gunicorn.ctl`",
+)
+declare(
     "LEDGERWEB_LOG_FORMAT",
     "choice",
     "text",
-    "`json`: one JSON object per log line, ledger fields (attempt ids) at the top level.",
+    "`json`: one JSON object per log line, ledger fields (attempt ids) at the top level, in "
+    "every process: the web's and gunicorn's error and access lines (method, path, status, "
+    "duration_ms...), the worker's pass lines.",
     group=_OPS,
     choices=("text", "json"),
     essential=True,
