@@ -19,6 +19,7 @@ from attempts.models import (
     LoginThrottle,
     Membership,
     Notification,
+    NotificationRoute,
     OwnershipRule,
     PersonSettings,
     SlaPolicy,
@@ -361,3 +362,13 @@ class NotificationAdmin(admin.ModelAdmin):
         if request.user.is_superuser:
             return qs
         return qs.filter(recipient=request.user)
+
+
+@admin.register(NotificationRoute)
+class NotificationRouteAdmin(ReadOnlyAdmin):
+    """Notification routes are configuration as code (``ledger_config``, [[notification_routes]]),
+    each change in the history; the admin shows them."""
+
+    list_display = ["name", "tenant_pattern", "tool_pattern", "kinds", "active"]
+    list_filter = ["active"]
+    search_fields = ["name", "tenant_pattern", "tool_pattern"]

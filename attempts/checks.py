@@ -76,3 +76,25 @@ def check_secrets_are_real(app_configs=None, **kwargs):
                 )
             )
     return errors
+
+
+@register(Tags.security, deploy=True)
+def check_sso_discovery(app_configs=None, **kwargs):
+    """With a discovery URL, the provider's document must be readable and complete before a
+    person depends on it (the gate fetches it, within the OIDC timeout)."""
+    if not settings.SSO["ENABLED"] or not settings.SSO["DISCOVERY_URL"]:
+        return []
+    from attempts.sso import DiscoveryError, fetch_discovery
+
+    try:
+        fetch_discovery(settings.SSO["DISCOVERY_URL"], settings.OIDC_TIMEOUT)
+    except DiscoveryError as exc:
+        return [
+            Error(
+                f"Single sign-on cannot start: {exc}.",
+                hint="Check LEDGERWEB_OIDC_DISCOVERY_URL (the provider's "
+                "/.well-known/openid-configuration) and that this machine can reach it.",
+                id="attempts.E011",
+            )
+        ]
+    return []

@@ -873,6 +873,38 @@ class NoticeStatus(models.TextChoices):
     DEAD = "dead", "Given up"
 
 
+class NotificationRoute(models.Model):
+    """Who else is told of notices about matching attempts: the people on call for a tenant or a
+    tool, beside the owner or reviewer a notice is for. Each person's own preferences (channels,
+    kinds) still apply, and only people with a role in the attempt's tenant are told."""
+
+    name = models.SlugField(max_length=64, unique=True)
+    tenant_pattern = models.CharField(max_length=100, default="*")
+    tool_pattern = models.CharField(max_length=100, default="*")
+    # NoticeKind values this route carries; empty: every kind about an attempt.
+    kinds = models.JSONField(default=list, blank=True)
+    people = models.ManyToManyField(
+        settings.AUTH_USER_MODEL, related_name="notification_routes", blank=True
+    )
+    active = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"route {self.name} ({self.tenant_pattern}/{self.tool_pattern})"
+
+    def matches(self, kind: str, tenant: str, tool: str) -> bool:
+        from fnmatch import fnmatchcase
+
+        return (
+            self.active
+            and (not self.kinds or kind in self.kinds)
+            and fnmatchcase(tenant, self.tenant_pattern)
+            and fnmatchcase(tool, self.tool_pattern)
+        )
+
+
 class Notification(models.Model):
     """One notice to one person on one channel: the outbox row the worker delivers.
 

@@ -49,6 +49,7 @@ from attempts.models import (
     NoticeKind,
     NoticeStatus,
     Notification,
+    NotificationRoute,
     NotifyCursor,
     PersonSettings,
     SlaEscalation,
@@ -102,7 +103,7 @@ def enqueue(drafts: list[Draft], now: dt.datetime | None = None) -> int:
     now = now or timezone.now()
     available = channels()
     made = 0
-    for draft in drafts:
+    for draft in routed(drafts):
         person = draft.recipient
         if person is None or not person.is_active:
             continue
@@ -132,6 +133,42 @@ def enqueue(drafts: list[Draft], now: dt.datetime | None = None) -> int:
             except IntegrityError:
                 continue  # enqueued before: once is enough
     return made
+
+
+def routed(drafts: list[Draft]) -> list[Draft]:
+    """``drafts`` plus a copy for each person a matching notification route names (once per
+    person and notice; the dedupe key is per person, so someone both owner and on a route gets
+    one). Only people with a role in the attempt's tenant are routed to: a notice shows the
+    attempt."""
+    about = [d for d in drafts if d.attempt is not None]
+    if not about:
+        return drafts
+    routes = list(NotificationRoute.objects.filter(active=True).prefetch_related("people"))
+    if not routes:
+        return drafts
+    out = list(drafts)
+    for draft in about:
+        attempt = draft.attempt
+        told = {draft.recipient.pk} if draft.recipient is not None else set()
+        for route in routes:
+            if not route.matches(draft.kind, attempt.tenant_id, attempt.tool_name):
+                continue
+            for person in route.people.all():
+                if person.pk in told or not has_role(person, attempt.tenant_id, Role.VIEWER):
+                    continue
+                told.add(person.pk)
+                out.append(
+                    Draft(
+                        kind=draft.kind,
+                        recipient=person,
+                        subject=draft.subject,
+                        body=f"{draft.body}\n\n(You are on the notification route {route.name}.)",
+                        key=draft.key,
+                        attempt=attempt,
+                        extra=draft.extra,
+                    )
+                )
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from attempts.views import (
 urlpatterns = [
     path("", overview.overview, name="overview"),
     path("login/", auth.LoginView.as_view(), name="login"),
-    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("logout/", auth.LogoutView.as_view(), name="logout"),
     path("settings/", preferences.preferences, name="preferences"),
     # The one-time link `manage.py password_link` prints: people set their own password.
     path(
@@ -55,7 +55,7 @@ if settings.SSO["ENABLED"]:
     urlpatterns += [
         path(
             "oidc/authenticate/",
-            login_not_required(oidc_views.OIDCAuthenticationRequestView.as_view()),
+            auth.sso_start,
             name="oidc_authentication_init",
         ),
         path(

@@ -33,6 +33,62 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False)
 
 
+def json_line(message: str, *, logger: str, level: int = logging.INFO, **fields) -> str:
+    """One JSON log line for text a command prints itself (the worker's pass lines), in the
+    same shape as the logging formatter's."""
+    record = logging.LogRecord(logger, level, "", 0, message, None, None)
+    record.__dict__.update(fields)
+    return JsonFormatter().format(record)
+
+
+# gunicorn's access-log atoms (gunicorn.glogging.Logger.atoms) as named fields.
+_ACCESS_FIELDS = {
+    "h": "remote_addr",
+    "m": "method",
+    "U": "path",
+    "q": "query",
+    "H": "protocol",
+    "s": "status",
+    "B": "bytes",
+    "M": "duration_ms",
+    "f": "referer",
+    "a": "user_agent",
+}
+
+
+class GunicornAccessJsonFormatter(JsonFormatter):
+    """gunicorn's access line as JSON, with the request's parts as fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        atoms = record.args
+        if hasattr(atoms, "__getitem__") and not isinstance(atoms, tuple):
+            for atom, name in _ACCESS_FIELDS.items():
+                try:
+                    value = atoms[atom]
+                except (KeyError, TypeError):
+                    continue
+                if value not in (None, "-", ""):
+                    setattr(record, name, value)
+        return super().format(record)
+
+
+def gunicorn_logger_class():
+    """gunicorn's logger with its error and access lines as JSON (``LEDGERWEB_LOG_FORMAT=json``;
+    gunicorn.conf.py names it). Imported by gunicorn only, so the server's other processes never
+    import gunicorn for it."""
+    from gunicorn.glogging import Logger
+
+    class JsonLogger(Logger):
+        def setup(self, cfg) -> None:
+            super().setup(cfg)
+            for handler in self.error_log.handlers:
+                handler.setFormatter(JsonFormatter())
+            for handler in self.access_log.handlers:
+                handler.setFormatter(GunicornAccessJsonFormatter())
+
+    return JsonLogger
+
+
 def skip_unused_record_fields() -> None:
     """Stop filling log record fields no configured format prints: the caller's file, line and
     function (a walk up the stack for every line), the thread, and the multiprocessing and
@@ -45,3 +101,13 @@ def skip_unused_record_fields() -> None:
     logging.logThreads = False
     logging.logMultiprocessing = False
     logging.logAsyncioTasks = False
+
+
+def warnings_as_log_lines() -> None:
+    """With JSON logs, Python's warnings (printed straight to stderr otherwise) become log
+    records too, so every line a server process writes is one JSON object. Process-wide, like
+    ``skip_unused_record_fields``: the server's own processes call it."""
+    from django.conf import settings
+
+    if settings.LOGGING["handlers"]["console"]["formatter"] == "json":
+        logging.captureWarnings(True)

@@ -176,6 +176,11 @@ SSO = {
     "GROUPS_CLAIM": read("LEDGERWEB_OIDC_GROUPS_CLAIM"),
     "USERNAME_CLAIM": read("LEDGERWEB_OIDC_USERNAME_CLAIM"),
     "LABEL": read("LEDGERWEB_OIDC_LABEL"),
+    # The provider's /.well-known/openid-configuration: fills every endpoint not set by hand
+    # (attempts/sso.py reads it at first use, within OIDC_TIMEOUT, and keeps it).
+    "DISCOVERY_URL": read("LEDGERWEB_OIDC_DISCOVERY_URL"),
+    # RP-initiated logout; from the discovery document when not set.
+    "END_SESSION_ENDPOINT": read("LEDGERWEB_OIDC_END_SESSION_ENDPOINT"),
 }
 if SSO["ENABLED"]:
     AUTHENTICATION_BACKENDS.append("attempts.sso.GroupRoleBackend")
@@ -190,21 +195,25 @@ if SSO["ENABLED"]:
     OIDC_USE_PKCE = True
     OIDC_CREATE_USER = True
     OIDC_TIMEOUT = read("LEDGERWEB_OIDC_TIMEOUT")
+    OIDC_STORE_ID_TOKEN = True  # the id_token_hint of RP-initiated logout
     LOGIN_REDIRECT_URL_FAILURE = "/login/"  # a path: mozilla-django-oidc does not resolve names
-    _missing = [
-        name
-        for name, value in (
-            ("LEDGERWEB_OIDC_CLIENT_SECRET", OIDC_RP_CLIENT_SECRET),
-            ("LEDGERWEB_OIDC_AUTHORIZATION_ENDPOINT", OIDC_OP_AUTHORIZATION_ENDPOINT),
-            ("LEDGERWEB_OIDC_TOKEN_ENDPOINT", OIDC_OP_TOKEN_ENDPOINT),
-            ("LEDGERWEB_OIDC_USERINFO_ENDPOINT", OIDC_OP_USER_ENDPOINT),
-            ("LEDGERWEB_OIDC_JWKS_ENDPOINT", OIDC_OP_JWKS_ENDPOINT),
-        )
-        if not value
-    ]
+    _endpoints = (
+        ("LEDGERWEB_OIDC_AUTHORIZATION_ENDPOINT", OIDC_OP_AUTHORIZATION_ENDPOINT),
+        ("LEDGERWEB_OIDC_TOKEN_ENDPOINT", OIDC_OP_TOKEN_ENDPOINT),
+        ("LEDGERWEB_OIDC_USERINFO_ENDPOINT", OIDC_OP_USER_ENDPOINT),
+        ("LEDGERWEB_OIDC_JWKS_ENDPOINT", OIDC_OP_JWKS_ENDPOINT),
+    )
+    _missing = [] if OIDC_RP_CLIENT_SECRET else ["LEDGERWEB_OIDC_CLIENT_SECRET"]
+    if not SSO["DISCOVERY_URL"]:
+        _missing += [name for name, value in _endpoints if not value]
     if _missing:
         raise ImproperlyConfigured(
             f"LEDGERWEB_OIDC_CLIENT_ID is set, so single sign-on also needs {', '.join(_missing)}"
+            + (
+                " (or LEDGERWEB_OIDC_DISCOVERY_URL for the endpoints)"
+                if len(_missing) > 1 or _missing[0] != "LEDGERWEB_OIDC_CLIENT_SECRET"
+                else ""
+            )
         )
 
 LOGIN_URL = "login"

@@ -576,10 +576,20 @@ declare(
     group=_OPS,
 )
 declare(
+    "LEDGERWEB_CONTROL_SOCKET",
+    "str",
+    "",
+    "gunicorn's control socket (`gunicornc -s PATH`), mode 0600; `off` turns it off.",
+    group=_OPS,
+    shown_default="`$LEDGERWEB_DATA_DIR/gunicorn.ctl`",
+)
+declare(
     "LEDGERWEB_LOG_FORMAT",
     "choice",
     "text",
-    "`json`: one JSON object per log line, ledger fields (attempt ids) at the top level.",
+    "`json`: one JSON object per log line, ledger fields (attempt ids) at the top level, in "
+    "every process: the web's and gunicorn's error and access lines (method, path, status, "
+    "duration_ms...), the worker's pass lines.",
     group=_OPS,
     choices=("text", "json"),
     essential=True,
@@ -638,10 +648,21 @@ declare(
 )
 declare("LEDGERWEB_OIDC_CLIENT_SECRET", "secret", "", "The client's secret.", group=_SSO)
 declare(
+    "LEDGERWEB_OIDC_DISCOVERY_URL",
+    "str",
+    "",
+    "The provider's discovery document (`https://id.example.com/.well-known/"
+    "openid-configuration`): fills the four endpoints below that are not set, and the "
+    "end-session endpoint. Read once per process at first use within `LEDGERWEB_OIDC_TIMEOUT`; "
+    "`check --deploy` reads it too and reports what is wrong.",
+    group=_SSO,
+)
+declare(
     "LEDGERWEB_OIDC_AUTHORIZATION_ENDPOINT",
     "str",
     "",
-    "The provider's authorization endpoint (from its `/.well-known/openid-configuration`).",
+    "The provider's authorization endpoint (without a discovery URL: from its "
+    "`/.well-known/openid-configuration`).",
     group=_SSO,
 )
 declare("LEDGERWEB_OIDC_TOKEN_ENDPOINT", "str", "", "The provider's token endpoint.", group=_SSO)
@@ -654,6 +675,16 @@ declare(
     "",
     "The provider's JSON Web Key Set endpoint.",
     group=_SSO,
+)
+declare(
+    "LEDGERWEB_OIDC_END_SESSION_ENDPOINT",
+    "str",
+    "",
+    "The provider's end-session endpoint: logging out of a single sign-on session ends it at "
+    "the provider too (RP-initiated logout, with `id_token_hint` and "
+    "`post_logout_redirect_uri` = the login page; register that address at the provider).",
+    group=_SSO,
+    shown_default="from the discovery document; none: logout ends only ledgerweb's session",
 )
 declare("LEDGERWEB_OIDC_SIGN_ALGO", "str", "RS256", "ID token signing algorithm.", group=_SSO)
 declare(

@@ -6,12 +6,15 @@ process. Roles come from the provider's groups claim through the configuration f
 
 from __future__ import annotations
 
+import contextlib
 import http.cookiejar
+import http.server
 import io
 import json
 import re
 import subprocess
 import textwrap
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -96,15 +99,14 @@ def provider(tmp_path: Path):
         process.wait(timeout=10)
 
 
-@pytest.fixture
-def ledger_server(provider: str, tmp_path: Path):
+def apply_mappings(tmp_path: Path) -> None:
     path = tmp_path / "ledger.toml"
     path.write_text(MAPPINGS)
     call_command("ledger_config", "apply", str(path), "--actor", "ops", stdout=io.StringIO())
-    with urllib.request.urlopen(f"{provider}/.well-known/openid-configuration") as answer:  # noqa: S310
-        discovery = json.load(answer)
-    port = free_port()
-    env = child_env(
+
+
+def sso_env(tmp_path: Path, port: int, **oidc: str) -> dict[str, str]:
+    return child_env(
         LEDGERWEB_DATA_DIR=str(tmp_path / "data"),
         LEDGERWEB_BIND=f"127.0.0.1:{port}",
         LEDGERWEB_WORKERS="1",
@@ -112,17 +114,21 @@ def ledger_server(provider: str, tmp_path: Path):
         LEDGERWEB_INTENT_WRITER="0",
         LEDGERWEB_OIDC_CLIENT_ID="ledgerweb",
         LEDGERWEB_OIDC_CLIENT_SECRET="a-client-secret",
-        LEDGERWEB_OIDC_AUTHORIZATION_ENDPOINT=discovery["authorization_endpoint"],
-        LEDGERWEB_OIDC_TOKEN_ENDPOINT=discovery["token_endpoint"],
-        LEDGERWEB_OIDC_USERINFO_ENDPOINT=discovery["userinfo_endpoint"],
-        LEDGERWEB_OIDC_JWKS_ENDPOINT=discovery["jwks_uri"],
+        LEDGERWEB_OIDC_TIMEOUT="3",
+        **oidc,
     )
-    log = tmp_path / "server.log"
+
+
+@contextlib.contextmanager
+def serve(tmp_path: Path, **oidc: str):
+    """``ledgerweb serve`` in its own process with these single sign-on settings."""
+    port = free_port()
+    log = tmp_path / f"server-{port}.log"
     with open(log, "wb") as out:
         process = subprocess.Popen(
             [PYTHON, "-m", "ledgerweb", "serve"],
             cwd=REPO,
-            env=env,
+            env=sso_env(tmp_path, port, **oidc),
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -137,6 +143,32 @@ def ledger_server(provider: str, tmp_path: Path):
             process.wait(timeout=20)
         except subprocess.TimeoutExpired:
             process.kill()
+
+
+@pytest.fixture
+def ledger_server(provider: str, tmp_path: Path):
+    """The four endpoints copied by hand, as before discovery."""
+    apply_mappings(tmp_path)
+    with urllib.request.urlopen(f"{provider}/.well-known/openid-configuration") as answer:  # noqa: S310
+        discovery = json.load(answer)
+    with serve(
+        tmp_path,
+        LEDGERWEB_OIDC_AUTHORIZATION_ENDPOINT=discovery["authorization_endpoint"],
+        LEDGERWEB_OIDC_TOKEN_ENDPOINT=discovery["token_endpoint"],
+        LEDGERWEB_OIDC_USERINFO_ENDPOINT=discovery["userinfo_endpoint"],
+        LEDGERWEB_OIDC_JWKS_ENDPOINT=discovery["jwks_uri"],
+    ) as base:
+        yield base
+
+
+@pytest.fixture
+def discovered_server(provider: str, tmp_path: Path):
+    """Only the discovery URL: every endpoint comes from the provider's document."""
+    apply_mappings(tmp_path)
+    with serve(
+        tmp_path, LEDGERWEB_OIDC_DISCOVERY_URL=f"{provider}/.well-known/openid-configuration"
+    ) as base:
+        yield base
 
 
 class Browser:
@@ -218,6 +250,126 @@ def test_a_provider_name_never_takes_over_a_local_account(provider, ledger_serve
     User.objects.create_user("alice", password="local-password-123", is_superuser=True)
     final, page = Browser().sign_in(ledger_server, ALICE["sub"])
     assert final.startswith(f"{ledger_server}/login/")
-    assert "belongs to a local account" in page
+    # The refusal says why, and what to do about a name collision, not about groups.
+    assert "belongs to a local (password) account" in page
+    assert "rename or remove the local account" in page
+    assert "map one of your groups" not in page
     assert not SsoIdentity.objects.exists()
     assert roles_of("alice") == {}
+
+
+def test_the_discovery_url_alone_configures_sign_in_and_logout_ends_the_providers_session(
+    provider, discovered_server
+) -> None:
+    browser = Browser()
+    final, page = browser.sign_in(discovered_server, ALICE["sub"])
+    assert final.rstrip("/") == discovered_server, final
+    assert "Log out" in page and roles_of("alice") == {"acme": "reviewer"}
+    # Logging out sends the browser to the provider's end_session_endpoint with the ID token
+    # as the hint and the login page to come back to (RP-initiated logout)...
+    _, page = browser.open(f"{discovered_server}/login/")
+    _, overview = browser.open(f"{discovered_server}/")
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', overview).group(1)
+    at_provider, page = browser.open(f"{discovered_server}/logout/", {"csrfmiddlewaretoken": token})
+    assert at_provider.startswith(f"{provider}/oauth2/end_session?"), at_provider
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(at_provider).query)
+    assert query["post_logout_redirect_uri"] == [f"{discovered_server}/login/"]
+    assert query["client_id"] == ["ledgerweb"]
+    assert query["id_token_hint"][0].count(".") == 2  # a signed JWT
+    assert "id_token_hint" in page and "Recommended parameter" not in page
+    # ...which ends its session and returns the browser to the login page, logged out here.
+    final, page = browser.open(
+        f"{provider}/oauth2/end_session/confirm",
+        {"redirect_uri": query["post_logout_redirect_uri"][0]},
+    )
+    assert final == f"{discovered_server}/login/" and 'name="password"' in page
+    final, _ = browser.open(f"{discovered_server}/")
+    assert "/login/" in final
+
+
+def test_a_password_login_logs_out_locally_only(provider, discovered_server) -> None:
+    from django.contrib.auth.hashers import PBKDF2PasswordHasher
+
+    # The server's own hasher (the test settings hash faster, with one the server lacks).
+    hashed = PBKDF2PasswordHasher().encode("pat-password-123", "pat-salt-1234")
+    User.objects.create(username="pat", password=hashed)
+    browser = Browser()
+    _, page = browser.open(f"{discovered_server}/login/")
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)
+    final, page = browser.open(
+        f"{discovered_server}/login/",
+        {"csrfmiddlewaretoken": token, "username": "pat", "password": "pat-password-123"},
+    )
+    assert "Log out" in page
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)
+    final, _ = browser.open(f"{discovered_server}/logout/", {"csrfmiddlewaretoken": token})
+    assert final == f"{discovered_server}/login/"
+
+
+def test_an_unreachable_discovery_url_is_a_clear_message_not_an_error_page(tmp_path) -> None:
+    apply_mappings(tmp_path)
+    closed = f"http://127.0.0.1:{free_port()}/.well-known/openid-configuration"
+    with serve(tmp_path, LEDGERWEB_OIDC_DISCOVERY_URL=closed) as base:
+        final, page = Browser().open(f"{base}/oidc/authenticate/")
+    assert final.startswith(f"{base}/login/")
+    assert "the identity provider could not be reached" in page and closed in page
+    assert "Log in with a password" in page
+    # The deployment gate reads the document too, and says what is wrong.
+    done = subprocess.run(
+        [PYTHON, "manage.py", "check", "--deploy"],
+        cwd=REPO,
+        env=sso_env(tmp_path, 1, LEDGERWEB_OIDC_DISCOVERY_URL=closed),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0
+    assert "attempts.E011" in done.stderr and "could not be read within 3" in done.stderr
+
+
+class _Document(http.server.BaseHTTPRequestHandler):
+    body = b"{}"
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("document", "error"),
+    [
+        (b"not json", "is not JSON"),
+        (b"[]", "is not a JSON object"),
+        (b'{"issuer": "http://127.0.0.1"}', "has no authorization_endpoint"),
+        (
+            json.dumps(
+                {
+                    "issuer": "https://evil.example",
+                    "authorization_endpoint": "a",
+                    "token_endpoint": "t",
+                    "userinfo_endpoint": "u",
+                    "jwks_uri": "j",
+                }
+            ).encode(),
+            "names the issuer 'https://evil.example'",
+        ),
+    ],
+)
+def test_a_bad_discovery_document_is_refused_with_what_is_wrong(document, error) -> None:
+    from attempts.sso import DiscoveryError, fetch_discovery
+
+    handler = type("Handler", (_Document,), {"body": document})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/.well-known/openid-configuration"
+        with pytest.raises(DiscoveryError, match=re.escape(error)):
+            fetch_discovery(url, 5)
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -22,7 +22,8 @@ from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_not_required
 from django.contrib.auth.forms import AuthenticationForm
 from django.db import IntegrityError, transaction
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import redirect, resolve_url
 from django.utils import timezone
 
 from attempts.models import LoginThrottle
@@ -170,11 +171,11 @@ class LoginView(auth_views.LoginView):
     redirect_authenticated_user = True
 
     def get_context_data(self, **kwargs):
-        from attempts.sso import REFUSAL_KEY
+        from attempts.sso import refusal
 
         context = super().get_context_data(**kwargs)
         context["sso"] = settings.SSO
-        context["sso_refused"] = self.request.session.pop(REFUSAL_KEY, "")
+        context["sso_refused"] = refusal(self.request)
         return context
 
     def form_invalid(self, form: ThrottledAuthenticationForm) -> HttpResponse:
@@ -182,3 +183,38 @@ class LoginView(auth_views.LoginView):
         if form.locked:
             response.status_code = 429
         return response
+
+
+class LogoutView(auth_views.LogoutView):
+    """Django's logout; a session that came through single sign-on is then sent to the
+    provider's end-session endpoint, which returns the browser to the login page."""
+
+    def post(self, request: HttpRequest, *args, **kwargs) -> HttpResponse:
+        from attempts.sso import provider_logout_url
+
+        after = resolve_url(settings.LOGOUT_REDIRECT_URL)
+        base = settings.NOTIFY["BASE_URL"]
+        after = f"{base}{after}" if base else request.build_absolute_uri(after)
+        at_provider = provider_logout_url(request, after)
+        response = super().post(request, *args, **kwargs)
+        return HttpResponseRedirect(at_provider) if at_provider else response
+
+
+@login_not_required
+def sso_start(request: HttpRequest) -> HttpResponse:
+    """Send the browser to the identity provider; when its discovery document cannot be read,
+    back to the login page with the reason, never an error page."""
+    from mozilla_django_oidc.views import OIDCAuthenticationRequestView
+
+    from attempts.sso import DiscoveryError, discovery, oidc_setting, refuse_unavailable
+
+    try:
+        discovery()
+    except DiscoveryError as exc:
+        refuse_unavailable(request, exc)
+        return redirect("login")
+
+    class RequestView(OIDCAuthenticationRequestView):
+        get_settings = staticmethod(oidc_setting)
+
+    return RequestView.as_view()(request)

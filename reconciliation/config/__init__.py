@@ -127,15 +127,22 @@ def _reference_problems(
     key = section.key(entry)
     problems = []
     for name, target in section.references.items():
-        if entry[name] not in final.get(target, set()):
-            noun = next(s.noun for s in SECTIONS if s.name == target)
-            problems.append(
-                document.error(
-                    where + (name,),
-                    f"{section.noun} {key}: unknown {noun} {entry[name]!r} (add it under "
-                    f"[[{target}]] or correct the name)",
+        # A field may name several (a list), none (None: optional), or all ("*" where the
+        # section says so: ``wildcard_fields``).
+        value = entry[name]
+        named = value if isinstance(value, list) else [value]
+        for item in named:
+            if item is None or (item == "*" and name in getattr(section, "wildcard_fields", ())):
+                continue
+            if item not in final.get(target, set()):
+                noun = next(s.noun for s in SECTIONS if s.name == target)
+                problems.append(
+                    document.error(
+                        where + (name,),
+                        f"{section.noun} {key}: unknown {noun} {item!r} (add it under "
+                        f"[[{target}]] or correct the name)",
+                    )
                 )
-            )
     for tenant in getattr(section, "tenants_named", lambda _: [])(entry):
         if tenant not in final["tenants"]:
             problems.append(

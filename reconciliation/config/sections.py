@@ -8,6 +8,8 @@ line-numbered errors come with it.
 
 from __future__ import annotations
 
+import datetime as dt
+import re
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -21,7 +23,9 @@ from attempts.models import (
     Attempt,
     Grant,
     Membership,
+    NotificationRoute,
     OwnershipRule,
+    SlaPolicy,
     SsoGroupRole,
     Tenant,
     Tool,
@@ -464,3 +468,191 @@ def register(section: Section, *, after: str | None = None) -> None:
     if section.name in names:
         raise ValueError(f"a section named {section.name!r} is already registered")
     SECTIONS.insert(names.index(after) + 1 if after else len(SECTIONS), section)
+
+
+# --- SLA policies and notification routes -----------------------------------------------------
+
+_DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+_UNITS = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
+
+
+def parse_duration(text: str) -> dt.timedelta:
+    """``"1d12h"``, ``"90m"``, ``"45s"``: the file's durations (the schema checks the form)."""
+    match = _DURATION.match(text)
+    if not match or not text:
+        raise ValueError(f"{text!r} is not a duration such as 4h, 90m or 1d12h")
+    days, hours, minutes, seconds = (int(part or 0) for part in match.groups())
+    return dt.timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+
+
+def format_duration(value: dt.timedelta) -> str:
+    """The canonical form ``dump`` writes: largest units first, ``0s`` for nothing."""
+    left, parts = int(value.total_seconds()), []
+    for unit, size in _UNITS:
+        if left >= size:
+            parts.append(f"{left // size}{unit}")
+            left %= size
+    return "".join(parts) or "0s"
+
+
+class SlaPolicies(Section):
+    """How old UNKNOWN and MANUAL_REVIEW work may grow per tool (``tenant = "*"``: every tenant
+    without its own policy), and who a breach is escalated to (``attempts.SlaPolicy``)."""
+
+    name, noun, subject_prefix = "sla_policies", "SLA policy", "sla_policy"
+    key_fields = ("tool", "tenant")
+    AGES: ClassVar[tuple[str, ...]] = (
+        "unknown_warn_after",
+        "unknown_breach_after",
+        "review_warn_after",
+        "review_breach_after",
+    )
+    defaults: ClassVar[dict[str, Any]] = {
+        "unknown_warn_after": "1h",
+        "unknown_breach_after": "4h",
+        "review_warn_after": "4h",
+        "review_breach_after": "1d",
+        "escalate_to": None,
+    }
+    references: ClassVar[dict[str, str]] = {
+        "tool": "tools",
+        "tenant": "tenants",
+        "escalate_to": "users",
+    }
+    wildcard_fields = ("tenant",)
+
+    def key(self, entry: dict[str, Any]) -> str:
+        return f"{entry['tool']}/{entry.get('tenant', '*')}"
+
+    def normalize(self, entry: dict[str, Any]) -> dict[str, Any]:
+        normal = super().normalize({"tenant": "*", **entry})
+        for age in self.AGES:
+            try:
+                normal[age] = format_duration(parse_duration(normal[age]))
+            except ValueError:
+                pass  # reported by problems() with the field's line
+        return normal
+
+    def problems(self, entry: dict[str, Any]) -> list[tuple[str | None, str]]:
+        found: list[tuple[str | None, str]] = []
+        ages: dict[str, dt.timedelta] = {}
+        for age in self.AGES:
+            try:
+                ages[age] = parse_duration(entry[age])
+            except ValueError as exc:
+                found.append((age, str(exc)))
+                continue
+            if ages[age] <= dt.timedelta(0):
+                found.append((age, f"{age} must be longer than 0s"))
+        for state in ("unknown", "review"):
+            warn, breach = ages.get(f"{state}_warn_after"), ages.get(f"{state}_breach_after")
+            if warn is not None and breach is not None and warn > breach:
+                found.append(
+                    (
+                        f"{state}_warn_after",
+                        f"{state}_warn_after ({entry[f'{state}_warn_after']}) is later than "
+                        f"{state}_breach_after ({entry[f'{state}_breach_after']})",
+                    )
+                )
+        return found
+
+    def current(self) -> dict[str, dict[str, Any]]:
+        found = {}
+        for policy in SlaPolicy.objects.select_related("escalate_to").order_by(
+            "tool_id", "tenant_id"
+        ):
+            entry = {
+                "tool": policy.tool_id,
+                "tenant": policy.tenant_id or "*",
+                **{age: format_duration(getattr(policy, age)) for age in self.AGES},
+                "escalate_to": policy.escalate_to.get_username() if policy.escalate_to else None,
+            }
+            found[self.key(entry)] = entry
+        return found
+
+    def _fill(self, policy: SlaPolicy, entry: dict[str, Any]) -> SlaPolicy:
+        for age in self.AGES:
+            setattr(policy, age, parse_duration(entry[age]))
+        policy.escalate_to = (
+            get_user_model().objects.get(username=entry["escalate_to"])
+            if entry["escalate_to"]
+            else None
+        )
+        return policy
+
+    def _find(self, entry: dict[str, Any]) -> SlaPolicy:
+        tenant = None if entry["tenant"] == "*" else entry["tenant"]
+        return SlaPolicy.objects.get(tool_id=entry["tool"], tenant_id=tenant)
+
+    def create(self, entry: dict[str, Any], by: By) -> str:
+        tenant = None if entry["tenant"] == "*" else entry["tenant"]
+        self._fill(SlaPolicy(tool_id=entry["tool"], tenant_id=tenant), entry).save()
+        return self.subject(self.key(entry))
+
+    def update(self, key: str, before: dict[str, Any], after: dict[str, Any], by: By) -> str:
+        self._fill(self._find(after), after).save()
+        return self.subject(key)
+
+    def remove(self, key: str, before: dict[str, Any], by: By) -> str:
+        self._find(before).delete()  # its open escalations go with it (CASCADE)
+        return self.subject(key)
+
+
+class NotificationRoutes(Section):
+    """Who else is told of notices about matching attempts (``attempts.NotificationRoute``)."""
+
+    name, noun, subject_prefix = "notification_routes", "notification route", "notification_route"
+    key_fields = ("name",)
+    defaults: ClassVar[dict[str, Any]] = {
+        "tenant": "*",
+        "tool": "*",
+        "kinds": [],
+        "notify": [],
+        "active": True,
+    }
+    references: ClassVar[dict[str, str]] = {"notify": "users"}
+
+    def normalize(self, entry: dict[str, Any]) -> dict[str, Any]:
+        normal = super().normalize(entry)
+        normal["kinds"] = sorted(set(normal["kinds"]))
+        normal["notify"] = sorted(set(normal["notify"]))
+        return normal
+
+    def problems(self, entry: dict[str, Any]) -> list[tuple[str | None, str]]:
+        if not entry["notify"]:
+            return [("notify", "a route needs at least one username in notify")]
+        return []
+
+    def current(self) -> dict[str, dict[str, Any]]:
+        return {
+            route.name: {
+                "name": route.name,
+                "tenant": route.tenant_pattern,
+                "tool": route.tool_pattern,
+                "kinds": sorted(route.kinds),
+                "notify": sorted(p.get_username() for p in route.people.all()),
+                "active": route.active,
+            }
+            for route in NotificationRoute.objects.prefetch_related("people").order_by("name")
+        }
+
+    def _save(self, route: NotificationRoute, entry: dict[str, Any]) -> str:
+        route.tenant_pattern, route.tool_pattern = entry["tenant"], entry["tool"]
+        route.kinds, route.active = entry["kinds"], entry["active"]
+        route.save()
+        route.people.set(get_user_model().objects.filter(username__in=entry["notify"]))
+        return self.subject(route.name)
+
+    def create(self, entry: dict[str, Any], by: By) -> str:
+        return self._save(NotificationRoute(name=entry["name"]), entry)
+
+    def update(self, key: str, before: dict[str, Any], after: dict[str, Any], by: By) -> str:
+        return self._save(NotificationRoute.objects.get(name=key), after)
+
+    def remove(self, key: str, before: dict[str, Any], by: By) -> str:
+        NotificationRoute.objects.filter(name=key).delete()
+        return self.subject(key)
+
+
+register(SlaPolicies())
+register(NotificationRoutes())

@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from django.conf import settings
+from django.core import checks
 from django.core.checks import Tags
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, close_old_connections
@@ -111,9 +112,10 @@ class Command(BaseCommand):
         )
         # The checks that read the database (an owner for attention work, reconcilable tools)
         # matter here, where attempts are moved to people: warnings are printed, not fatal.
-        self.check(tags=[Tags.database], databases=["default"], display_num_errors=False)
+        self._startup_checks()
         tune_worker_process()
         logs.skip_unused_record_fields()  # this process logs a line per settled attempt
+        logs.warnings_as_log_lines()
         self.notify = None if options["no_notify"] else NotifyStep()
         stop = threading.Event()
         previous = {
@@ -156,16 +158,25 @@ class Command(BaseCommand):
                 )
             )
         else:
-            self.stdout.write(
+            self._say(
                 f"reconcile {reconciler.worker_id}: {total} in {elapsed:.2f}s"
-                + (" (stopped)" if stop.is_set() else "")
+                + (" (stopped)" if stop.is_set() else ""),
+                event="worker.finished",
+                worker_id=reconciler.worker_id,
+                seconds=round(elapsed, 3),
+                stopped=stop.is_set(),
+                **total.as_dict(),
             )
 
     def _loop(
         self, reconciler: Reconciler, stop: threading.Event, interval: float, verbosity: int
     ) -> Summary:
         total = Summary()
-        self.stdout.write(f"reconcile {reconciler.worker_id}: running; SIGTERM stops it cleanly")
+        self._say(
+            f"reconcile {reconciler.worker_id}: running; SIGTERM stops it cleanly",
+            event="worker.started",
+            worker_id=reconciler.worker_id,
+        )
         seal_every = settings.LEDGER["SEAL_EVERY"]
         next_seal = time.monotonic()
         while not stop.is_set():
@@ -182,30 +193,77 @@ class Command(BaseCommand):
                 # again with a fresh connection. The worker never exits on its own.
                 if not isinstance(exc, DatabaseError):
                     log.exception("reconcile pass failed")
-                self.stderr.write(
-                    f"reconcile pass failed, retrying in {interval}s: {type(exc).__name__}: {exc}"
+                self._say(
+                    f"reconcile pass failed, retrying in {interval}s: {type(exc).__name__}: {exc}",
+                    event="worker.pass_failed",
+                    level=logging.ERROR,
+                    error=type(exc).__name__,
                 )
                 close_old_connections()
                 stop.wait(interval)
                 continue
             total.add(summary)
             if summary.claimed and verbosity >= 1:
-                self.stdout.write(f"pass: {summary}")
+                self._say(
+                    f"pass: {summary}",
+                    event="worker.pass",
+                    worker_id=reconciler.worker_id,
+                    **summary.as_dict(),
+                )
             try:
                 notified = self._notify()
             except Exception as exc:  # notifications must not stop recovery either
                 if not isinstance(exc, DatabaseError):
                     log.exception("notification step failed")
-                self.stderr.write(f"notification step failed, retrying: {exc}")
+                self._say(
+                    f"notification step failed, retrying: {exc}",
+                    event="worker.notify_failed",
+                    level=logging.ERROR,
+                )
                 close_old_connections()
                 notified = {}
             if notified.get("sent") and verbosity >= 1:
-                self.stdout.write(f"notify: {notified}")
+                self._say(f"notify: {notified}", event="worker.notify", **notified)
             if summary.claimed == 0:
                 reconciler.wait_for_work(
                     stop, max(0.0, min(interval, next_seal - time.monotonic()))
                 )
         return total
+
+    def _json(self) -> bool:
+        return settings.LOGGING["handlers"]["console"]["formatter"] == "json"
+
+    def _startup_checks(self) -> None:
+        if not self._json():
+            self.check(tags=[Tags.database], databases=["default"], display_num_errors=False)
+            return
+        found = [
+            m
+            for m in checks.run_checks(tags=[Tags.database], databases=["default"])
+            if not m.is_silenced()
+        ]
+        for message in found:
+            self._say(
+                f"{message.id}: {message.msg}",
+                event="worker.check",
+                level=message.level,
+                check_id=message.id,
+                hint=message.hint or "",
+            )
+        serious = [m for m in found if m.is_serious()]
+        if serious:
+            raise CommandError(f"system checks failed: {', '.join(m.id for m in serious)}")
+
+    def _say(self, text: str, *, event: str, level: int = logging.INFO, **fields: Any) -> None:
+        """A line of the worker's own (a pass, a retry): plain text, or with
+        LEDGERWEB_LOG_FORMAT=json one JSON object with the figures as fields. Errors go to
+        standard error."""
+        out = self.stderr if level >= logging.WARNING else self.stdout
+        if self._json():
+            text = logs.json_line(text, logger=log.name, level=level, event=event, **fields)
+            out.write(text, style_func=lambda x: x)
+        else:
+            out.write(text)
 
     def _notify(self) -> dict[str, int]:
         """One notification step (SLA escalation, enqueue, delivery) unless --no-notify."""
@@ -221,5 +279,9 @@ class Command(BaseCommand):
         except Exception as exc:
             if not isinstance(exc, DatabaseError | LedgerBusy):
                 log.exception("sealing failed")
-            self.stderr.write(f"sealing the audit history failed, retrying later: {exc}")
+            self._say(
+                f"sealing the audit history failed, retrying later: {exc}",
+                event="worker.seal_failed",
+                level=logging.ERROR,
+            )
             close_old_connections()
