@@ -52,6 +52,7 @@ from attempts.models import (
     ConfigEvent,
     Grant,
     Membership,
+    NotificationRoute,
     OwnershipRule,
     SlaPolicy,
     SsoGroupRole,
@@ -242,6 +243,18 @@ AUTHORITIES: list[Authority] = [
             "escalate_to": _username("escalate_to"),
         },
         related=("escalate_to",),
+    ),
+    Authority(
+        NotificationRoute,
+        "notification_route",
+        lambda r: r.name,
+        {
+            "tenant_pattern": "tenant_pattern",
+            "tool_pattern": "tool_pattern",
+            "kinds": lambda r: sorted(r.kinds),
+            "active": "active",
+        },
+        many={"people": ("people", lambda p: p.get_username())},
     ),
 ]
 

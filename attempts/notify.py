@@ -52,9 +52,11 @@ from attempts.models import (
     NotificationRoute,
     NotifyCursor,
     PersonSettings,
+    Role,
     SlaEscalation,
     SlaPolicy,
     State,
+    has_role,
 )
 
 log = logging.getLogger("ledgerweb.notify")
