@@ -592,6 +592,41 @@ declare(
     group=_OPS,
 )
 
+# --- Tracing (OpenTelemetry) ------------------------------------------------------------------
+_TRACING = "Tracing (OpenTelemetry)"
+declare(
+    "LEDGERWEB_TRACE_URL",
+    "str",
+    "",
+    "Your tracing UI's address for one trace, with `{trace_id}` where the id goes (e.g. "
+    "`https://tempo.example/trace/{trace_id}`): the attempt page links the agent's trace.",
+    group=_TRACING,
+)
+declare(
+    "LEDGERWEB_OTLP_ENDPOINT",
+    "str",
+    "",
+    "OTLP/HTTP collector base address (e.g. `http://127.0.0.1:4318`): spans of intent, claim, "
+    "confirm, lookup and settle are exported to `<it>/v1/traces`, in the agent's trace when it "
+    "sent a `traceparent`. Unset: nothing of OpenTelemetry is imported or started. Needs the "
+    "`tracing` extra.",
+    group=_TRACING,
+)
+declare(
+    "LEDGERWEB_OTLP_HEADERS",
+    "secret",
+    "",
+    "Headers sent with each export, `name=value,...` (a collector's API key).",
+    group=_TRACING,
+)
+declare(
+    "LEDGERWEB_OTEL_SERVICE_NAME",
+    "str",
+    "ledgerweb",
+    "The `service.name` of the exported spans.",
+    group=_TRACING,
+)
+
 # --- Single sign-on (OpenID Connect) ---------------------------------------------------------
 _SSO = "Single sign-on (OpenID Connect)"
 declare(
