@@ -65,7 +65,7 @@ def check_secrets_are_real(app_configs=None, **kwargs):
             value = reference.read(setting.name)
         if not value:
             continue  # unset: the feature is off (the secret key is then generated)
-        why = reference.weak_secret(value, setting.minimum or 16)
+        why = reference.weak_secret(value, setting.minimum)
         if why:
             errors.append(
                 Error(

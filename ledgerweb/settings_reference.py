@@ -11,7 +11,7 @@ is used. The type decides how the value is parsed (the strict helpers of ``ledge
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -40,7 +40,6 @@ class Setting:
     choices: tuple[str, ...] = ()
     shown_default: str | None = None  # the documented default when the code computes it
     essential: bool = False  # also in the README's short table
-    extra: dict = field(default_factory=dict)
 
     def documented_default(self) -> str:
         if self.shown_default is not None:
@@ -143,12 +142,17 @@ _PLACEHOLDER_MARKS = (
 MIN_DISTINCT_CHARACTERS = 12
 
 
-def weak_secret(value: str, minimum_length: int) -> str | None:
-    """Why ``value`` is not fit to guard a production deployment, or None."""
+def weak_secret(value: str, minimum_length: int | None) -> str | None:
+    """Why ``value`` is not fit to guard a production deployment, or None. Length and variety
+    are judged only for secrets the operator generates (``minimum_length``); a password another
+    system chose (SMTP, the identity provider's client secret) is only checked for placeholders.
+    """
     lowered = value.lower()
     for mark in _PLACEHOLDER_MARKS:
         if mark in lowered:
             return f"it looks like a placeholder (contains {mark!r})"
+    if not minimum_length:
+        return None
     if len(value) < minimum_length:
         return f"it is {len(value)} characters long; at least {minimum_length} are needed"
     if len(set(value)) < MIN_DISTINCT_CHARACTERS:

@@ -161,3 +161,13 @@ def test_random_secrets_pass_the_deploy_check(tmp_path):
     result = check_deploy(tmp_path, **production())
     assert result.returncode == 0, result.stdout + result.stderr
     assert "no issues" in result.stdout
+
+
+def test_only_generated_secrets_are_judged_by_length_and_variety():
+    # A password another system chose (SMTP) is only checked for placeholders...
+    assert reference.weak_secret("hunter2-smtp", None) is None
+    assert "placeholder" in reference.weak_secret("change-me", None)
+    # ...a key the operator generates must be long and random-looking.
+    assert "characters long" in reference.weak_secret("s3cr3t-but-short", 32)
+    assert "distinct characters" in reference.weak_secret("ab" * 40, 50)
+    assert reference.weak_secret(GOOD_KEY, 50) is None
