@@ -111,6 +111,8 @@ def attempt_json(attempt: Attempt) -> dict[str, Any]:
         "owner": attempt.owner.get_username() if attempt.owner_id else None,
         "review_reason": attempt.review_reason or None,
         "send_count": attempt.send_count,
+        "traceparent": attempt.traceparent or None,
+        "trace_id": attempt.trace_id or None,
         "created_at": _iso(attempt.created_at),
         "updated_at": _iso(attempt.updated_at),
     }
@@ -311,6 +313,9 @@ def _record_intent(request: HttpRequest, token: AgentIdentity) -> JsonResponse:
             actor=_actor(token),
             policy_version=policy_version,
             credential_scope=scope,
+            # W3C Trace Context from the agent's tracer: malformed is refused (422), not
+            # dropped, so a trace never silently loses its attempt.
+            traceparent=request.META.get("HTTP_TRACEPARENT", ""),
         )
     except ledger.IdempotencyConflict as exc:
         extra = {}
@@ -330,7 +335,9 @@ def _record_intent(request: HttpRequest, token: AgentIdentity) -> JsonResponse:
 
 def _list_attempts(request: HttpRequest, token: AgentIdentity) -> JsonResponse:
     params = request.GET
-    unknown = sorted(set(params) - {"idempotency_key", "task_id", "state", "limit", "after"})
+    unknown = sorted(
+        set(params) - {"idempotency_key", "task_id", "state", "trace_id", "limit", "after"}
+    )
     if unknown:
         raise ApiError(422, "invalid_field", f"unknown query parameter(s): {', '.join(unknown)}")
     for name, limit in (("idempotency_key", 255), ("task_id", 200)):
@@ -347,6 +354,10 @@ def _list_attempts(request: HttpRequest, token: AgentIdentity) -> JsonResponse:
         qs = qs.filter(idempotency_key=params["idempotency_key"])
     if "task_id" in params:
         qs = qs.filter(task_id=params["task_id"])
+    if "trace_id" in params:
+        if not re.fullmatch(r"[0-9a-f]{32}", params["trace_id"]):
+            raise ApiError(422, "invalid_field", "trace_id must be 32 lowercase hex digits")
+        qs = qs.filter(trace_id=params["trace_id"])
     if "state" in params:
         if params["state"] not in State.values:
             raise ApiError(422, "invalid_field", f"state must be one of {', '.join(State.values)}")

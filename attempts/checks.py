@@ -65,7 +65,7 @@ def check_secrets_are_real(app_configs=None, **kwargs):
             value = reference.read(setting.name)
         if not value:
             continue  # unset: the feature is off (the secret key is then generated)
-        why = reference.weak_secret(value, setting.minimum or 16)
+        why = reference.weak_secret(value, setting.minimum)
         if why:
             errors.append(
                 Error(
@@ -98,3 +98,21 @@ def check_sso_discovery(app_configs=None, **kwargs):
             )
         ]
     return []
+
+
+@register(Tags.security, deploy=True)
+def check_trusted_proxies(app_configs=None, **kwargs):
+    """Behind the TLS proxy production runs behind (LEDGERWEB_HTTPS=1), every client arrives from
+    the proxy's address unless the proxy is trusted to name them: one client's failed logins
+    would then lock out every password login."""
+    if not settings.HTTPS or settings.LEDGER["TRUSTED_PROXIES"]:
+        return []
+    return [
+        Warning(
+            "LEDGERWEB_TRUSTED_PROXIES is empty: behind a reverse proxy every client shares the "
+            "proxy's address, and the login throttle locks them out together.",
+            hint="Set it to the proxy's address or network (127.0.0.1 for nginx on this "
+            "machine), or to the address gunicorn sees when clients connect directly.",
+            id="attempts.W010",
+        )
+    ]

@@ -17,7 +17,7 @@ from typing import Any
 
 from django.db import IntegrityError
 
-from attempts import authority, states
+from attempts import authority, states, tracing
 from attempts.canonical import InvalidArguments, normalize_args
 from attempts.faults import crash_point, mutation
 from attempts.locking import write_transaction
@@ -241,12 +241,51 @@ def record_intent(
     actor: Actor,
     policy_version: str | None = None,
     credential_scope: list[str] | None = None,
+    traceparent: str = "",
 ) -> tuple[Attempt, bool]:
     """Record the intent durably before anything is sent. Returns (attempt, created).
 
     Same key and same args hash (and tenant and tool) returns the existing attempt, whatever its
     state; anything else under that key raises IdempotencyConflict and overwrites nothing.
+    ``traceparent`` (W3C Trace Context, the agent's span) is kept on a new attempt; a malformed
+    one is refused (InvalidIntent ``invalid_traceparent``); a replay keeps the first one's.
     """
+    trace = None
+    if traceparent:
+        try:
+            trace = tracing.parse_traceparent(traceparent)
+        except tracing.InvalidTraceparent as exc:
+            raise InvalidIntent(str(exc), code="invalid_traceparent") from None
+    with tracing.span("ledger.intent", traceparent=trace.header if trace else "") as s:
+        attempt, created = _record_intent(
+            tenant=tenant,
+            task_id=task_id,
+            tool_name=tool_name,
+            idempotency_key=idempotency_key,
+            args=args,
+            actor=actor,
+            policy_version=policy_version,
+            credential_scope=credential_scope,
+            trace=trace,
+        )
+        tracing.describe(s, attempt)
+        if s is not None:
+            s.set_attribute("ledger.created", created)
+        return attempt, created
+
+
+def _record_intent(
+    *,
+    tenant: str,
+    task_id: str,
+    tool_name: str,
+    idempotency_key: str,
+    args: Any,
+    actor: Actor,
+    policy_version: str | None,
+    credential_scope: list[str] | None,
+    trace: tracing.TraceParent | None,
+) -> tuple[Attempt, bool]:
     tenant = _text("tenant", tenant)
     task_id = _text("task_id", task_id)
     tool_name = _text("tool_name", tool_name)
@@ -299,6 +338,7 @@ def record_intent(
             args_hash=normalized.args_hash,
             policy_version=auth.policy_version,
             credential_scope=auth.scopes,
+            **({"traceparent": trace.header, "trace_id": trace.trace_id} if trace else {}),
         )
     except IntegrityError:
         # The key is already recorded: a replay of the same intent, a race, or a conflict.
@@ -356,14 +396,16 @@ def claim_dispatch(attempt: Attempt | str, *, actor: Actor, tenants: set[str] | 
     current = _current(attempt, tenants, (State.INTENT_RECORDED, State.FAILED_RETRYABLE))
     if current.state not in (State.INTENT_RECORDED, State.FAILED_RETRYABLE):
         return current, False
-    holds, why = authority.authority_holds(current)
-    if not holds:
-        raise StateConflict(
-            f"authority changed since the intent was recorded: {why}",
-            code="authority_changed",
-            attempt=current,
-        )
-    states.move(current, State.DISPATCHED, actor=actor, increments={"send_count": 1})
+    with tracing.span("ledger.claim", current) as s:
+        holds, why = authority.authority_holds(current)
+        if not holds:
+            raise StateConflict(
+                f"authority changed since the intent was recorded: {why}",
+                code="authority_changed",
+                attempt=current,
+            )
+        states.move(current, State.DISPATCHED, actor=actor, increments={"send_count": 1})
+        tracing.describe(s, current)
     return current, True
 
 
@@ -447,13 +489,16 @@ def confirm(
                 attempt=current,
             )
         fields["provider_request_id"] = provider_request_id
-    return states.move(
-        current,
-        State.OUTCOME_CONFIRMED,
-        actor=actor,
-        fields=fields,
-        details=evidence or {},
-    )
+    with tracing.span("ledger.confirm", current) as s:
+        confirmed = states.move(
+            current,
+            State.OUTCOME_CONFIRMED,
+            actor=actor,
+            fields=fields,
+            details=evidence or {},
+        )
+        tracing.describe(s, confirmed)
+    return confirmed
 
 
 @_refreshes_caller

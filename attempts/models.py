@@ -426,6 +426,10 @@ class Attempt(models.Model):
     sealed = models.BooleanField(default=False, editable=False)
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
+    # The W3C traceparent the agent sent with its intent (attempts/tracing.py), and its trace id
+    # to find the attempt from a trace; empty when none was sent.
+    traceparent = models.CharField(max_length=55, blank=True, default="", editable=False)
+    trace_id = models.CharField(max_length=32, blank=True, default="", editable=False)
 
     objects = AttemptQuerySet.as_manager()
     # Set on the copy a ledger call returns when it repeated a move and wrote nothing.
@@ -474,6 +478,8 @@ class Attempt(models.Model):
             ),
             # The sealer's work list: attempts whose newest events are in no checkpoint yet.
             models.Index(fields=["id"], name="attempt_unsealed_idx", condition=Q(sealed=False)),
+            # Attempts of one trace; only intents that came with a traceparent are in it.
+            models.Index(fields=["trace_id"], name="attempt_trace_idx", condition=~Q(trace_id="")),
         ]
 
     def __str__(self) -> str:

@@ -127,6 +127,8 @@ def create(
     }
     if attempt.owner_id:
         record["owner_id"] = attempt.owner_id
+    if attempt.traceparent:
+        record["traceparent"] = attempt.traceparent
     event = chain.attempt_event(
         attempt,
         action="attempt.created",

@@ -389,6 +389,24 @@ NOTIFY = {
     "SLA_EVERY": read("LEDGERWEB_SLA_EVERY"),
 }
 
+# Tracing (attempts/tracing.py, docs/operations.md): the traceparent an agent sends is kept on
+# its attempt and linked to the team's tracing UI; the ledger's own steps are exported as spans
+# over OTLP/HTTP only when an endpoint is configured.
+TRACING = {
+    "TRACE_URL": read("LEDGERWEB_TRACE_URL"),
+    "OTLP_ENDPOINT": read("LEDGERWEB_OTLP_ENDPOINT").rstrip("/"),
+    "OTLP_HEADERS": read("LEDGERWEB_OTLP_HEADERS"),
+    "SERVICE_NAME": read("LEDGERWEB_OTEL_SERVICE_NAME"),
+}
+if TRACING["TRACE_URL"] and (
+    "{trace_id}" not in TRACING["TRACE_URL"]
+    or not TRACING["TRACE_URL"].startswith(("https://", "http://"))
+):
+    raise ImproperlyConfigured(
+        "LEDGERWEB_TRACE_URL must be an http(s) address with {trace_id} where the id goes, e.g. "
+        "https://tempo.example/trace/{trace_id}"
+    )
+
 # Operations endpoints (docs/operations.md). /metrics answers "Authorization: Bearer
 # <LEDGERWEB_METRICS_TOKEN>"; LEDGERWEB_METRICS_ALLOW_LOOPBACK=1 opens it to loopback clients too.
 OPS = {

@@ -11,7 +11,7 @@ is used. The type decides how the value is parsed (the strict helpers of ``ledge
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -41,7 +41,6 @@ class Setting:
     choices: tuple[str, ...] = ()
     shown_default: str | None = None  # the documented default when the code computes it
     essential: bool = False  # also in the README's short table
-    extra: dict = field(default_factory=dict)
 
     def documented_default(self) -> str:
         if self.shown_default is not None:
@@ -149,12 +148,17 @@ _PLACEHOLDER_MARKS = (
 MIN_DISTINCT_CHARACTERS = 12
 
 
-def weak_secret(value: str, minimum_length: int) -> str | None:
-    """Why ``value`` is not fit to guard a production deployment, or None."""
+def weak_secret(value: str, minimum_length: int | None) -> str | None:
+    """Why ``value`` is not fit to guard a production deployment, or None. Length and variety
+    are judged only for secrets the operator generates (``minimum_length``); a password another
+    system chose (SMTP, the identity provider's client secret) is only checked for placeholders.
+    """
     lowered = value.lower()
     for mark in _PLACEHOLDER_MARKS:
         if mark in lowered:
             return f"it looks like a placeholder (contains {mark!r})"
+    if not minimum_length:
+        return None
     if len(value) < minimum_length:
         return f"it is {len(value)} characters long; at least {minimum_length} are needed"
     if len(set(value)) < MIN_DISTINCT_CHARACTERS:
@@ -634,6 +638,41 @@ declare(
     True,
     "`/healthz` fails when no reconcile worker has reported within the heartbeat age.",
     group=_OPS,
+)
+
+# --- Tracing (OpenTelemetry) ------------------------------------------------------------------
+_TRACING = "Tracing (OpenTelemetry)"
+declare(
+    "LEDGERWEB_TRACE_URL",
+    "str",
+    "",
+    "Your tracing UI's address for one trace, with `{trace_id}` where the id goes (e.g. "
+    "`https://tempo.example/trace/{trace_id}`): the attempt page links the agent's trace.",
+    group=_TRACING,
+)
+declare(
+    "LEDGERWEB_OTLP_ENDPOINT",
+    "str",
+    "",
+    "OTLP/HTTP collector base address (e.g. `http://127.0.0.1:4318`): spans of intent, claim, "
+    "confirm, lookup and settle are exported to `<it>/v1/traces`, in the agent's trace when it "
+    "sent a `traceparent`. Unset: nothing of OpenTelemetry is imported or started. Needs the "
+    "`tracing` extra.",
+    group=_TRACING,
+)
+declare(
+    "LEDGERWEB_OTLP_HEADERS",
+    "secret",
+    "",
+    "Headers sent with each export, `name=value,...` (a collector's API key).",
+    group=_TRACING,
+)
+declare(
+    "LEDGERWEB_OTEL_SERVICE_NAME",
+    "str",
+    "ledgerweb",
+    "The `service.name` of the exported spans.",
+    group=_TRACING,
 )
 
 # --- Single sign-on (OpenID Connect) ---------------------------------------------------------

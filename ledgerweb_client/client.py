@@ -611,12 +611,13 @@ class LedgerClient:
         path: str,
         body: Mapping[str, Any] | None = None,
         query: Mapping[str, str] | None = None,
+        extra_headers: Mapping[str, str] | None = None,
     ) -> tuple[int, Any]:
         """Make one API call; return (status, decoded JSON) for a 2xx, raise otherwise."""
         target = self._prefix + path
         if query:
             target += "?" + urlencode(query)
-        headers = dict(self._headers)
+        headers = {**self._headers, **(extra_headers or {})}
         payload = None
         if body is not None:
             try:
@@ -709,8 +710,12 @@ class LedgerClient:
         args: Mapping[str, Any],
         policy_version: str | None = None,
         credential_scope: Sequence[str] | None = None,
+        traceparent: str | None = None,
     ) -> Attempt:
         """Record the intent durably (step 2 of the safe order) and return the attempt.
+
+        ``traceparent`` (W3C Trace Context of the caller's span) links the attempt to its trace;
+        the ledger refuses a malformed one (``InvalidRequest``, code ``invalid_traceparent``).
 
         The same key with the same arguments returns the existing attempt, whatever its state:
         look at ``state`` before sending. ``idempotency_key`` names the logical side effect and
@@ -734,7 +739,8 @@ class LedgerClient:
             if isinstance(credential_scope, str):
                 raise TypeError("credential_scope is a list of scope strings, not one string")
             body["credential_scope"] = list(credential_scope)
-        status, answer = self._request("POST", "/attempts", body)
+        headers = {"traceparent": traceparent} if traceparent else None
+        status, answer = self._request("POST", "/attempts", body, extra_headers=headers)
         return self._attempt_from(status, answer)
 
     def _claim(self, attempt_id: str) -> tuple[bool, Attempt | None]:

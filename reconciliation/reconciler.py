@@ -37,7 +37,7 @@ from django.db import InterfaceError, OperationalError, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from attempts import authority, ledger, states
+from attempts import authority, ledger, states, tracing
 from attempts.locking import write_transaction
 from attempts.models import Attempt, EffectClass, State
 from attempts.states import Actor, TransitionError
@@ -191,13 +191,24 @@ def _outcome(future: Future) -> LookupAnswer | _SendResult | _JobError:
 def _run_job(job: _Job) -> LookupAnswer | _SendResult:
     """Runs in a pool thread: provider I/O only, no database."""
     if job.kind == "lookup":
-        return job.adapter.lookup(job.call)
-    answer = job.adapter.send(job.call)
+        return _traced_lookup(job)
+    with tracing.span("ledger.resend", job.attempt) as s:
+        answer = job.adapter.send(job.call)
+        if s is not None:
+            s.set_attribute("ledger.send_status", str(answer.status))
     confirmation = None
     if answer.status == SendStatus.ACCEPTED and job.adapter.can_look_up:
         # A 2xx alone is not confirmation: look the effect up right away.
-        confirmation = job.adapter.lookup(job.call)
+        confirmation = _traced_lookup(job)
     return _SendResult(answer, confirmation)
+
+
+def _traced_lookup(job: _Job) -> LookupAnswer:
+    with tracing.span("ledger.lookup", job.attempt) as s:
+        answer = job.adapter.lookup(job.call)
+        if s is not None:
+            s.set_attribute("ledger.lookup_status", str(answer.status))
+        return answer
 
 
 class Reconciler:
@@ -751,15 +762,17 @@ class Reconciler:
                     step = self._after_send
                 # Answers settled by one move need no savepoint (see _guarded).
                 single_move = job.kind == "lookup" and result.status != LookupStatus.NOT_FOUND
-                follow_up = self._guarded(
-                    summary,
-                    step,
-                    job.attempt,
-                    job,
-                    result,
-                    summary,
-                    savepoint=savepoints or not single_move,
-                )
+                with tracing.span("ledger.settle", job.attempt, after=job.kind) as s:
+                    follow_up = self._guarded(
+                        summary,
+                        step,
+                        job.attempt,
+                        job,
+                        result,
+                        summary,
+                        savepoint=savepoints or not single_move,
+                    )
+                    tracing.describe(s, job.attempt)
                 if follow_up is not None:
                     jobs.append(follow_up)
         return jobs

@@ -91,6 +91,7 @@ def test_production_settings_pass_the_deploy_check(tmp_path):
         LEDGERWEB_SECRET_KEY="Vt3o_q9ZkP0r7LxW2mYc8HfN5aJdE1sGbU4iKlR6nTzQwX-yAvBgMhOe",
         LEDGERWEB_DEFAULT_OWNER="oncall",
         LEDGERWEB_ALLOWED_HOSTS="ledger.example.com",
+        LEDGERWEB_TRUSTED_PROXIES="127.0.0.1",
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "no issues" in result.stdout

@@ -112,6 +112,7 @@ def production(**overrides):
         "LEDGERWEB_DEFAULT_OWNER": "oncall",
         "LEDGERWEB_ALLOWED_HOSTS": "ledger.example.com",
         "LEDGERWEB_METRICS_TOKEN": "pR4e9Wm1sXq7ZbT0vNc3LkY8aHj2GdF6",
+        "LEDGERWEB_TRUSTED_PROXIES": "127.0.0.1",
     }
     env.update(overrides)
     return env
@@ -161,3 +162,19 @@ def test_random_secrets_pass_the_deploy_check(tmp_path):
     result = check_deploy(tmp_path, **production())
     assert result.returncode == 0, result.stdout + result.stderr
     assert "no issues" in result.stdout
+
+
+def test_only_generated_secrets_are_judged_by_length_and_variety():
+    # A password another system chose (SMTP) is only checked for placeholders...
+    assert reference.weak_secret("hunter2-smtp", None) is None
+    assert "placeholder" in reference.weak_secret("change-me", None)
+    # ...a key the operator generates must be long and random-looking.
+    assert "characters long" in reference.weak_secret("s3cr3t-but-short", 32)
+    assert "distinct characters" in reference.weak_secret("ab" * 40, 50)
+    assert reference.weak_secret(GOOD_KEY, 50) is None
+
+
+def test_the_deploy_check_warns_when_no_proxy_is_trusted_behind_https(tmp_path):
+    result = check_deploy(tmp_path, **production(LEDGERWEB_TRUSTED_PROXIES=""))
+    assert result.returncode != 0
+    assert "attempts.W010" in result.stdout + result.stderr

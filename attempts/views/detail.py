@@ -19,7 +19,7 @@ from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from attempts import authority, ledger
+from attempts import authority, ledger, tracing
 from attempts.canonical import canonical_bytes
 from attempts.models import (
     ROLE_RANK,
@@ -295,6 +295,7 @@ def live_context(request: HttpRequest, attempt: Attempt) -> dict[str, Any]:
         "args_pretty": pretty_json(shown_args),
         "redacted": redacted,
         "scope_text": ", ".join(attempt.credential_scope) or "(none)",
+        "trace_url": tracing.trace_url(attempt.trace_id),
         "ancestors": ancestors,
         "children": children,
         "events": events,

@@ -156,3 +156,15 @@ def test_gunicorns_early_413_is_not_unavailable(gunicorn: str, tokens) -> None:
             client.record_intent(**{**intent("charge:live:gunicorn"), "args": big})
     assert (refused.value.status, refused.value.code) == (413, "too_large")
     assert not Attempt.objects.exists()
+
+
+def test_the_client_sends_the_callers_traceparent(ledger: LedgerClient) -> None:
+    from ledgerweb_client import InvalidRequest
+
+    traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    attempt = ledger.record_intent(**intent("live:traced"), traceparent=traceparent)
+    assert attempt.raw["traceparent"] == traceparent
+    assert Attempt.objects.get(attempt_id=attempt.attempt_id).trace_id == traceparent[3:35]
+    with pytest.raises(InvalidRequest) as refused:
+        ledger.record_intent(**intent("live:badtrace"), traceparent="00-nope")
+    assert refused.value.code == "invalid_traceparent"

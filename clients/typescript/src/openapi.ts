@@ -196,6 +196,9 @@ export interface components {
             owner: string | null;
             review_reason: string | null;
             send_count: number;
+            /** @description The W3C traceparent the agent sent with the intent (normalized to version 00). */
+            traceparent: string | null;
+            trace_id: string | null;
             /** Format: date-time */
             created_at: string;
             /** Format: date-time */
@@ -350,6 +353,8 @@ export interface operations {
                 idempotency_key?: string;
                 task_id?: string;
                 state?: components["schemas"]["State"];
+                /** @description Attempts recorded with a `traceparent` of this trace. */
+                trace_id?: string;
                 limit?: number;
                 /** @description Cursor: the `next_after` of the previous page. */
                 after?: string;
@@ -385,7 +390,10 @@ export interface operations {
     recordIntent: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description W3C Trace Context of the agent's span around this tool call (`00-<32 hex trace id>-<16 hex span id>-<2 hex flags>`). Kept on a new attempt (`traceparent`, `trace_id`), linked from its dashboard page to the team's tracing UI, and the parent of the ledger's own spans; find attempts of a trace with `GET /attempts?trace_id=`. A malformed value is refused with 422 `invalid_traceparent` (never dropped silently); a replay of an existing intent keeps the first one's. */
+                traceparent?: string;
+            };
             path?: never;
             cookie?: never;
         };
@@ -451,7 +459,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Invalid field (`invalid_field`, `args_not_object`, `invalid_args`): a field missing, of the wrong type, blank, too long, with control characters, or unknown. */
+            /** @description Invalid field (`invalid_field`, `args_not_object`, `invalid_args`): a field missing, of the wrong type, blank, too long, with control characters, or unknown. A malformed `traceparent` header is `invalid_traceparent`. */
             422: {
                 headers: {
                     [name: string]: unknown;
