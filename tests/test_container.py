@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -296,8 +297,9 @@ def test_the_image_describes_one_unprivileged_image_with_a_healthcheck(image) ->
 
 
 def test_the_image_migrates_serves_and_answers_healthz(image) -> None:
-    """Inside one ``buildah run``: the image's user, migrate, the worker's single pass, serve in
-    the background, the image's own HEALTHCHECK command, then /healthz."""
+    """Inside one ``buildah run``, configured as behind the TLS proxy: the image's user, migrate,
+    the worker's single pass, serve in the background, the image's own HEALTHCHECK command, then
+    /healthz."""
     port = free_port()
     script = f"""
 set -eu
@@ -313,7 +315,8 @@ for i in $(seq 1 120); do
   sleep 0.5
 done
 echo "healthcheck $healthy"
-python3 -c "import urllib.request as u; r = u.urlopen('http://127.0.0.1:{port}/healthz'); \
+python3 -c "import urllib.request as u; r = u.urlopen(u.Request('http://127.0.0.1:{port}/healthz', \
+headers={{'Host': 'ledger.example.com', 'X-Forwarded-Proto': 'https'}})); \
 print('healthz', r.status, r.read().decode())" || tail -n 40 serve.log
 kill $server
 wait $server || true
@@ -328,6 +331,14 @@ wait $server || true
             f"LEDGERWEB_BIND=127.0.0.1:{port}",
             "--env",
             "LEDGERWEB_WORKERS=1",
+            # As in production behind the TLS proxy: the healthcheck must get past the host
+            # check and the HTTPS redirect.
+            "--env",
+            "LEDGERWEB_HTTPS=1",
+            "--env",
+            "LEDGERWEB_ALLOWED_HOSTS=ledger.example.com",
+            "--env",
+            f"LEDGERWEB_SECRET_KEY={secrets.token_urlsafe(64)}",
             "--",
             container,
             "sh",
