@@ -15,6 +15,8 @@ unchanged. Each step's time is printed and kept in var/containers/timings.json.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -88,6 +90,21 @@ def buildah(*args: str, timeout: float = 1800, check: bool = True):
     if check:
         assert done.returncode == 0, f"{args[:2]}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return done
+
+
+@contextlib.contextmanager
+def storage_lock():
+    """One user of the image storage at a time (pytest-xdist may run these tests in parallel
+    processes); whoever holds it may also clear working containers a killed run left behind,
+    as every container lives only while its user holds the lock."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            buildah("rm", "--all", check=False)
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def has_image(name: str) -> bool:
@@ -247,7 +264,11 @@ def image() -> str:
         pytest.skip("buildah is missing (apt-get install buildah; .ci/run does)")
     if os.geteuid() != 0:
         pytest.skip("buildah with chroot isolation and vfs storage needs root here")
-    CACHE.mkdir(parents=True, exist_ok=True)
+    with storage_lock():
+        return build_image()
+
+
+def build_image() -> str:
     base = local_base()
     name = f"localhost/ledgerweb:test-{context_hash(base)}"
     if has_image(name):
@@ -287,6 +308,37 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def run_in_container(image: str, port: int, script: str) -> subprocess.CompletedProcess[str]:
+    container = buildah("from", "--pull-never", image).stdout.strip()
+    try:
+        ran = buildah(
+            "run",
+            "--isolation",
+            "chroot",
+            "--env",
+            f"LEDGERWEB_BIND=127.0.0.1:{port}",
+            "--env",
+            "LEDGERWEB_WORKERS=1",
+            # As in production behind the TLS proxy: the healthcheck must get past the host
+            # check and the HTTPS redirect.
+            "--env",
+            "LEDGERWEB_HTTPS=1",
+            "--env",
+            "LEDGERWEB_ALLOWED_HOSTS=ledger.example.com",
+            "--env",
+            f"LEDGERWEB_SECRET_KEY={secrets.token_urlsafe(64)}",
+            "--",
+            container,
+            "sh",
+            "-c",
+            script,
+            timeout=300,
+        )
+    finally:
+        buildah("rm", container, check=False)
+    return ran
+
+
 def test_the_image_describes_one_unprivileged_image_with_a_healthcheck(image) -> None:
     config = json.loads(buildah("inspect", "--type", "image", image).stdout)
     docker = config["Docker"]["config"]
@@ -321,33 +373,8 @@ print('healthz', r.status, r.read().decode())" || tail -n 40 serve.log
 kill $server
 wait $server || true
 """
-    container = buildah("from", "--pull-never", image).stdout.strip()
-    try:
-        ran = buildah(
-            "run",
-            "--isolation",
-            "chroot",
-            "--env",
-            f"LEDGERWEB_BIND=127.0.0.1:{port}",
-            "--env",
-            "LEDGERWEB_WORKERS=1",
-            # As in production behind the TLS proxy: the healthcheck must get past the host
-            # check and the HTTPS redirect.
-            "--env",
-            "LEDGERWEB_HTTPS=1",
-            "--env",
-            "LEDGERWEB_ALLOWED_HOSTS=ledger.example.com",
-            "--env",
-            f"LEDGERWEB_SECRET_KEY={secrets.token_urlsafe(64)}",
-            "--",
-            container,
-            "sh",
-            "-c",
-            script,
-            timeout=300,
-        )
-    finally:
-        buildah("rm", container, check=False)
+    with storage_lock():
+        ran = run_in_container(image, port, script)
     lines = ran.stdout.splitlines()
     assert "uid 10001" in lines, ran.stdout
     assert "healthcheck yes" in lines, ran.stdout + ran.stderr
