@@ -307,9 +307,7 @@ def live_context(request: HttpRequest, attempt: Attempt) -> dict[str, Any]:
         "live_url": f"{request.path}?since={since}" if since.isdigit() else "",
         # Recovery could not ask the provider (breaker open, Retry-After): say so on the page.
         "provider_deferred": events[-1]
-        if events
-        and not attempt.is_terminal
-        and "provider_deferred" in (events[-1].details or {})
+        if events and not attempt.is_terminal and "provider_deferred" in (events[-1].details or {})
         else None,
     }
 
