@@ -127,7 +127,7 @@ def test_one_misbehaving_provider_holds_up_nobody_else(
             time.sleep(0.05)
         # The bad provider's calls are in flight (or its breaker is open) from here on.
         with_bad = _settle_time(world, "with-bad", max(3.0, 1.5 * alone + 1.0), worker)
-        assert with_bad <= max(1.5 * alone, alone + 0.6), (alone, with_bad)
+        assert with_bad <= max(1.5 * alone, alone + 1.0), (alone, with_bad)
         time.sleep(TIMEOUT * 2.5)  # every call to the bad provider has met its deadline
         hits = bad_provider.hits()
         if bad_provider.mode.startswith("huge"):
