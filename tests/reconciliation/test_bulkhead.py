@@ -157,8 +157,9 @@ def test_one_misbehaving_provider_holds_up_nobody_else(
         assert "limit" in event.details["lookup"]["invalid"]
     else:
         assert all(a.state == State.UNKNOWN for a in bad)
-        deferred = AttemptEvent.objects.filter(action="attempt.provider_deferred").count()
-        assert deferred >= 1
+        # Left alone while the provider may not be called: deferred, or not even claimed.
+        looked_up = AttemptEvent.objects.filter(attempt__in=bad, action="attempt.lookup").count()
+        assert looked_up <= 6, looked_up
         beat = WorkerHeartbeat.objects.get(worker_id="bulkhead")
         key = f"127.0.0.1:{bad_provider.port}"
         assert beat.providers[key]["state"] in ("open", "half_open", "closed")
