@@ -121,7 +121,15 @@ def main() -> None:
     parser.add_argument("--bad", type=int, default=40, help="due attempts per bad provider")
     parser.add_argument("--timeout", type=float, default=2.0, help="tools' timeout_seconds")
     parser.add_argument("--gap", type=float, default=0.05, help="seconds between healthy ones")
+    parser.add_argument(
+        "--modes",
+        default=",".join(BAD_MODES),
+        help=f"misbehaving providers present, comma-separated (default {','.join(BAD_MODES)})",
+    )
     options = parser.parse_args()
+    modes = [m for m in options.modes.split(",") if m]
+    if not modes or set(modes) - set(BAD_MODES):
+        parser.error(f"--modes: choose among {', '.join(BAD_MODES)}")
     if options.healthy < 1 or options.bad < 1 or options.timeout <= 0:
         parser.error("--healthy, --bad and --timeout must be positive")
 
@@ -143,7 +151,7 @@ def main() -> None:
             lookup_url=f"{base}/lookup",
             timeout_seconds=options.timeout,
         )
-        for mode in BAD_MODES:
+        for mode in modes:
             process, port = _start_bad(workdir, mode)
             processes.append(process)
             Tool.objects.create(
@@ -172,13 +180,13 @@ def main() -> None:
         processes.append(worker)
         print(
             f"healthy tool: {options.healthy} attempts per phase; bad providers: "
-            f"{', '.join(BAD_MODES)} with {options.bad} due attempts each; timeout "
+            f"{', '.join(modes)} with {options.bad} due attempts each; timeout "
             f"{options.timeout:g}s; database: SQLite",
             flush=True,
         )
         _latencies(demo_port, "warmup", 3, options.gap)
         alone = _latencies(demo_port, "alone", options.healthy, options.gap)
-        for mode in BAD_MODES:
+        for mode in modes:
             for i in range(options.bad):
                 _unknown(f"bad_{mode}", f"bad:{mode}:{i}", {"mode": mode, "i": i}, due=True)
         time.sleep(0.3)  # the bad providers' first calls are in flight

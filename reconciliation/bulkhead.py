@@ -141,6 +141,20 @@ class Bulkheads:
                 blocked |= state.tools
         return blocked
 
+    def probe_tools(self, *, now: float | None = None) -> dict[str, set[str]]:
+        """Providers due for their probe (breaker open past its window, or half-open with no
+        probe in flight), with their tools: the claim takes one attempt for each."""
+        now = time.monotonic() if now is None else now
+        return {
+            key: set(state.tools)
+            for key, state in self.providers.items()
+            if state.hold_until <= now
+            and (
+                (state.state == OPEN and state.open_until <= now)
+                or (state.state == HALF_OPEN and not state.probing)
+            )
+        }
+
     def has_room(self, adapter: Adapter) -> bool:
         state = self.of(adapter)
         if state.state == HALF_OPEN:

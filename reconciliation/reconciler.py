@@ -268,16 +268,28 @@ class Reconciler:
             stale = (
                 Attempt.objects.stale_in_flight(cutoff).filter(free).order_by("updated_at", "id")
             )
-            blocked = self.bulkheads.blocked_tools()
-            if blocked:
-                # Their providers may not be called now: nothing to claim them for.
-                scheduled = scheduled.exclude(tool_name__in=sorted(blocked))
-                stale = stale.exclude(tool_name__in=sorted(blocked))
+            # Providers that may not be called now: nothing to claim their attempts for. One
+            # due for its probe gets one attempt (below), not all of them.
+            probing = self.bulkheads.probe_tools()
+            held = self.bulkheads.blocked_tools().union(*probing.values())
+            candidates = (scheduled, stale)
+            if held:
+                scheduled = scheduled.exclude(tool_name__in=sorted(held))
+                stale = stale.exclude(tool_name__in=sorted(held))
             if connection.vendor == "postgresql":
                 scheduled = scheduled.select_for_update(skip_locked=True)
                 stale = stale.select_for_update(skip_locked=True)
             found = dict(scheduled.values_list("pk", "version")[:limit])
             found.update(stale.values_list("pk", "version")[:limit])
+            for tools in probing.values():
+                for queryset in candidates:
+                    one = queryset.filter(tool_name__in=sorted(tools))
+                    if connection.vendor == "postgresql":
+                        one = one.select_for_update(skip_locked=True)
+                    probe = list(one.values_list("pk", "version")[:1])
+                    if probe:
+                        found.update(probe)
+                        break
             rows = sorted(found.items())[:limit]
             if not rows:
                 return []
