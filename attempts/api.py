@@ -13,12 +13,14 @@ import functools
 import json
 import logging
 import re
+import sys
 from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_not_required
 from django.core.exceptions import RequestDataTooBig
+from django.db import DatabaseError, InterfaceError, OperationalError, connections
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
@@ -511,7 +513,42 @@ def permission_denied(request: HttpRequest, exception: Exception | None = None):
     return default_permission_denied(request, exception)
 
 
+# Seconds an agent (or a person) is asked to wait when the database is away.
+DATABASE_RETRY_AFTER = "2"
+
+_UNAVAILABLE_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>Ledger unavailable</title></head>
+<body><main><h1>The ledger is unavailable</h1>
+<p>The ledger's database cannot be reached right now. Nothing you did was lost: reload this page
+in a few seconds.</p></main></body></html>
+"""
+
+
+def database_unavailable(request: HttpRequest) -> HttpResponse:
+    """503 ``ledger_unavailable`` with ``Retry-After``: the database connection was lost or
+    refused. The broken connection is closed, so the next request opens a new one."""
+    for conn in connections.all(initialized_only=True):
+        try:
+            if conn.connection is not None and not conn.is_usable():
+                conn.close()
+        except DatabaseError:
+            conn.close()
+    headers = {"Retry-After": DATABASE_RETRY_AFTER, "Cache-Control": "no-store"}
+    if wants_json(request):
+        return error_response(
+            503,
+            "ledger_unavailable",
+            "the ledger's database is unavailable; the call may not have been recorded: repeat "
+            "it with the same idempotency key",
+            headers=headers,
+        )
+    return HttpResponse(_UNAVAILABLE_PAGE, status=503, headers=headers)
+
+
 def server_error(request: HttpRequest):
+    # Django calls this handler inside the except block of the request's failure.
+    if isinstance(sys.exc_info()[1], OperationalError | InterfaceError):
+        return database_unavailable(request)
     if wants_json(request):
         return error_response(
             500, "server_error", "the server failed to answer; nothing is known about this call"

@@ -41,6 +41,9 @@ MAX_TEXT = {
     "policy_version": 64,
 }
 MAX_SCOPE = 500
+# How many times an agent's action is decided again on a fresh read when its compare-and-set
+# lost to a concurrent change (each retry reads the row anew).
+STALE_RETRIES = 3
 # Free text (reasons, notes, evidence) may span lines; every other text is one line.
 MULTILINE_TEXT = frozenset({"reason", "note", "evidence"})
 PERSON_TEXT = frozenset({"note", "evidence"})
@@ -175,10 +178,18 @@ def _refreshes_caller(func):
         try:
             result = func(attempt, *args, **kwargs)
         except states.StaleAttempt:
-            if not isinstance(attempt, Attempt):
-                raise
-            # Our copy was stale (see _current): decide again on what the database says now.
-            result = func(attempt.attempt_id, *args, **kwargs)
+            # Our copy was stale (see _current), or the row changed between our read and our
+            # compare-and-set (a worker's lease claim, a concurrent attach of the same id):
+            # decide again on what the database says now. Only a real conflict is refused.
+            attempt_id = attempt.attempt_id if isinstance(attempt, Attempt) else attempt
+            for _ in range(STALE_RETRIES - 1):
+                try:
+                    result = func(attempt_id, *args, **kwargs)
+                    break
+                except states.StaleAttempt:
+                    continue
+            else:
+                result = func(attempt_id, *args, **kwargs)
         current = result[0] if isinstance(result, tuple) else result
         if isinstance(attempt, Attempt):
             attempt.__dict__.pop("repeated_call", None)
@@ -465,7 +476,10 @@ def confirm(
 ) -> Attempt:
     """DISPATCHED or UNKNOWN -> OUTCOME_CONFIRMED with a durable result reference.
 
-    Confirming again with the same reference is success and writes nothing.
+    Confirming again with the same reference is success and writes nothing. Without a
+    ``provider_request_id`` (given here or attached before) the receipt ``result_ref`` is what
+    identifies the effect: an agent that has the id sends it with the confirm (docs/api.md,
+    "Confirm without a provider request id").
     """
     result_ref = _text("result_ref", result_ref)
     if provider_request_id is not None:

@@ -485,6 +485,15 @@ class Attempt(models.Model):
     def __str__(self) -> str:
         return f"{self.attempt_id} {self.tool_name} {self.state}"
 
+    def identifies_effect(self, provider_id: str) -> bool:
+        """Whether this attempt names the provider's effect ``provider_id``: by its provider
+        request id, or, confirmed without one, by its receipt (``result_ref``), which must then
+        carry the provider's id (docs/api.md, "Confirm without a provider request id"). The one
+        home of that rule: crashtest's invariants and the soak ask it."""
+        if self.provider_request_id:
+            return self.provider_request_id == provider_id
+        return bool(provider_id) and provider_id in self.result_ref
+
     @property
     def is_terminal(self) -> bool:
         return self.state in TERMINAL_STATES

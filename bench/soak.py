@@ -501,6 +501,16 @@ class Soak:
         )
         duplicates = sorted(key for key, n in per_key.items() if n > 1)
         without_attempt = sorted({e["idempotency_key"] for e in effects} - stored)
+        # Confirmed attempts must name their effect (Attempt.identifies_effect: the provider
+        # request id, or a receipt carrying it).
+        effect_ids = {e["idempotency_key"]: str(e.get("id", "")) for e in effects}
+        unnamed = sorted(
+            a.attempt_id
+            for a in Attempt.objects.filter(
+                state="OUTCOME_CONFIRMED", idempotency_key__in=list(effect_ids)
+            )
+            if not a.identifies_effect(effect_ids[a.idempotency_key])
+        )
         verify = self.manage("verify_audit", check=False)
         states = dict(Attempt.objects.values_list("state").annotate(n=Count("id")).order_by())
         requests = sum(1 for _ in open(self.workdir / "access.log", "rb"))
@@ -526,6 +536,7 @@ class Soak:
         print()
         print(f"acknowledged intents lost        {len(lost)}   (of {len(acknowledged)})")
         print(f"duplicate non-idempotent effects {len(duplicates)}")
+        print(f"confirmed without naming effect  {len(unnamed)}")
         print(f"unsettled outside MANUAL_REVIEW  {sum(unsettled.values())}   {unsettled or ''}")
         print(f"chain verified                   {'yes' if verify.returncode == 0 else 'NO'}")
         if lost:
@@ -534,7 +545,11 @@ class Soak:
             print(f"  duplicated: {duplicates[:10]}")
         if verify.returncode != 0:
             print("  verify_audit: " + (verify.stdout + verify.stderr)[-2000:])
-        ok = not lost and not duplicates and not unsettled and verify.returncode == 0
+        if unnamed:
+            print(f"  confirmed without naming their effect: {unnamed[:10]}")
+        ok = (
+            not lost and not duplicates and not unnamed and not unsettled and verify.returncode == 0
+        )
         if self.chaos_failed:
             print("  the chaos thread failed: this run proves less than it should")
             ok = False

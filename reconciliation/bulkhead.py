@@ -127,6 +127,34 @@ class Bulkheads:
             )
         return None
 
+    def blocked_tools(self, *, now: float | None = None) -> set[str]:
+        """Tools whose provider may not be called now (breaker open, probe in flight, holding
+        for Retry-After): the claim leaves their attempts alone until it may."""
+        now = time.monotonic() if now is None else now
+        blocked: set[str] = set()
+        for state in self.providers.values():
+            if (
+                state.hold_until > now
+                or (state.state == OPEN and state.open_until > now)
+                or (state.state == HALF_OPEN and state.probing)
+            ):
+                blocked |= state.tools
+        return blocked
+
+    def probe_tools(self, *, now: float | None = None) -> dict[str, set[str]]:
+        """Providers due for their probe (breaker open past its window, or half-open with no
+        probe in flight), with their tools: the claim takes one attempt for each."""
+        now = time.monotonic() if now is None else now
+        return {
+            key: set(state.tools)
+            for key, state in self.providers.items()
+            if state.hold_until <= now
+            and (
+                (state.state == OPEN and state.open_until <= now)
+                or (state.state == HALF_OPEN and not state.probing)
+            )
+        }
+
     def has_room(self, adapter: Adapter) -> bool:
         state = self.of(adapter)
         if state.state == HALF_OPEN:

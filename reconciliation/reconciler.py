@@ -152,6 +152,7 @@ class _Job:
     attempt: Attempt
     adapter: Adapter
     call: Call
+    pass_id: int = 0  # the pass that started its call
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,6 +248,7 @@ class Reconciler:
         self._waiting: deque[_Job] = deque()  # waiting for room under their provider's cap
         self._last_beat = time.monotonic()
         self._unbeaten = Summary()
+        self._passes = 0
 
     # -----------------------------------------------------------------------------------------
     # Claiming
@@ -277,11 +279,28 @@ class Reconciler:
             stale = (
                 Attempt.objects.stale_in_flight(cutoff).filter(free).order_by("updated_at", "id")
             )
+            # Providers that may not be called now: nothing to claim their attempts for. One
+            # due for its probe gets one attempt (below), not all of them.
+            probing = self.bulkheads.probe_tools()
+            held = self.bulkheads.blocked_tools().union(*probing.values())
+            candidates = (scheduled, stale)
+            if held:
+                scheduled = scheduled.exclude(tool_name__in=sorted(held))
+                stale = stale.exclude(tool_name__in=sorted(held))
             if connection.vendor == "postgresql":
                 scheduled = scheduled.select_for_update(skip_locked=True)
                 stale = stale.select_for_update(skip_locked=True)
             found = dict(scheduled.values_list("pk", "version")[:limit])
             found.update(stale.values_list("pk", "version")[:limit])
+            for tools in probing.values():
+                for queryset in candidates:
+                    one = queryset.filter(tool_name__in=sorted(tools))
+                    if connection.vendor == "postgresql":
+                        one = one.select_for_update(skip_locked=True)
+                    probe = list(one.values_list("pk", "version")[:1])
+                    if probe:
+                        found.update(probe)
+                        break
             rows = sorted(found.items())[:limit]
             if not rows:
                 return []
@@ -319,6 +338,8 @@ class Reconciler:
         first_finished_at = 0.0
         exhausted = False
         pool = self._executor()
+        self._passes += 1
+        pass_id = self._passes
         try:
             while True:
                 load = len(self._in_flight) + len(self._waiting)
@@ -341,8 +362,12 @@ class Reconciler:
                         timeout = max(
                             0.0, self.FLUSH_AFTER - (time.monotonic() - first_finished_at)
                         )
-                    elif carry and (exhausted or stop.is_set()):
-                        timeout = self.FLUSH_AFTER
+                    elif carry:
+                        # Never block on a slow provider: wait a moment for calls this pass
+                        # started, not at all for calls carried over from earlier passes
+                        # (the loop's wait_for_work wakes when one of those finishes).
+                        fresh = any(job.pass_id == pass_id for job in self._in_flight.values())
+                        timeout = self.FLUSH_AFTER if fresh else 0.0
                     done, _ = wait(
                         list(self._in_flight), timeout=timeout, return_when=FIRST_COMPLETED
                     )
@@ -361,7 +386,7 @@ class Reconciler:
                 if not finished and not got and time.monotonic() - self._last_beat >= BEAT_EVERY:
                     # A long pass still says the worker is alive.
                     self.heartbeat()
-                if carry and not finished and not got and (exhausted or stop.is_set()):
+                if carry and not finished and not got:
                     break
         finally:
             if not carry:
@@ -401,6 +426,7 @@ class Reconciler:
                 self._waiting.append(job)
                 continue
             self.bulkheads.started(job.adapter)
+            job.pass_id = self._passes
             self._in_flight[pool.submit(_run_job, job)] = job
         if deferred:
             with write_transaction():

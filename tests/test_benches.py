@@ -57,3 +57,13 @@ def test_pg_peers_bench_writes_the_ledgers_rows():
         with psycopg.connect(database_url(url, "postgres"), autocommit=True) as conn:
             for system in ("ledger", "raw"):
                 conn.execute(f'DROP DATABASE IF EXISTS "{prefix}_{system}" WITH (FORCE)')
+
+
+def test_providers_bench_prints_the_healthy_tools_latency_ratio():
+    if os.environ.get("DATABASE_URL"):
+        pytest.skip("bench/providers.py measures on SQLite: runs once, on the SQLite pass")
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    done = _run("bench/providers.py", "--healthy", "4", "--bad", "6", env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "alone " in done.stdout and "with bad providers" in done.stdout
+    assert "ratio with/alone: median" in done.stdout

@@ -258,6 +258,16 @@ def sla_for(attempt: Attempt, now: dt.datetime) -> dict[str, Any]:
     }
 
 
+def _provider_deferred(attempt: Attempt) -> Any:
+    """The attempt's latest event when it is recovery deferring it for its provider."""
+    if attempt.is_terminal:
+        return None
+    latest = attempt.events.order_by("-id").first()
+    if latest is not None and "provider_deferred" in (latest.details or {}):
+        return latest
+    return None
+
+
 def live_context(request: HttpRequest, attempt: Attempt) -> dict[str, Any]:
     """What the self-refreshing part of the page shows: state, owner, identifiers, arguments,
     lineage, lookups and history (never the forms, so nothing typed is lost)."""
@@ -306,10 +316,9 @@ def live_context(request: HttpRequest, attempt: Attempt) -> dict[str, Any]:
         "changed_since_open": changed,
         "poll_seconds": DETAIL_POLL_SECONDS,
         "live_url": f"{request.path}?since={since}" if since.isdigit() else "",
-        # Recovery could not ask the provider (breaker open, Retry-After): say so on the page.
-        "provider_deferred": events[-1]
-        if events and not attempt.is_terminal and "provider_deferred" in (events[-1].details or {})
-        else None,
+        # Recovery could not ask the provider (breaker open, Retry-After): say so on the page
+        # while that is the attempt's latest news.
+        "provider_deferred": _provider_deferred(attempt),
     }
 
 

@@ -113,8 +113,9 @@ def check_settled(scene: Scene, check: Check, effects: list[dict[str, Any]]) -> 
 
 
 def check_visible(scene: Scene, check: Check, effects: list[dict[str, Any]]) -> None:
-    """3. Each attempt shows its key, args, a correct args hash, the provider request id once
-    the effect is confirmed, and a full history whose hash chain is intact."""
+    """3. Each attempt shows its key, args, a correct args hash, what identifies its effect once
+    confirmed (the provider request id, or a receipt carrying it), and a full history whose
+    hash chain is intact."""
     ids_by_key = {effect_key(e): str(e.get("id")) for e in effects}
     for attempt in all_attempts(scene):
         if not attempt.idempotency_key:
@@ -125,11 +126,12 @@ def check_visible(scene: Scene, check: Check, effects: list[dict[str, Any]]) -> 
         if (
             attempt.state == State.OUTCOME_CONFIRMED
             and provider_id
-            and attempt.provider_request_id != provider_id
+            and not attempt.identifies_effect(provider_id)
         ):
             check.fail(
-                f"{attempt.attempt_id} is confirmed but shows provider request id "
-                f"{attempt.provider_request_id!r}, the provider's is {provider_id!r}"
+                f"{attempt.attempt_id} is confirmed but names neither the provider's id "
+                f"{provider_id!r} (provider request id {attempt.provider_request_id!r}) nor, "
+                f"without one, a receipt carrying it ({attempt.result_ref!r})"
             )
     # The one verifier of the history (attempts/audit_verify.py), on this scene's database.
     report = audit_verify.verify_database(connections[scene.alias].chunked_cursor)

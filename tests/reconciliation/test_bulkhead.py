@@ -127,7 +127,7 @@ def test_one_misbehaving_provider_holds_up_nobody_else(
             time.sleep(0.05)
         # The bad provider's calls are in flight (or its breaker is open) from here on.
         with_bad = _settle_time(world, "with-bad", max(3.0, 1.5 * alone + 1.0), worker)
-        assert with_bad <= max(1.5 * alone, alone + 0.6), (alone, with_bad)
+        assert with_bad <= max(1.5 * alone, alone + 1.0), (alone, with_bad)
         time.sleep(TIMEOUT * 2.5)  # every call to the bad provider has met its deadline
         hits = bad_provider.hits()
         if bad_provider.mode.startswith("huge"):
@@ -157,8 +157,9 @@ def test_one_misbehaving_provider_holds_up_nobody_else(
         assert "limit" in event.details["lookup"]["invalid"]
     else:
         assert all(a.state == State.UNKNOWN for a in bad)
-        deferred = AttemptEvent.objects.filter(action="attempt.provider_deferred").count()
-        assert deferred >= 1
+        # Left alone while the provider may not be called: deferred, or not even claimed.
+        looked_up = AttemptEvent.objects.filter(attempt__in=bad, action="attempt.lookup").count()
+        assert looked_up <= 6, looked_up
         beat = WorkerHeartbeat.objects.get(worker_id="bulkhead")
         key = f"127.0.0.1:{bad_provider.port}"
         assert beat.providers[key]["state"] in ("open", "half_open", "closed")
@@ -206,3 +207,24 @@ def test_healthz_and_metrics_name_an_open_circuited_provider(world, settings) ->
     text = Client().get("/metrics", REMOTE_ADDR="127.0.0.1").content.decode()
     assert 'ledger_provider_degraded{provider="127.0.0.1:9",state="open"} 1' in text
     assert 'ledger_provider_failures{provider="127.0.0.1:9"} 3' in text
+
+
+@pytest.mark.parametrize("bad_provider", ["ratelimit"], indirect=True)
+def test_the_attempt_page_says_when_recovery_deferred_it_for_its_provider(
+    world, bad_provider: BadProvider
+) -> None:
+    bad_provider.point(BAD_TOOL)
+    attempts = [make_due(unknown(world, BAD_TOOL, f"held:{i}", {"i": i})) for i in range(8)]
+    Reconciler(worker_id="w", concurrency=8).run_pass()
+    assert bad_provider.hits() <= 4  # the cap, then Retry-After held the rest
+    deferred = [a for a in attempts if a.events.filter(action="attempt.provider_deferred").exists()]
+    assert deferred
+    client = Client()
+    client.force_login(world.operator)
+    page = client.get(f"/attempts/{deferred[0].attempt_id}/").content.decode()
+    assert 'data-testid="provider-degraded"' in page
+    assert "Retry-After" in page
+    # One that was looked up (and answered 429) shows its lookup, not the banner.
+    looked_up = next(a for a in attempts if a not in deferred)
+    quiet = client.get(f"/attempts/{looked_up.attempt_id}/").content.decode()
+    assert 'data-testid="provider-degraded"' not in quiet
