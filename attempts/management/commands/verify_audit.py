@@ -4,6 +4,7 @@ exported file, and name the first broken link."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -78,6 +79,7 @@ class Command(BaseCommand):
         since = _since(options["since"]) if options["since"] else None
         if since and options["export"]:
             raise CommandError("--since applies to a database, not to an export file")
+        began = time.perf_counter()
         try:
             if options["export"]:
                 path = options["export"]
@@ -114,6 +116,10 @@ class Command(BaseCommand):
             if isinstance(exc, DatabaseError) or type(exc).__module__.startswith("sqlite3"):
                 raise CommandError(f"could not read the ledger: {exc}") from None
             raise
+        seconds = time.perf_counter() - began
+        report.notes.append(
+            f"checked in {seconds:.2f}s ({report.events / max(seconds, 1e-9):,.0f} events/s)"
+        )
         if not report.ok:
             raise CommandError(report.render(), returncode=1)
         self.stdout.write(report.render())
