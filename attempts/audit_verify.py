@@ -43,8 +43,6 @@ from attempts.verify_export import (
     chain_time,
     checkpoint_hash,
     config_event_hash,
-    event_hash,
-    event_payload,
     leaf_hash,
 )
 
@@ -235,28 +233,30 @@ class _Verifier:
             if event_id is None:
                 continue
             self.events += 1
-            row = {
-                "id": event_id,
-                "attempt_id": attempt_id,
-                "action": values[21],
-                "actor_kind": values[22],
-                "actor": values[23],
-                "from_state": values[24],
-                "to_state": values[25],
-                "reason": values[26],
-                "created_at": values[28],
-                "prev_hash": values[29],
-                "hash": values[30],
-                "v": values[31],
-            }
+            stored, prev_hash, created_at = values[30], values[29], values[28]
             try:
-                row["details"] = load_json(values[27])
-                recomputed = _event_digest(row)
-                if recomputed != row["hash"]:  # the reference encoder has the last word
-                    recomputed = event_hash(row)
+                details = load_json(values[27])
+                # What the event's hash covers (verify_export.event_payload), built once.
+                payload = {
+                    "v": int(values[31]),
+                    "attempt_id": attempt_id,
+                    "action": values[21],
+                    "actor_kind": values[22],
+                    "actor": values[23],
+                    "from_state": values[24],
+                    "to_state": values[25],
+                    "reason": values[26],
+                    "details": details,
+                    "created_at": chain_time(created_at),
+                    "prev_hash": prev_hash,
+                }
+                recomputed = _payload_digest(payload)
+                if recomputed != stored:  # the reference encoder has the last word
+                    recomputed = hashlib.sha256(rfc8785.dumps(payload)).hexdigest()
             except (TypeError, ValueError, KeyError, rfc8785.CanonicalizationError) as exc:
                 recomputed = f"unhashable ({exc})"
-                row["details"] = None
+                details = None
+            row = {"hash": stored, "prev_hash": prev_hash, "v": values[31]}
             if recomputed != row["hash"]:
                 self.bad(
                     "content",
@@ -277,8 +277,8 @@ class _Verifier:
                 )
             prev = row["hash"]
             hashes.append(row["hash"])
-            times.append(row["created_at"])
-            details_seen.append(row["details"])
+            times.append(created_at)
+            details_seen.append(details)
         self.check_row(group, hashes, details_seen)
         if (chain_head, chain_length) != ((hashes[-1] if hashes else ""), len(hashes)):
             self.bad(
@@ -668,31 +668,17 @@ def _parallel(
         checker.problem(problem)
 
 
-def _event_digest(row: dict[str, Any]) -> str:
-    """``event_hash`` with the fast encoder. Every field but ``details`` is text (or the format
-    number) as read from the database, which the C encoder writes as RFC 8785 does, so only
-    ``details`` needs checking; anything else goes through ``jcs.dumps``. A mismatch is always
-    recomputed with the reference encoder before it is reported."""
-    payload = event_payload(row)
-    if jcs.plain(payload["details"]) and all(type(payload[name]) is str for name in _TEXT_FIELDS):
+def _payload_digest(payload: dict[str, Any]) -> str:
+    """SHA-256 of an event's payload with the fast encoder. Every field but ``details`` is text
+    (or the format number) as read from the database, which the C encoder writes as RFC 8785
+    does, so only ``details`` needs checking; anything else goes through ``jcs.dumps``. A
+    mismatch is always recomputed with the reference encoder before it is reported."""
+    if jcs.plain(payload["details"]):
         try:
             return hashlib.sha256(jcs.encode_plain(payload)).hexdigest()
         except UnicodeEncodeError:
             pass
-    return event_hash(row, dumps=jcs.dumps)
-
-
-_TEXT_FIELDS = (
-    "attempt_id",
-    "action",
-    "actor_kind",
-    "actor",
-    "from_state",
-    "to_state",
-    "reason",
-    "created_at",
-    "prev_hash",
-)
+    return hashlib.sha256(jcs.dumps(payload)).hexdigest()
 
 
 def _leaf_digest(attempt_id: Any, length: Any, head: Any) -> bytes:

@@ -36,7 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-DATA = REPO / "var" / "bench"
+DATA = Path(os.environ.get("LEDGERWEB_BENCH_DATA") or REPO / "var" / "bench")
 
 
 def _env(args: argparse.Namespace) -> dict[str, str]:
@@ -60,8 +60,9 @@ def _sqlite_path(args: argparse.Namespace) -> Path:
 
 
 def _pg_url(args: argparse.Namespace) -> str:
-    base = args.database_url.rsplit("/", 1)[0]
-    return f"{base}/{args.database_prefix}_{_name(args)}"
+    from bench.pg_peers import database_url
+
+    return database_url(args.database_url, f"{args.database_prefix}_{_name(args)}")
 
 
 def _django(env: dict[str, str]) -> None:
@@ -305,7 +306,7 @@ def _fresh(args: argparse.Namespace) -> None:
     if args.database_url:
         import psycopg
 
-        name = _pg_url(args).rsplit("/", 1)[1]
+        name = f"{args.database_prefix}_{_name(args)}"
         with psycopg.connect(args.database_url, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
             conn.execute(f'CREATE DATABASE "{name}"')
@@ -319,7 +320,7 @@ def _prepare(args: argparse.Namespace) -> None:
     if args.database_url:
         import psycopg
 
-        name = _pg_url(args).rsplit("/", 1)[1]
+        name = f"{args.database_prefix}_{_name(args)}"
         with psycopg.connect(args.database_url, autocommit=True) as conn:
             exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
             if exists and args.regenerate:
