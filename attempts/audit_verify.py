@@ -563,10 +563,13 @@ def verify_database(
     what: str = "database",
     jobs: int = 1,
     connect: Callable[[], Callable[[], Any]] | None = None,
+    before_fork: Callable[[], None] | None = None,
     since: tuple[int, str] | None = None,
 ) -> Report:
     """Verify the history and every attempt row. ``cursor_factory`` returns a fresh DB-API
     cursor (``django.db.connection.chunked_cursor`` streams on PostgreSQL).
+    ``before_fork`` closes this process's connection before workers start: a connection must
+    never be shared with a forked process.
 
     With ``jobs`` > 1 and ``connect`` (called in each worker process, returns that process's
     cursor factory), the attempts' chains, which are independent, are verified by that many
@@ -586,6 +589,8 @@ def verify_database(
     verifier.legacy()
     lo, hi = verifier.id_range()
     if jobs > 1 and connect is not None and hi - lo > BATCH:
+        if before_fork is not None:
+            before_fork()
         _parallel(verifier, lo, hi, jobs=jobs, connect=connect)
     else:
         verifier.attempts_and_events(lo, hi)
@@ -719,8 +724,6 @@ def verify_django_database(
         # Other processes could not see this transaction's rows, or this in-memory database.
         notes.append(f"verified in one process, not {jobs}: the database is not shareable here")
         jobs = 1
-    if jobs > 1:
-        connection.close()  # each worker opens its own; a forked connection is never shared
     report = verify_database(
         connection.chunked_cursor,
         anchors=anchors,
@@ -729,6 +732,8 @@ def verify_django_database(
         what=f"{connection.vendor} database {name}",
         jobs=jobs,
         connect=lambda: connections[using].chunked_cursor,
+        # Each worker opens its own connection; one open here would be shared after the fork.
+        before_fork=connection.close,
         since=since,
     )
     report.notes.extend(notes)
