@@ -31,6 +31,7 @@ from typing import Any
 
 import rfc8785
 
+from attempts import jcs
 from attempts.verify_export import (
     GENESIS,
     LEGACY_FORMAT,
@@ -42,7 +43,6 @@ from attempts.verify_export import (
     chain_time,
     checkpoint_hash,
     config_event_hash,
-    event_hash,
     leaf_hash,
 )
 
@@ -57,7 +57,8 @@ LEGACY_SQL = f"""
 SELECT id, prev_hash, hash FROM {EVENTS} WHERE chain_format = {LEGACY_FORMAT} ORDER BY id
 """  # noqa: S608 -- constant table names only
 
-# Every attempt with its events in order and its newest checkpoint leaf.
+# The attempts with ids in (lo, hi], with their events in order and their newest checkpoint
+# leaf; ``{since}`` narrows them to those that changed after a checkpoint (``--since``).
 ATTEMPT_SQL = f"""
 SELECT a.id, a.attempt_id, a.state, a.tenant_id, a.task_id, a.tool_name, a.idempotency_key,
        a.args, a.args_hash, a.policy_version, a.credential_scope, p.attempt_id,
@@ -71,8 +72,14 @@ LEFT JOIN {LEAVES} l ON l.attempt_id = a.attempt_id
      AND l.checkpoint_id = (SELECT MAX(l2.checkpoint_id) FROM {LEAVES} l2
                             WHERE l2.attempt_id = a.attempt_id)
 LEFT JOIN {EVENTS} e ON e.attempt_id = a.id
+WHERE a.id > {{lo}} AND a.id <= {{hi}}{{since}}
 ORDER BY a.id, e.id
-"""  # noqa: S608 -- constant table names only
+"""  # noqa: S608 -- constant table names and integers only
+SINCE_SQL = f"""
+ AND (NOT a.sealed OR EXISTS (SELECT 1 FROM {LEAVES} l3 JOIN {CHECKPOINTS} c3
+                              ON c3.id = l3.checkpoint_id
+                              WHERE l3.attempt_id = a.attempt_id AND c3.seq > {{seq}}))"""  # noqa: S608
+ID_RANGE_SQL = f"SELECT MIN(id), MAX(id) FROM {ATTEMPTS}"  # noqa: S608
 ORPHAN_SQL = f"""
 SELECT e.id FROM {EVENTS} e LEFT JOIN {ATTEMPTS} a ON a.id = e.attempt_id WHERE a.id IS NULL
 ORDER BY e.id
@@ -83,10 +90,11 @@ WHERE a.id IS NULL ORDER BY l.attempt_id
 """  # noqa: S608
 CHECKPOINT_SQL = f"""
 SELECT id, seq, prev_hash, root, size, config_length, config_head, sealed_at, hash
-FROM {CHECKPOINTS} ORDER BY seq
+FROM {CHECKPOINTS} WHERE seq >= {{seq}} ORDER BY seq
 """  # noqa: S608
 LEAF_SQL = f"""
 SELECT checkpoint_id, position, attempt_id, length, head FROM {LEAVES}
+WHERE checkpoint_id > (SELECT COALESCE(MAX(id), 0) FROM {CHECKPOINTS} WHERE seq <= {{seq}})
 ORDER BY checkpoint_id, position
 """  # noqa: S608
 CONFIG_SQL = f"""
@@ -108,6 +116,8 @@ KEY_FIELDS = (
 # Attempt columns whose latest value the history records when they change.
 TRACKED_FIELDS = ("provider_request_id", "result_ref")
 CHUNK = 5000
+# Attempt ids per keyset batch of one worker.
+BATCH = 5000
 
 
 def load_json(value: Any) -> Any:
@@ -141,8 +151,10 @@ class _Verifier:
         max_problems: int,
         max_unsealed_seconds: float | None,
         now: dt.datetime | None,
+        since: tuple[int, str] | None = None,
     ) -> None:
         self.cursor_factory = cursor_factory
+        self.since = since
         self.anchors = frozenset(anchors)
         self.found: set[str] = set()
         self.checker = ChainChecker(start_prev=GENESIS, max_problems=max_problems)
@@ -175,15 +187,22 @@ class _Verifier:
             self.checker.problem(problem)
 
     # -- 1, 2, 4, 5: attempts and their chains
-    def attempts_and_events(self) -> None:
-        group: list[tuple] = []
-        for values in self.stream(ATTEMPT_SQL):
-            if group and values[0] != group[0][0]:
+    def attempts_and_events(self, lo: int, hi: int) -> None:
+        """The attempts with ids in (lo, hi], read in keyset batches of BATCH ids so memory
+        stays flat (one attempt's events at a time)."""
+        since = SINCE_SQL.format(seq=int(self.since[0])) if self.since else ""
+        for start in range(lo, hi, BATCH):
+            sql = ATTEMPT_SQL.format(lo=int(start), hi=int(min(start + BATCH, hi)), since=since)
+            group: list[tuple] = []
+            for values in self.stream(sql):
+                if group and values[0] != group[0][0]:
+                    self.attempt(group)
+                    group = []
+                group.append(values)
+            if group:
                 self.attempt(group)
-                group = []
-            group.append(values)
-        if group:
-            self.attempt(group)
+
+    def orphans_and_missing(self) -> None:
         for (event_id,) in self.stream(ORPHAN_SQL):
             self.bad("orphan", "the event's attempt no longer exists: it was deleted", event_id)
         for (attempt_id,) in self.stream(MISSING_SQL):
@@ -193,6 +212,11 @@ class _Verifier:
                 "deleted with its history",
                 attempt_id=attempt_id,
             )
+
+    def id_range(self) -> tuple[int, int]:
+        rows = list(self.stream(ID_RANGE_SQL))
+        low, high = rows[0] if rows else (None, None)
+        return (int(low) - 1, int(high)) if low is not None else (0, 0)
 
     def attempt(self, group: list[tuple]) -> None:
         first = group[0]
@@ -209,26 +233,30 @@ class _Verifier:
             if event_id is None:
                 continue
             self.events += 1
-            row = {
-                "id": event_id,
-                "attempt_id": attempt_id,
-                "action": values[21],
-                "actor_kind": values[22],
-                "actor": values[23],
-                "from_state": values[24],
-                "to_state": values[25],
-                "reason": values[26],
-                "created_at": values[28],
-                "prev_hash": values[29],
-                "hash": values[30],
-                "v": values[31],
-            }
+            stored, prev_hash, created_at = values[30], values[29], values[28]
             try:
-                row["details"] = load_json(values[27])
-                recomputed = event_hash(row)
+                details = load_json(values[27])
+                # What the event's hash covers (verify_export.event_payload), built once.
+                payload = {
+                    "v": int(values[31]),
+                    "attempt_id": attempt_id,
+                    "action": values[21],
+                    "actor_kind": values[22],
+                    "actor": values[23],
+                    "from_state": values[24],
+                    "to_state": values[25],
+                    "reason": values[26],
+                    "details": details,
+                    "created_at": chain_time(created_at),
+                    "prev_hash": prev_hash,
+                }
+                recomputed = _payload_digest(payload)
+                if recomputed != stored:  # the reference encoder has the last word
+                    recomputed = hashlib.sha256(rfc8785.dumps(payload)).hexdigest()
             except (TypeError, ValueError, KeyError, rfc8785.CanonicalizationError) as exc:
                 recomputed = f"unhashable ({exc})"
-                row["details"] = None
+                details = None
+            row = {"hash": stored, "prev_hash": prev_hash, "v": values[31]}
             if recomputed != row["hash"]:
                 self.bad(
                     "content",
@@ -249,8 +277,8 @@ class _Verifier:
                 )
             prev = row["hash"]
             hashes.append(row["hash"])
-            times.append(row["created_at"])
-            details_seen.append(row["details"])
+            times.append(created_at)
+            details_seen.append(details)
         self.check_row(group, hashes, details_seen)
         if (chain_head, chain_length) != ((hashes[-1] if hashes else ""), len(hashes)):
             self.bad(
@@ -346,7 +374,8 @@ class _Verifier:
                         first_event_id,
                     )
         try:
-            if args_digest(load_json(args)) != args_hash:
+            value = load_json(args)
+            if args_digest(value) != args_hash and _reference_digest(value) != args_hash:
                 bad("its args no longer hash to its args_hash: the args were edited")
         except (ValueError, TypeError, rfc8785.CanonicalizationError) as exc:
             bad(f"its args cannot be hashed: {exc}")
@@ -419,12 +448,23 @@ class _Verifier:
             prev = row["hash"]
             config_hashes.append(row["hash"])
 
-        leaves = self.stream(LEAF_SQL)
+        start = self.since[0] if self.since else 0
+        leaves = self.stream(LEAF_SQL.format(seq=int(start)))
         pending: tuple | None = next(leaves, None)
         prev = GENESIS
-        expected_seq = 1
-        for values in self.stream(CHECKPOINT_SQL):
+        expected_seq = start or 1
+        for values in self.stream(CHECKPOINT_SQL.format(seq=int(start))):
             pk, seq, prev_hash, root, size, config_length, config_head, sealed_at, stored = values
+            if self.since and seq == start:
+                # Verified by the run that printed it; everything after must chain to it.
+                if stored != self.since[1]:
+                    self.bad(
+                        "anchor",
+                        f"checkpoint {seq} is {str(stored)[:16]}…, not the {self.since[1][:16]}… "
+                        "verified before (--since): history up to it was rewritten",
+                    )
+                prev, expected_seq, self.checkpoint = stored, seq + 1, (seq, stored)
+                continue
             fields = {
                 "seq": seq,
                 "prev_hash": prev_hash,
@@ -454,7 +494,7 @@ class _Verifier:
                 _, position, attempt_id, length, head = pending
                 if position != len(mine):
                     self.bad("checkpoint", f"{where}: leaf {position} is out of place")
-                mine.append(leaf_hash(attempt_id, length, head))
+                mine.append(_leaf_digest(attempt_id, length, head))
                 pending = next(leaves, None)
             if len(mine) != size or MerkleTree(mine).root() != root:
                 self.bad(
@@ -476,6 +516,12 @@ class _Verifier:
             expected_seq = seq + 1
             self.checkpoint = (seq, stored)
         leaves.close()
+        if self.since and (self.checkpoint is None or self.checkpoint[0] < start):
+            self.bad(
+                "anchor",
+                f"checkpoint {start} (--since) is not in this ledger: the checkpoints after it "
+                "were cut, or this is another ledger",
+            )
 
     def finish(self, report: Report) -> None:
         for anchor in sorted(self.anchors - self.found):
@@ -515,26 +561,146 @@ def verify_database(
     max_unsealed_seconds: float | None = None,
     now: dt.datetime | None = None,
     what: str = "database",
+    jobs: int = 1,
+    connect: Callable[[], Callable[[], Any]] | None = None,
+    before_fork: Callable[[], None] | None = None,
+    since: tuple[int, str] | None = None,
 ) -> Report:
     """Verify the history and every attempt row. ``cursor_factory`` returns a fresh DB-API
-    cursor (``django.db.connection.chunked_cursor`` streams on PostgreSQL)."""
+    cursor (``django.db.connection.chunked_cursor`` streams on PostgreSQL).
+    ``before_fork`` closes this process's connection before workers start: a connection must
+    never be shared with a forked process.
+
+    With ``jobs`` > 1 and ``connect`` (called in each worker process, returns that process's
+    cursor factory), the attempts' chains, which are independent, are verified by that many
+    processes, each over ranges of attempt ids; problems are reported in the same order as by
+    one process. ``since`` (seq, hash) of a checkpoint an earlier run verified: only attempts
+    that changed after it, and the checkpoints after it, are checked (the config chain and the
+    orphan checks always run whole)."""
     verifier = _Verifier(
         cursor_factory,
         anchors=anchors,
         max_problems=max_problems,
         max_unsealed_seconds=max_unsealed_seconds,
         now=now,
+        since=since,
     )
     report = Report(what=what, problems=verifier.checker.problems)
     verifier.legacy()
-    verifier.attempts_and_events()
-    verifier.checkpoints()
+    lo, hi = verifier.id_range()
+    if jobs > 1 and connect is not None and hi - lo > BATCH:
+        if before_fork is not None:
+            before_fork()
+        _parallel(verifier, lo, hi, jobs=jobs, connect=connect)
+    else:
+        verifier.attempts_and_events(lo, hi)
+        verifier.orphans_and_missing()
+        verifier.checkpoints()
     verifier.finish(report)
+    if since:
+        report.notes.append(f"incremental: attempts changed after checkpoint {since[0]} only")
+    if verifier.checkpoint:
+        seq, digest = verifier.checkpoint
+        report.notes.append(f"to resume from here: --since {seq}:{digest}")
     return report
 
 
-def args_digest(args: Any) -> str:
+# The worker processes' context (set in the parent before the fork, read in the children).
+_WORKER: dict[str, Any] = {}
+
+
+def _range_worker(task: tuple[int, int]) -> tuple:
+    if "factory" not in _WORKER:
+        _WORKER["factory"] = _WORKER["connect"]()
+    verifier = _Verifier(
+        _WORKER["factory"],
+        anchors=(),
+        max_problems=_WORKER["max_problems"],
+        max_unsealed_seconds=None,
+        now=_WORKER["now"],
+        since=_WORKER["since"],
+    )
+    verifier.attempts_and_events(*task)
+    checker = verifier.checker
+    return (
+        verifier.events,
+        verifier.attempts,
+        verifier.unsealed_attempts,
+        verifier.oldest_unsealed,
+        checker.problems,
+        checker.truncated,
+    )
+
+
+def _parallel(
+    verifier: _Verifier, lo: int, hi: int, *, jobs: int, connect: Callable[[], Any]
+) -> None:
+    """Verify attempts (lo, hi] in ``jobs`` processes, merging their results in id order."""
+    import multiprocessing
+
+    pieces = jobs * 8
+    step = max(BATCH, -(-(hi - lo) // pieces))
+    tasks = [(start, min(start + step, hi)) for start in range(lo, hi, step)]
+    _WORKER.update(
+        connect=connect,
+        max_problems=verifier.checker.max_problems,
+        now=verifier.now,
+        since=verifier.since,
+    )
+    _WORKER.pop("factory", None)
+    # fork: the workers start at once with the code loaded; each opens its own connection.
+    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        results = pool.imap(_range_worker, tasks)
+        # Meanwhile this process checks the rest; its problems are listed after the attempts'
+        # (the order one process reports them in).
+        checker = verifier.checker
+        earlier, checker.problems = checker.problems, []
+        verifier.orphans_and_missing()
+        verifier.checkpoints()
+        later, checker.problems = checker.problems, earlier
+        for events, attempts, unsealed, oldest, problems, truncated in results:
+            verifier.events += events
+            verifier.attempts += attempts
+            verifier.unsealed_attempts += unsealed
+            if oldest is not None and (
+                verifier.oldest_unsealed is None or oldest < verifier.oldest_unsealed
+            ):
+                verifier.oldest_unsealed = oldest
+            for problem in problems:
+                checker.problem(problem)
+            checker.truncated |= truncated
+    for problem in later:
+        checker.problem(problem)
+
+
+def _payload_digest(payload: dict[str, Any]) -> str:
+    """SHA-256 of an event's payload with the fast encoder. Every field but ``details`` is text
+    (or the format number) as read from the database, which the C encoder writes as RFC 8785
+    does, so only ``details`` needs checking; anything else goes through ``jcs.dumps``. A
+    mismatch is always recomputed with the reference encoder before it is reported."""
+    if jcs.plain(payload["details"]):
+        try:
+            return hashlib.sha256(jcs.encode_plain(payload)).hexdigest()
+        except UnicodeEncodeError:
+            pass
+    return hashlib.sha256(jcs.dumps(payload)).hexdigest()
+
+
+def _leaf_digest(attempt_id: Any, length: Any, head: Any) -> bytes:
+    """``leaf_hash`` with the fast encoder (text and a small integer, as JCS writes them)."""
+    if type(attempt_id) is str and type(head) is str and attempt_id.isascii() and head.isascii():
+        leaf = jcs.encode_plain({"attempt_id": attempt_id, "head": head, "length": int(length)})
+        return hashlib.sha256(b"\x00" + leaf).digest()
+    return leaf_hash(attempt_id, length, head)
+
+
+def _reference_digest(args: Any) -> str:
     return hashlib.sha256(rfc8785.dumps(args)).hexdigest()
+
+
+def args_digest(args: Any) -> str:
+    digest = hashlib.sha256(jcs.dumps(args)).hexdigest()
+    return digest
 
 
 def verify_django_database(
@@ -543,19 +709,34 @@ def verify_django_database(
     max_problems: int = 50,
     max_unsealed_seconds: float | None = None,
     using: str = "default",
+    jobs: int = 1,
+    since: tuple[int, str] | None = None,
 ) -> Report:
-    """Verify the database Django is configured with."""
+    """Verify the database Django is configured with (in ``jobs`` processes: see
+    ``verify_database``)."""
     from django.db import connections
 
     connection = connections[using]
     name = connection.settings_dict.get("NAME")
+    notes = []
+    in_memory = connection.vendor == "sqlite" and connection.is_in_memory_db()
+    if jobs > 1 and (connection.in_atomic_block or in_memory):
+        # Other processes could not see this transaction's rows, or this in-memory database.
+        notes.append(f"verified in one process, not {jobs}: the database is not shareable here")
+        jobs = 1
     report = verify_database(
         connection.chunked_cursor,
         anchors=anchors,
         max_problems=max_problems,
         max_unsealed_seconds=max_unsealed_seconds,
         what=f"{connection.vendor} database {name}",
+        jobs=jobs,
+        connect=lambda: connections[using].chunked_cursor,
+        # Each worker opens its own connection; one open here would be shared after the fork.
+        before_fork=connection.close,
+        since=since,
     )
+    report.notes.extend(notes)
     check_config_drift(report, max_problems=max_problems)
     return report
 
@@ -595,12 +776,18 @@ def verify_sqlite_file(
     anchors: Iterable[str] = (),
     max_problems: int = 50,
     max_unsealed_seconds: float | None = None,
+    jobs: int = 1,
+    since: tuple[int, str] | None = None,
 ) -> Report:
     """Verify a SQLite ledger file (a backup or a restored copy), opened read-only."""
     import sqlite3
     from pathlib import Path
 
     uri = Path(path).resolve().as_uri() + "?mode=ro"
+
+    def connect() -> Callable[[], Any]:
+        return sqlite3.connect(uri, uri=True).cursor
+
     conn = sqlite3.connect(uri, uri=True)
     try:
         return verify_database(
@@ -609,6 +796,9 @@ def verify_sqlite_file(
             max_problems=max_problems,
             max_unsealed_seconds=max_unsealed_seconds,
             what=f"SQLite file {path}",
+            jobs=jobs,
+            connect=connect,
+            since=since,
         )
     finally:
         conn.close()

@@ -89,3 +89,15 @@ def dumps(value: Any) -> bytes:
         except UnicodeEncodeError:
             pass  # a lone surrogate: let the reference refuse it in its own words
     return rfc8785.dumps(value)
+
+
+def plain(value: Any) -> bool:
+    """Whether ``encode_plain`` writes ``value`` exactly as RFC 8785 does (see above)."""
+    return _plain(value)
+
+
+def encode_plain(value: Any) -> bytes:
+    """The C encoder's bytes for a value the caller checked with ``plain`` (or knows to be made
+    of plain parts: a verifier checks only the one free-form field of a record); raises
+    UnicodeEncodeError for a lone surrogate."""
+    return _encode(value).encode("utf-8")

@@ -67,3 +67,31 @@ def test_providers_bench_prints_the_healthy_tools_latency_ratio():
     assert done.returncode == 0, done.stdout + done.stderr
     assert "alone " in done.stdout and "with bad providers" in done.stdout
     assert "ratio with/alone: median" in done.stdout
+
+
+def test_verify_bench_verifies_a_ledger_loaded_as_the_write_path_writes_it(tmp_path):
+    """bench/verify.py, short: its loader's ledger verifies (verify_audit says OK with one job
+    and with two), and it prints the ratios against the write path and a bare SHA-256 loop."""
+    url = os.environ.get("DATABASE_URL")
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    args = ["bench/verify.py", "--events", "2000", "--jobs", "2", "--rate-seconds", "0.3"]
+    prefix = f"test_verify_{uuid.uuid4().hex[:8]}"
+    if url:
+        args += ["--database-url", url, "--database-prefix", prefix]
+    else:
+        env["LEDGERWEB_BENCH_DATA"] = str(tmp_path)
+    try:
+        done = _run(*args, "--regenerate", env=env)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "--jobs 1: 2000 events" in done.stdout
+        assert "--jobs 2: 2000 events" in done.stdout
+        assert "ratio verify/write path:" in done.stdout and "verify/bare SHA-256:" in done.stdout
+    finally:
+        if url:
+            import psycopg
+
+            from bench.pg_peers import database_url
+
+            with psycopg.connect(database_url(url, "postgres"), autocommit=True) as conn:
+                for name in ("2000", "rate"):
+                    conn.execute(f'DROP DATABASE IF EXISTS "{prefix}_{name}" WITH (FORCE)')
