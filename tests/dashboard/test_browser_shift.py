@@ -171,7 +171,8 @@ def test_an_sla_breach_is_coloured_escalated_and_acknowledged(live_server, brows
     late = make_unknown(world)
     Attempt.objects.filter(pk=late.pk).update(created_at=timezone.now() - dt.timedelta(hours=2))
     assert notify.escalate_slas() == 1
-    assert Notification.objects.get().recipient == world.admin
+    # The policy's person and the attempt's owner hear of it.
+    assert {n.recipient for n in Notification.objects.all()} == {world.admin, world.triage}
     me = Tab(browser, live_server.url)
     me.login("operator")
     me.goto("/queues/unknown/")
