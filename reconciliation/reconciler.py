@@ -258,8 +258,8 @@ class Reconciler:
             return dt.timedelta(seconds=self.lease_seconds)
         timeouts = [t.timeout_seconds for name in tool_names if (t := registry.tool(name))]
         # A lookup, a send and its confirming lookup, after waiting behind a claimed batch that
-        # may all time out.
-        rounds = 3 + self.batch_size / self.concurrency
+        # may all time out, one provider's share of the pool at a time (its bulkhead's cap).
+        rounds = 3 + self.batch_size / min(self.concurrency, self.bulkheads.default_cap)
         return dt.timedelta(seconds=max(MIN_LEASE_SECONDS, rounds * max(timeouts, default=0)))
 
     def claim(self, *, cutoff: dt.datetime, limit: int, lease: dt.timedelta) -> list[Attempt]:

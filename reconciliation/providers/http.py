@@ -280,6 +280,17 @@ class GenericHttpAdapter(Adapter):
                 detail=_error_detail(answer.json(), answer.status),
                 retry_after=answer.retry_after,
             )
+        try:
+            answer.body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return LookupAnswer(
+                LookupStatus.AMBIGUOUS,
+                http_status=200,
+                latency_ms=answer.latency_ms,
+                detail="the provider's answer failed validation",
+                invalid=f"the answer is not UTF-8 (byte {exc.start})",
+                evidence=evidence_of(answer.body),
+            )
         body = answer.json()
         provider_id = body.get("id") if isinstance(body, dict) else None
         args_hash = body.get("args_hash") if isinstance(body, dict) else None

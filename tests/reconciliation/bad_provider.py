@@ -10,7 +10,8 @@ Modes (every request, send or lookup alike):
 - ``huge_chunked``: the same without ``Content-Length`` (chunked), so only the bytes read tell;
 - ``ratelimit``: ``429`` with ``Retry-After: 30``;
 - ``bad_id_newline`` / ``bad_id_nul`` / ``bad_id_long``: a found lookup (and an accepted send)
-  whose ``id`` is ``"a\\nb\\u202e<script>"``, ``"a\\u0000b"`` or 100,000 characters.
+  whose ``id`` is ``"a\\nb\\u202e<script>"``, ``"a\\u0000b"`` or 100,000 characters;
+- ``bad_encoding``: a found lookup whose body is not UTF-8.
 
 Each request is counted: ``GET /_hits`` answers the count (in every mode, before misbehaving).
 """
@@ -112,6 +113,10 @@ class Handler(socketserver.StreamRequestHandler):
         elif mode == "ratelimit":
             body = json.dumps({"error": {"code": "rate_limited", "message": "slow down"}})
             _answer(self.wfile, "429 Too Many Requests", body.encode(), "Retry-After: 30\r\n")
+        elif mode == "bad_encoding":
+            _answer(
+                self.wfile, "200 OK", b'{"id": "pi_\xff\xfe", "args_hash": "' + b"0" * 64 + b'"}'
+            )
         elif mode in BAD_IDS:
             found = {"id": BAD_IDS[mode], "args_hash": "0" * 64}
             _answer(self.wfile, "200 OK", json.dumps(found).encode())

@@ -170,7 +170,9 @@ def test_one_misbehaving_provider_holds_up_nobody_else(
 
 
 @pytest.mark.parametrize(
-    "bad_provider", ["bad_id_newline", "bad_id_nul", "bad_id_long"], indirect=True
+    "bad_provider",
+    ["bad_id_newline", "bad_id_nul", "bad_id_long", "bad_encoding"],
+    indirect=True,
 )
 def test_a_provider_id_the_api_would_refuse_goes_to_a_person_not_into_the_ledger(
     world, bad_provider: BadProvider

@@ -73,7 +73,8 @@ class Command(BaseCommand):
             "--lease-seconds",
             type=_positive_float,
             default=None,
-            help="How long a claim lasts (default: max(60, 4 x the longest tool timeout)).",
+            help="How long a claim lasts (default: long enough for a claimed batch to time out "
+            "behind one provider's concurrency cap, at least 60 s).",
         )
         parser.add_argument(
             "--worker-id", default=None, help="Name of this worker (default host:pid:random)."
