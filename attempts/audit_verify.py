@@ -34,6 +34,7 @@ import rfc8785
 from attempts.verify_export import (
     GENESIS,
     LEGACY_FORMAT,
+    LOG_FORMAT,
     ChainChecker,
     MerkleTree,
     Problem,
@@ -81,7 +82,8 @@ SELECT DISTINCT l.attempt_id FROM {LEAVES} l LEFT JOIN {ATTEMPTS} a ON a.attempt
 WHERE a.id IS NULL ORDER BY l.attempt_id
 """  # noqa: S608
 CHECKPOINT_SQL = f"""
-SELECT id, seq, prev_hash, root, size, config_length, config_head, sealed_at, hash
+SELECT id, seq, prev_hash, root, size, config_length, config_head, sealed_at, hash, format,
+       authority
 FROM {CHECKPOINTS} ORDER BY seq
 """  # noqa: S608
 LEAF_SQL = f"""
@@ -423,8 +425,12 @@ class _Verifier:
         prev = GENESIS
         expected_seq = 1
         for values in self.stream(CHECKPOINT_SQL):
-            pk, seq, prev_hash, root, size, config_length, config_head, sealed_at, stored = values
+            pk, seq, prev_hash, root, size, config_length, config_head, sealed_at, stored = values[
+                :9
+            ]
             fields = {
+                "format": values[9],
+                "authority": values[10],
                 "seq": seq,
                 "prev_hash": prev_hash,
                 "root": root,
@@ -455,7 +461,9 @@ class _Verifier:
                     self.bad("checkpoint", f"{where}: leaf {position} is out of place")
                 mine.append(leaf_hash(attempt_id, length, head))
                 pending = next(leaves, None)
-            if len(mine) != size or MerkleTree(mine).root() != root:
+            if values[9] >= LOG_FORMAT:
+                pass  # the log's root over every leaf: checked by log_checks()
+            elif len(mine) != size or MerkleTree(mine).root() != root:
                 self.bad(
                     "checkpoint",
                     f"{where}: its {len(mine)} leaves do not give its root over {size}: sealed "
@@ -514,6 +522,8 @@ def verify_database(
     max_unsealed_seconds: float | None = None,
     now: dt.datetime | None = None,
     what: str = "database",
+    log_keys: Iterable[Any] = (),
+    witness_keys: Iterable[Any] = (),
 ) -> Report:
     """Verify the history and every attempt row. ``cursor_factory`` returns a fresh DB-API
     cursor (``django.db.connection.chunked_cursor`` streams on PostgreSQL)."""
@@ -528,8 +538,113 @@ def verify_database(
     verifier.legacy()
     verifier.attempts_and_events()
     verifier.checkpoints()
+    log_checks(verifier, log_keys=log_keys, witness_keys=witness_keys)
     verifier.finish(report)
     return report
+
+
+# -- The transparency log (checkpoint format 2, attempts/log.py): separate from the chain walk.
+
+LOG_ENTRY_SQL = """
+SELECT e."index", l.attempt_id, l.length, l.head, n.hash
+FROM attempts_logentry e JOIN attempts_checkpointleaf l ON l.id = e.leaf_id
+LEFT JOIN attempts_lognode n ON n.level = 0 AND n."index" = e."index"
+ORDER BY e."index"
+"""
+LOG_CHECKPOINT_SQL = """
+SELECT id, seq, size, root, config_length, config_head, authority, note FROM attempts_checkpoint
+WHERE format >= 2 ORDER BY seq
+"""
+LOG_SIGNATURE_SQL = """
+SELECT checkpoint_id, kind, line FROM attempts_checkpointsignature ORDER BY checkpoint_id, id
+"""
+
+
+def log_checks(verifier: _Verifier, *, log_keys=(), witness_keys=()) -> None:
+    """``[log]``: the log's leaves, in order, are the sealed heads, and the tree over them has
+    each format-2 checkpoint's root at its size; each checkpoint's note states its own size,
+    root, config head and authority digest. ``[signature]``: with the log's verifier keys, every
+    stored log signature verifies; with witness keys, every stored cosignature does."""
+    from attempts.verify_export import (
+        EXT_AUTHORITY,
+        EXT_CHECKPOINT,
+        EXT_CONFIG,
+        LogBuilder,
+        LogCheckpoint,
+        NoteError,
+        note_signed_by,
+        split_note,
+    )
+
+    checkpoints = list(verifier.stream(LOG_CHECKPOINT_SQL))
+    if not checkpoints:
+        return
+    by_size: dict[int, list[tuple]] = {}
+    for row in checkpoints:
+        by_size.setdefault(row[2], []).append(row)
+    builder = LogBuilder()
+    expected_index = 0
+    for index, attempt_id, length, head, stored in verifier.stream(LOG_ENTRY_SQL):
+        if index != expected_index:
+            verifier.bad("log", f"log leaf {expected_index} is missing (next is {index})")
+            expected_index = index
+        value = leaf_hash(attempt_id, length, head)
+        if stored is None or bytes(stored) != value:
+            verifier.bad(
+                "log",
+                f"log leaf {index}'s stored hash is not the hash of its sealed head "
+                f"({attempt_id} at {length}): the log was edited",
+            )
+        builder.append(value)
+        expected_index += 1
+        for row in by_size.pop(builder.size, ()):
+            if builder.root().hex() != row[3]:
+                verifier.bad(
+                    "log",
+                    f"checkpoint {row[1]}: its root is not the log's root at size {row[2]}: "
+                    "logged heads were edited, removed or inserted",
+                )
+    for rows in by_size.values():
+        for row in rows:
+            verifier.bad(
+                "log", f"checkpoint {row[1]} covers {row[2]} leaves; the log holds {builder.size}"
+            )
+    signatures: dict[int, list[tuple[str, str]]] = {}
+    for checkpoint_id, kind, line in verifier.stream(LOG_SIGNATURE_SQL):
+        signatures.setdefault(checkpoint_id, []).append((kind, line))
+    log_keys, witness_keys = list(log_keys), list(witness_keys)
+    for pk, seq, size, root, config_length, config_head, authority, note in checkpoints:
+        where = f"checkpoint {seq}"
+        try:
+            body = LogCheckpoint.parse(note)
+        except NoteError as exc:
+            verifier.bad("log", f"{where}: its note does not parse: {exc}")
+            continue
+        claims = (
+            body.size == size
+            and body.root.hex() == root
+            and body.extension(EXT_CHECKPOINT) == [str(seq)]
+            and body.extension(EXT_CONFIG) == [str(config_length), config_head]
+            and (body.extension(EXT_AUTHORITY) or [""]) == [authority]
+        )
+        if not claims:
+            verifier.bad("log", f"{where}: its note does not state its own size, root and heads")
+        for kind, line in signatures.get(pk, ()):
+            keys = log_keys if kind == "log" else witness_keys
+            if not keys:
+                continue
+            try:
+                _, (signature,) = split_note("x\n\n" + line)
+            except (NoteError, ValueError):
+                verifier.bad("signature", f"{where}: a malformed {kind} signature line")
+                continue
+            known = [k for k in keys if k.name == signature.name and k.id == signature.id]
+            if known and not any(note_signed_by(note, signature, k) for k in known):
+                verifier.bad(
+                    "signature",
+                    f"{where}: the {kind} signature of {signature.name} does not verify: the "
+                    "checkpoint was changed after it was signed",
+                )
 
 
 def args_digest(args: Any) -> str:
@@ -542,8 +657,11 @@ def verify_django_database(
     max_problems: int = 50,
     max_unsealed_seconds: float | None = None,
     using: str = "default",
+    log_keys: Iterable[Any] = (),
+    witness_keys: Iterable[Any] = (),
 ) -> Report:
-    """Verify the database Django is configured with."""
+    """Verify the database Django is configured with (``log_keys``/``witness_keys``: verifier
+    keys the stored signatures and cosignatures are checked with)."""
     from django.db import connections
 
     connection = connections[using]
@@ -554,6 +672,8 @@ def verify_django_database(
         max_problems=max_problems,
         max_unsealed_seconds=max_unsealed_seconds,
         what=f"{connection.vendor} database {name}",
+        log_keys=log_keys,
+        witness_keys=witness_keys,
     )
 
 

@@ -11,8 +11,12 @@ The attempt detail page shows the changes affecting the attempt
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
+import rfc8785
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 
 from attempts.chain import record_config_change
@@ -94,6 +98,18 @@ def delete_with_history(instance: models.Model, *, actor: Actor, reason: str = "
         record_config_change(
             subject=subject, action="deleted", actor=actor, before=before, after=None, reason=reason
         )
+
+
+def authority_digest() -> str:
+    """SHA-256 (hex) of the RFC 8785 JSON of every tracked row's snapshot, sorted by subject:
+    what each checkpoint commits to about the live authority configuration."""
+    rows = []
+    for model in TRACKED:
+        for instance in model._default_manager.all():
+            rows.append({"subject": subject_of(instance), "snapshot": snapshot(instance)})
+    rows.sort(key=lambda row: row["subject"])
+    plain = json.loads(json.dumps(rows, cls=DjangoJSONEncoder))
+    return hashlib.sha256(rfc8785.dumps(plain)).hexdigest()
 
 
 def _changed(

@@ -325,6 +325,27 @@ LEDGER = {
     "MCP_GATEWAY_CONFIG": env_str("LEDGERWEB_MCP_GATEWAY_CONFIG", ""),
 }
 
+# The transparency log (attempts/log.py, docs/audit-chain.md): signed checkpoints, tiles under
+# /log/, witnesses. The signing key lives outside the database: a key file (mode 0600, made by
+# `manage.py ledger_log genkey`) or a command that signs (a KMS or HSM) with its verifier key.
+TLOG = {
+    # The log's name in every checkpoint note; set it once, witnesses and clients pin it.
+    "ORIGIN": env_str("LEDGERWEB_LOG_ORIGIN", "localhost/ledgerweb"),
+    "KEY_FILE": env_str("LEDGERWEB_LOG_KEY_FILE", ""),
+    "SIGN_COMMAND": env_str("LEDGERWEB_LOG_SIGN_COMMAND", ""),
+    "VERIFIER_KEY": env_str("LEDGERWEB_LOG_VERIFIER_KEY", ""),
+    # Verifier keys of earlier signing keys, kept so checkpoints they signed still verify.
+    "OLD_VERIFIER_KEYS": env_list("LEDGERWEB_LOG_OLD_VERIFIER_KEYS", []),
+    # Witnesses: "VERIFIER_KEY SUBMISSION_URL" items, comma-separated.
+    "WITNESSES": env_list("LEDGERWEB_LOG_WITNESSES", []),
+    # How many witness cosignatures make a checkpoint witnessed (default: one if any is set).
+    "WITNESS_QUORUM": env_int("LEDGERWEB_LOG_WITNESS_QUORUM", 1, minimum=0),
+    # Whole-request deadline of one submission to a witness, seconds.
+    "WITNESS_TIMEOUT": env_int("LEDGERWEB_LOG_WITNESS_TIMEOUT", 10, minimum=1),
+    # /log/ is public unless this bearer token is set (then it is required).
+    "READ_TOKEN": env_str("LEDGERWEB_LOG_READ_TOKEN", ""),
+}
+
 # Notifications (attempts/notify.py): email through Django's SMTP backend, and a
 # Slack-compatible chat webhook. Both off until configured; the reconcile worker delivers them.
 _EMAIL_HOST = env_str("LEDGERWEB_EMAIL_HOST", "")
