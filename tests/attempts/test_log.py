@@ -257,7 +257,11 @@ def test_key_rotation_keeps_old_checkpoints_verifiable(world, key_file, tmp_path
     old = log.newest_signed()
     second_path = tmp_path / "second.key"
     second = log.write_key_file(second_path, "example.test/ledger")
-    settings.TLOG = {**settings.TLOG, "KEY_FILE": str(second_path), "OLD_VERIFIER_KEYS": [str(first)]}
+    settings.TLOG = {
+        **settings.TLOG,
+        "KEY_FILE": str(second_path),
+        "OLD_VERIFIER_KEYS": [str(first)],
+    }
     build_history(world, 1, prefix="r")
     seal_all()
     new = log.newest_signed()
