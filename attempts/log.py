@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import http.client
+import json
 import logging
 import os
 import shlex
@@ -514,11 +515,70 @@ def sign_pending(*, limit: int = 100, now: dt.datetime | None = None) -> int:
         .order_by("seq")[:limit]
     )
     count = 0
+    memory = _signer_state_path()
     for checkpoint in pending:
+        _check_extends(memory, checkpoint)
         signature = current.sign(checkpoint.note)
         line = NoteSignature(current.verifier.name, current.verifier.id, signature)
         count += _store_signature(checkpoint, "log", line, now)
+        _remember(memory, checkpoint)
     return count
+
+
+# The signer keeps the newest tree it signed outside the database and signs a later checkpoint
+# only with a consistency proof from it: someone who rewrites the database (and its hashes)
+# cannot get the rewritten history signed. Only whoever can also replace this file can.
+
+
+def _signer_state_path() -> Path:
+    config = settings.TLOG
+    if config["SIGNER_STATE"]:
+        return Path(config["SIGNER_STATE"])
+    if config["KEY_FILE"]:
+        return Path(config["KEY_FILE"] + ".state")
+    return Path(settings.DATA_DIR) / "log_signer.state"
+
+
+def _check_extends(memory: Path, checkpoint: Checkpoint) -> None:
+    try:
+        text = memory.read_text()
+    except FileNotFoundError:
+        return  # the first checkpoint this signer signs
+    except OSError as exc:
+        raise LogKeyError(f"cannot read the signer's state {memory}: {exc.strerror}") from None
+    try:
+        held = json.loads(text)
+        size, root = int(held["size"]), base64.b64decode(held["root"])
+    except (ValueError, KeyError, TypeError):
+        raise LogKeyError(f"the signer's state {memory} is malformed") from None
+    if checkpoint.size < size:
+        raise LogKeyError(
+            f"refusing to sign checkpoint {checkpoint.seq}: its tree of {checkpoint.size} leaves "
+            f"is smaller than the {size} this key signed before (a rollback)"
+        )
+    if checkpoint.size == size and bytes.fromhex(checkpoint.root) == root:
+        return
+    try:
+        ok = check_consistent(size, root, checkpoint.size, bytes.fromhex(checkpoint.root))
+    except LookupError:
+        ok = False
+    if not ok:
+        raise LogKeyError(
+            f"refusing to sign checkpoint {checkpoint.seq}: the log is not consistent with the "
+            f"tree of {size} leaves this key signed before: history was rewritten"
+        )
+
+
+def _remember(memory: Path, checkpoint: Checkpoint) -> None:
+    data = json.dumps(
+        {"size": checkpoint.size, "root": base64.b64encode(bytes.fromhex(checkpoint.root)).decode()}
+    )
+    temporary = memory.with_name(memory.name + ".tmp")
+    try:
+        temporary.write_text(data)
+        os.replace(temporary, memory)
+    except OSError as exc:
+        raise LogKeyError(f"cannot write the signer's state {memory}: {exc.strerror}") from None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -334,6 +334,9 @@ TLOG = {
     "KEY_FILE": env_str("LEDGERWEB_LOG_KEY_FILE", ""),
     "SIGN_COMMAND": env_str("LEDGERWEB_LOG_SIGN_COMMAND", ""),
     "VERIFIER_KEY": env_str("LEDGERWEB_LOG_VERIFIER_KEY", ""),
+    # Where the signer keeps the newest tree it signed (it signs only consistent extensions of
+    # it); default: beside the key file, or in the data folder with a signing command.
+    "SIGNER_STATE": env_str("LEDGERWEB_LOG_SIGNER_STATE", ""),
     # Verifier keys of earlier signing keys, kept so checkpoints they signed still verify.
     "OLD_VERIFIER_KEYS": env_list("LEDGERWEB_LOG_OLD_VERIFIER_KEYS", []),
     # Witnesses: "VERIFIER_KEY SUBMISSION_URL" items, comma-separated.

@@ -16,7 +16,7 @@ from attempts.models import Attempt
 from ledgerweb_client import LedgerClient, LogView, ReceiptError, StateConflict
 from ledgerweb_client.errors import NotFound
 from tests.api.conftest import Tokens
-from tests.attempts.audit_helpers import rewrite_history
+from tests.attempts.audit_helpers import forget_signer_state, rewrite_history
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -95,6 +95,7 @@ def test_a_client_that_keeps_its_checkpoint_sees_a_fork(live_server, tokens: Tok
         # The operator, holding the key, rewrites history and re-signs; the client, which kept
         # the tree of 8, is not fooled by the new tree.
         rewrite_history(Attempt.objects.order_by("id").first(), details={"forged": True})
+        forget_signer_state()
         log.sign_pending()
         _intent(ledger, "f:late")
         _seal()

@@ -175,3 +175,11 @@ def rewrite_history(attempt: Attempt, *, details: dict) -> None:
             ],
         )
         prev_checkpoint = checkpoint.hash
+
+
+def forget_signer_state() -> None:
+    """What an operator holding the signing key can do: delete the signer's memory of the
+    newest tree it signed, so it signs a rewritten history."""
+    from attempts import log
+
+    log._signer_state_path().unlink(missing_ok=True)

@@ -239,6 +239,7 @@ def test_a_signing_command_signs_and_a_wrong_one_is_refused(world, tmp_path, set
         "SIGN_COMMAND": command,
         "VERIFIER_KEY": str(verifier),
         "ORIGIN": "kms.test/ledger",
+        "SIGNER_STATE": str(tmp_path / "signer.state"),
     }
     build_history(world, 1)
     seal_all()

@@ -16,7 +16,12 @@ from django.core.management import CommandError, call_command
 from attempts import log
 from attempts.models import Attempt, CheckpointSignature, WitnessState
 from attempts.verify_export import open_checkpoint
-from tests.attempts.audit_helpers import build_history, rewrite_history, seal_all
+from tests.attempts.audit_helpers import (
+    build_history,
+    forget_signer_state,
+    rewrite_history,
+    seal_all,
+)
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -77,6 +82,7 @@ def test_a_witness_cosigns_a_series_and_refuses_a_fork(world, signing, witness, 
     # re-signs it and seals more: the witness refuses, and verify_audit says so.
     attempt = Attempt.objects.order_by("id").first()
     rewrite_history(attempt, details={"rewritten": True})
+    forget_signer_state()
     log.sign_pending()
     build_history(world, 1, prefix="c")
     seal_all()
