@@ -330,7 +330,7 @@ class Signer:
         if not ed25519_verify(self.verifier.public, text.encode(), signature):
             raise LogKeyError(
                 "the signature does not verify with the log's verifier key "
-                f"{self.verifier}: wrong key, or LEDGERWEB_LOG_VERIFIER_KEY is not the signing "
+                f"{self.verifier}: wrong key, or LEDGERWEB_TLOG_VERIFIER_KEY is not the signing "
                 "command's"
             )
         return signature
@@ -424,16 +424,16 @@ def signer() -> Signer | None:
     """The configured signing key, or None when none is set (checkpoints stay unsigned)."""
     config = settings.TLOG
     if config["KEY_FILE"] and config["SIGN_COMMAND"]:
-        raise LogKeyError("set LEDGERWEB_LOG_KEY_FILE or LEDGERWEB_LOG_SIGN_COMMAND, not both")
+        raise LogKeyError("set LEDGERWEB_TLOG_KEY_FILE or LEDGERWEB_TLOG_SIGN_COMMAND, not both")
     if config["KEY_FILE"]:
         return read_key_file(config["KEY_FILE"])
     if config["SIGN_COMMAND"]:
         if not config["VERIFIER_KEY"]:
-            raise LogKeyError("LEDGERWEB_LOG_SIGN_COMMAND needs LEDGERWEB_LOG_VERIFIER_KEY")
+            raise LogKeyError("LEDGERWEB_TLOG_SIGN_COMMAND needs LEDGERWEB_TLOG_VERIFIER_KEY")
         try:
             verifier = VerifierKey.parse(config["VERIFIER_KEY"])
         except NoteError as exc:
-            raise LogKeyError(f"LEDGERWEB_LOG_VERIFIER_KEY: {exc}") from None
+            raise LogKeyError(f"LEDGERWEB_TLOG_VERIFIER_KEY: {exc}") from None
         return Signer(verifier, command=config["SIGN_COMMAND"])
     return None
 

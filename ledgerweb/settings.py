@@ -330,23 +330,23 @@ LEDGER = {
 # `manage.py ledger_log genkey`) or a command that signs (a KMS or HSM) with its verifier key.
 TLOG = {
     # The log's name in every checkpoint note; set it once, witnesses and clients pin it.
-    "ORIGIN": env_str("LEDGERWEB_LOG_ORIGIN", "localhost/ledgerweb"),
-    "KEY_FILE": env_str("LEDGERWEB_LOG_KEY_FILE", ""),
-    "SIGN_COMMAND": env_str("LEDGERWEB_LOG_SIGN_COMMAND", ""),
-    "VERIFIER_KEY": env_str("LEDGERWEB_LOG_VERIFIER_KEY", ""),
+    "ORIGIN": env_str("LEDGERWEB_TLOG_ORIGIN", "localhost/ledgerweb"),
+    "KEY_FILE": env_str("LEDGERWEB_TLOG_KEY_FILE", ""),
+    "SIGN_COMMAND": env_str("LEDGERWEB_TLOG_SIGN_COMMAND", ""),
+    "VERIFIER_KEY": env_str("LEDGERWEB_TLOG_VERIFIER_KEY", ""),
     # Where the signer keeps the newest tree it signed (it signs only consistent extensions of
     # it); default: beside the key file, or in the data folder with a signing command.
-    "SIGNER_STATE": env_str("LEDGERWEB_LOG_SIGNER_STATE", ""),
+    "SIGNER_STATE": env_str("LEDGERWEB_TLOG_SIGNER_STATE", ""),
     # Verifier keys of earlier signing keys, kept so checkpoints they signed still verify.
-    "OLD_VERIFIER_KEYS": env_list("LEDGERWEB_LOG_OLD_VERIFIER_KEYS", []),
+    "OLD_VERIFIER_KEYS": env_list("LEDGERWEB_TLOG_OLD_VERIFIER_KEYS", []),
     # Witnesses: "VERIFIER_KEY SUBMISSION_URL" items, comma-separated.
-    "WITNESSES": env_list("LEDGERWEB_LOG_WITNESSES", []),
+    "WITNESSES": env_list("LEDGERWEB_TLOG_WITNESSES", []),
     # How many witness cosignatures make a checkpoint witnessed (default: one if any is set).
-    "WITNESS_QUORUM": env_int("LEDGERWEB_LOG_WITNESS_QUORUM", 1, minimum=0),
+    "WITNESS_QUORUM": env_int("LEDGERWEB_TLOG_WITNESS_QUORUM", 1, minimum=0),
     # Whole-request deadline of one submission to a witness, seconds.
-    "WITNESS_TIMEOUT": env_int("LEDGERWEB_LOG_WITNESS_TIMEOUT", 10, minimum=1),
+    "WITNESS_TIMEOUT": env_int("LEDGERWEB_TLOG_WITNESS_TIMEOUT", 10, minimum=1),
     # /log/ is public unless this bearer token is set (then it is required).
-    "READ_TOKEN": env_str("LEDGERWEB_LOG_READ_TOKEN", ""),
+    "READ_TOKEN": env_str("LEDGERWEB_TLOG_READ_TOKEN", ""),
 }
 
 # Notifications (attempts/notify.py): email through Django's SMTP backend, and a

@@ -3,7 +3,7 @@
 ``/log/checkpoint`` is the newest signed checkpoint (with its cosignatures); ``/log/tile/<L>/<N>``
 and ``/log/tile/<L>/<N>.p/<W>`` are hash tiles of the tree that checkpoint covers. Never entry
 contents: the leaves name attempts of every tenant (``/log/tile/entries/...`` is 404). Public and
-cacheable, unless ``LEDGERWEB_LOG_READ_TOKEN`` asks for a bearer token. Also, as a ledgerweb
+cacheable, unless ``LEDGERWEB_TLOG_READ_TOKEN`` asks for a bearer token. Also, as a ledgerweb
 extension for clients without tile support, ``/log/consistency/<old>/<new>``: the consistency
 proof between two sizes, one base64 hash a line.
 """
@@ -37,7 +37,7 @@ def _refused(request: HttpRequest) -> HttpResponse | None:
     given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
     if hmac.compare_digest(given.encode(), token.encode()):
         return None
-    response = _text("this log needs a bearer token (LEDGERWEB_LOG_READ_TOKEN)\n", 401)
+    response = _text("this log needs a bearer token (LEDGERWEB_TLOG_READ_TOKEN)\n", 401)
     response["WWW-Authenticate"] = 'Bearer realm="log"'
     return response
 

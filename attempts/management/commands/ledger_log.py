@@ -29,7 +29,7 @@ class Command(BaseCommand):
         genkey.add_argument(
             "--name",
             default="",
-            help="the key's name (default: LEDGERWEB_LOG_ORIGIN, the log's origin line)",
+            help="the key's name (default: LEDGERWEB_TLOG_ORIGIN, the log's origin line)",
         )
         genkey.add_argument(
             "--if-missing",
@@ -51,8 +51,8 @@ class Command(BaseCommand):
         current = log.signer()
         if current is None:
             raise CommandError(
-                "no signing key is configured: set LEDGERWEB_LOG_KEY_FILE (make one with "
-                "`ledger_log genkey --out FILE`) or LEDGERWEB_LOG_SIGN_COMMAND"
+                "no signing key is configured: set LEDGERWEB_TLOG_KEY_FILE (make one with "
+                "`ledger_log genkey --out FILE`) or LEDGERWEB_TLOG_SIGN_COMMAND"
             )
         self.stdout.write(str(current.verifier))
         for old in settings.TLOG["OLD_VERIFIER_KEYS"]:
