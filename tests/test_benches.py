@@ -57,3 +57,12 @@ def test_pg_peers_bench_writes_the_ledgers_rows():
         with psycopg.connect(database_url(url, "postgres"), autocommit=True) as conn:
             for system in ("ledger", "raw"):
                 conn.execute(f'DROP DATABASE IF EXISTS "{prefix}_{system}" WITH (FORCE)')
+
+
+def test_seal_bench_seals_and_signs_everything():
+    if os.environ.get("DATABASE_URL"):
+        pytest.skip("bench/seal.py runs once, on the SQLite pass (--postgres for PostgreSQL)")
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    done = _run("bench/seal.py", "--attempts", "50", env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "ratio seal/writes:" in done.stdout
