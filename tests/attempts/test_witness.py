@@ -113,6 +113,26 @@ def test_a_witness_that_is_down_never_blocks_a_write_and_is_reported(world, sign
     assert not CheckpointSignature.objects.filter(kind="witness").exists()
 
 
+def test_a_witness_behind_is_degraded_health_and_a_metric(world, signing, client, settings):
+    key = log.generate_key("witness.test/down")[1]
+    settings.TLOG = {**settings.TLOG, "WITNESSES": [f"{key} http://127.0.0.1:{free_port()}"]}
+    settings.OPS = {**settings.OPS, "METRICS_ALLOW_LOOPBACK": True, "HEALTHZ_REQUIRE_WORKER": False}
+    build_history(world, 2)
+    seal_all()
+    log.publish()
+    health = client.get("/healthz")
+    assert health.status_code == 200  # a witness never makes the ledger unhealthy
+    body = health.json()
+    assert body["status"] == "degraded" and body["log"] == "degraded"
+    assert body["log_witnesses_behind"] == ["witness.test/down"]
+    metrics = client.get("/metrics").content.decode()
+    size = log.newest_signed().size
+    assert f'ledger_log_witness_behind{{witness="witness.test/down"}} {size}' in metrics
+    assert 'ledger_log_witness_ok{witness="witness.test/down",status="unreachable"} 0' in metrics
+    assert "ledger_log_witnessed 0" in metrics
+    assert f'ledger_log_size{{checkpoint="signed"}} {size}' in metrics
+
+
 def test_a_witness_that_never_answers_is_cut_off_by_the_deadline(world, signing, settings):
     import socket
     import time
