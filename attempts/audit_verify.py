@@ -86,6 +86,11 @@ SELECT id, seq, prev_hash, root, size, config_length, config_head, sealed_at, ha
        authority
 FROM {CHECKPOINTS} ORDER BY seq
 """  # noqa: S608
+# A ledger from before the transparency log: every checkpoint is format 1.
+OLD_CHECKPOINT_SQL = f"""
+SELECT id, seq, prev_hash, root, size, config_length, config_head, sealed_at, hash, 1, ''
+FROM {CHECKPOINTS} ORDER BY seq
+"""  # noqa: S608
 LEAF_SQL = f"""
 SELECT checkpoint_id, position, attempt_id, length, head FROM {LEAVES}
 ORDER BY checkpoint_id, position
@@ -162,6 +167,15 @@ class _Verifier:
         cursor = self.cursor_factory()
         try:
             yield from _rows(cursor, sql)
+        finally:
+            cursor.close()
+
+    def has_log(self) -> bool:
+        """Whether the database has the transparency log (a backup from before it has not)."""
+        cursor = self.cursor_factory()
+        try:
+            cursor.execute(f"SELECT * FROM {CHECKPOINTS} WHERE 1 = 0")  # noqa: S608
+            return "format" in [column[0] for column in cursor.description]
         finally:
             cursor.close()
 
@@ -424,7 +438,8 @@ class _Verifier:
         pending: tuple | None = next(leaves, None)
         prev = GENESIS
         expected_seq = 1
-        for values in self.stream(CHECKPOINT_SQL):
+        checkpoint_sql = CHECKPOINT_SQL if self.has_log() else OLD_CHECKPOINT_SQL
+        for values in self.stream(checkpoint_sql):
             pk, seq, prev_hash, root, size, config_length, config_head, sealed_at, stored = values[
                 :9
             ]
@@ -576,6 +591,8 @@ def log_checks(verifier: _Verifier, *, log_keys=(), witness_keys=()) -> None:
         split_note,
     )
 
+    if not verifier.has_log():
+        return
     checkpoints = list(verifier.stream(LOG_CHECKPOINT_SQL))
     if not checkpoints:
         return
