@@ -156,3 +156,18 @@ def test_no_signed_checkpoint_yet_is_a_clear_404(client: Client, world):
     _seal()  # no key configured: unsigned
     answer = client.get("/log/checkpoint")
     assert answer.status_code == 404 and b"no signed checkpoint" in answer.content
+
+
+def test_without_cryptography_the_client_says_what_to_install(world, verifier, monkeypatch):
+    import sys
+
+    from ledgerweb_client import verify_receipt
+    from tests.attempts.audit_helpers import build_history
+
+    attempt = build_history(world, 1)[0]
+    _seal()
+    receipt = log.receipt(Attempt.objects.get(pk=attempt.pk))
+    assert verify_receipt(receipt, verifier).size == 1
+    monkeypatch.setitem(sys.modules, "cryptography.hazmat.primitives.asymmetric.ed25519", None)
+    with pytest.raises(ReceiptError, match=r"pip install 'ledgerweb-client\[verify\]'"):
+        verify_receipt(receipt, verifier)
