@@ -36,7 +36,7 @@ from django.utils import timezone
 from attempts import jcs, log
 from attempts.canonical import InvalidArguments
 from attempts.locking import named_lock, write_transaction
-from attempts.models import Attempt, Checkpoint, CheckpointLeaf, ConfigEvent, LogEntry
+from attempts.models import Attempt, Checkpoint, CheckpointLeaf, ConfigEvent
 from attempts.verify_export import (
     CHAIN_FORMAT,
     GENESIS,
@@ -213,10 +213,7 @@ def seal(*, limit: int = SEAL_BATCH, now: dt.datetime | None = None) -> Checkpoi
                 .order_by("position")
                 .values_list("pk", flat=True)
             )
-        LogEntry.objects.bulk_create(
-            [LogEntry(index=old_size + offset, leaf_id=pk) for offset, pk in enumerate(leaf_ids)],
-            batch_size=1000,
-        )
+        log.record_entries(old_size, leaf_ids)
         for start in range(0, len(rows), _MARK_CHUNK):
             chunk = rows[start : start + _MARK_CHUNK]
             match = Q()
