@@ -272,3 +272,33 @@ def test_key_rotation_keeps_old_checkpoints_verifiable(world, key_file, tmp_path
     open_checkpoint(log.signed_note(old), keys)
     open_checkpoint(log.signed_note(new), keys)
     assert base64.b64decode(log.signed_note(new).splitlines()[-1].split()[-1])[:4] == second.id
+
+
+def test_ledger_log_genkey_key_and_status(world, tmp_path, settings):
+    import io
+
+    from django.core.management import CommandError, call_command
+
+    out = io.StringIO()
+    path = tmp_path / "made.key"
+    call_command("ledger_log", "genkey", "--out", str(path), "--name", "example.test/l", stdout=out)
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    printed = out.getvalue().strip().splitlines()[-1]
+    assert VerifierKey.parse(printed).name == "example.test/l"
+    with pytest.raises(CommandError, match="never overwritten"):
+        call_command("ledger_log", "genkey", "--out", str(path))
+    call_command("ledger_log", "genkey", "--out", str(path), "--if-missing")  # quietly nothing
+    with pytest.raises(CommandError, match="no signing key is configured"):
+        call_command("ledger_log", "key")
+    settings.TLOG = {**settings.TLOG, "KEY_FILE": str(path)}
+    out = io.StringIO()
+    call_command("ledger_log", "key", stdout=out)
+    assert out.getvalue().strip() == printed
+    build_history(world, 1)
+    seal_all()
+    out = io.StringIO()
+    call_command("ledger_log", "status", stdout=out)
+    assert "newest signed: 1 (1 leaves); 0 unsigned" in out.getvalue()
+    path.chmod(0o644)
+    with pytest.raises(CommandError, match="chmod 600"):
+        call_command("ledger_log", "key")
