@@ -25,6 +25,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from attempts import ledger
+from attempts import log as tlog
 from attempts.locking import LedgerBusy
 from attempts.models import AgentIdentity, AgentToken, Attempt, State
 from attempts.states import Actor, TransitionError
@@ -387,6 +388,26 @@ def _list_attempts(request: HttpRequest, token: AgentIdentity) -> JsonResponse:
 @api_view("GET")
 def attempt_detail(request: HttpRequest, token: AgentIdentity, attempt_id: str) -> JsonResponse:
     return _attempt_response(_scoped_attempt(token, attempt_id))
+
+
+@api_view("GET")
+def attempt_receipt(request: HttpRequest, token: AgentIdentity, attempt_id: str) -> JsonResponse:
+    """The attempt's receipt: its sealed state, the signed (and cosigned) checkpoint and the
+    inclusion proof, checkable with the log's verifier key alone (attempts/log.py)."""
+    attempt = _scoped_attempt(token, attempt_id)
+    try:
+        body = tlog.receipt(attempt)
+    except tlog.NotSealed as exc:
+        wait = settings.LEDGER["SEAL_EVERY"]
+        raise ApiError(
+            409,
+            "not_sealed",
+            f"{exc}; the sealer runs every {wait}s, so ask again shortly",
+            headers={"Retry-After": str(wait)},
+        ) from None
+    response = JsonResponse({"receipt": body})
+    response["Cache-Control"] = "no-store"
+    return response
 
 
 @api_view("POST")

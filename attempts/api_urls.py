@@ -7,6 +7,7 @@ from attempts import api
 urlpatterns = [
     path("attempts", api.attempts_collection, name="api-attempts"),
     path("attempts/<str:attempt_id>", api.attempt_detail, name="api-attempt"),
+    path("attempts/<str:attempt_id>/receipt", api.attempt_receipt, name="api-receipt"),
     path("attempts/<str:attempt_id>/dispatch", api.attempt_dispatch, name="api-dispatch"),
     path(
         "attempts/<str:attempt_id>/provider-request",

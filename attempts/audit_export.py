@@ -28,12 +28,15 @@ from django.db import connection
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from attempts import log
 from attempts.models import (
     Attempt,
     AttemptEvent,
     Checkpoint,
     CheckpointLeaf,
+    CheckpointSignature,
     ConfigEvent,
+    LogEntry,
     Role,
     State,
     tenants_where,
@@ -44,6 +47,7 @@ from attempts.verify_export import (
     EXPORT_FORMAT,
     EXPORT_VERSION,
     FORMULA_STARTS,
+    LOG_FORMAT,
     MerkleTree,
     chain_time,
     leaf_hash,
@@ -551,7 +555,31 @@ def _seal_lines(plan: ExportPlan) -> tuple[list[dict[str, Any]], int | None]:
         wanted.setdefault(checkpoint_pk, []).append(position)
     records: list[dict[str, Any]] = []
     oldest = None
-    for checkpoint_pk in sorted(wanted):
+    pinned = Checkpoint.objects.get(seq=plan.checkpoint[0])
+    if pinned.format >= LOG_FORMAT:
+        # The transparency log: every logged head is proved into the pinned checkpoint, the
+        # receipt an agent gets from the API.
+        logged = dict(
+            LogEntry.objects.filter(
+                leaf__checkpoint_id__in=list(wanted), index__lt=pinned.size
+            ).values_list("leaf_id", "index")
+        )
+        for leaf in CheckpointLeaf.objects.filter(pk__in=list(logged)).order_by("attempt_id"):
+            records.append(
+                {
+                    "type": "seal",
+                    "attempt_id": leaf.attempt_id,
+                    "length": leaf.length,
+                    "head": leaf.head,
+                    "checkpoint": pinned.seq,
+                    "index": logged[leaf.pk],
+                    "size": pinned.size,
+                    "proof": [h.hex() for h in log.inclusion_proof(logged[leaf.pk], pinned.size)],
+                }
+            )
+            wanted[leaf.checkpoint_id].remove(leaf.position)
+        oldest = pinned.seq
+    for checkpoint_pk in sorted(pk for pk, positions in wanted.items() if positions):
         checkpoint = Checkpoint.objects.get(pk=checkpoint_pk)
         oldest = checkpoint.seq if oldest is None else min(oldest, checkpoint.seq)
         rows = list(
@@ -593,11 +621,54 @@ def _checkpoint_lines(plan: ExportPlan, oldest: int | None) -> list[dict[str, An
             "config_head": row["config_head"],
             "sealed_at": chain_time(row["sealed_at"]),
             "hash": row["hash"],
+            **(
+                {
+                    "format": row["format"],
+                    "authority": row["authority"],
+                    "note": row["note"],
+                    "signatures": _signature_lines(row["id"]),
+                }
+                if row["format"] >= LOG_FORMAT
+                else {}
+            ),
         }
         for row in Checkpoint.objects.filter(seq__gte=start, seq__lte=plan.checkpoint[0])
         .order_by("seq")
         .values()
     ]
+
+
+def _signature_lines(checkpoint_pk: int) -> list[str]:
+    """The checkpoint note's signature lines: the log's first, then witnesses' cosignatures."""
+    return list(
+        CheckpointSignature.objects.filter(checkpoint_id=checkpoint_pk)
+        .order_by("kind", "id")
+        .values_list("line", flat=True)
+    )
+
+
+def _log_leaf_lines(plan: ExportPlan) -> Iterator[dict[str, Any]]:
+    """A whole-ledger export carries every leaf of the log up to the pinned checkpoint, so a
+    verifier rebuilds the tree and checks any checkpoint kept elsewhere against it. A filtered
+    export does not (the leaves name every tenant's attempts); its seals are receipts."""
+    if plan.scoped or plan.checkpoint is None:
+        return
+    pinned = Checkpoint.objects.get(seq=plan.checkpoint[0])
+    if pinned.format < LOG_FORMAT:
+        return
+    rows = (
+        LogEntry.objects.filter(index__lt=pinned.size)
+        .order_by("index")
+        .values_list("index", "leaf__attempt_id", "leaf__length", "leaf__head")
+    )
+    for index, attempt_id, length, head in rows.iterator(chunk_size=FETCH):
+        yield {
+            "type": "log_leaf",
+            "index": index,
+            "attempt_id": attempt_id,
+            "length": length,
+            "head": head,
+        }
 
 
 @dataclass
@@ -692,6 +763,14 @@ def stream_jsonl(plan: ExportPlan) -> Iterator[bytes]:
     config = _config_lines(plan)
     lines = [header, *checkpoints, *seals, *config]
     yield ("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)).encode("utf-8")
+    batch: list[str] = []
+    for line in _log_leaf_lines(plan):
+        batch.append(json.dumps(line) + "\n")
+        if len(batch) >= FETCH:
+            yield "".join(batch).encode("utf-8")
+            batch = []
+    if batch:
+        yield "".join(batch).encode("utf-8")
     where, params = _where(plan)
     sql = f"SELECT e.id, {_json_event_sql()} {_FROM} WHERE {where} ORDER BY e.id"  # noqa: S608
     rows = 0

@@ -35,6 +35,7 @@ from attempts import jcs
 from attempts.verify_export import (
     GENESIS,
     LEGACY_FORMAT,
+    LOG_FORMAT,
     ChainChecker,
     MerkleTree,
     Problem,
@@ -89,7 +90,13 @@ SELECT DISTINCT l.attempt_id FROM {LEAVES} l LEFT JOIN {ATTEMPTS} a ON a.attempt
 WHERE a.id IS NULL ORDER BY l.attempt_id
 """  # noqa: S608
 CHECKPOINT_SQL = f"""
-SELECT id, seq, prev_hash, root, size, config_length, config_head, sealed_at, hash
+SELECT id, seq, prev_hash, root, size, config_length, config_head, sealed_at, hash, format,
+       authority
+FROM {CHECKPOINTS} WHERE seq >= {{seq}} ORDER BY seq
+"""  # noqa: S608
+# A ledger from before the transparency log: every checkpoint is format 1.
+OLD_CHECKPOINT_SQL = f"""
+SELECT id, seq, prev_hash, root, size, config_length, config_head, sealed_at, hash, 1, ''
 FROM {CHECKPOINTS} WHERE seq >= {{seq}} ORDER BY seq
 """  # noqa: S608
 LEAF_SQL = f"""
@@ -173,6 +180,15 @@ class _Verifier:
         cursor = self.cursor_factory()
         try:
             yield from _rows(cursor, sql)
+        finally:
+            cursor.close()
+
+    def has_log(self) -> bool:
+        """Whether the database has the transparency log (a backup from before it has not)."""
+        cursor = self.cursor_factory()
+        try:
+            cursor.execute(f"SELECT * FROM {CHECKPOINTS} WHERE 1 = 0")  # noqa: S608
+            return "format" in [column[0] for column in cursor.description]
         finally:
             cursor.close()
 
@@ -453,8 +469,11 @@ class _Verifier:
         pending: tuple | None = next(leaves, None)
         prev = GENESIS
         expected_seq = start or 1
-        for values in self.stream(CHECKPOINT_SQL.format(seq=int(start))):
-            pk, seq, prev_hash, root, size, config_length, config_head, sealed_at, stored = values
+        checkpoint_sql = CHECKPOINT_SQL if self.has_log() else OLD_CHECKPOINT_SQL
+        for values in self.stream(checkpoint_sql.format(seq=int(start))):
+            pk, seq, prev_hash, root, size, config_length, config_head, sealed_at, stored = values[
+                :9
+            ]
             if self.since and seq == start:
                 # Verified by the run that printed it; everything after must chain to it.
                 if stored != self.since[1]:
@@ -466,6 +485,8 @@ class _Verifier:
                 prev, expected_seq, self.checkpoint = stored, seq + 1, (seq, stored)
                 continue
             fields = {
+                "format": values[9],
+                "authority": values[10],
                 "seq": seq,
                 "prev_hash": prev_hash,
                 "root": root,
@@ -496,7 +517,9 @@ class _Verifier:
                     self.bad("checkpoint", f"{where}: leaf {position} is out of place")
                 mine.append(_leaf_digest(attempt_id, length, head))
                 pending = next(leaves, None)
-            if len(mine) != size or MerkleTree(mine).root() != root:
+            if values[9] >= LOG_FORMAT:
+                pass  # the log's root over every leaf: checked by log_checks()
+            elif len(mine) != size or MerkleTree(mine).root() != root:
                 self.bad(
                     "checkpoint",
                     f"{where}: its {len(mine)} leaves do not give its root over {size}: sealed "
@@ -565,6 +588,8 @@ def verify_database(
     connect: Callable[[], Callable[[], Any]] | None = None,
     before_fork: Callable[[], None] | None = None,
     since: tuple[int, str] | None = None,
+    log_keys: Iterable[Any] = (),
+    witness_keys: Iterable[Any] = (),
 ) -> Report:
     """Verify the history and every attempt row. ``cursor_factory`` returns a fresh DB-API
     cursor (``django.db.connection.chunked_cursor`` streams on PostgreSQL).
@@ -596,6 +621,7 @@ def verify_database(
         verifier.attempts_and_events(lo, hi)
         verifier.orphans_and_missing()
         verifier.checkpoints()
+    log_checks(verifier, log_keys=log_keys, witness_keys=witness_keys)
     verifier.finish(report)
     if since:
         report.notes.append(f"incremental: attempts changed after checkpoint {since[0]} only")
@@ -603,6 +629,112 @@ def verify_database(
         seq, digest = verifier.checkpoint
         report.notes.append(f"to resume from here: --since {seq}:{digest}")
     return report
+
+
+# -- The transparency log (checkpoint format 2, attempts/log.py): separate from the chain walk.
+
+LOG_ENTRY_SQL = """
+SELECT e."index", l.attempt_id, l.length, l.head, n.hash
+FROM attempts_logentry e JOIN attempts_checkpointleaf l ON l.id = e.leaf_id
+LEFT JOIN attempts_lognode n ON n.level = 0 AND n."index" = e."index"
+ORDER BY e."index"
+"""
+LOG_CHECKPOINT_SQL = """
+SELECT id, seq, size, root, config_length, config_head, authority, note FROM attempts_checkpoint
+WHERE format >= 2 ORDER BY seq
+"""
+LOG_SIGNATURE_SQL = """
+SELECT checkpoint_id, kind, line FROM attempts_checkpointsignature ORDER BY checkpoint_id, id
+"""
+
+
+def log_checks(verifier: _Verifier, *, log_keys=(), witness_keys=()) -> None:
+    """``[log]``: the log's leaves, in order, are the sealed heads, and the tree over them has
+    each format-2 checkpoint's root at its size; each checkpoint's note states its own size,
+    root, config head and authority digest. ``[signature]``: with the log's verifier keys, every
+    stored log signature verifies; with witness keys, every stored cosignature does."""
+    from attempts.verify_export import (
+        EXT_AUTHORITY,
+        EXT_CHECKPOINT,
+        EXT_CONFIG,
+        LogBuilder,
+        LogCheckpoint,
+        NoteError,
+        note_signed_by,
+        split_note,
+    )
+
+    if not verifier.has_log():
+        return
+    checkpoints = list(verifier.stream(LOG_CHECKPOINT_SQL))
+    if not checkpoints:
+        return
+    by_size: dict[int, list[tuple]] = {}
+    for row in checkpoints:
+        by_size.setdefault(row[2], []).append(row)
+    builder = LogBuilder()
+    expected_index = 0
+    for index, attempt_id, length, head, stored in verifier.stream(LOG_ENTRY_SQL):
+        if index != expected_index:
+            verifier.bad("log", f"log leaf {expected_index} is missing (next is {index})")
+            expected_index = index
+        value = leaf_hash(attempt_id, length, head)
+        if stored is None or bytes(stored) != value:
+            verifier.bad(
+                "log",
+                f"log leaf {index}'s stored hash is not the hash of its sealed head "
+                f"({attempt_id} at {length}): the log was edited",
+            )
+        builder.append(value)
+        expected_index += 1
+        for row in by_size.pop(builder.size, ()):
+            if builder.root().hex() != row[3]:
+                verifier.bad(
+                    "log",
+                    f"checkpoint {row[1]}: its root is not the log's root at size {row[2]}: "
+                    "logged heads were edited, removed or inserted",
+                )
+    for rows in by_size.values():
+        for row in rows:
+            verifier.bad(
+                "log", f"checkpoint {row[1]} covers {row[2]} leaves; the log holds {builder.size}"
+            )
+    signatures: dict[int, list[tuple[str, str]]] = {}
+    for checkpoint_id, kind, line in verifier.stream(LOG_SIGNATURE_SQL):
+        signatures.setdefault(checkpoint_id, []).append((kind, line))
+    log_keys, witness_keys = list(log_keys), list(witness_keys)
+    for pk, seq, size, root, config_length, config_head, authority, note in checkpoints:
+        where = f"checkpoint {seq}"
+        try:
+            body = LogCheckpoint.parse(note)
+        except NoteError as exc:
+            verifier.bad("log", f"{where}: its note does not parse: {exc}")
+            continue
+        claims = (
+            body.size == size
+            and body.root.hex() == root
+            and body.extension(EXT_CHECKPOINT) == [str(seq)]
+            and body.extension(EXT_CONFIG) == [str(config_length), config_head]
+            and (body.extension(EXT_AUTHORITY) or [""]) == [authority]
+        )
+        if not claims:
+            verifier.bad("log", f"{where}: its note does not state its own size, root and heads")
+        for kind, line in signatures.get(pk, ()):
+            keys = log_keys if kind == "log" else witness_keys
+            if not keys:
+                continue
+            try:
+                _, (signature,) = split_note("x\n\n" + line)
+            except (NoteError, ValueError):
+                verifier.bad("signature", f"{where}: a malformed {kind} signature line")
+                continue
+            known = [k for k in keys if k.name == signature.name and k.id == signature.id]
+            if known and not any(note_signed_by(note, signature, k) for k in known):
+                verifier.bad(
+                    "signature",
+                    f"{where}: the {kind} signature of {signature.name} does not verify: the "
+                    "checkpoint was changed after it was signed",
+                )
 
 
 # The worker processes' context (set in the parent before the fork, read in the children).
@@ -711,9 +843,12 @@ def verify_django_database(
     using: str = "default",
     jobs: int = 1,
     since: tuple[int, str] | None = None,
+    log_keys: Iterable[Any] = (),
+    witness_keys: Iterable[Any] = (),
 ) -> Report:
     """Verify the database Django is configured with (in ``jobs`` processes: see
-    ``verify_database``)."""
+    ``verify_database``; ``log_keys``/``witness_keys``: verifier keys the stored signatures and
+    cosignatures are checked with)."""
     from django.db import connections
 
     connection = connections[using]
@@ -730,6 +865,8 @@ def verify_django_database(
         max_problems=max_problems,
         max_unsealed_seconds=max_unsealed_seconds,
         what=f"{connection.vendor} database {name}",
+        log_keys=log_keys,
+        witness_keys=witness_keys,
         jobs=jobs,
         connect=lambda: connections[using].chunked_cursor,
         # Each worker opens its own connection; one open here would be shared after the fork.

@@ -6,8 +6,10 @@ puts every chain head into a checkpoint, and the chain of configuration changes.
   the count (``chain_length``), and ``states.move`` changes them in the same compare-and-set as
   the version, so a write waits for nobody but writers of the same attempt.
 - The sealer (``seal``, run every few seconds by the reconcile worker) takes every attempt whose
-  chain grew since it was last sealed, builds a Merkle tree over their (attempt id, length, head)
-  leaves, and appends a ``Checkpoint`` that hashes the one before it. A sealed head commits to the
+  chain grew since it was last sealed, appends their (attempt id, length, head) leaves to the
+  transparency log (``attempts.log``: one Merkle tree over every sealed leaf) and appends a
+  ``Checkpoint`` (the log's size and root, format 2) that hashes the one before it; the log key
+  signs it after the transaction. A sealed head commits to the
   attempt's whole history up to it; the newest checkpoint's hash, kept outside the database,
   commits to every checkpoint and so to every sealed event.
 - Configuration changes that decide authority or review are ``ConfigEvent`` rows in one chain of
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import rfc8785
@@ -30,14 +33,14 @@ from django.db import connection
 from django.db.models import Min, Q
 from django.utils import timezone
 
-from attempts import jcs
+from attempts import jcs, log
 from attempts.canonical import InvalidArguments
 from attempts.locking import named_lock, write_transaction
 from attempts.models import Attempt, Checkpoint, CheckpointLeaf, ConfigEvent
 from attempts.verify_export import (
     CHAIN_FORMAT,
     GENESIS,
-    MerkleTree,
+    LOG_FORMAT,
     checkpoint_hash,
     config_event_hash,
     event_hash,
@@ -46,6 +49,8 @@ from attempts.verify_export import (
 
 if TYPE_CHECKING:
     from attempts.actors import Actor
+
+logger = logging.getLogger(__name__)
 
 # Attempts sealed into one checkpoint at most; a larger backlog takes several.
 SEAL_BATCH = 5000
@@ -138,31 +143,57 @@ def seal(*, limit: int = SEAL_BATCH, now: dt.datetime | None = None) -> Checkpoi
             # A skipped attempt goes into the next checkpoint.
             pending = pending.select_for_update(skip_locked=True)
         rows = list(pending.values_list("id", "attempt_id", "chain_length", "chain_head")[:limit])
+        # Leaves sealed before the log existed (format-1 checkpoints) join it first, in the
+        # order they were sealed, so every sealed head has an inclusion proof.
+        backlog = list(
+            CheckpointLeaf.objects.filter(log_entry__isnull=True)
+            .order_by("checkpoint__seq", "position")
+            .values_list("id", "attempt_id", "length", "head")[: max(0, limit - len(rows))]
+        )
         last = Checkpoint.objects.order_by("-seq").first()
         config_length, config_head = config_head_now()
-        if not rows and (
-            (last is None and config_length == 0)
-            or (
-                last is not None
-                and (last.config_length, last.config_head) == (config_length, config_head)
+        if (
+            not rows
+            and not backlog
+            and (
+                (last is None and config_length == 0)
+                or (
+                    last is not None
+                    and (last.config_length, last.config_head) == (config_length, config_head)
+                )
             )
         ):
             return None
         rows.sort(key=lambda row: row[1])
-        tree = MerkleTree(
-            [leaf_hash(attempt_id, length, head) for _, attempt_id, length, head in rows]
+        leaves = [leaf_hash(attempt_id, length, head) for _, attempt_id, length, head in rows]
+        old_size = log.log_size()
+        size, root = log.append(
+            [leaf_hash(a, length, head) for _, a, length, head in backlog] + leaves,
+            size=old_size,
         )
+        seq = last.seq + 1 if last else 1
+        authority = _authority_digest()
         fields = {
-            "seq": last.seq + 1 if last else 1,
+            "seq": seq,
             "prev_hash": last.hash if last else GENESIS,
-            "root": tree.root(),
-            "size": len(rows),
+            "root": root.hex(),
+            "size": size,
             "config_length": config_length,
             "config_head": config_head,
             "sealed_at": now,
+            "format": LOG_FORMAT,
+            "authority": authority,
         }
-        checkpoint = Checkpoint.objects.create(**fields, hash=checkpoint_hash(fields))
-        CheckpointLeaf.objects.bulk_create(
+        note = log.checkpoint_text(
+            seq=seq,
+            size=size,
+            root=root,
+            config_length=config_length,
+            config_head=config_head,
+            authority=authority,
+        )
+        checkpoint = Checkpoint.objects.create(**fields, note=note, hash=checkpoint_hash(fields))
+        created = CheckpointLeaf.objects.bulk_create(
             [
                 CheckpointLeaf(
                     checkpoint=checkpoint,
@@ -175,13 +206,39 @@ def seal(*, limit: int = SEAL_BATCH, now: dt.datetime | None = None) -> Checkpoi
             ],
             batch_size=1000,
         )
+        leaf_ids = [pk for pk, *_ in backlog] + [leaf.pk for leaf in created]
+        if None in leaf_ids:  # a backend that does not return ids from a bulk insert
+            leaf_ids[len(backlog) :] = list(
+                CheckpointLeaf.objects.filter(checkpoint=checkpoint)
+                .order_by("position")
+                .values_list("pk", flat=True)
+            )
+        log.record_entries(old_size, leaf_ids)
         for start in range(0, len(rows), _MARK_CHUNK):
             chunk = rows[start : start + _MARK_CHUNK]
             match = Q()
             for pk, _, length, _ in chunk:
                 match |= Q(pk=pk, chain_length=length)
             Attempt.objects.filter(match).update(sealed=True)
+    _sign(checkpoint)
     return checkpoint
+
+
+def _authority_digest() -> str:
+    # config_history records through this module, so it is imported when sealing, not above.
+    from attempts.config_history import authority_digest
+
+    return authority_digest()
+
+
+def _sign(checkpoint: Checkpoint) -> None:
+    """Sign what was just sealed, after the sealer's transaction: a slow signing command never
+    holds the sealer's lock or a writer. A failure leaves the checkpoint unsigned (never served
+    as signed) and the worker's next turn retries it (``log.sign_pending``)."""
+    try:
+        log.sign_pending()
+    except (log.LogKeyError, OSError) as exc:
+        logger.warning("checkpoint %s stays unsigned for now: %s", checkpoint.seq, exc)
 
 
 def config_head_now() -> tuple[int, str]:

@@ -116,3 +116,29 @@ def check_trusted_proxies(app_configs=None, **kwargs):
             id="attempts.W010",
         )
     ]
+
+
+@register(Tags.security, deploy=True)
+def check_log_signing_key(app_configs=None, **kwargs):
+    """Production signs its checkpoints: without a key they are unsigned, and nobody outside
+    can check the history (``check --deploy`` says so); a configured key must be usable."""
+    from attempts import log
+
+    config = settings.TLOG
+    if not config["KEY_FILE"] and not config["SIGN_COMMAND"]:
+        return [
+            Warning(
+                "No transparency-log signing key: checkpoints stay unsigned, /log/ serves "
+                "nothing and agents get no receipts.",
+                hint="Make one with `manage.py ledger_log genkey --out FILE` and set "
+                "LEDGERWEB_TLOG_KEY_FILE, or set LEDGERWEB_TLOG_SIGN_COMMAND and "
+                "LEDGERWEB_TLOG_VERIFIER_KEY (docs/audit-chain.md).",
+                id="attempts.W012",
+            )
+        ]
+    try:
+        log.signer()
+        log.witnesses()
+    except (log.LogKeyError, ValueError) as exc:
+        return [Error(f"The transparency log's keys: {exc}", id="attempts.E012")]
+    return []

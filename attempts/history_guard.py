@@ -13,6 +13,9 @@ TABLES = (
     "attempts_configevent",
     "attempts_checkpoint",
     "attempts_checkpointleaf",
+    "attempts_logentry",
+    "attempts_lognode",
+    "attempts_checkpointsignature",
 )
 
 

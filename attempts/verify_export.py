@@ -21,6 +21,7 @@ The hash formats here are the only implementation: ``attempts.chain`` writes wit
 from __future__ import annotations
 
 import argparse
+import base64
 import csv
 import datetime as dt
 import hashlib
@@ -270,10 +271,392 @@ CHECKPOINT_FIELDS = ("seq", "prev_hash", "root", "size", "config_length", "confi
 
 def checkpoint_hash(row: dict[str, Any]) -> str:
     """A checkpoint's hash: its sequence number, the previous checkpoint's hash, the Merkle root
-    and size of what it sealed, the config chain's length and head, and when it was sealed."""
+    and size of what it sealed (format 1) or of the whole log (format 2), the config chain's
+    length and head, when it was sealed, and (format 2) the authority digest."""
     payload = {name: row[name] for name in CHECKPOINT_FIELDS}
-    payload.update(v=CHECKPOINT_FORMAT, sealed_at=chain_time(row["sealed_at"]))
+    version = int(row.get("format") or CHECKPOINT_FORMAT)
+    payload.update(v=version, sealed_at=chain_time(row["sealed_at"]))
+    if version >= LOG_FORMAT:
+        # Format 2: root and size are the whole log's; it also commits to the authority digest.
+        payload["authority"] = row["authority"]
     return hashlib.sha256(rfc8785.dumps(payload)).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# The transparency log (checkpoint format 2): one append-only Merkle tree over every sealed leaf,
+# in the order the sealer appended them (RFC 9162's tree, the same leaf and node hashes as
+# above). A format-2 checkpoint's root and size are the whole tree's, so any two have a
+# consistency proof and every sealed leaf an inclusion proof. Its signed form is a C2SP
+# ``tlog-checkpoint`` note (``signed-note``, Ed25519), cosigned by witnesses (``tlog-cosignature``).
+
+LOG_FORMAT = 2
+ALG_ED25519 = 0x01
+ALG_COSIGNATURE_V1 = 0x04
+# Extension lines of a ledgerweb checkpoint note, after origin, size and root.
+EXT_CHECKPOINT = "ledgerweb-checkpoint"
+EXT_CONFIG = "ledgerweb-config"
+EXT_AUTHORITY = "ledgerweb-authority"
+
+
+def node_hash(left: bytes, right: bytes) -> bytes:
+    """An interior node of the tree (RFC 9162, 2.1.1)."""
+    return _node(left, right)
+
+
+def inclusion_root(leaf: bytes, index: int, size: int, proof: list[bytes]) -> bytes | None:
+    """The root an inclusion proof leads to (RFC 9162, 2.1.3.2), or None if it cannot be one."""
+    if not 0 <= index < size:
+        return None
+    fn, sn, value = index, size - 1, leaf
+    for sibling in proof:
+        if sn == 0:
+            return None
+        if fn & 1 or fn == sn:
+            value = _node(sibling, value)
+            if not fn & 1:
+                while fn and not fn & 1:
+                    fn, sn = fn >> 1, sn >> 1
+        else:
+            value = _node(value, sibling)
+        fn, sn = fn >> 1, sn >> 1
+    return value if sn == 0 else None
+
+
+def consistent(
+    old_size: int, old_root: bytes, new_size: int, new_root: bytes, proof: list[bytes]
+) -> bool:
+    """Whether ``proof`` shows the tree (old_size, old_root) is a prefix of (new_size, new_root)
+    (RFC 9162, 2.1.4.2)."""
+    if old_size < 0 or old_size > new_size:
+        return False
+    if old_size == new_size:
+        return not proof and old_root == new_root
+    if old_size == 0:
+        return not proof
+    if not proof:
+        return False
+    path = list(proof)
+    if old_size & (old_size - 1) == 0:  # a power of two: the old root is the first node
+        path.insert(0, old_root)
+    fn, sn = old_size - 1, new_size - 1
+    while fn & 1:
+        fn, sn = fn >> 1, sn >> 1
+    fr = sr = path[0]
+    for value in path[1:]:
+        if sn == 0:
+            return False
+        if fn & 1 or fn == sn:
+            fr, sr = _node(value, fr), _node(value, sr)
+            if not fn & 1:
+                while fn and not fn & 1:
+                    fn, sn = fn >> 1, sn >> 1
+        else:
+            sr = _node(sr, value)
+        fn, sn = fn >> 1, sn >> 1
+    return sn == 0 and fr == old_root and sr == new_root
+
+
+class LogBuilder:
+    """The tree's root at every size, from its leaves in order, with memory for one hash per
+    level: what a verifier holding every leaf (a whole-ledger export) recomputes."""
+
+    def __init__(self) -> None:
+        self.size = 0
+        self._frontier: list[tuple[int, bytes]] = []  # (level, hash), left to right
+
+    def append(self, leaf: bytes) -> None:
+        level, value = 0, leaf
+        while self._frontier and self._frontier[-1][0] == level:
+            value = _node(self._frontier.pop()[1], value)
+            level += 1
+        self._frontier.append((level, value))
+        self.size += 1
+
+    def root(self) -> bytes:
+        if not self._frontier:
+            return hashlib.sha256(b"").digest()
+        value = self._frontier[-1][1]
+        for _, left in reversed(self._frontier[:-1]):
+            value = _node(left, value)
+        return value
+
+
+# -- Ed25519 verification (RFC 8032). ``cryptography`` when it is installed; otherwise the RFC's
+# own arithmetic in plain Python, slower but enough for the few signatures an export carries,
+# so this file still needs nothing beyond the standard library and rfc8785.
+
+_P = 2**255 - 19
+_Q = 2**252 + 27742317777372353535851937790883648493
+_D = -121665 * pow(121666, _P - 2, _P) % _P
+_SQRT_M1 = pow(2, (_P - 1) // 4, _P)
+
+
+def _x_from_y(y: int, sign: int) -> int | None:
+    if y >= _P:
+        return None
+    x2 = (y * y - 1) * pow(_D * y * y + 1, _P - 2, _P) % _P
+    if x2 == 0:
+        return None if sign else 0
+    x = pow(x2, (_P + 3) // 8, _P)
+    if (x * x - x2) % _P:
+        x = x * _SQRT_M1 % _P
+    if (x * x - x2) % _P:
+        return None
+    return _P - x if (x & 1) != sign else x
+
+
+def _point(data: bytes) -> tuple[int, int, int, int] | None:
+    y = int.from_bytes(data, "little")
+    sign, y = y >> 255, y & ((1 << 255) - 1)
+    x = _x_from_y(y, sign)
+    return None if x is None else (x, y, 1, x * y % _P)
+
+
+def _add(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, int, int, int]:
+    aa = (a[1] - a[0]) * (b[1] - b[0]) % _P
+    bb = (a[1] + a[0]) * (b[1] + b[0]) % _P
+    cc = 2 * a[3] * b[3] * _D % _P
+    dd = 2 * a[2] * b[2] % _P
+    e, f, g, h = bb - aa, dd - cc, dd + cc, bb + aa
+    return (e * f % _P, g * h % _P, f * g % _P, e * h % _P)
+
+
+def _times(scalar: int, point: tuple[int, ...]) -> tuple[int, ...]:
+    result: tuple[int, ...] = (0, 1, 1, 0)
+    while scalar:
+        if scalar & 1:
+            result = _add(result, point)
+        point = _add(point, point)
+        scalar >>= 1
+    return result
+
+
+_BASE = _point((4 * pow(5, _P - 2, _P) % _P).to_bytes(32, "little"))
+
+
+def _ed25519_plain(public: bytes, message: bytes, signature: bytes) -> bool:
+    a, r = _point(public), _point(signature[:32])
+    s = int.from_bytes(signature[32:], "little")
+    if a is None or r is None or s >= _Q or _BASE is None:
+        return False
+    k = int.from_bytes(hashlib.sha512(signature[:32] + public + message).digest(), "little") % _Q
+    left, right = _times(s, _BASE), _add(r, _times(k, a))
+    return (left[0] * right[2] - right[0] * left[2]) % _P == 0 and (
+        left[1] * right[2] - right[1] * left[2]
+    ) % _P == 0
+
+
+def ed25519_verify(public: bytes, message: bytes, signature: bytes) -> bool:
+    """Whether ``signature`` is ``public``'s Ed25519 signature of ``message``."""
+    if len(public) != 32 or len(signature) != 64:
+        return False
+    try:
+        from cryptography.exceptions import InvalidSignature
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+    except ImportError:
+        return _ed25519_plain(public, message, signature)
+    try:
+        Ed25519PublicKey.from_public_bytes(public).verify(signature, message)
+    except (InvalidSignature, ValueError):
+        return False
+    return True
+
+
+# -- Signed notes (C2SP signed-note) and checkpoints (C2SP tlog-checkpoint)
+
+
+class NoteError(ValueError):
+    """A note, key or checkpoint that is malformed or does not verify."""
+
+
+def key_id(name: str, alg: int, public: bytes) -> bytes:
+    """A signed-note key id: the first 4 bytes of SHA-256(name, newline, algorithm, key)."""
+    return hashlib.sha256(name.encode() + b"\n" + bytes([alg]) + public).digest()[:4]
+
+
+@dataclass(frozen=True)
+class VerifierKey:
+    """A public key in signed-note form ``NAME+KEYID+BASE64(ALG || KEY)``."""
+
+    name: str
+    id: bytes
+    alg: int
+    public: bytes
+
+    @classmethod
+    def parse(cls, text: str) -> VerifierKey:
+        parts = text.strip().split("+", 2)  # base64 may hold "+" too
+        if len(parts) != 3 or not parts[0] or len(parts[1]) != 8:
+            raise NoteError(f"not a verifier key (NAME+KEYID+BASE64): {text.strip()[:60]!r}")
+        try:
+            wanted = bytes.fromhex(parts[1])
+            raw = base64.b64decode(parts[2], validate=True)
+        except ValueError:
+            raise NoteError("a verifier key's id or key is not hex / base64") from None
+        if len(raw) != 33 or raw[0] not in (ALG_ED25519, ALG_COSIGNATURE_V1):
+            raise NoteError("only Ed25519 verifier keys (algorithm 1 or 4) are supported")
+        key = cls(parts[0], wanted, raw[0], raw[1:])
+        if key_id(key.name, key.alg, key.public) != wanted:
+            raise NoteError(f"the verifier key {parts[0]}'s id does not match its key")
+        return key
+
+    def __str__(self) -> str:
+        encoded = base64.b64encode(bytes([self.alg]) + self.public).decode()
+        return f"{self.name}+{self.id.hex()}+{encoded}"
+
+
+@dataclass(frozen=True)
+class NoteSignature:
+    name: str
+    id: bytes
+    signature: bytes
+
+    def line(self) -> str:
+        return f"\u2014 {self.name} {base64.b64encode(self.id + self.signature).decode()}\n"
+
+
+def split_note(note: str) -> tuple[str, list[NoteSignature]]:
+    """A signed note's text (ending in a newline) and its signature lines."""
+    cut = note.rfind("\n\n")
+    if cut < 0 or not note.endswith("\n"):
+        raise NoteError("not a signed note: no blank line before the signatures")
+    text, block = note[: cut + 1], note[cut + 2 :]
+    signatures = []
+    for line in block.splitlines():
+        prefix = "\u2014 "
+        parts = line[len(prefix) :].split(" ") if line.startswith(prefix) else []
+        if len(parts) != 2 or not parts[0]:
+            raise NoteError(f"a malformed signature line: {line[:60]!r}")
+        try:
+            raw = base64.b64decode(parts[1], validate=True)
+        except ValueError:
+            raise NoteError("a signature line is not base64") from None
+        if len(raw) < 5:
+            raise NoteError("a signature line is too short")
+        signatures.append(NoteSignature(parts[0], raw[:4], raw[4:]))
+    if not signatures:
+        raise NoteError("the note has no signature")
+    return text, signatures
+
+
+def note_signed_by(text: str, signature: NoteSignature, key: VerifierKey) -> bool:
+    """Whether ``signature`` is ``key``'s signature over the note ``text``: a plain signed-note
+    signature (algorithm 1), or a witness's timestamped cosignature/v1 (algorithm 4)."""
+    if signature.name != key.name or signature.id != key.id:
+        return False
+    if key.alg == ALG_ED25519:
+        return ed25519_verify(key.public, text.encode(), signature.signature)
+    if len(signature.signature) != 72:
+        return False
+    stamp = int.from_bytes(signature.signature[:8], "big")
+    message = f"cosignature/v1\ntime {stamp}\n{text}".encode()
+    return ed25519_verify(key.public, message, signature.signature[8:])
+
+
+@dataclass(frozen=True)
+class LogCheckpoint:
+    """The body of a checkpoint note: origin, tree size, root hash, extension lines."""
+
+    origin: str
+    size: int
+    root: bytes
+    extensions: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> LogCheckpoint:
+        lines = text.split("\n")
+        if len(lines) < 4 or lines[-1] != "" or not lines[0]:
+            raise NoteError("a checkpoint has an origin, a size and a root line")
+        size_text = lines[1]
+        if not size_text.isdigit() or (size_text != "0" and size_text.startswith("0")):
+            raise NoteError(f"a checkpoint's size is not a decimal: {size_text[:20]!r}")
+        try:
+            root = base64.b64decode(lines[2], validate=True)
+        except ValueError:
+            raise NoteError("a checkpoint's root is not base64") from None
+        if len(root) != 32:
+            raise NoteError("a checkpoint's root is not a SHA-256 hash")
+        if any(not line for line in lines[3:-1]):
+            raise NoteError("a checkpoint has an empty extension line")
+        return cls(lines[0], int(size_text), root, tuple(lines[3:-1]))
+
+    def text(self) -> str:
+        root = base64.b64encode(self.root).decode()
+        return "".join(
+            f"{line}\n" for line in (self.origin, str(self.size), root, *self.extensions)
+        )
+
+    def extension(self, name: str) -> list[str] | None:
+        """The words after ``name`` on its extension line, or None."""
+        for line in self.extensions:
+            words = line.split(" ")
+            if words[0] == name:
+                return words[1:]
+        return None
+
+
+def open_checkpoint(
+    note: str,
+    keys: Iterable[VerifierKey],
+    *,
+    witnesses: Iterable[VerifierKey] = (),
+    quorum: int = 0,
+) -> tuple[LogCheckpoint, list[str]]:
+    """Verify a signed checkpoint note: signed by one of the log's ``keys`` (old keys stay
+    valid after a rotation) and cosigned by at least ``quorum`` of ``witnesses``. Returns the
+    checkpoint and the names of the witnesses whose cosignature verified; raises NoteError."""
+    text, signatures = split_note(note)
+    checkpoint = LogCheckpoint.parse(text)
+    keys = list(keys)
+    if not any(note_signed_by(text, s, k) for s in signatures for k in keys):
+        names = ", ".join(sorted({k.name for k in keys})) or "no key given"
+        raise NoteError(f"the checkpoint is not signed by the log's key ({names})")
+    cosigned = sorted({w.name for w in witnesses for s in signatures if note_signed_by(text, s, w)})
+    if len(cosigned) < quorum:
+        raise NoteError(
+            f"the checkpoint is cosigned by {len(cosigned)} known witnesses "
+            f"({', '.join(cosigned) or 'none'}), fewer than the quorum of {quorum}"
+        )
+    return checkpoint, cosigned
+
+
+def b64_hashes(values: Iterable[str]) -> list[bytes]:
+    """Hashes given as base64 text (as proofs travel), checked to be SHA-256 sized."""
+    out = []
+    for value in values:
+        raw = base64.b64decode(value, validate=True)
+        if len(raw) != 32:
+            raise NoteError("a proof hash is not 32 bytes")
+        out.append(raw)
+    return out
+
+
+def receipt_problems(
+    receipt: dict[str, Any],
+    keys: Iterable[VerifierKey],
+    *,
+    witnesses: Iterable[VerifierKey] = (),
+    quorum: int = 0,
+) -> list[str]:
+    """What is wrong with an attempt's receipt (empty when it verifies): the checkpoint note is
+    signed (and cosigned), and the leaf (attempt id, chain length, head) is in its tree."""
+    try:
+        checkpoint, _ = open_checkpoint(
+            receipt["checkpoint"], keys, witnesses=witnesses, quorum=quorum
+        )
+        leaf = receipt["leaf"]
+        value = leaf_hash(str(leaf["attempt_id"]), int(leaf["length"]), str(leaf["head"]))
+        proof = b64_hashes(receipt["inclusion_proof"])
+        index = int(receipt["index"])
+    except (KeyError, TypeError, ValueError) as exc:
+        return [f"malformed receipt: {exc}"]
+    root = inclusion_root(value, index, checkpoint.size, proof)
+    if root != checkpoint.root:
+        return [
+            f"the inclusion proof of leaf {index} does not lead to the signed root of the tree "
+            f"of {checkpoint.size}: the leaf or the history behind it was changed"
+        ]
+    return []
 
 
 def escape_cell(value: str) -> str:
@@ -424,6 +807,16 @@ class ExportChecker:
     chains: dict[str, list[Any]] = field(default_factory=dict)  # attempt -> [count, last, whole]
     legacy_last: str | None = None
     last_id: int | None = None
+    # The transparency log: the log's verifier keys, witness keys and quorum, and checkpoints
+    # kept elsewhere (notes) that the export must be consistent with.
+    log_keys: list[VerifierKey] = field(default_factory=list)
+    witness_keys: list[VerifierKey] = field(default_factory=list)
+    quorum: int = 0
+    kept: list[LogCheckpoint] = field(default_factory=list)
+    log: LogBuilder = field(default_factory=LogBuilder)
+    log_roots: dict[int, list[tuple[int, str]]] = field(default_factory=dict)  # size -> seq, root
+    kept_roots: dict[int, bytes] = field(default_factory=dict)
+    signed: set[int] = field(default_factory=set)
 
     def problem(self, problem: Problem) -> None:
         if len(self.problems) < self.max_problems:
@@ -431,11 +824,118 @@ class ExportChecker:
         else:
             self.truncated = True
 
+    def log_checkpoint(self, record: dict[str, Any], line: int | None) -> None:
+        """A format-2 checkpoint's note states its record's size and root, and (with the log's
+        keys) is signed by the log and cosigned by the quorum of witnesses."""
+        seq = int(record["seq"])
+        where = f"checkpoint {seq}"
+        try:
+            body = LogCheckpoint.parse(record["note"])
+        except NoteError as exc:
+            self.problem(Problem("log", f"{where}: its note does not parse: {exc}", line=line))
+            return
+        if (
+            body.size != int(record["size"])
+            or body.root.hex() != record["root"]
+            or body.extension(EXT_CHECKPOINT) != [str(seq)]
+        ):
+            self.problem(
+                Problem("log", f"{where}: its note does not state its size and root", line=line)
+            )
+        self.log_roots.setdefault(body.size, []).append((seq, record["root"]))
+        lines = record.get("signatures") or []
+        if self.log_keys and lines:
+            try:
+                open_checkpoint(
+                    record["note"] + "\n" + "".join(lines),
+                    self.log_keys,
+                    witnesses=self.witness_keys,
+                    quorum=0,
+                )
+                self.signed.add(seq)
+            except NoteError as exc:
+                self.problem(Problem("signature", f"{where}: {exc}", line=line))
+
+    def log_leaf(self, record: dict[str, Any], line: int | None) -> None:
+        index = int(record["index"])
+        if index != self.log.size:
+            self.problem(
+                Problem(
+                    "log", f"log leaf {index} out of place (expected {self.log.size})", line=line
+                )
+            )
+            return
+        self.log.append(leaf_hash(record["attempt_id"], int(record["length"]), record["head"]))
+        size = self.log.size
+        for seq, root in self.log_roots.get(size, ()):
+            if self.log.root().hex() != root:
+                self.problem(
+                    Problem(
+                        "log",
+                        f"checkpoint {seq}: its root is not the root of the exported log at "
+                        f"size {size}: logged heads were changed",
+                        line=line,
+                    )
+                )
+        if any(kept.size == size for kept in self.kept):
+            self.kept_roots[size] = self.log.root()
+
+    def finish_log(self, newest: dict[str, Any] | None) -> None:
+        """The newest checkpoint is signed (when keys are given) and every checkpoint kept
+        elsewhere is consistent with the export."""
+        if newest is None or int(newest.get("format") or 1) < LOG_FORMAT:
+            if self.kept:
+                self.problem(Problem("log", "the export has no transparency-log checkpoint"))
+            return
+        seq, size = int(newest["seq"]), int(newest["size"])
+        if self.log_keys and seq not in self.signed:
+            self.problem(
+                Problem(
+                    "signature",
+                    f"the export's newest checkpoint {seq} carries no signature of the log's "
+                    "key: it was made without the key, or the history behind it was rewritten",
+                )
+            )
+        if self.log.size and self.log.size != size:
+            self.problem(Problem("log", f"the export holds {self.log.size} log leaves, not {size}"))
+        for kept in self.kept:
+            if kept.size > size:
+                self.problem(
+                    Problem(
+                        "consistency",
+                        f"a checkpoint kept elsewhere covers {kept.size} leaves but the export's "
+                        f"newest covers {size}: the log was rolled back",
+                    )
+                )
+                continue
+            root = self.kept_roots.get(kept.size)
+            if root is None and kept.size == size:
+                root = bytes.fromhex(newest["root"])
+            if root is None:
+                self.problem(
+                    Problem(
+                        "consistency",
+                        f"cannot check the kept checkpoint of size {kept.size}: only a "
+                        "whole-ledger export carries the log's leaves",
+                    )
+                )
+            elif root != kept.root:
+                self.problem(
+                    Problem(
+                        "consistency",
+                        f"the kept (witnessed) checkpoint of size {kept.size} has root "
+                        f"{kept.root.hex()[:16]}…, the exported log {root.hex()[:16]}…: history "
+                        "was rewritten after it was witnessed (a fork)",
+                    )
+                )
+
     def checkpoint(self, record: dict[str, Any], line: int | None) -> None:
         seq = int(record["seq"])
         where = f"checkpoint {seq}"
         if checkpoint_hash(record) != record["hash"]:
             self.problem(Problem("checkpoint", f"{where}: fields do not match its hash", line=line))
+        if int(record.get("format") or 1) >= LOG_FORMAT:
+            self.log_checkpoint(record, line)
         before = self.checkpoints.get(seq - 1)
         if self.checkpoints and before is None:
             self.problem(
@@ -722,8 +1222,22 @@ class ConfigChecker:
             )
 
 
-def verify_jsonl(path: Path, *, anchors: Iterable[str] = ()) -> Report:
-    """Verify a JSON Lines export: header, checkpoints, seals, events, manifest."""
+@dataclass
+class LogTrust:
+    """What an auditor brings to check the transparency log: the log's verifier keys, witness
+    keys and quorum, and checkpoint notes kept elsewhere (verified with them)."""
+
+    log_keys: list[VerifierKey] = field(default_factory=list)
+    witness_keys: list[VerifierKey] = field(default_factory=list)
+    quorum: int = 0
+    kept: list[str] = field(default_factory=list)
+
+
+def verify_jsonl(
+    path: Path, *, anchors: Iterable[str] = (), trust: LogTrust | None = None
+) -> Report:
+    """Verify a JSON Lines export: header, checkpoints, seals, log leaves, events, manifest."""
+    trust = trust or LogTrust()
     checker: ExportChecker | None = None
     problems: list[Problem] = []
     report = Report(what=str(path), problems=problems)
@@ -770,8 +1284,12 @@ def verify_jsonl(path: Path, *, anchors: Iterable[str] = ()) -> Report:
                     complete_chains=bool((header or {}).get("complete_chains")),
                     whole_ledger=not any(filters.values()),
                     anchors=frozenset(anchors),
+                    log_keys=trust.log_keys,
+                    witness_keys=trust.witness_keys,
+                    quorum=trust.quorum,
                 )
                 checker.problems = problems
+                _open_kept(checker, trust)
                 if kind == "header":
                     continue
             if manifest is not None:
@@ -808,6 +1326,8 @@ def verify_jsonl(path: Path, *, anchors: Iterable[str] = ()) -> Report:
                     if config is None:
                         config = ConfigChecker(checker.problem)
                     config.add(record, number)
+                elif kind == "log_leaf":
+                    checker.log_leaf(record, number)
                 elif kind == "manifest":
                     manifest = record
                 elif kind == "header":
@@ -820,9 +1340,16 @@ def verify_jsonl(path: Path, *, anchors: Iterable[str] = ()) -> Report:
         problems.append(Problem("format", "the file is empty"))
         return report
     checker.finish()
+    checker.finish_log(
+        checker.checkpoints[max(checker.checkpoints)] if checker.checkpoints else None
+    )
     report.events = checker.count
     if checker.last_event is not None:
         report.head_hash, report.head_id = checker.last_event["hash"], int(checker.last_event["id"])
+    if checker.log.size:
+        report.notes.append(f"the log's {checker.log.size} leaves rebuilt; every root checked")
+    if checker.kept:
+        report.notes.append(f"{len(checker.kept)} checkpoints kept elsewhere checked")
     if checker.checkpoints:
         newest = max(checker.checkpoints)
         report.checkpoint = (newest, checker.checkpoints[newest]["hash"])
@@ -838,6 +1365,19 @@ def verify_jsonl(path: Path, *, anchors: Iterable[str] = ()) -> Report:
     )
     report.truncated = checker.truncated
     return report
+
+
+def _open_kept(checker: ExportChecker, trust: LogTrust) -> None:
+    """Verify each checkpoint kept elsewhere with the log's keys (and the witness quorum)."""
+    for note in trust.kept:
+        try:
+            checkpoint, _ = open_checkpoint(
+                note, trust.log_keys, witnesses=trust.witness_keys, quorum=trust.quorum
+            )
+        except NoteError as exc:
+            checker.problem(Problem("consistency", f"the checkpoint kept elsewhere: {exc}"))
+            continue
+        checker.kept.append(checkpoint)
 
 
 def _event_ref(record: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -915,13 +1455,17 @@ def verify_csv(
 
 
 def verify_file(
-    path: Path, *, manifest_path: Path | None = None, anchors: Iterable[str] = ()
+    path: Path,
+    *,
+    manifest_path: Path | None = None,
+    anchors: Iterable[str] = (),
+    trust: LogTrust | None = None,
 ) -> Report:
     """Verify an export, choosing the reader by content (JSON Lines or CSV)."""
     with path.open("rb") as handle:
         start = handle.read(1)
     if start == b"{":
-        return verify_jsonl(path, anchors=anchors)
+        return verify_jsonl(path, anchors=anchors, trust=trust)
     return verify_csv(path, manifest_path=manifest_path, anchors=anchors)
 
 
@@ -942,9 +1486,44 @@ def main(argv: list[str] | None = None) -> int:
         metavar="HASH",
         help="a checkpoint hash kept elsewhere (or an event hash) that must be in the export",
     )
+    parser.add_argument(
+        "--log-key",
+        action="append",
+        default=[],
+        metavar="VKEY",
+        help="the log's verifier key NAME+KEYID+BASE64 (`manage.py ledger_log key`); repeat "
+        "for keys used before a rotation. Checkpoint signatures are checked with it",
+    )
+    parser.add_argument(
+        "--witness-key", action="append", default=[], metavar="VKEY", help="a witness's key"
+    )
+    parser.add_argument(
+        "--quorum", type=int, default=0, help="witness cosignatures a kept checkpoint needs"
+    )
+    parser.add_argument(
+        "--checkpoint",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="FILE",
+        help="a signed (witnessed) checkpoint note kept elsewhere, e.g. saved from "
+        "/log/checkpoint: the export's log must be consistent with it",
+    )
     args = parser.parse_args(argv)
     try:
-        report = verify_file(args.file, manifest_path=args.manifest, anchors=args.expect_head)
+        trust = LogTrust(
+            log_keys=[VerifierKey.parse(k) for k in args.log_key],
+            witness_keys=[VerifierKey.parse(k) for k in args.witness_key],
+            quorum=args.quorum,
+            kept=[p.read_text(encoding="utf-8") for p in args.checkpoint],
+        )
+        if trust.kept and not trust.log_keys:
+            parser.error(
+                "--checkpoint needs --log-key (a kept checkpoint is checked by its signature)"
+            )
+        report = verify_file(
+            args.file, manifest_path=args.manifest, anchors=args.expect_head, trust=trust
+        )
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         print(f"cannot read {args.file}: {exc}", file=sys.stderr)
         return 2

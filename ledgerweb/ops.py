@@ -22,6 +22,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from attempts import chain
+from attempts import log as tlog
 from attempts.models import TERMINAL_STATES, ActorKind, Attempt, AttemptEvent, State
 from reconciliation.models import WorkerHeartbeat
 
@@ -72,6 +73,7 @@ def healthz(request: HttpRequest) -> JsonResponse:
     if degraded:
         # A provider in trouble is not the ledger's: the status stays, the providers are named.
         body["providers_degraded"] = {key: info["state"] for key, info in degraded.items()}
+    _log_health(body)
     if not healthy:
         body["status"] = "unhealthy"
     return JsonResponse(body, status=200 if healthy else 503, headers=_no_store())
@@ -97,6 +99,32 @@ def degraded_providers() -> dict[str, dict]:
             if rank.get(state, 0) > rank.get(found.get(key, {}).get("state", ""), -1):
                 found[key] = {**info, "state": state}
     return found
+
+
+def _log_health(body: dict[str, object]) -> None:
+    """The transparency log's witnesses: "degraded" (still 200) when a configured witness is
+    behind, refused or unreachable, or the newest signed checkpoint lacks the quorum. A witness
+    never makes the ledger unhealthy: writes do not wait for it."""
+    if not settings.TLOG["WITNESSES"]:
+        return
+    try:
+        current = tlog.status()
+    except (DatabaseError, tlog.LogKeyError) as exc:
+        body["log"] = f"unknown: {exc}"
+        return
+    if not current["witnesses"] and not current["problem"]:
+        return
+    late = [row["name"] for row in current["witnesses"] if row["status"] != "ok" or row["behind"]]
+    body["log_witnessed"] = current["witnessed"]
+    if late or current["witnessed"] is False or current["problem"]:
+        body["log"] = "degraded"
+        body["log_witnesses_behind"] = late
+        if current["problem"]:
+            body["log_problem"] = current["problem"]
+        if body["status"] == "ok":
+            body["status"] = "degraded"
+    else:
+        body["log"] = "ok"
 
 
 def _no_store() -> dict[str, str]:
@@ -310,6 +338,49 @@ def metrics(request: HttpRequest) -> HttpResponse:
         "Sequence number of the newest audit checkpoint (0 when none).",
         [({}, window["checkpoint"]["seq"] if window["checkpoint"] else 0)],
     )
+    try:
+        log_state = tlog.status()
+    except tlog.LogKeyError:
+        log_state = None
+    if log_state is not None:
+        out.family(
+            "ledger_log_size",
+            "gauge",
+            "Leaves in the transparency log, and in its newest signed checkpoint.",
+            [
+                ({"checkpoint": "sealed"}, log_state["size"]),
+                ({"checkpoint": "signed"}, log_state["signed_size"]),
+            ],
+        )
+        out.family(
+            "ledger_log_unsigned_checkpoints",
+            "gauge",
+            "Checkpoints after the newest signed one (no key, or the signer failing).",
+            [({}, log_state["unsigned"])],
+        )
+        out.family(
+            "ledger_log_witness_behind",
+            "gauge",
+            "Leaves of the newest signed checkpoint a witness has not cosigned, by witness.",
+            (({"witness": row["name"]}, row["behind"]) for row in log_state["witnesses"]),
+        )
+        out.family(
+            "ledger_log_witness_ok",
+            "gauge",
+            "1 when a witness's newest submission was cosigned, 0 when it refused or was "
+            "unreachable, by witness and status.",
+            (
+                ({"witness": row["name"], "status": row["status"]}, int(row["status"] == "ok"))
+                for row in log_state["witnesses"]
+            ),
+        )
+        out.family(
+            "ledger_log_witnessed",
+            "gauge",
+            "1 when the newest signed checkpoint has the quorum of cosignatures (absent with "
+            "no witness configured).",
+            [({}, int(bool(log_state["witnessed"])))] if log_state["quorum"] else [],
+        )
     out.family(
         "ledger_metrics_scrape_seconds",
         "gauge",

@@ -353,6 +353,30 @@ LEDGER.update(
     }
 )
 
+# The transparency log (attempts/log.py, docs/audit-chain.md): signed checkpoints, tiles under
+# /log/, witnesses. The signing key lives outside the database: a key file (mode 0600, made by
+# `manage.py ledger_log genkey`) or a command that signs (a KMS or HSM) with its verifier key.
+TLOG = {
+    # The log's name in every checkpoint note; set it once, witnesses and clients pin it.
+    "ORIGIN": read("LEDGERWEB_TLOG_ORIGIN"),
+    "KEY_FILE": read("LEDGERWEB_TLOG_KEY_FILE"),
+    "SIGN_COMMAND": read("LEDGERWEB_TLOG_SIGN_COMMAND"),
+    "VERIFIER_KEY": read("LEDGERWEB_TLOG_VERIFIER_KEY"),
+    # Where the signer keeps the newest tree it signed (it signs only consistent extensions of
+    # it); default: beside the key file, or in the data folder with a signing command.
+    "SIGNER_STATE": read("LEDGERWEB_TLOG_SIGNER_STATE"),
+    # Verifier keys of earlier signing keys, kept so checkpoints they signed still verify.
+    "OLD_VERIFIER_KEYS": read("LEDGERWEB_TLOG_OLD_VERIFIER_KEYS"),
+    # Witnesses: "VERIFIER_KEY SUBMISSION_URL" items, comma-separated.
+    "WITNESSES": read("LEDGERWEB_TLOG_WITNESSES"),
+    # How many witness cosignatures make a checkpoint witnessed (default: one if any is set).
+    "WITNESS_QUORUM": read("LEDGERWEB_TLOG_WITNESS_QUORUM"),
+    # Whole-request deadline of one submission to a witness, seconds.
+    "WITNESS_TIMEOUT": read("LEDGERWEB_TLOG_WITNESS_TIMEOUT"),
+    # /log/ is public unless this bearer token is set (then it is required).
+    "READ_TOKEN": read("LEDGERWEB_TLOG_READ_TOKEN"),
+}
+
 # Notifications (attempts/notify.py): email through Django's SMTP backend, and a
 # Slack-compatible chat webhook. Both off until configured; the reconcile worker delivers them.
 _EMAIL_HOST = read("LEDGERWEB_EMAIL_HOST")

@@ -485,6 +485,86 @@ declare(
     minimum=1,
 )
 
+# --- The transparency log (attempts/log.py, docs/audit-chain.md) ------------------------------
+_TLOG = "Transparency log"
+declare(
+    "LEDGERWEB_TLOG_ORIGIN",
+    "str",
+    "localhost/ledgerweb",
+    "The log's name, the first line of every signed checkpoint; set it once (witnesses and "
+    "clients pin it).",
+    group=_TLOG,
+)
+declare(
+    "LEDGERWEB_TLOG_KEY_FILE",
+    "str",
+    "",
+    "The Ed25519 signing key file (mode 0600, made by `manage.py ledger_log genkey`), outside "
+    "the database.",
+    group=_TLOG,
+)
+declare(
+    "LEDGERWEB_TLOG_SIGN_COMMAND",
+    "str",
+    "",
+    "Instead of a key file: a command that reads a checkpoint body on stdin and prints its "
+    "signature (a KMS or HSM); needs `LEDGERWEB_TLOG_VERIFIER_KEY`.",
+    group=_TLOG,
+)
+declare(
+    "LEDGERWEB_TLOG_VERIFIER_KEY",
+    "str",
+    "",
+    "The signing key's verifier key in signed-note form (`NAME+KEYID+BASE64`).",
+    group=_TLOG,
+)
+declare(
+    "LEDGERWEB_TLOG_SIGNER_STATE",
+    "str",
+    "",
+    "Where the signer keeps the newest tree it signed (it signs only consistent extensions of it).",
+    group=_TLOG,
+    shown_default="beside the key file, or in the data folder with a signing command",
+)
+declare(
+    "LEDGERWEB_TLOG_OLD_VERIFIER_KEYS",
+    "list",
+    [],
+    "Verifier keys of earlier signing keys, so the checkpoints they signed still verify after "
+    "a rotation.",
+    group=_TLOG,
+)
+declare(
+    "LEDGERWEB_TLOG_WITNESSES",
+    "list",
+    [],
+    "Witnesses, `VERIFIER_KEY SUBMISSION_URL` items: each new checkpoint is submitted to them "
+    "(C2SP tlog-witness).",
+    group=_TLOG,
+)
+declare(
+    "LEDGERWEB_TLOG_WITNESS_QUORUM",
+    "int",
+    1,
+    "How many witness cosignatures make a checkpoint witnessed.",
+    group=_TLOG,
+)
+declare(
+    "LEDGERWEB_TLOG_WITNESS_TIMEOUT",
+    "int",
+    10,
+    "Whole-request deadline of one submission to a witness, seconds.",
+    group=_TLOG,
+    minimum=1,
+)
+declare(
+    "LEDGERWEB_TLOG_READ_TOKEN",
+    "secret",
+    "",
+    "`/log/` is public unless this bearer token is set; then it is required.",
+    group=_TLOG,
+)
+
 # --- Notifications ---------------------------------------------------------------------------
 _NOTIFY = "Notifications"
 declare(

@@ -2,8 +2,9 @@
 bearer tokens and is exempt from the session login and CSRF."""
 
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import include, path, re_path
 
+from attempts.views import transparency
 from attempts.views.auth import admin_login
 from ledgerweb import ops
 
@@ -14,6 +15,10 @@ urlpatterns = [
     path("api/v1/", include("attempts.api_urls")),
     path("healthz", ops.healthz, name="healthz"),
     path("metrics", ops.metrics, name="metrics"),
+    # The transparency log, read-only (C2SP tlog-tiles); public unless a token is configured.
+    path("log/checkpoint", transparency.checkpoint, name="log-checkpoint"),
+    re_path(r"^log/tile/(?P<path>.+)$", transparency.tile, name="log-tile"),
+    path("log/consistency/<int:old>/<int:new>", transparency.consistency, name="log-consistency"),
     path("", include("attempts.urls")),
 ]
 

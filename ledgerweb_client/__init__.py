@@ -42,8 +42,12 @@ from .errors import (
     StateConflict,
     Unauthorized,
 )
+from .receipts import LogView, ReceiptError, verify_receipt
 
 __all__ = [
+    "LogView",
+    "ReceiptError",
+    "verify_receipt",
     "DISPATCHABLE_STATES",
     "TERMINAL_STATES",
     "Attempt",

@@ -26,6 +26,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode, urlsplit
 
+from . import receipts
 from .errors import (
     IdempotencyConflict,
     InvalidRequest,
@@ -742,6 +743,68 @@ class LedgerClient:
         headers = {"traceparent": traceparent} if traceparent else None
         status, answer = self._request("POST", "/attempts", body, extra_headers=headers)
         return self._attempt_from(status, answer)
+
+    # -- receipts and the transparency log (ledgerweb_client.receipts) ------------------------
+
+    def receipt(self, attempt_id: str) -> dict[str, Any]:
+        """The attempt's receipt: the signed checkpoint, the leaf and its inclusion proof. Keep
+        it; check it any time with ``verify_receipt``. Raises ``StateConflict`` (409,
+        ``not_sealed``) until the sealer has put the attempt's current state in a signed
+        checkpoint (a few seconds), ``NotFound`` for an attempt outside the token's tenants."""
+        _, answer = self._request("GET", self._path(attempt_id, "receipt"))
+        if not isinstance(answer, dict) or not isinstance(answer.get("receipt"), dict):
+            raise LedgerError("the ledger's answer holds no receipt", code="malformed_response")
+        return answer["receipt"]
+
+    @staticmethod
+    def verify_receipt(
+        receipt: Mapping[str, Any],
+        verifier_key: Any,
+        *,
+        witness_keys: Sequence[str] = (),
+        quorum: int = 0,
+    ) -> receipts.Checkpoint:
+        """Check a receipt with no help from the server: signed by the log's ``verifier_key``
+        (the ``NAME+KEYID+BASE64`` text ``manage.py ledger_log key`` prints, or a list of them
+        after a key rotation), cosigned by ``quorum`` of ``witness_keys``, and the attempt's
+        state in the signed tree. Returns the checkpoint; raises ``receipts.ReceiptError``.
+        Needs ``pip install 'ledgerweb-client[verify]'``."""
+        return receipts.verify_receipt(
+            receipt, verifier_key, witness_keys=witness_keys, quorum=quorum
+        )
+
+    def _log_text(self, path: str) -> str:
+        target = self._prefix[: -len("/api/v1")] + "/log/" + path
+        status, reason, data = self._exchange("GET", target, None, dict(self._headers))
+        if status != 200:
+            raise LedgerError(
+                f"the ledger answered GET {target} with {status} {reason}", status=status
+            )
+        return data.decode("utf-8")
+
+    def check_log(
+        self,
+        view: receipts.LogView,
+        verifier_key: Any,
+        *,
+        witness_keys: Sequence[str] = (),
+        quorum: int = 0,
+    ) -> receipts.Checkpoint:
+        """Fetch the log's newest checkpoint (``/log/checkpoint``), verify it, and check it is
+        consistent with the one ``view`` holds (``/log/consistency``), then move ``view`` to
+        it. Raises ``receipts.ReceiptError`` when the log was rewritten or rolled back."""
+        checkpoint = receipts.open_checkpoint(
+            self._log_text("checkpoint"),
+            [verifier_key] if isinstance(verifier_key, str) else verifier_key,
+            witness_keys=witness_keys,
+            quorum=quorum,
+        )
+        proof: list[bytes] = []
+        if 0 < view.size < checkpoint.size:
+            text = self._log_text(f"consistency/{view.size}/{checkpoint.size}")
+            proof = receipts.hashes(line for line in text.splitlines() if line)
+        view.advance(checkpoint, proof)
+        return checkpoint
 
     def _claim(self, attempt_id: str) -> tuple[bool, Attempt | None]:
         """Try to claim the send; (claimed, attempt as returned or None)."""

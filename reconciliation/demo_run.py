@@ -57,6 +57,14 @@ class DemoRun:
         os.environ.setdefault("LEDGERWEB_METRICS_ALLOW_LOOPBACK", "1")
         self.logs = self.data / "logs"
         self.children: list[subprocess.Popen] = []
+        # A local run signs its checkpoints with a key made once in the data folder (mode
+        # 0600), so /log/ and receipts work out of the box; a deployment configures its own.
+        self.log_key = None
+        if not os.environ.get("LEDGERWEB_TLOG_KEY_FILE") and not os.environ.get(
+            "LEDGERWEB_TLOG_SIGN_COMMAND"
+        ):
+            self.log_key = self.data / "log_signing.key"
+            os.environ["LEDGERWEB_TLOG_KEY_FILE"] = str(self.log_key)
 
     def say(self, text: str) -> None:
         print(f"run: {text}", flush=True)
@@ -99,6 +107,8 @@ class DemoRun:
         self.logs.mkdir(parents=True, exist_ok=True)
         self.say(f"data in {self.data}")
         self.ledgerweb("migrate", "--no-input", "-v", "0")
+        if self.log_key is not None:
+            self.ledgerweb("ledger_log", "genkey", "--out", str(self.log_key), "--if-missing")
         provider_url = self.start_provider() if self.demo else ""
         if provider_url:
             self.ledgerweb("seed_demo", "--provider-url", provider_url)

@@ -95,3 +95,12 @@ def test_verify_bench_verifies_a_ledger_loaded_as_the_write_path_writes_it(tmp_p
             with psycopg.connect(database_url(url, "postgres"), autocommit=True) as conn:
                 for name in ("2000", "rate"):
                     conn.execute(f'DROP DATABASE IF EXISTS "{prefix}_{name}" WITH (FORCE)')
+
+
+def test_seal_bench_seals_and_signs_everything():
+    if os.environ.get("DATABASE_URL"):
+        pytest.skip("bench/seal.py runs once, on the SQLite pass (--postgres for PostgreSQL)")
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    done = _run("bench/seal.py", "--attempts", "50", env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "ratio seal/writes:" in done.stdout

@@ -81,6 +81,9 @@ def test_a_bad_postgresql_prepare_threshold_fails_with_a_clear_message(tmp_path)
 
 
 def test_production_settings_pass_the_deploy_check(tmp_path):
+    assert (
+        run_manage(tmp_path, "ledger_log", "genkey", "--out", str(tmp_path / "k")).returncode == 0
+    )
     result = run_manage(
         tmp_path,
         "check",
@@ -92,6 +95,7 @@ def test_production_settings_pass_the_deploy_check(tmp_path):
         LEDGERWEB_DEFAULT_OWNER="oncall",
         LEDGERWEB_ALLOWED_HOSTS="ledger.example.com",
         LEDGERWEB_TRUSTED_PROXIES="127.0.0.1",
+        LEDGERWEB_TLOG_KEY_FILE=str(tmp_path / "k"),
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "no issues" in result.stdout
@@ -152,3 +156,14 @@ def test_log_records_skip_only_fields_no_format_prints_in_server_processes():
         )
         == "True"
     )
+
+
+def test_the_deploy_check_warns_without_a_log_signing_key(tmp_path):
+    result = run_manage(tmp_path, "check", "--deploy")
+    assert "attempts.W010" in result.stdout + result.stderr
+    key = tmp_path / "loose.key"
+    assert run_manage(tmp_path, "ledger_log", "genkey", "--out", str(key)).returncode == 0
+    key.chmod(0o644)
+    result = run_manage(tmp_path, "check", "--deploy", LEDGERWEB_TLOG_KEY_FILE=str(key))
+    assert result.returncode != 0
+    assert "attempts.E010" in result.stderr and "chmod 600" in result.stderr

@@ -20,7 +20,7 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from attempts import audit_export, chain, verify_export
+from attempts import audit_export, chain, log, verify_export
 from attempts.models import (
     ATTEMPT_ID,
     Attempt,
@@ -106,8 +106,17 @@ def audit_exports(request: HttpRequest) -> HttpResponse:
             qs=urlencode(query),
             tools=list(Tool.objects.order_by("name").values_list("name", flat=True)),
             window=chain.unsealed_window(),
+            tlog=_log_status(),
         )
     return render(request, "attempts/exports.html", context, status=status)
+
+
+def _log_status() -> dict[str, Any] | None:
+    """The transparency log as the audit page shows it (signatures, witnesses)."""
+    try:
+        return log.status()
+    except log.LogKeyError as exc:
+        return {"problem": str(exc), "witnesses": []}
 
 
 @require_GET
@@ -197,6 +206,15 @@ def _event_rows(events: list[AttemptEvent], attempt_ids: dict[int, str]) -> list
     return rows
 
 
+def _receipt_of(attempt: Attempt) -> dict[str, Any] | None:
+    """The attempt's receipt (signed checkpoint, leaf, inclusion proof), or None while its
+    current state is not in a signed checkpoint."""
+    try:
+        return log.receipt(attempt)
+    except (log.NotSealed, LookupError):
+        return None
+
+
 def _seal_of(attempt: Attempt) -> dict[str, Any] | None:
     """The newest checkpoint that sealed ``attempt``: its number and hash, and how many of the
     attempt's events it covers."""
@@ -238,6 +256,7 @@ def attempt_report(request: HttpRequest, attempt_id: str) -> HttpResponse:
                 "args_json": json.dumps(item.args, indent=1, sort_keys=True),
                 "rows": [r for r in rows if r["attempt_id"] == item.attempt_id],
                 "seal": _seal_of(item),
+                "receipt": _receipt_of(item),
             }
         )
     head = Checkpoint.objects.order_by("-seq").values_list("seq", "hash").first()

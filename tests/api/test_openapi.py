@@ -148,7 +148,38 @@ def _scope_refused(api: Api) -> Answer:
     return api.intent("k:403", credential_scope=["root"])
 
 
+def _receipt(api: Api) -> Answer:
+    """A sealed attempt's receipt, with a signing key configured for the sealer."""
+    import tempfile
+
+    from django.conf import settings
+
+    from attempts import chain, log
+
+    attempt_id = new_id(api, "k:receipt")
+    with tempfile.TemporaryDirectory() as folder:
+        key = Path(folder) / "log.key"
+        log.write_key_file(key, "example.test/ledger")
+        with override_settings(TLOG={**settings.TLOG, "KEY_FILE": str(key)}):
+            while chain.seal() is not None:
+                pass
+            return api.get(f"attempts/{attempt_id}/receipt")
+
+
 SCENARIOS: dict[tuple[str, str, str], Callable[[Api], Answer]] = {
+    ("/attempts/{attempt_id}/receipt", "get", "200"): _receipt,
+    ("/attempts/{attempt_id}/receipt", "get", "404"): lambda api: api.get(
+        "attempts/att_NONE/receipt"
+    ),
+    ("/attempts/{attempt_id}/receipt", "get", "409"): lambda api: api.get(
+        f"attempts/{new_id(api, 'k:unsealed')}/receipt"
+    ),
+    ("/attempts/{attempt_id}/receipt", "get", "401"): lambda api: api.get(
+        "attempts/att_X/receipt", token=None
+    ),
+    ("/attempts/{attempt_id}/receipt", "get", "405"): lambda api: api.post(
+        "attempts/att_X/receipt"
+    ),
     ("/attempts", "post", "201"): lambda api: api.intent("k:201"),
     ("/attempts", "post", "200"): lambda api: (api.intent("k:200"), api.intent("k:200"))[1],
     ("/attempts", "post", "400"): lambda api: api.post("attempts", raw=b"{"),

@@ -97,3 +97,89 @@ def fast_passwords(settings):
         **settings.STORAGES,
         "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
     }
+
+
+def rewrite_history(attempt: Attempt, *, details: dict) -> None:
+    """A database superuser rewrites one attempt's first event and recomputes every hash after
+    it: the attempt's chain, its row's head, the sealed leaves, the log's stored hashes, every
+    checkpoint (roots, notes, the checkpoint chain). What it cannot make is a signature: the
+    log's signatures, which no longer verify, are deleted."""
+    from attempts import log
+    from attempts.models import Checkpoint, CheckpointLeaf, LogEntry
+    from attempts.verify_export import (
+        GENESIS,
+        MerkleTree,
+        checkpoint_hash,
+        event_hash,
+        leaf_hash,
+    )
+
+    drop_triggers()
+    prev, hashes = GENESIS, []
+    for number, event_id in enumerate(
+        AttemptEvent.objects.filter(attempt=attempt).order_by("id").values_list("id", flat=True)
+    ):
+        row = event_row(event_id)
+        if number == 0:
+            row["details"] = details
+        row["prev_hash"] = prev
+        prev = event_hash(row)
+        hashes.append(prev)
+        sql(
+            "UPDATE attempts_attemptevent SET details = %s, prev_hash = %s, hash = %s WHERE id = %s",
+            [json.dumps(row["details"]), row["prev_hash"], prev, event_id],
+        )
+    sql("UPDATE attempts_attempt SET chain_head = %s WHERE id = %s", [prev, attempt.pk])
+    for leaf_id, length in CheckpointLeaf.objects.filter(attempt_id=attempt.attempt_id).values_list(
+        "id", "length"
+    ):
+        sql(
+            "UPDATE attempts_checkpointleaf SET head = %s WHERE id = %s",
+            [hashes[length - 1], leaf_id],
+        )
+    sql("DELETE FROM attempts_lognode")
+    sql("DELETE FROM attempts_checkpointsignature")
+    entries = LogEntry.objects.order_by("index").values_list(
+        "leaf__attempt_id", "leaf__length", "leaf__head"
+    )
+    log.append([leaf_hash(*row) for row in entries], size=0)
+    prev_checkpoint = GENESIS
+    for checkpoint in Checkpoint.objects.order_by("seq"):
+        if checkpoint.format >= 2:
+            root = log.root_at(checkpoint.size)
+            checkpoint.root = root.hex()
+            checkpoint.note = log.checkpoint_text(
+                seq=checkpoint.seq,
+                size=checkpoint.size,
+                root=root,
+                config_length=checkpoint.config_length,
+                config_head=checkpoint.config_head,
+                authority=checkpoint.authority,
+            )
+        else:
+            rows = checkpoint.leaves.order_by("position").values_list(
+                "attempt_id", "length", "head"
+            )
+            checkpoint.root = MerkleTree([leaf_hash(*row) for row in rows]).root()
+        checkpoint.prev_hash = prev_checkpoint
+        checkpoint.hash = checkpoint_hash(checkpoint.__dict__)
+        sql(
+            "UPDATE attempts_checkpoint SET root = %s, note = %s, prev_hash = %s, hash = %s "
+            "WHERE id = %s",
+            [
+                checkpoint.root,
+                checkpoint.note,
+                checkpoint.prev_hash,
+                checkpoint.hash,
+                checkpoint.pk,
+            ],
+        )
+        prev_checkpoint = checkpoint.hash
+
+
+def forget_signer_state() -> None:
+    """What an operator holding the signing key can do: delete the signer's memory of the
+    newest tree it signed, so it signs a rewritten history."""
+    from attempts import log
+
+    log._signer_state_path().unlink(missing_ok=True)

@@ -197,3 +197,44 @@ def test_report_lookup_redirects(client, history):
     assert response["Location"] == reverse("audit_report", args=[history[0].attempt_id])
     assert client.get(reverse("audit_report_lookup")).status_code == 400
     assert client.get(reverse("audit_report", args=["att_nope"])).status_code == 404
+
+
+def test_the_audit_page_shows_the_log_and_a_refusing_witness(client, history, tmp_path, settings):
+    from attempts import log
+    from attempts.models import WitnessState
+
+    path = tmp_path / "log.key"
+    log.write_key_file(path, "example.test/ledger")
+    witness = log.generate_key("witness.test/w1")[1]
+    settings.TLOG = {
+        **settings.TLOG,
+        "KEY_FILE": str(path),
+        "WITNESSES": [f"{witness} http://127.0.0.1:9/"],
+    }
+    seal_all()
+    WitnessState.objects.create(
+        name="witness.test/w1", size=0, status="refused", message="HTTP 422: the proof fails"
+    )
+    login(client, "reviewer")
+    text = " ".join(client.get(reverse("audit_exports")).content.decode().split())
+    newest = log.newest_signed()
+    assert f"Newest signed checkpoint {newest.seq}: {newest.size} sealed heads" in text
+    assert 'class="witness-refused"' in text and "HTTP 422: the proof fails" in text
+    assert "not witnessed yet" in text
+
+
+def test_the_printable_report_carries_the_receipt(client, history, tmp_path, settings):
+    from attempts import log
+
+    path = tmp_path / "log.key"
+    verifier = log.write_key_file(path, "example.test/ledger")
+    settings.TLOG = {**settings.TLOG, "KEY_FILE": str(path)}
+    login(client, "reviewer")
+    text = client.get(reverse("audit_report", args=[history[0].attempt_id])).content.decode()
+    assert "its current state is not in a signed checkpoint" in text
+    seal_all()
+    text = client.get(reverse("audit_report", args=[history[0].attempt_id])).content.decode()
+    receipt = log.receipt(type(history[0]).objects.get(pk=history[0].pk))
+    assert verify_export.receipt_problems(receipt, [verifier]) == []
+    assert receipt["inclusion_proof"][0] in text
+    assert "example.test/ledger" in text and "\u2014 example.test/ledger " in text

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from attempts import audit_verify, verify_export
+from attempts import audit_verify, log, verify_export
 
 
 class Command(BaseCommand):
@@ -101,13 +101,22 @@ class Command(BaseCommand):
                     since=since,
                 )
             else:
+                try:
+                    log_keys = log.verifier_keys()
+                    witness_keys = [w.key for w in log.witnesses()]
+                except (log.LogKeyError, verify_export.NoteError) as exc:
+                    raise CommandError(f"the transparency log's keys: {exc}") from None
                 report = audit_verify.verify_django_database(
                     anchors=anchors,
                     max_problems=options["max_problems"],
                     max_unsealed_seconds=options["max_unsealed_seconds"],
                     jobs=options["jobs"],
                     since=since,
+                    log_keys=log_keys,
+                    witness_keys=witness_keys,
                 )
+                for problem in log.witness_problems():
+                    report.problems.append(problem)
         except (OSError, UnicodeDecodeError, ValueError) as exc:
             raise CommandError(f"could not read what was to be verified: {exc}") from None
         except Exception as exc:  # a database that is not a ledger, or unreachable

@@ -18,6 +18,15 @@ import {
   errorClassFor,
 } from "./errors.js";
 import type { components } from "./openapi.js";
+import {
+  type Checkpoint,
+  hashes,
+  LogView,
+  openCheckpoint,
+  type Receipt,
+  type TrustOptions,
+  verifyReceipt,
+} from "./receipts.js";
 
 /**
  * The states of an attempt (protocol section 3), AWAITING_APPROVAL included: an approval policy
@@ -301,6 +310,65 @@ export class LedgerClient {
   }
 
   /** The attempt as it stands now; `NotFound` also for another tenant's attempt. */
+  /** The attempt's receipt (signed checkpoint, leaf, inclusion proof); keep it and check it
+   * with `verifyReceipt`. Throws `StateConflict` (`not_sealed`) until it is sealed and signed. */
+  async receipt(attemptId: string): Promise<Receipt> {
+    const body = await this.request<{ receipt: Receipt }>(
+      "GET",
+      LedgerClient.path(attemptId, "receipt"),
+    );
+    if (typeof body?.receipt?.checkpoint !== "string") {
+      throw new LedgerError("the ledger's answer holds no receipt", { code: "malformed_response" });
+    }
+    return body.receipt;
+  }
+
+  /** Check a receipt with no help from the server (see `receipts.ts`). */
+  static verifyReceipt(
+    receipt: Receipt,
+    verifierKey: string | readonly string[],
+    options: TrustOptions = {},
+  ): Checkpoint {
+    return verifyReceipt(receipt, verifierKey, options);
+  }
+
+  private async logText(path: string): Promise<string> {
+    const target = `${this.prefix.slice(0, -"/api/v1".length)}/log/${path}`;
+    let response: Response;
+    try {
+      response = await this.fetchImpl(target, {
+        headers: { Authorization: this.headers.Authorization ?? "" },
+        signal: AbortSignal.timeout(this.timeoutMs),
+      });
+    } catch (error) {
+      throw new LedgerUnavailable(`cannot read the log (${path}): ${describe(error)}`, { cause: error });
+    }
+    const text = await response.text();
+    if (!response.ok) {
+      throw new LedgerError(`the ledger answered GET /log/${path} with ${response.status}`, {
+        status: response.status,
+      });
+    }
+    return text;
+  }
+
+  /** Fetch the newest checkpoint, verify it, and check it extends the one `view` holds. */
+  async checkLog(
+    view: LogView,
+    verifierKey: string | readonly string[],
+    options: TrustOptions = {},
+  ): Promise<Checkpoint> {
+    const keys = typeof verifierKey === "string" ? [verifierKey] : verifierKey;
+    const checkpoint = openCheckpoint(await this.logText("checkpoint"), keys, options);
+    let proof: Buffer[] = [];
+    if (view.size > 0 && view.size < checkpoint.size) {
+      const text = await this.logText(`consistency/${view.size}/${checkpoint.size}`);
+      proof = hashes(text.split("\n").filter((line) => line));
+    }
+    view.advance(checkpoint, proof);
+    return checkpoint;
+  }
+
   async get(attemptId: string): Promise<Attempt> {
     return LedgerClient.attemptOf(
       await this.request<AttemptEnvelope>("GET", LedgerClient.path(attemptId)),

@@ -43,3 +43,16 @@ export {
   Unauthorized,
 } from "./errors.js";
 export type { components, paths } from "./openapi.js";
+export {
+  type Checkpoint,
+  consistent,
+  inclusionRoot,
+  LogView,
+  leafHash,
+  openCheckpoint,
+  type Receipt,
+  ReceiptError,
+  type TrustOptions,
+  VerifierKey,
+  verifyReceipt,
+} from "./receipts.js";

@@ -39,6 +39,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/attempts/{attempt_id}/receipt": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * The attempt's receipt: proof that its sealed state is in the signed log
+         * @description Once the sealer has put the attempt's current state into a signed checkpoint: the checkpoint note (C2SP tlog-checkpoint, signed with the log's Ed25519 key, with any witness cosignatures), the leaf (attempt id, chain length, newest event hash) and its RFC 9162 inclusion proof. Check it without the server: `LedgerClient.verify_receipt(receipt, verifier_key)` (Python) or `verifyReceipt` (TypeScript), with the key `manage.py ledger_log key` prints.
+         */
+        get: operations["getReceipt"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/attempts/{attempt_id}/dispatch": {
         parameters: {
             query?: never;
@@ -315,6 +335,33 @@ export interface components {
         };
         /** @description The deepest level args may reach (32): scalars and empty containers. */
         JsonValue32: components["schemas"]["JsonLeaf"] | unknown[] | Record<string, unknown>;
+        ReceiptEnvelope: {
+            receipt: components["schemas"]["Receipt"];
+        };
+        Receipt: {
+            /** @constant */
+            format: "ledgerweb-receipt";
+            /** @constant */
+            version: 1;
+            attempt_id: string;
+            leaf: {
+                attempt_id: string;
+                /** @description Events in the attempt's chain when it was sealed. */
+                length: number;
+                /** @description The hash of the attempt's newest sealed event. */
+                head: string;
+            };
+            /** @description The leaf's place in the log. */
+            index: number;
+            /** @description Leaves in the tree the checkpoint covers. */
+            tree_size: number;
+            /** @description The signed checkpoint note (C2SP tlog-checkpoint and signed-note), with witness cosignatures (C2SP tlog-cosignature). */
+            checkpoint: string;
+            /** @description RFC 9162 inclusion proof, base64 hashes from the leaf up. */
+            inclusion_proof: string[];
+            /** @description Names of the witnesses whose cosignature the checkpoint carries. */
+            witnesses: string[];
+        };
     };
     responses: {
         /** @description Missing, unknown or revoked token (`unauthorized`); carries `WWW-Authenticate: Bearer`. */
@@ -501,6 +548,48 @@ export interface operations {
                 };
             };
             405: components["responses"]["MethodNotAllowed"];
+        };
+    };
+    getReceipt: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                attempt_id: components["parameters"]["AttemptId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The receipt. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ReceiptEnvelope"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            /** @description No such attempt, or another tenant's (`not_found`). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            405: components["responses"]["MethodNotAllowed"];
+            /** @description The attempt's current state is not in a signed checkpoint yet (`not_sealed`); `Retry-After` says when to ask again. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
         };
     };
     claimDispatch: {

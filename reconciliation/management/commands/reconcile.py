@@ -16,6 +16,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, close_old_connections
 
 from attempts import chain
+from attempts import log as tlog
 from attempts.locking import LedgerBusy
 from attempts.notify import NotifyStep
 from ledgerweb import logs
@@ -285,4 +286,18 @@ class Command(BaseCommand):
                 event="worker.seal_failed",
                 level=logging.ERROR,
             )
+            close_old_connections()
+        self._publish()
+
+    def _publish(self) -> None:
+        """Sign what the sealer left unsigned and submit the newest signed checkpoint to the
+        witnesses (attempts/log.py), each under its own deadline. Off the write path: a slow or
+        failing witness is reported (/healthz, /metrics) and retried at the next turn."""
+        try:
+            tlog.sign_pending()
+            tlog.publish()
+        except Exception as exc:
+            if not isinstance(exc, DatabaseError | tlog.LogKeyError):
+                log.exception("signing or publishing checkpoints failed")
+            self.stderr.write(f"signing or publishing checkpoints failed, retrying later: {exc}")
             close_old_connections()

@@ -1,0 +1,102 @@
+"""The TypeScript client checks receipts with the log's verifier key alone (Node's built-in
+Ed25519), against a live server: pytest seals and signs (with a witness cosigning), writes the
+fixture the client's receipts suite reads, and runs it."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import subprocess
+
+import pytest
+from django.db import connection
+
+from attempts import chain, log
+from attempts.verify_export import LogCheckpoint, NoteSignature
+from ledgerweb_client import LedgerClient
+from tests.api.conftest import Tokens
+from tests.api.test_typescript_client import CLIENT, npm
+from tests.attempts.test_witness import ORIGIN, _start_witness
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _seal() -> None:
+    while chain.seal() is not None:
+        pass
+
+
+def test_typescript_client_verifies_receipts(live_server, tokens: Tokens, tmp_path, settings):
+    if connection.vendor != "sqlite":
+        pytest.skip("the client's behaviour does not depend on the database: runs once, on SQLite")
+    key_path = tmp_path / "log.key"
+    verifier = log.write_key_file(key_path, ORIGIN)
+    settings.TLOG = {**settings.TLOG, "KEY_FILE": str(key_path), "ORIGIN": ORIGIN}
+    process, port, witness_key = _start_witness(tmp_path, verifier)
+    settings.TLOG = {**settings.TLOG, "WITNESSES": [f"{witness_key} http://127.0.0.1:{port}"]}
+    try:
+        with LedgerClient(live_server.url, tokens.acme) as ledger:
+            ids = []
+            for i in range(3):
+                ids.append(
+                    ledger.record_intent(
+                        tenant="acme", task_id="t", tool_name="update_crm",
+                        idempotency_key=f"ts-r:{i}", args={"i": i},
+                    ).attempt_id
+                )  # fmt: skip
+            _seal()
+            log.publish()
+            first = log.newest_signed()
+            for i in range(3, 6):
+                ledger.record_intent(
+                    tenant="acme", task_id="t", tool_name="update_crm",
+                    idempotency_key=f"ts-r:{i}", args={"i": i},
+                )  # fmt: skip
+            _seal()
+            log.publish()
+            second = log.newest_signed()
+            unsealed = ledger.record_intent(
+                tenant="acme", task_id="t", tool_name="update_crm",
+                idempotency_key="ts-r:late", args={},
+            ).attempt_id  # fmt: skip
+        fixture = {
+            "url": live_server.url,
+            "token": tokens.acme,
+            "verifier": str(verifier),
+            "other_key": str(log.generate_key(ORIGIN)[1]),
+            "witness_key": witness_key,
+            "attempt_id": ids[1],
+            "unsealed_id": unsealed,
+            "first": log.signed_note(first),
+            "second": log.signed_note(second),
+            "proof_first_second": [
+                base64.b64encode(h).decode() for h in log.consistency_proof(first.size, second.size)
+            ],
+        }
+        # A fork, as an operator holding the key would sign it: another root for a larger tree,
+        # offered with the honest proof; the client that kept the first checkpoint refuses it.
+        body = LogCheckpoint(ORIGIN, second.size + 1, hashlib.sha256(b"forged").digest()).text()
+        signature = log.read_key_file(key_path).sign(body)
+        line = NoteSignature(verifier.name, verifier.id, signature).line()
+        fixture["forked"] = body + "\n" + line
+        fixture["proof_first_forked"] = fixture["proof_first_second"]
+        path = tmp_path / "fixture.json"
+        path.write_text(json.dumps(fixture))
+        done = subprocess.run(
+            [npm(), "run", "build", "--silent"], cwd=CLIENT, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        done = subprocess.run(
+            ["node", "--test", "dist/test/receipts.test.js"],
+            cwd=CLIENT,
+            env={"PATH": "/usr/bin:/bin", "LEDGERWEB_RECEIPT_FILE": str(path), "NO_COLOR": "1"},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+        assert "# pass 3" in done.stdout and "# fail 0" in done.stdout, done.stdout[-2000:]
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
