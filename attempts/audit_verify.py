@@ -673,6 +673,17 @@ def log_checks(verifier: _Verifier, *, log_keys=(), witness_keys=()) -> None:
     for row in checkpoints:
         by_size.setdefault(row[2], []).append(row)
     builder = LogBuilder()
+
+    def at_size() -> None:
+        for row in by_size.pop(builder.size, ()):
+            if builder.root().hex() != row[3]:
+                verifier.bad(
+                    "log",
+                    f"checkpoint {row[1]}: its root is not the log's root at size {row[2]}: "
+                    "logged heads were edited, removed or inserted",
+                )
+
+    at_size()  # checkpoints that sealed only configuration changes before any leaf
     expected_index = 0
     for index, attempt_id, length, head, stored in verifier.stream(LOG_ENTRY_SQL):
         if index != expected_index:
@@ -687,13 +698,7 @@ def log_checks(verifier: _Verifier, *, log_keys=(), witness_keys=()) -> None:
             )
         builder.append(value)
         expected_index += 1
-        for row in by_size.pop(builder.size, ()):
-            if builder.root().hex() != row[3]:
-                verifier.bad(
-                    "log",
-                    f"checkpoint {row[1]}: its root is not the log's root at size {row[2]}: "
-                    "logged heads were edited, removed or inserted",
-                )
+        at_size()
     for rows in by_size.values():
         for row in rows:
             verifier.bad(

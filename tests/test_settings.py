@@ -160,10 +160,10 @@ def test_log_records_skip_only_fields_no_format_prints_in_server_processes():
 
 def test_the_deploy_check_warns_without_a_log_signing_key(tmp_path):
     result = run_manage(tmp_path, "check", "--deploy")
-    assert "attempts.W010" in result.stdout + result.stderr
+    assert "attempts.W012" in result.stdout + result.stderr
     key = tmp_path / "loose.key"
     assert run_manage(tmp_path, "ledger_log", "genkey", "--out", str(key)).returncode == 0
     key.chmod(0o644)
     result = run_manage(tmp_path, "check", "--deploy", LEDGERWEB_TLOG_KEY_FILE=str(key))
     assert result.returncode != 0
-    assert "attempts.E010" in result.stderr and "chmod 600" in result.stderr
+    assert "attempts.E012" in result.stderr and "chmod 600" in result.stderr

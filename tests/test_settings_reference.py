@@ -159,7 +159,17 @@ def test_the_deploy_check_refuses_short_or_uniform_secrets(tmp_path, name, value
 
 
 def test_random_secrets_pass_the_deploy_check(tmp_path):
-    result = check_deploy(tmp_path, **production())
+    key = tmp_path / "log.key"
+    made = subprocess.run(
+        [PYTHON, "manage.py", "ledger_log", "genkey", "--out", str(key)],
+        cwd=REPO,
+        env=child_env(LEDGERWEB_DATA_DIR=str(tmp_path)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert made.returncode == 0, made.stderr
+    result = check_deploy(tmp_path, **production(LEDGERWEB_TLOG_KEY_FILE=str(key)))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "no issues" in result.stdout
 

@@ -4,11 +4,9 @@ from django.db import migrations
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('attempts', '0010_i22log_transparency_log'),
-        ('attempts', '0011_i25ops_traceparent'),
+        ("attempts", "0010_i22log_transparency_log"),
+        ("attempts", "0011_i25ops_traceparent"),
     ]
 
-    operations = [
-    ]
+    operations = []
