@@ -57,24 +57,34 @@ LEGACY_SQL = f"""
 SELECT id, prev_hash, hash FROM {EVENTS} WHERE chain_format = {LEGACY_FORMAT} ORDER BY id
 """  # noqa: S608 -- constant table names only
 
-# The attempts with ids in (lo, hi], with their events in order and their newest checkpoint
-# leaf; ``{since}`` narrows them to those that changed after a checkpoint (``--since``).
+# The attempts with ids in (lo, hi] with their newest checkpoint leaf, and (a second stream,
+# merged by attempt id) their events in order: read apart, the attempt's columns (its args, a
+# JSON value) are read once, not once per event. ``{since}`` narrows both to the attempts that
+# changed after a checkpoint (``--since``).
 ATTEMPT_SQL = f"""
 SELECT a.id, a.attempt_id, a.state, a.tenant_id, a.task_id, a.tool_name, a.idempotency_key,
        a.args, a.args_hash, a.policy_version, a.credential_scope, p.attempt_id,
        a.provider_request_id, a.result_ref, a.chain_head, a.chain_length, a.sealed,
-       l.length, l.head, l.checkpoint_id,
-       e.id, e.action, e.actor_kind, e.actor, e.from_state, e.to_state, e.reason, e.details,
-       e.created_at, e.prev_hash, e.hash, e.chain_format
+       l.length, l.head, l.checkpoint_id
 FROM {ATTEMPTS} a
 LEFT JOIN {ATTEMPTS} p ON p.id = a.parent_id
 LEFT JOIN {LEAVES} l ON l.attempt_id = a.attempt_id
      AND l.checkpoint_id = (SELECT MAX(l2.checkpoint_id) FROM {LEAVES} l2
                             WHERE l2.attempt_id = a.attempt_id)
-LEFT JOIN {EVENTS} e ON e.attempt_id = a.id
 WHERE a.id > {{lo}} AND a.id <= {{hi}}{{since}}
-ORDER BY a.id, e.id
+ORDER BY a.id
 """  # noqa: S608 -- constant table names and integers only
+EVENT_SQL = f"""
+SELECT e.attempt_id, e.id, e.action, e.actor_kind, e.actor, e.from_state, e.to_state, e.reason,
+       e.details, e.created_at, e.prev_hash, e.hash, e.chain_format
+FROM {EVENTS} e
+WHERE e.attempt_id > {{lo}} AND e.attempt_id <= {{hi}}{{since}}
+ORDER BY e.attempt_id, e.id
+"""  # noqa: S608 -- constant table names and integers only
+EVENT_SINCE_SQL = f"""
+ AND e.attempt_id IN (SELECT a.id FROM {ATTEMPTS} a
+                      WHERE a.id > {{lo}} AND a.id <= {{hi}}{{since}})"""  # noqa: S608
+NO_EVENT = (None,) * 12
 SINCE_SQL = f"""
  AND (NOT a.sealed OR EXISTS (SELECT 1 FROM {LEAVES} l3 JOIN {CHECKPOINTS} c3
                               ON c3.id = l3.checkpoint_id
@@ -192,15 +202,21 @@ class _Verifier:
         stays flat (one attempt's events at a time)."""
         since = SINCE_SQL.format(seq=int(self.since[0])) if self.since else ""
         for start in range(lo, hi, BATCH):
-            sql = ATTEMPT_SQL.format(lo=int(start), hi=int(min(start + BATCH, hi)), since=since)
-            group: list[tuple] = []
-            for values in self.stream(sql):
-                if group and values[0] != group[0][0]:
-                    self.attempt(group)
-                    group = []
-                group.append(values)
-            if group:
-                self.attempt(group)
+            bounds = {"lo": int(start), "hi": int(min(start + BATCH, hi))}
+            events_since = EVENT_SINCE_SQL.format(**bounds, since=since) if since else ""
+            events = self.stream(EVENT_SQL.format(**bounds, since=events_since))
+            pending = next(events, None)
+            for row in self.stream(ATTEMPT_SQL.format(**bounds, since=since)):
+                pk = row[0]
+                # Events of attempts that are gone are orphans, reported on their own.
+                while pending is not None and pending[0] < pk:
+                    pending = next(events, None)
+                group = []
+                while pending is not None and pending[0] == pk:
+                    group.append(row + pending[1:])
+                    pending = next(events, None)
+                self.attempt(group or [row + NO_EVENT])
+            events.close()
 
     def orphans_and_missing(self) -> None:
         for (event_id,) in self.stream(ORPHAN_SQL):
