@@ -74,6 +74,17 @@ LEFT JOIN {LEAVES} l ON l.attempt_id = a.attempt_id
 WHERE a.id > {{lo}} AND a.id <= {{hi}}{{since}}
 ORDER BY a.id
 """  # noqa: S608 -- constant table names and integers only
+# PostgreSQL reads the newest leaf per attempt through the index (LATERAL); SQLite has no LATERAL,
+# and plans the portable form above well.
+ATTEMPT_SQL_POSTGRESQL = ATTEMPT_SQL.replace(
+    f"""LEFT JOIN {LEAVES} l ON l.attempt_id = a.attempt_id
+     AND l.checkpoint_id = (SELECT MAX(l2.checkpoint_id) FROM {LEAVES} l2
+                            WHERE l2.attempt_id = a.attempt_id)""",  # noqa: S608
+    f"""LEFT JOIN LATERAL (SELECT l2.length, l2.head, l2.checkpoint_id FROM {LEAVES} l2
+     WHERE l2.attempt_id = a.attempt_id ORDER BY l2.checkpoint_id DESC LIMIT 1) l ON TRUE""",  # noqa: S608
+)
+if "LATERAL" not in ATTEMPT_SQL_POSTGRESQL:  # the portable query changed: keep the two in step
+    raise AssertionError("ATTEMPT_SQL_POSTGRESQL no longer replaces the leaf join")
 EVENT_SQL = f"""
 SELECT e.attempt_id, e.id, e.action, e.actor_kind, e.actor, e.from_state, e.to_state, e.reason,
        e.details, e.created_at, e.prev_hash, e.hash, e.chain_format
@@ -162,9 +173,12 @@ class _Verifier:
         max_unsealed_seconds: float | None,
         now: dt.datetime | None,
         since: tuple[int, str] | None = None,
+        vendor: str = "sqlite",
     ) -> None:
         self.cursor_factory = cursor_factory
         self.since = since
+        self.attempt_sql = ATTEMPT_SQL_POSTGRESQL if vendor == "postgresql" else ATTEMPT_SQL
+        self.vendor = vendor
         self.anchors = frozenset(anchors)
         self.found: set[str] = set()
         self.checker = ChainChecker(start_prev=GENESIS, max_problems=max_problems)
@@ -206,7 +220,7 @@ class _Verifier:
             events_since = EVENT_SINCE_SQL.format(**bounds, since=since) if since else ""
             events = self.stream(EVENT_SQL.format(**bounds, since=events_since))
             pending = next(events, None)
-            for row in self.stream(ATTEMPT_SQL.format(**bounds, since=since)):
+            for row in self.stream(self.attempt_sql.format(**bounds, since=since)):
                 pk = row[0]
                 # Events of attempts that are gone are orphans, reported on their own.
                 while pending is not None and pending[0] < pk:
@@ -581,11 +595,13 @@ def verify_database(
     connect: Callable[[], Callable[[], Any]] | None = None,
     before_fork: Callable[[], None] | None = None,
     since: tuple[int, str] | None = None,
+    vendor: str = "sqlite",
 ) -> Report:
     """Verify the history and every attempt row. ``cursor_factory`` returns a fresh DB-API
     cursor (``django.db.connection.chunked_cursor`` streams on PostgreSQL).
     ``before_fork`` closes this process's connection before workers start: a connection must
-    never be shared with a forked process.
+    never be shared with a forked process. ``vendor`` ("sqlite", "postgresql") picks the form
+    of the queries that reads best there (any form works on both).
 
     With ``jobs`` > 1 and ``connect`` (called in each worker process, returns that process's
     cursor factory), the attempts' chains, which are independent, are verified by that many
@@ -600,6 +616,7 @@ def verify_database(
         max_unsealed_seconds=max_unsealed_seconds,
         now=now,
         since=since,
+        vendor=vendor,
     )
     report = Report(what=what, problems=verifier.checker.problems)
     verifier.legacy()
@@ -635,6 +652,7 @@ def _range_worker(task: tuple[int, int]) -> tuple:
         max_unsealed_seconds=None,
         now=_WORKER["now"],
         since=_WORKER["since"],
+        vendor=_WORKER["vendor"],
     )
     verifier.attempts_and_events(*task)
     checker = verifier.checker
@@ -662,6 +680,7 @@ def _parallel(
         max_problems=verifier.checker.max_problems,
         now=verifier.now,
         since=verifier.since,
+        vendor=verifier.vendor,
     )
     _WORKER.pop("factory", None)
     # fork: the workers start at once with the code loaded; each opens its own connection.
@@ -751,6 +770,7 @@ def verify_django_database(
         # Each worker opens its own connection; one open here would be shared after the fork.
         before_fork=connection.close,
         since=since,
+        vendor=connection.vendor,
     )
     report.notes.extend(notes)
     check_config_drift(report, max_problems=max_problems)
