@@ -58,24 +58,45 @@ LEGACY_SQL = f"""
 SELECT id, prev_hash, hash FROM {EVENTS} WHERE chain_format = {LEGACY_FORMAT} ORDER BY id
 """  # noqa: S608 -- constant table names only
 
-# The attempts with ids in (lo, hi], with their events in order and their newest checkpoint
-# leaf; ``{since}`` narrows them to those that changed after a checkpoint (``--since``).
+# The attempts with ids in (lo, hi] with their newest checkpoint leaf, and (a second stream,
+# merged by attempt id) their events in order: read apart, the attempt's columns (its args, a
+# JSON value) are read once, not once per event. ``{since}`` narrows both to the attempts that
+# changed after a checkpoint (``--since``).
 ATTEMPT_SQL = f"""
 SELECT a.id, a.attempt_id, a.state, a.tenant_id, a.task_id, a.tool_name, a.idempotency_key,
        a.args, a.args_hash, a.policy_version, a.credential_scope, p.attempt_id,
        a.provider_request_id, a.result_ref, a.chain_head, a.chain_length, a.sealed,
-       l.length, l.head, l.checkpoint_id,
-       e.id, e.action, e.actor_kind, e.actor, e.from_state, e.to_state, e.reason, e.details,
-       e.created_at, e.prev_hash, e.hash, e.chain_format
+       l.length, l.head, l.checkpoint_id
 FROM {ATTEMPTS} a
 LEFT JOIN {ATTEMPTS} p ON p.id = a.parent_id
 LEFT JOIN {LEAVES} l ON l.attempt_id = a.attempt_id
      AND l.checkpoint_id = (SELECT MAX(l2.checkpoint_id) FROM {LEAVES} l2
                             WHERE l2.attempt_id = a.attempt_id)
-LEFT JOIN {EVENTS} e ON e.attempt_id = a.id
 WHERE a.id > {{lo}} AND a.id <= {{hi}}{{since}}
-ORDER BY a.id, e.id
+ORDER BY a.id
 """  # noqa: S608 -- constant table names and integers only
+# PostgreSQL reads the newest leaf per attempt through the index (LATERAL); SQLite has no LATERAL,
+# and plans the portable form above well.
+ATTEMPT_SQL_POSTGRESQL = ATTEMPT_SQL.replace(
+    f"""LEFT JOIN {LEAVES} l ON l.attempt_id = a.attempt_id
+     AND l.checkpoint_id = (SELECT MAX(l2.checkpoint_id) FROM {LEAVES} l2
+                            WHERE l2.attempt_id = a.attempt_id)""",  # noqa: S608
+    f"""LEFT JOIN LATERAL (SELECT l2.length, l2.head, l2.checkpoint_id FROM {LEAVES} l2
+     WHERE l2.attempt_id = a.attempt_id ORDER BY l2.checkpoint_id DESC LIMIT 1) l ON TRUE""",  # noqa: S608
+)
+if "LATERAL" not in ATTEMPT_SQL_POSTGRESQL:  # the portable query changed: keep the two in step
+    raise AssertionError("ATTEMPT_SQL_POSTGRESQL no longer replaces the leaf join")
+EVENT_SQL = f"""
+SELECT e.attempt_id, e.id, e.action, e.actor_kind, e.actor, e.from_state, e.to_state, e.reason,
+       e.details, e.created_at, e.prev_hash, e.hash, e.chain_format
+FROM {EVENTS} e
+WHERE e.attempt_id > {{lo}} AND e.attempt_id <= {{hi}}{{since}}
+ORDER BY e.attempt_id, e.id
+"""  # noqa: S608 -- constant table names and integers only
+EVENT_SINCE_SQL = f"""
+ AND e.attempt_id IN (SELECT a.id FROM {ATTEMPTS} a
+                      WHERE a.id > {{lo}} AND a.id <= {{hi}}{{since}})"""  # noqa: S608
+NO_EVENT = (None,) * 12
 SINCE_SQL = f"""
  AND (NOT a.sealed OR EXISTS (SELECT 1 FROM {LEAVES} l3 JOIN {CHECKPOINTS} c3
                               ON c3.id = l3.checkpoint_id
@@ -159,9 +180,12 @@ class _Verifier:
         max_unsealed_seconds: float | None,
         now: dt.datetime | None,
         since: tuple[int, str] | None = None,
+        vendor: str = "sqlite",
     ) -> None:
         self.cursor_factory = cursor_factory
         self.since = since
+        self.attempt_sql = ATTEMPT_SQL_POSTGRESQL if vendor == "postgresql" else ATTEMPT_SQL
+        self.vendor = vendor
         self.anchors = frozenset(anchors)
         self.found: set[str] = set()
         self.checker = ChainChecker(start_prev=GENESIS, max_problems=max_problems)
@@ -208,15 +232,21 @@ class _Verifier:
         stays flat (one attempt's events at a time)."""
         since = SINCE_SQL.format(seq=int(self.since[0])) if self.since else ""
         for start in range(lo, hi, BATCH):
-            sql = ATTEMPT_SQL.format(lo=int(start), hi=int(min(start + BATCH, hi)), since=since)
-            group: list[tuple] = []
-            for values in self.stream(sql):
-                if group and values[0] != group[0][0]:
-                    self.attempt(group)
-                    group = []
-                group.append(values)
-            if group:
-                self.attempt(group)
+            bounds = {"lo": int(start), "hi": int(min(start + BATCH, hi))}
+            events_since = EVENT_SINCE_SQL.format(**bounds, since=since) if since else ""
+            events = self.stream(EVENT_SQL.format(**bounds, since=events_since))
+            pending = next(events, None)
+            for row in self.stream(self.attempt_sql.format(**bounds, since=since)):
+                pk = row[0]
+                # Events of attempts that are gone are orphans, reported on their own.
+                while pending is not None and pending[0] < pk:
+                    pending = next(events, None)
+                group = []
+                while pending is not None and pending[0] == pk:
+                    group.append(row + pending[1:])
+                    pending = next(events, None)
+                self.attempt(group or [row + NO_EVENT])
+            events.close()
 
     def orphans_and_missing(self) -> None:
         for (event_id,) in self.stream(ORPHAN_SQL):
@@ -590,11 +620,13 @@ def verify_database(
     since: tuple[int, str] | None = None,
     log_keys: Iterable[Any] = (),
     witness_keys: Iterable[Any] = (),
+    vendor: str = "sqlite",
 ) -> Report:
     """Verify the history and every attempt row. ``cursor_factory`` returns a fresh DB-API
     cursor (``django.db.connection.chunked_cursor`` streams on PostgreSQL).
     ``before_fork`` closes this process's connection before workers start: a connection must
-    never be shared with a forked process.
+    never be shared with a forked process. ``vendor`` ("sqlite", "postgresql") picks the form
+    of the queries that reads best there (any form works on both).
 
     With ``jobs`` > 1 and ``connect`` (called in each worker process, returns that process's
     cursor factory), the attempts' chains, which are independent, are verified by that many
@@ -609,6 +641,7 @@ def verify_database(
         max_unsealed_seconds=max_unsealed_seconds,
         now=now,
         since=since,
+        vendor=vendor,
     )
     report = Report(what=what, problems=verifier.checker.problems)
     verifier.legacy()
@@ -756,6 +789,7 @@ def _range_worker(task: tuple[int, int]) -> tuple:
         max_unsealed_seconds=None,
         now=_WORKER["now"],
         since=_WORKER["since"],
+        vendor=_WORKER["vendor"],
     )
     verifier.attempts_and_events(*task)
     checker = verifier.checker
@@ -783,6 +817,7 @@ def _parallel(
         max_problems=verifier.checker.max_problems,
         now=verifier.now,
         since=verifier.since,
+        vendor=verifier.vendor,
     )
     _WORKER.pop("factory", None)
     # fork: the workers start at once with the code loaded; each opens its own connection.
@@ -877,6 +912,7 @@ def verify_django_database(
         # Each worker opens its own connection; one open here would be shared after the fork.
         before_fork=connection.close,
         since=since,
+        vendor=connection.vendor,
     )
     report.notes.extend(notes)
     check_config_drift(report, max_problems=max_problems)

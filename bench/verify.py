@@ -65,10 +65,8 @@ def _pg_url(args: argparse.Namespace) -> str:
     return database_url(args.database_url, f"{args.database_prefix}_{_name(args)}")
 
 
-def _django(env: dict[str, str]) -> None:
-    os.environ.update(env)
-    if "DATABASE_URL" not in env:
-        os.environ.pop("DATABASE_URL", None)
+def _django() -> None:
+    """Django on the database the parent chose (its environment, ``_env``)."""
     import django
 
     django.setup()
@@ -364,16 +362,16 @@ def main() -> None:
     parser.add_argument("--sha", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.load:
-        _django(_env(args))
+        _django()
         load(args.events)
         return
     if args.rate:
-        _django(_env(args))
+        _django()
         load(0)  # the tenants, tool and grants only
         write_rate(args.rate_seconds)
         return
     if args.sha:
-        _django(_env(args))
+        _django()
         sha_loop(args.events)
         return
     if args.events < 4:
