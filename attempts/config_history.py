@@ -17,7 +17,7 @@ from django.db import models
 
 from attempts.chain import record_config_change
 from attempts.locking import write_transaction
-from attempts.models import Grant, OwnershipRule, Tool
+from attempts.models import ApprovalPolicy, Grant, OwnershipRule, Tool
 from attempts.states import Actor
 
 # The fields of each model whose change is recorded, by model.
@@ -34,6 +34,18 @@ TRACKED: dict[type[models.Model], tuple[str, ...]] = {
     ),
     Grant: ("tenant_id", "tool_id", "policy_version", "allowed_scopes", "active"),
     OwnershipRule: ("tenant_pattern", "tool_pattern", "owner_id", "priority"),
+    ApprovalPolicy: (
+        "tool_id",
+        "tenants",
+        "condition",
+        "approvals_needed",
+        "approver_role",
+        "approver_group",
+        "approval_ttl_seconds",
+        "max_wait_seconds",
+        "active",
+        "version",
+    ),
 }
 
 
@@ -45,6 +57,8 @@ def subject_of(instance: models.Model) -> str:
         return f"grant:{instance.tenant_id}/{instance.tool_id}"
     if isinstance(instance, OwnershipRule):
         return f"ownership_rule:{instance.pk}"
+    if isinstance(instance, ApprovalPolicy):
+        return f"approval_policy:{instance.pk}"
     raise TypeError(f"{type(instance).__name__} is not tracked configuration")
 
 

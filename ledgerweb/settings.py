@@ -325,6 +325,13 @@ LEDGER = {
     "MCP_GATEWAY_CONFIG": env_str("LEDGERWEB_MCP_GATEWAY_CONFIG", ""),
 }
 
+# Approval before dispatch (issue 24, docs/approvals.md). After a held attempt is approved the
+# agent has APPROVAL_GRACE seconds to claim it before the reconcile worker sends it itself;
+# GET /api/v1/attempts/{id}?wait=N long-polls at most APPROVAL_WAIT_MAX seconds (below
+# gunicorn's 30 s worker timeout: a waiting request holds one worker thread, no transaction).
+LEDGER["APPROVAL_GRACE"] = env_int("LEDGERWEB_APPROVAL_GRACE", 30, minimum=0)
+LEDGER["APPROVAL_WAIT_MAX"] = env_int("LEDGERWEB_APPROVAL_WAIT_MAX", 20, minimum=0, maximum=25)
+
 # Notifications (attempts/notify.py): email through Django's SMTP backend, and a
 # Slack-compatible chat webhook. Both off until configured; the reconcile worker delivers them.
 _EMAIL_HOST = env_str("LEDGERWEB_EMAIL_HOST", "")
