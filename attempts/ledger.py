@@ -277,7 +277,11 @@ def record_intent(
             raise NotGranted(str(exc), code=exc.code) from None
         raise
 
-    held = _held_fields(tenant, tool_name, normalized.value)
+    held = (
+        _held_fields(tenant, tool_name, normalized.value)
+        if terms.approval_policies
+        else {"state": State.INTENT_RECORDED}
+    )
     try:
         attempt = states.create(
             actor=actor,

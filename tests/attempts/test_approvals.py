@@ -27,6 +27,7 @@ from attempts.states import Actor
 from tests.conftest import PASSWORD
 
 S = State
+LOAD = 'SELECT "attempts_approvalpolicy".'
 
 
 def policy(**extra):
@@ -277,3 +278,17 @@ def test_an_unheld_claim_reads_no_approvals(world):
         ledger.claim_dispatch(attempt, actor=world.agent)
     assert attempt.state == S.DISPATCHED
     assert not [q for q in queries.captured_queries if "approval" in q["sql"].lower()]
+
+
+def test_an_intent_no_policy_could_hold_reads_no_policies(world):
+    """The write path's grant read says whether the tool has an active policy at all; only
+    then are policies loaded and their conditions evaluated."""
+    policy()
+    with CaptureQueriesContext(connection) as queries:
+        assert charge(world, key="crm", tool="update_crm").state == S.INTENT_RECORDED
+    loads = [q for q in queries.captured_queries if q["sql"].startswith(LOAD)]
+    assert loads == []
+    with CaptureQueriesContext(connection) as queries:
+        assert charge(world).state == S.AWAITING_APPROVAL
+    loads = [q for q in queries.captured_queries if q["sql"].startswith(LOAD)]
+    assert len(loads) == 1
