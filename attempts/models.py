@@ -435,6 +435,15 @@ class ApprovalPolicy(models.Model):
     def max_wait_seconds(self) -> int:
         return int(self.max_wait.total_seconds())
 
+    def sla_level(self, age: dt.timedelta) -> str:
+        """'' in time, 'warn' past half the maximum wait, 'breach' past four fifths of it: the
+        colours the inbox shows, as other screens show their SLAs."""
+        if age >= self.max_wait * 0.8:
+            return "breach"
+        if age >= self.max_wait * 0.5:
+            return "warn"
+        return ""
+
     def condition_program(self) -> ApprovalCondition:
         key = (self.name, self.version, self.condition)
         program = _CONDITIONS.get(key)
@@ -518,6 +527,45 @@ class AttemptQuerySet(models.QuerySet):
             .filter(Q(awaiting_approval=True) | Exists(approvals))
             .exclude(Exists(approvals.filter(actor=user.get_username())))
         )
+
+    def held_for(self, user: Any, which: str = "me", now: Any = None) -> AttemptQuerySet:
+        """Attempts an approval policy holds in AWAITING_APPROVAL, oldest first, within the
+        user's tenants: ``me``, those this person may approve now (the policy's role and group,
+        not recorded by them, not approved by them already under the current version); ``group``,
+        those whose policy names an identity-provider group the person is in; ``all``."""
+        from django.utils import timezone
+
+        held = (
+            self.visible_to(user)
+            .filter(state=State.AWAITING_APPROVAL, approval_policy__isnull=False)
+            .order_by("created_at", "id")
+        )
+        if which == "all":
+            return held
+        if which == "group":
+            groups = (
+                SsoIdentity.objects.filter(user_id=user.pk)
+                .values_list("last_login_groups", flat=True)
+                .first()
+            )
+            if not groups:
+                return held.none()
+            return held.filter(approval_policy__approver_group__in=list(groups))
+        mine = Q(pk__in=[])
+        for policy in ApprovalPolicy.objects.all():
+            for tenant in tenants_where(user, policy.approver_role):
+                if policy.may_approve(user, tenant)[0]:
+                    mine |= Q(approval_policy=policy, tenant_id=tenant)
+        approved = Approval.objects.filter(
+            attempt=OuterRef("pk"),
+            approver_id=user.pk,
+            expires_at__gt=now or timezone.now(),
+            policy_version=OuterRef("approval_policy__version"),
+        )
+        recorded = AttemptEvent.objects.filter(
+            attempt=OuterRef("pk"), action="attempt.created", actor=user.get_username()
+        )
+        return held.filter(mine).exclude(Exists(approved)).exclude(Exists(recorded))
 
     def prefix_search(self, term: str, field: str) -> AttemptQuerySet:
         """Attempts whose ``field`` (one of PREFIX_FIELDS) starts with ``term``: one range

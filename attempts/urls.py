@@ -3,7 +3,7 @@ from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_not_required
 from django.urls import path
 
-from attempts.views import actions, auth, detail, exports, overview, preferences, queues
+from attempts.views import actions, approvals, auth, detail, exports, overview, preferences, queues
 
 urlpatterns = [
     path("", overview.overview, name="overview"),
@@ -21,6 +21,9 @@ urlpatterns = [
         auth_views.PasswordResetCompleteView.as_view(),
         name="password_reset_complete",
     ),
+    path("approvals/", approvals.inbox, name="approvals"),
+    path("approvals/<str:attempt_id>/approve/", approvals.approve, name="approval-approve"),
+    path("approvals/<str:attempt_id>/reject/", approvals.reject, name="approval-reject"),
     path("queues/bulk/", queues.bulk_action, name="queue-bulk"),
     path("queues/<slug:slug>/", queues.queue_view, name="queue"),
     path("attempts/<str:attempt_id>/", detail.attempt_detail, name="attempt-detail"),
