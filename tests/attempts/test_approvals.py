@@ -292,3 +292,28 @@ def test_an_intent_no_policy_could_hold_reads_no_policies(world):
         assert charge(world).state == S.AWAITING_APPROVAL
     loads = [q for q in queries.captured_queries if q["sql"].startswith(LOAD)]
     assert len(loads) == 1
+
+
+def test_notices_tell_the_people_the_policy_lets_approve(world, settings):
+    from attempts import notify
+    from attempts.models import NoticeKind, Notification
+
+    settings.NOTIFY = {**settings.NOTIFY, "EMAIL": True, "CHAT_WEBHOOK_URL": ""}
+    notify.enqueue_from_events()  # start the cursor
+    policy()
+    attempt = charge(world)
+    notify.enqueue_from_events()
+    told = set(
+        Notification.objects.filter(kind=NoticeKind.APPROVAL).values_list(
+            "recipient__username", flat=True
+        )
+    )
+    assert told == {"reviewer", "reviewer2", "admin"}
+    notice = Notification.objects.filter(recipient=world.reviewer).get()
+    assert "Approval needed before sending" in notice.subject
+    assert f"/attempts/{attempt.attempt_id}/" in notice.body
+    Notification.objects.all().delete()
+    review.approve_held(attempt, user=world.reviewer)
+    notify.enqueue_from_events()
+    told = set(Notification.objects.values_list("recipient__username", flat=True))
+    assert told == {"reviewer2", "admin"}
