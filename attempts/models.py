@@ -393,9 +393,14 @@ class ApprovalPolicy(models.Model):
         return f"{self.name} ({self.tool_id} v{self.version})"
 
     def save(self, *args: Any, **kwargs: Any) -> None:
+        database = kwargs.get("using") or self._state.db or "default"
         stored = (
-            type(self).objects.filter(pk=self.pk).values(*self.RULE_FIELDS, "version").first()
-            if self.pk
+            type(self)
+            .objects.using(database)
+            .filter(pk=self.pk)
+            .values(*self.RULE_FIELDS, "version")
+            .first()
+            if self.pk and not self._state.adding
             else None
         )
         if stored is not None and any(stored[n] != getattr(self, n) for n in self.RULE_FIELDS):
@@ -819,13 +824,19 @@ class ApprovalVerdict:
     needed: int
     valid: tuple[str, ...]
     void: tuple[str, ...]
+    policy_version: int = 0
 
     @property
     def enough(self) -> bool:
         return len(self.valid) >= self.needed
 
     def as_dict(self) -> dict[str, Any]:
-        return {"needed": self.needed, "valid": list(self.valid), "void": list(self.void)}
+        return {
+            "needed": self.needed,
+            "valid": list(self.valid),
+            "void": list(self.void),
+            "policy_version": self.policy_version,
+        }
 
 
 class Approval(models.Model):
@@ -873,7 +884,9 @@ class Approval(models.Model):
             elif not counts and name not in void:
                 void.append(name)
         void = [name for name in void if name not in valid]
-        return ApprovalVerdict(policy.approvals_for(attempt), tuple(valid), tuple(void))
+        return ApprovalVerdict(
+            policy.approvals_for(attempt), tuple(valid), tuple(void), policy.version
+        )
 
 
 class ConfigEventQuerySet(models.QuerySet):

@@ -213,9 +213,10 @@ def move(
     changing_state = to_state is not None and to_state != from_state
     if changing_state and to_state not in LEGAL_MOVES[from_state]:
         raise IllegalMove(attempt, to_state)
+    verdict = None
     if changing_state and attempt.approval_policy_id is not None:
         if (from_state, to_state) in APPROVED_MOVES:
-            check_approvals(attempt, now)
+            verdict = check_approvals(attempt, now)
     elif changing_state and to_state == S.AWAITING_APPROVAL:
         raise TransitionError("only an attempt an approval policy holds waits for approval")
     fields = dict(fields or {})
@@ -226,6 +227,12 @@ def move(
         if next_check_at is ...:
             next_check_at = default_next_check(to_state, now)
     event_details = dict(details or {})
+    if verdict is not None:
+        # The approvals this move relied on, in its own event.
+        event_details["approvals"] = {
+            "policy_version": verdict.policy_version,
+            "approvers": list(verdict.valid),
+        }
     for name in ("owner_id", "provider_request_id", "result_ref", "review_reason"):
         if name in fields:
             event_details.setdefault(name, fields[name])
