@@ -34,6 +34,9 @@ log = logging.getLogger("ledgerweb.api")
 API_PREFIX = "/api/"
 LIST_LIMIT_DEFAULT = 50
 LIST_LIMIT_MAX = 200
+# The longest ``?wait=N`` a request may ask for; the wait itself is at most
+# LEDGERWEB_APPROVAL_WAIT_MAX (below gunicorn's 30 s worker timeout).
+WAIT_LIMIT = 25
 ATTEMPT_CURSOR = re.compile(r"[A-Za-z0-9_-]{0,32}")
 
 INTENT_FIELDS = {
@@ -389,12 +392,12 @@ def _wait_seconds(request: HttpRequest) -> float:
     if unknown:
         raise ApiError(422, "invalid_field", f"unknown query parameter(s): {', '.join(unknown)}")
     raw = request.GET.get("wait", "0")
-    limit = settings.LEDGER["APPROVAL_WAIT_MAX"]
-    if not re.fullmatch(r"[0-9]{1,3}", raw) or int(raw) > limit:
+    if not re.fullmatch(r"[0-9]{1,3}", raw) or int(raw) > WAIT_LIMIT:
         raise ApiError(
-            422, "invalid_field", f"wait must be a whole number of seconds, 0 to {limit}"
+            422, "invalid_field", f"wait must be a whole number of seconds, 0 to {WAIT_LIMIT}"
         )
-    return float(raw)
+    # Never longer than this deployment allows (LEDGERWEB_APPROVAL_WAIT_MAX, at most 25).
+    return float(min(int(raw), settings.LEDGER["APPROVAL_WAIT_MAX"]))
 
 
 def _wait_while_held(attempt: Attempt, wait: float) -> Attempt:

@@ -758,6 +758,9 @@ def linked_fields(original: Attempt, preview: dict[str, Any]) -> dict[str, Any]:
         "policy_version": preview["policy_version"],
         "credential_scope": preview["credential_scope"],
         "parent": original,
+        # A held call's linked attempt stays under its approval policy: its claim needs the
+        # policy's approvals of its own (protocol section 11).
+        "approval_policy_id": original.approval_policy_id,
     }
 
 

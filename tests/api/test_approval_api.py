@@ -80,6 +80,11 @@ def test_wait_returns_after_the_bound_when_nobody_decides(api: Api, held_tickets
     started = time.monotonic()
     answer = api.get(f"attempts/{attempt_id}?wait=1")
     assert 0.9 <= time.monotonic() - started < 3
+    # Asking for longer than this deployment allows waits its maximum only.
+    settings.LEDGER = {**settings.LEDGER, "APPROVAL_WAIT_MAX": 1}
+    started = time.monotonic()
+    assert api.get(f"attempts/{attempt_id}?wait=25").status == 200
+    assert 0.9 <= time.monotonic() - started < 3
     assert answer.body["attempt"]["state"] == "AWAITING_APPROVAL"
     # Only a held attempt waits.
     plain = api.intent("k:plain", args={"title": "t", "priority": 1}).body["attempt"]

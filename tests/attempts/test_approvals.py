@@ -317,3 +317,23 @@ def test_notices_tell_the_people_the_policy_lets_approve(world, settings):
     notify.enqueue_from_events()
     told = set(Notification.objects.values_list("recipient__username", flat=True))
     assert told == {"reviewer2", "admin"}
+
+
+def test_a_linked_attempt_of_a_held_call_needs_the_policys_approvals_again(world):
+    """Authority changed after approval: the worker's linked attempt keeps the policy, so a
+    reviewer's approval of the link alone does not let it be sent."""
+    from attempts.models import Grant
+
+    policy(tool_id="update_crm", approvals_needed=1)
+    attempt = charge(world, key="crm", tool="update_crm")
+    review.approve_held(attempt, user=world.reviewer)
+    Grant.objects.filter(tenant_id="acme", tool_id="update_crm").update(policy_version="v2")
+    child = ledger.create_linked_attempt(attempt, actor=Actor.worker("w1"), reason="changed")
+    assert child.approval_policy_id == "big-charges"
+    review.approve_linked_attempt(child, user=world.reviewer2)
+    assert child.state == S.INTENT_RECORDED
+    child, claimed = ledger.claim_dispatch(child, actor=world.agent)
+    assert not claimed and child.state == S.AWAITING_APPROVAL
+    review.approve_held(child, user=world.reviewer2)
+    _, claimed = ledger.claim_dispatch(child.attempt_id, actor=world.agent)
+    assert claimed

@@ -476,7 +476,7 @@ export interface operations {
     getAttempt: {
         parameters: {
             query?: {
-                /** @description Long-poll: while the attempt is AWAITING_APPROVAL, answer once it leaves that state or after this many seconds, whichever is first (0 to LEDGERWEB_APPROVAL_WAIT_MAX, 20 by default). Nothing is held on the server while waiting but the request. */
+                /** @description Long-poll: while the attempt is AWAITING_APPROVAL, answer once it leaves that state or after this many seconds, whichever is first; the server waits at most LEDGERWEB_APPROVAL_WAIT_MAX seconds (20 by default) whatever is asked. Nothing is held on the server while waiting but the request. */
                 wait?: number;
             };
             header?: never;
