@@ -14,7 +14,7 @@ from attempts import ledger
 from attempts.models import Approval, ApprovalPolicy, Attempt, State
 from attempts.states import Actor
 from tests.conftest import make_world
-from tests.dashboard.test_browser_shift import Tab, _csp_errors
+from tests.dashboard.test_browser_shift import AXE, Tab, _csp_errors
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -115,3 +115,18 @@ def test_an_expired_approval_sends_the_item_back_and_the_maximum_wait_ends_it(li
     assert me.page.locator(item(me, second)).count() == 0
     assert Attempt.objects.get(pk=second.pk).review_reason == "approval_expired"
     assert not _csp_errors(me, other)
+
+
+@pytest.mark.parametrize("dark", [False, True], ids=["light", "dark"])
+def test_axe_finds_nothing_serious_in_the_inbox(live_server, browser, dark):
+    if not AXE.exists():
+        pytest.skip("axe-core is not installed (scripts/setup runs npm ci)")
+    held_world()
+    tab = Tab(browser, live_server.url, dark=dark, axe=True)
+    tab.login("reviewer")
+    found = {}
+    for path in ("/approvals/", "/approvals/?tab=group", "/approvals/?tab=all", "/"):
+        tab.goto(path)
+        if violations := tab.axe():
+            found[path] = violations
+    assert not found, found
