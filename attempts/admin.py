@@ -13,6 +13,8 @@ from django.http import HttpRequest
 
 from attempts.models import (
     AgentToken,
+    Approval,
+    ApprovalPolicy,
     Attempt,
     AttemptEvent,
     Grant,
@@ -259,6 +261,40 @@ class OwnershipRuleAdmin(ConfigHistoryAdmin):
     list_display_links = ("priority",)
     ordering = ("priority", "id")
     autocomplete_fields = ("owner",)
+
+
+@admin.register(ApprovalPolicy)
+class ApprovalPolicyAdmin(ConfigHistoryAdmin):
+    """Approval before dispatch; the model's clean() refuses a bad CEL condition or too few
+    approvals on a critical tool, and every change is in the history with its new version."""
+
+    list_display = (
+        "name",
+        "tool",
+        "condition",
+        "approvals_needed",
+        "approver_role",
+        "approval_ttl",
+        "max_wait",
+        "active",
+        "version",
+    )
+    list_filter = ("active", "tool", "approver_role")
+    search_fields = ("name", "tool__name", "condition")
+    readonly_fields = ("version", "updated_at")
+
+
+@admin.register(Approval)
+class ApprovalAdmin(ReadOnlyAdmin):
+    list_display = ("attempt", "approver", "policy", "policy_version", "created_at", "expires_at")
+    list_filter = ("policy",)
+    search_fields = ("attempt__attempt_id", "approver__username")
+    list_select_related = ("attempt", "approver", "policy")
+
+    def get_queryset(self, request: HttpRequest):
+        return (
+            super().get_queryset(request).filter(attempt__tenant_id__in=tenants_where(request.user))
+        )
 
 
 @admin.register(AgentToken)

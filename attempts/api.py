@@ -14,6 +14,7 @@ import json
 import logging
 import re
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +37,9 @@ log = logging.getLogger("ledgerweb.api")
 API_PREFIX = "/api/"
 LIST_LIMIT_DEFAULT = 50
 LIST_LIMIT_MAX = 200
+# The longest ``?wait=N`` a request may ask for; the wait itself is at most
+# LEDGERWEB_APPROVAL_WAIT_MAX (below gunicorn's 30 s worker timeout).
+WAIT_LIMIT = 25
 ATTEMPT_CURSOR = re.compile(r"[A-Za-z0-9_-]{0,32}")
 
 INTENT_FIELDS = {
@@ -113,6 +117,7 @@ def attempt_json(attempt: Attempt) -> dict[str, Any]:
         "parent_attempt_id": attempt.parent.attempt_id if attempt.parent_id else None,
         "owner": attempt.owner.get_username() if attempt.owner_id else None,
         "review_reason": attempt.review_reason or None,
+        "approval_policy": attempt.approval_policy_id,
         "send_count": attempt.send_count,
         "traceparent": attempt.traceparent or None,
         "trace_id": attempt.trace_id or None,
@@ -331,7 +336,9 @@ def _record_intent(request: HttpRequest, token: AgentIdentity) -> JsonResponse:
         raise
     if created:
         _log("attempt.intent_recorded", attempt, token, key=attempt.idempotency_key)
-    response = _attempt_response(attempt, 201 if created else 200, created=created)
+    # 202: recorded, but held by an approval policy until enough people approve (section 11).
+    status = (202 if attempt.state == State.AWAITING_APPROVAL else 201) if created else 200
+    response = _attempt_response(attempt, status, created=created)
     response["Location"] = f"{API_PREFIX}v1/attempts/{attempt.attempt_id}"
     return response
 
@@ -387,7 +394,39 @@ def _list_attempts(request: HttpRequest, token: AgentIdentity) -> JsonResponse:
 
 @api_view("GET")
 def attempt_detail(request: HttpRequest, token: AgentIdentity, attempt_id: str) -> JsonResponse:
-    return _attempt_response(_scoped_attempt(token, attempt_id))
+    wait = _wait_seconds(request)
+    attempt = _scoped_attempt(token, attempt_id)
+    if wait and attempt.state == State.AWAITING_APPROVAL:
+        attempt = _wait_while_held(attempt, wait)
+    return _attempt_response(attempt)
+
+
+def _wait_seconds(request: HttpRequest) -> float:
+    unknown = sorted(set(request.GET) - {"wait"})
+    if unknown:
+        raise ApiError(422, "invalid_field", f"unknown query parameter(s): {', '.join(unknown)}")
+    raw = request.GET.get("wait", "0")
+    if not re.fullmatch(r"[0-9]{1,3}", raw) or int(raw) > WAIT_LIMIT:
+        raise ApiError(
+            422, "invalid_field", f"wait must be a whole number of seconds, 0 to {WAIT_LIMIT}"
+        )
+    # Never longer than this deployment allows (LEDGERWEB_APPROVAL_WAIT_MAX, at most 25).
+    return float(min(int(raw), settings.LEDGER["APPROVAL_WAIT_MAX"]))
+
+
+def _wait_while_held(attempt: Attempt, wait: float) -> Attempt:
+    """Long-poll: read the attempt's state again in short, growing pauses until it leaves
+    AWAITING_APPROVAL or ``wait`` seconds pass. Outside any transaction (the API runs in
+    autocommit), so nothing is held while waiting but this request's worker thread."""
+    deadline = time.monotonic() + wait
+    pause = 0.1
+    while (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(pause, left))
+        pause = min(pause * 2, 1.0)
+        state = Attempt.objects.filter(pk=attempt.pk).values_list("state", flat=True).first()
+        if state != State.AWAITING_APPROVAL:
+            return Attempt.objects.select_related("parent", "owner").get(pk=attempt.pk)
+    return attempt
 
 
 @api_view("GET")
@@ -416,6 +455,14 @@ def attempt_dispatch(request: HttpRequest, token: AgentIdentity, attempt_id: str
     attempt, claimed = ledger.claim_dispatch(
         attempt_id, actor=_actor(token), tenants=set(token.tenant_slugs)
     )
+    if not claimed and attempt.state == State.AWAITING_APPROVAL:
+        raise ApiError(
+            409,
+            "awaiting_approval",
+            "an approval policy holds this attempt: do not send; wait until it is "
+            "INTENT_RECORDED (GET /api/v1/attempts/{id}?wait=N), then dispatch",
+            extra={"attempt": attempt_json(attempt)},
+        )
     if not claimed:
         raise ApiError(
             409,

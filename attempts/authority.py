@@ -57,13 +57,15 @@ class GrantTerms(NamedTuple):
 
     policy_version: str
     allowed_scopes: tuple[str, ...]
+    # Whether an approval policy is active for the tool (read for new intents only).
+    approval_policies: bool = False
 
 
 def active_terms(tenant: str, tool_name: str, *, tool_active: bool = False) -> GrantTerms | None:
     """The active grant's policy version and scopes in one small query (every intent and claim
     asks); with ``tool_active``, only while the tool itself is active too (new intents)."""
     terms = rows.grant_terms(tenant, tool_name, tool_active=tool_active)
-    return GrantTerms(terms[0], tuple(terms[1])) if terms else None
+    return GrantTerms(terms[0], tuple(terms[1]), terms[2]) if terms else None
 
 
 def authority_holds(attempt: Attempt, grant: Grant | GrantTerms | None = None) -> tuple[bool, str]:

@@ -49,6 +49,7 @@ from attempts.chain import record_config_change
 from attempts.locking import write_transaction
 from attempts.models import (
     AgentToken,
+    ApprovalPolicy,
     ConfigEvent,
     Grant,
     Membership,
@@ -255,6 +256,23 @@ AUTHORITIES: list[Authority] = [
             "active": "active",
         },
         many={"people": ("people", lambda p: p.get_username())},
+    ),
+    Authority(
+        ApprovalPolicy,
+        "approval_policy",
+        lambda p: p.name,
+        {
+            "tool": "tool_id",
+            "tenants": lambda p: sorted(p.tenants),
+            "condition": "condition",
+            "approvals_needed": "approvals_needed",
+            "approver_role": "approver_role",
+            "approver_group": "approver_group",
+            "approval_ttl": "approval_ttl",
+            "max_wait": "max_wait",
+            "active": "active",
+            "version": "version",
+        },
     ),
 ]
 

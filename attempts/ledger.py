@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import IntegrityError
+from django.utils import timezone
 
 from attempts import authority, states, tracing
 from attempts.canonical import InvalidArguments, normalize_args
@@ -23,6 +24,7 @@ from attempts.faults import crash_point, mutation
 from attempts.locking import write_transaction
 from attempts.models import (
     ATTEMPT_ID,
+    ApprovalPolicy,
     Attempt,
     State,
     Tenant,
@@ -337,9 +339,13 @@ def _record_intent(
             raise NotGranted(str(exc), code=exc.code) from None
         raise
 
+    held = (
+        _held_fields(tenant, tool_name, normalized.value)
+        if terms.approval_policies
+        else {"state": State.INTENT_RECORDED}
+    )
     try:
         attempt = states.create(
-            state=State.INTENT_RECORDED,
             actor=actor,
             tenant_id=tenant,
             task_id=task_id,
@@ -350,6 +356,7 @@ def _record_intent(
             policy_version=auth.policy_version,
             credential_scope=auth.scopes,
             **({"traceparent": trace.header, "trace_id": trace.trace_id} if trace else {}),
+            **held,
         )
     except IntegrityError:
         # The key is already recorded: a replay of the same intent, a race, or a conflict.
@@ -358,6 +365,35 @@ def _record_intent(
             raise
         return _same_intent_or_conflict(existing, tenant, tool_name, normalized.args_hash), False
     return attempt, True
+
+
+def _held_fields(tenant: str, tool_name: str, args: Any) -> dict[str, Any]:
+    """How a new intent is created: INTENT_RECORDED, or AWAITING_APPROVAL under the approval
+    policy that holds it (protocol section 11), waiting at most its ``max_wait``."""
+    found = ApprovalPolicy.objects.holding(tenant=tenant, tool_name=tool_name, args=args)
+    if found is None:
+        return {"state": State.INTENT_RECORDED}
+    policy, decided = found
+    now = timezone.now()
+    return {
+        "state": State.AWAITING_APPROVAL,
+        "approval_policy": policy,
+        "next_check_at": now + policy.max_wait,
+        "now": now,
+        "reason": f"held by approval policy {policy.name}",
+        "details": {
+            "approval": {
+                "policy": policy.name,
+                "policy_version": policy.version,
+                "condition": policy.condition,
+                "approvals_needed": max(
+                    policy.approvals_needed, Tool.approvals_needed_for(tool_name)
+                ),
+                "wait_until": (now + policy.max_wait).isoformat(),
+                **decided,
+            }
+        },
+    }
 
 
 def _explain_missing_grant(tenant: str, tool_name: str) -> None:
@@ -415,9 +451,72 @@ def claim_dispatch(attempt: Attempt | str, *, actor: Actor, tenants: set[str] | 
                 code="authority_changed",
                 attempt=current,
             )
+        if current.approval_policy_id is not None and current.state == State.INTENT_RECORDED:
+            claimed = _claim_approved(current, actor)
+            tracing.describe(s, claimed)
+            return claimed, current.state == State.DISPATCHED
         states.move(current, State.DISPATCHED, actor=actor, increments={"send_count": 1})
         tracing.describe(s, current)
     return current, True
+
+
+def _claim_approved(current: Attempt, actor: Actor) -> Attempt:
+    """The claim of an attempt an approval policy held: in one transaction, its approvals are
+    read (``states.check_approvals``) and the claim is made; approvals that no longer suffice
+    are void, and the attempt waits again (``void_approvals``)."""
+    with write_transaction():
+        try:
+            return states.move(current, State.DISPATCHED, actor=actor, increments={"send_count": 1})
+        except states.ApprovalsNotValid as exc:
+            return void_approvals(current, exc.verdict, actor=actor)
+
+
+def void_approvals(
+    current: Attempt, verdict: Any, *, actor: Actor, fields: dict[str, Any] | None = None
+) -> Attempt:
+    """INTENT_RECORDED -> AWAITING_APPROVAL: the approvals that released this attempt expired
+    (or its policy changed) before it was claimed. An event says who no longer counts, the
+    approvers are told (attempts.notify), and the wait goes on to the policy's deadline."""
+    policy = ApprovalPolicy.objects.get(pk=current.approval_policy_id)
+    return states.move(
+        current,
+        State.AWAITING_APPROVAL,
+        actor=actor,
+        action="attempt.approval_void",
+        reason="approvals expired or no longer valid before the claim; waiting again",
+        details={
+            "approval": {"policy": policy.name, "policy_version": policy.version},
+            **verdict.as_dict(),
+        },
+        fields=fields,
+        next_check_at=current.created_at + policy.max_wait,
+    )
+
+
+def expire_waits(*, actor: Actor, now: Any = None, limit: int = 500) -> int:
+    """AWAITING_APPROVAL attempts past their policy's maximum wait become FAILED
+    ``approval_expired`` (the reconcile worker sweeps them each pass). Returns how many."""
+    now = now or timezone.now()
+    due = Attempt.objects.filter(next_check_at__lte=now, state=State.AWAITING_APPROVAL).order_by(
+        "next_check_at", "id"
+    )[:limit]
+    expired = 0
+    for attempt in due:
+        try:
+            states.move(
+                attempt,
+                State.FAILED,
+                actor=actor,
+                action="attempt.approval_expired",
+                reason="approval_expired: the policy's maximum wait passed without approval",
+                fields={"review_reason": "approval_expired"},
+                next_check_at=None,
+                now=now,
+            )
+        except states.TransitionError:
+            continue  # approved or rejected meanwhile
+        expired += 1
+    return expired
 
 
 @_refreshes_caller
@@ -732,6 +831,9 @@ def linked_fields(original: Attempt, preview: dict[str, Any]) -> dict[str, Any]:
         "policy_version": preview["policy_version"],
         "credential_scope": preview["credential_scope"],
         "parent": original,
+        # A held call's linked attempt stays under its approval policy: its claim needs the
+        # policy's approvals of its own (protocol section 11).
+        "approval_policy_id": original.approval_policy_id,
     }
 
 

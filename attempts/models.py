@@ -30,6 +30,7 @@ class State(models.TextChoices):
     OUTCOME_CONFIRMED = "OUTCOME_CONFIRMED", "Outcome confirmed"
     FAILED_RETRYABLE = "FAILED_RETRYABLE", "Failed (retryable)"
     UNKNOWN = "UNKNOWN", "Unknown"
+    AWAITING_APPROVAL = "AWAITING_APPROVAL", "Awaiting approval"
     MANUAL_REVIEW = "MANUAL_REVIEW", "Manual review"
     FAILED = "FAILED", "Failed"
     RECONCILED = "RECONCILED", "Reconciled"
@@ -275,6 +276,218 @@ class OwnershipRule(models.Model):
         return f"{self.tenant_pattern}/{self.tool_pattern} -> {self.owner}"
 
 
+class ApprovalCondition:
+    """A policy's condition: a CEL expression over ``args`` (the normalized arguments),
+    ``tenant`` and ``tool_name``, compiled once (by the ``cel`` package, a maintained
+    implementation; never ``eval``). An empty condition always holds."""
+
+    VARIABLES = frozenset({"args", "tenant", "tool_name"})
+    # Top-level argument names the expression mentions: shown beside a held attempt (display
+    # only; CEL alone decides).
+    _MENTIONED = re.compile(r"\bargs\.([A-Za-z_][A-Za-z0-9_]*)")
+
+    def __init__(self, source: str) -> None:
+        import cel
+
+        self.source = source.strip()
+        self.program = None
+        if self.source:
+            try:
+                self.program = cel.compile(self.source)
+            except (ValueError, TypeError, RuntimeError) as exc:
+                raise ValidationError(f"the condition is not valid CEL: {exc}") from None
+            unknown = set(self.program.references().get("variables", [])) - self.VARIABLES
+            if unknown:
+                raise ValidationError(
+                    f"the condition names {', '.join(sorted(unknown))}; it may use "
+                    f"{', '.join(sorted(self.VARIABLES))} only"
+                )
+
+    def evaluate(self, args: Any, *, tenant: str, tool_name: str) -> tuple[bool, dict[str, Any]]:
+        """(holds, what decided it). Fail closed: an expression that raises (a missing field,
+        a type error) or does not answer true or false holds the call, with the error shown."""
+        if self.program is None:
+            return True, {}
+        mentioned = {}
+        if isinstance(args, dict):
+            for name in dict.fromkeys(self._MENTIONED.findall(self.source)):
+                mentioned[name] = args.get(name)
+        try:
+            result = self.program.execute({"args": args, "tenant": tenant, "tool_name": tool_name})
+        except Exception as exc:  # noqa: BLE001 (any evaluation error holds the call)
+            return True, {"values": mentioned, "error": f"{type(exc).__name__}: {exc}"[:300]}
+        if not isinstance(result, bool):
+            return True, {"values": mentioned, "error": f"the condition gave {result!r}"[:300]}
+        return result, {"values": mentioned}
+
+
+_CONDITIONS: dict[tuple[str, int, str], ApprovalCondition] = {}
+
+
+class ApprovalPolicyQuerySet(models.QuerySet):
+    def holding(
+        self, *, tenant: str, tool_name: str, args: Any
+    ) -> tuple[ApprovalPolicy, dict[str, Any]] | None:
+        """The policy that holds this intent before dispatch, with what decided it, or None.
+        One indexed query per intent; each condition is compiled once per process and version.
+        Several matching policies: the one needing most approvals (then by name) holds it."""
+        found = []
+        for policy in self.filter(tool_id=tool_name, active=True):
+            if policy.tenants and tenant not in policy.tenants:
+                continue
+            holds, decided = policy.condition_program().evaluate(
+                args, tenant=tenant, tool_name=tool_name
+            )
+            if holds:
+                found.append((policy, decided))
+        if not found:
+            return None
+        found.sort(key=lambda pair: (-pair[0].approvals_needed, pair[0].name))
+        return found[0]
+
+
+class ApprovalPolicy(models.Model):
+    """Approval before dispatch (protocol section 11): calls of ``tool`` (in ``tenants``, or
+    every tenant) whose normalized arguments meet ``condition`` wait in AWAITING_APPROVAL for
+    ``approvals_needed`` distinct people holding ``approver_role`` (and, when set, in the
+    identity-provider group ``approver_group``). An approval counts for ``approval_ttl``; past
+    ``max_wait`` without being approved and claimed the attempt is FAILED ``approval_expired``.
+    ``version`` goes up whenever a rule changes: approvals are bound to it."""
+
+    name = models.SlugField(primary_key=True, max_length=100)
+    tool = models.ForeignKey(Tool, on_delete=models.PROTECT, related_name="approval_policies")
+    tenants = models.JSONField(
+        default=list, blank=True, help_text="Tenant slugs it applies to (empty: every tenant)."
+    )
+    condition = models.TextField(
+        blank=True,
+        default="",
+        help_text="CEL over args, tenant and tool_name, e.g. args.amount_cents > 100000 "
+        "(empty: every call).",
+    )
+    approvals_needed = models.PositiveSmallIntegerField(
+        default=1, help_text="Distinct approvers needed (at least two on a critical tool)."
+    )
+    approver_role = models.CharField(max_length=16, choices=Role.choices, default=Role.REVIEWER)
+    approver_group = models.CharField(
+        max_length=200,
+        blank=True,
+        default="",
+        help_text="Identity-provider group an approver must also be in (empty: any).",
+    )
+    approval_ttl = models.DurationField(default=dt.timedelta(hours=1))
+    max_wait = models.DurationField(default=dt.timedelta(hours=24))
+    active = models.BooleanField(default=True)
+    version = models.PositiveIntegerField(default=1, editable=False)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = ApprovalPolicyQuerySet.as_manager()
+
+    # A change of any of these is a new version: approvals given under the old one are void.
+    RULE_FIELDS = (
+        "tool_id",
+        "tenants",
+        "condition",
+        "approvals_needed",
+        "approver_role",
+        "approver_group",
+        "approval_ttl",
+        "max_wait",
+    )
+
+    class Meta:
+        ordering = ["name"]
+        indexes = [models.Index(fields=["tool", "active"], name="approvalpolicy_tool_idx")]
+        verbose_name_plural = "approval policies"
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.tool_id} v{self.version})"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        database = kwargs.get("using") or self._state.db or "default"
+        stored = (
+            type(self)
+            .objects.using(database)
+            .filter(pk=self.pk)
+            .values(*self.RULE_FIELDS, "version")
+            .first()
+            if self.pk and not self._state.adding
+            else None
+        )
+        if stored is not None and any(stored[n] != getattr(self, n) for n in self.RULE_FIELDS):
+            self.version = stored["version"] + 1
+        super().save(*args, **kwargs)
+
+    def clean(self) -> None:
+        errors: dict[str, str] = {}
+        try:
+            ApprovalCondition(self.condition)
+        except ValidationError as exc:
+            errors["condition"] = " ".join(exc.messages)
+        if self.approvals_needed < 1:
+            errors["approvals_needed"] = "at least one approval"
+        tool = Tool.objects.filter(name=self.tool_id).first() if self.tool_id else None
+        if tool is not None and self.approvals_needed < tool.approvals_needed:
+            errors["approvals_needed"] = (
+                f"{self.tool_id} is critical: at least {tool.approvals_needed} approvals "
+                "(four eyes)"
+            )
+        if self.approver_role == Role.VIEWER:
+            errors["approver_role"] = "a viewer cannot approve: operator, reviewer or admin"
+        if not isinstance(self.tenants, list) or not all(isinstance(t, str) for t in self.tenants):
+            errors["tenants"] = "a list of tenant slugs"
+        if self.approval_ttl is not None and self.approval_ttl <= dt.timedelta(0):
+            errors["approval_ttl"] = "must be positive"
+        if self.max_wait is not None and self.max_wait <= dt.timedelta(0):
+            errors["max_wait"] = "must be positive"
+        if errors:
+            raise ValidationError(errors)
+
+    @property
+    def approval_ttl_seconds(self) -> int:
+        return int(self.approval_ttl.total_seconds())
+
+    @property
+    def max_wait_seconds(self) -> int:
+        return int(self.max_wait.total_seconds())
+
+    def sla_level(self, age: dt.timedelta) -> str:
+        """'' in time, 'warn' past half the maximum wait, 'breach' past four fifths of it: the
+        colours the inbox shows, as other screens show their SLAs."""
+        if age >= self.max_wait * 0.8:
+            return "breach"
+        if age >= self.max_wait * 0.5:
+            return "warn"
+        return ""
+
+    def condition_program(self) -> ApprovalCondition:
+        key = (self.name, self.version, self.condition)
+        program = _CONDITIONS.get(key)
+        if program is None:
+            program = _CONDITIONS[key] = ApprovalCondition(self.condition)
+        return program
+
+    def approvals_for(self, attempt: Attempt) -> int:
+        """The one home of how many approvals a held attempt needs: the policy's count, and
+        never fewer than its tool's four-eyes rule."""
+        return max(self.approvals_needed, Tool.approvals_needed_for(attempt.tool_name))
+
+    def may_approve(self, user: Any, tenant: str) -> tuple[bool, str]:
+        """Whether ``user`` may approve under this policy in ``tenant`` (read fresh), and why
+        not."""
+        if not has_role(user, tenant, self.approver_role, fresh=True):
+            return False, f"this needs the {self.approver_role} role in tenant {tenant}"
+        if self.approver_group:
+            groups = (
+                SsoIdentity.objects.filter(user_id=user.pk)
+                .values_list("last_login_groups", flat=True)
+                .first()
+            )
+            if self.approver_group not in (groups or []):
+                return False, f"this needs membership of the group {self.approver_group}"
+        return True, ""
+
+
 def tenant_roles(user: Any, *, fresh: bool = False) -> dict[str, str]:
     """The one home of "what role does this person have in which tenant": the role in each
     tenant they belong to; a superuser is admin everywhere; an inactive or anonymous user has
@@ -330,6 +543,45 @@ class AttemptQuerySet(models.QuerySet):
             .filter(Q(awaiting_approval=True) | Exists(approvals))
             .exclude(Exists(approvals.filter(actor=user.get_username())))
         )
+
+    def held_for(self, user: Any, which: str = "me", now: Any = None) -> AttemptQuerySet:
+        """Attempts an approval policy holds in AWAITING_APPROVAL, oldest first, within the
+        user's tenants: ``me``, those this person may approve now (the policy's role and group,
+        not recorded by them, not approved by them already under the current version); ``group``,
+        those whose policy names an identity-provider group the person is in; ``all``."""
+        from django.utils import timezone
+
+        held = (
+            self.visible_to(user)
+            .filter(state=State.AWAITING_APPROVAL, approval_policy__isnull=False)
+            .order_by("created_at", "id")
+        )
+        if which == "all":
+            return held
+        if which == "group":
+            groups = (
+                SsoIdentity.objects.filter(user_id=user.pk)
+                .values_list("last_login_groups", flat=True)
+                .first()
+            )
+            if not groups:
+                return held.none()
+            return held.filter(approval_policy__approver_group__in=list(groups))
+        mine = Q(pk__in=[])
+        for policy in ApprovalPolicy.objects.all():
+            for tenant in tenants_where(user, policy.approver_role):
+                if policy.may_approve(user, tenant)[0]:
+                    mine |= Q(approval_policy=policy, tenant_id=tenant)
+        approved = Approval.objects.filter(
+            attempt=OuterRef("pk"),
+            approver_id=user.pk,
+            expires_at__gt=now or timezone.now(),
+            policy_version=OuterRef("approval_policy__version"),
+        )
+        recorded = AttemptEvent.objects.filter(
+            attempt=OuterRef("pk"), action="attempt.created", actor=user.get_username()
+        )
+        return held.filter(mine).exclude(Exists(approved)).exclude(Exists(recorded))
 
     def prefix_search(self, term: str, field: str) -> AttemptQuerySet:
         """Attempts whose ``field`` (one of PREFIX_FIELDS) starts with ``term``: one range
@@ -410,6 +662,16 @@ class Attempt(models.Model):
     review_reason = models.CharField(max_length=64, blank=True, default="")
     # A linked attempt waiting in MANUAL_REVIEW for a reviewer's approval before it may be sent.
     awaiting_approval = models.BooleanField(default=False)
+    # The approval policy that held this intent before dispatch (protocol section 11): set for
+    # good when it is recorded in AWAITING_APPROVAL, so every claim checks its approvals.
+    approval_policy = models.ForeignKey(
+        "ApprovalPolicy",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="held_attempts",
+        db_index=False,
+    )
     send_count = models.PositiveIntegerField(default=0)
     lookup_count = models.PositiveIntegerField(default=0)
     # When recovery should next look at this attempt; NULL once it rests or is terminal.
@@ -480,6 +742,12 @@ class Attempt(models.Model):
             models.Index(fields=["id"], name="attempt_unsealed_idx", condition=Q(sealed=False)),
             # Attempts of one trace; only intents that came with a traceparent are in it.
             models.Index(fields=["trace_id"], name="attempt_trace_idx", condition=~Q(trace_id="")),
+            # Attempts an approval policy held (the inbox; a policy's removal check).
+            models.Index(
+                fields=["approval_policy", "state"],
+                name="attempt_held_idx",
+                condition=Q(approval_policy__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -589,6 +857,79 @@ class AttemptEvent(models.Model):
 TENANT_SUBJECT_KINDS = ("tenant", "membership", "grant", "sso_group", "sla_policy")
 
 
+@dataclass(frozen=True, slots=True)
+class ApprovalVerdict:
+    """What a held attempt's approvals amount to now: who counts, who no longer does, and
+    whether that is enough to send."""
+
+    needed: int
+    valid: tuple[str, ...]
+    void: tuple[str, ...]
+    policy_version: int = 0
+
+    @property
+    def enough(self) -> bool:
+        return len(self.valid) >= self.needed
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "needed": self.needed,
+            "valid": list(self.valid),
+            "void": list(self.void),
+            "policy_version": self.policy_version,
+        }
+
+
+class Approval(models.Model):
+    """One person's approval of an attempt an approval policy held: bound to the arguments
+    (``args_hash``) and the policy ``version`` it saw, counted until ``expires_at``.
+    Append-only: a void approval stays, and a new one is a new row."""
+
+    attempt = models.ForeignKey(Attempt, on_delete=models.PROTECT, related_name="approvals")
+    approver = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
+    )
+    args_hash = models.CharField(max_length=64)
+    policy = models.ForeignKey(ApprovalPolicy, on_delete=models.PROTECT, related_name="approvals")
+    policy_version = models.PositiveIntegerField()
+    comment = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["attempt", "expires_at"], name="approval_attempt_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.approver_id} approved {self.attempt_id} (v{self.policy_version})"
+
+    @classmethod
+    def verdict(cls, attempt: Attempt, now: dt.datetime) -> ApprovalVerdict:
+        """The one home of "which approvals count": distinct people, each still allowed to
+        approve, whose approval is for this attempt's args_hash and its policy's current
+        version and has not expired at ``now``."""
+        policy = ApprovalPolicy.objects.get(pk=attempt.approval_policy_id)
+        valid: list[str] = []
+        void: list[str] = []
+        for row in cls.objects.filter(attempt_id=attempt.pk).select_related("approver"):
+            name = row.approver.get_username()
+            counts = (
+                row.args_hash == attempt.args_hash
+                and row.policy_version == policy.version
+                and row.expires_at > now
+                and row.approver.is_active
+                and policy.may_approve(row.approver, attempt.tenant_id)[0]
+            )
+            if counts and name not in valid:
+                valid.append(name)
+            elif not counts and name not in void:
+                void.append(name)
+        void = [name for name in void if name not in valid]
+        return ApprovalVerdict(
+            policy.approvals_for(attempt), tuple(valid), tuple(void), policy.version
+        )
+
+
 class ConfigEventQuerySet(models.QuerySet):
     def visible_to(self, user: Any) -> ConfigEventQuerySet:
         """The one home of who may read which configuration changes: a superuser every one; a
@@ -628,6 +969,7 @@ class ConfigEventQuerySet(models.QuerySet):
             | Q(subject=f"tool:{attempt.tool_name}")
             | Q(subject=f"grant:{attempt.tenant_id}/{attempt.tool_name}")
             | Q(subject__startswith="ownership_rule:")
+            | Q(subject=f"approval_policy:{attempt.approval_policy_id or ''}")
         )
 
 

@@ -250,6 +250,48 @@ def drafts_for(event: AttemptEvent, attempt: Attempt) -> list[Draft]:
                         attempt,
                     )
                 )
+    out += _held_drafts(event, attempt, key)
+    return out
+
+
+def _held_drafts(event: AttemptEvent, attempt: Attempt, key: str) -> list[Draft]:
+    """Notices about an intent an approval policy holds: it started (or went back to) waiting,
+    or one approval of several came in. Told: the people the policy lets approve, but not
+    those whose approval already counts."""
+    if attempt.approval_policy_id is None or attempt.state != State.AWAITING_APPROVAL:
+        return []
+    entered = event.from_state != event.to_state and event.to_state == State.AWAITING_APPROVAL
+    if not entered and event.action != APPROVAL_ACTION:
+        return []
+    from attempts.models import Approval, ApprovalPolicy
+
+    policy = ApprovalPolicy.objects.get(pk=attempt.approval_policy_id)
+    verdict = Approval.verdict(attempt, timezone.now())
+    if event.action == "attempt.approval_void":
+        subject = f"[ledgerweb] Approval expired, approve again: {attempt.attempt_id}"
+        what = f"The approvals of {_about(attempt)} expired before it was sent; it waits again"
+    elif event.action == APPROVAL_ACTION:
+        subject = f"[ledgerweb] Another approval needed: {attempt.attempt_id}"
+        what = f"{event.actor} approved {_about(attempt)}"
+    else:
+        subject = f"[ledgerweb] Approval needed before sending: {attempt.attempt_id}"
+        what = f"Approval policy {policy.name} holds {_about(attempt)} before it is sent"
+    body = (
+        f"{what} ({len(verdict.valid)} of {verdict.needed} approvals).\n{_link(attempt.attempt_id)}"
+    )
+    people = (
+        get_user_model()
+        .objects.filter(is_active=True)
+        .filter(Q(ledger_memberships__tenant_id=attempt.tenant_id) | Q(is_superuser=True))
+        .distinct()
+        .order_by("username")
+    )
+    out = []
+    for person in people:
+        if person.get_username() in verdict.valid or person.get_username() == event.actor:
+            continue
+        if policy.may_approve(person, attempt.tenant_id)[0]:
+            out.append(Draft(NoticeKind.APPROVAL, person, subject, body, key, attempt))
     return out
 
 
@@ -269,8 +311,10 @@ def enqueue_from_events(now: dt.datetime | None = None) -> int:
         if start:
             NotifyCursor.objects.filter(name=CURSOR).update(last_event_id=start)
             cursor.last_event_id = start
-    interesting = Q(action__in=["attempt.owner_changed", APPROVAL_ACTION]) | (
-        Q(to_state=State.MANUAL_REVIEW) & ~Q(from_state=State.MANUAL_REVIEW)
+    interesting = (
+        Q(action__in=["attempt.owner_changed", APPROVAL_ACTION])
+        | (Q(to_state=State.MANUAL_REVIEW) & ~Q(from_state=State.MANUAL_REVIEW))
+        | (Q(to_state=State.AWAITING_APPROVAL) & ~Q(from_state=State.AWAITING_APPROVAL))
     )
     events = list(
         AttemptEvent.objects.filter(interesting, id__gt=cursor.last_event_id)

@@ -1,5 +1,6 @@
 """What people decide: assign, take, note, acknowledge an SLA breach, mark outcomes, approve or
-reject linked attempts (four eyes for critical tools).
+reject linked attempts (four eyes for critical tools), approve or reject intents an approval
+policy held before dispatch (``approve_held``, ``reject_held``).
 
 Every function checks the person's role in the attempt's tenant (``attempts.models.has_role``,
 read fresh), then what the person's form saw (``Seen``): background work that changes nothing a
@@ -10,9 +11,11 @@ list of those changes so the page can show them. All writes go through ``attempt
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.utils import timezone
 
 from attempts import authority, states
@@ -31,6 +34,8 @@ from attempts.models import (
     APPROVAL_ACTION,
     ATTENTION_STATES,
     ROLE_RANK,
+    Approval,
+    ApprovalPolicy,
     Attempt,
     AttemptEvent,
     Role,
@@ -391,4 +396,132 @@ def approve_linked_attempt(
             reason=comment,
             fields={"awaiting_approval": False, "review_reason": ""},
             next_check_at=timezone.now(),
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Approval before dispatch (protocol section 11): attempts an approval policy held
+
+
+def _held(attempt: Attempt | str) -> tuple[Attempt, ApprovalPolicy]:
+    current = _reload(attempt)
+    if current.approval_policy_id is None:
+        raise StateConflict("no approval policy holds this attempt", attempt=current)
+    return current, ApprovalPolicy.objects.get(pk=current.approval_policy_id)
+
+
+def _may_decide(user: Any, current: Attempt, policy: ApprovalPolicy) -> None:
+    """The policy's approvers only; never whoever recorded the intent."""
+    allowed, why = policy.may_approve(user, current.tenant_id)
+    if not allowed:
+        raise NotAllowed(why)
+    recorded_by = current.events.order_by("id").values_list("actor", flat=True).first()
+    if recorded_by == user.get_username():
+        raise NotAllowed("whoever recorded an intent cannot approve or reject it")
+
+
+@_refreshes_caller
+def approve_held(
+    attempt: Attempt | str,
+    *,
+    user: Any,
+    comment: str = "",
+    seen: Seen | None = None,
+) -> Attempt:
+    """One approver approves an attempt waiting in AWAITING_APPROVAL: the approval is bound to
+    its args_hash and its policy's version and expires after the policy's ``approval_ttl``.
+    With enough valid approvals from distinct people (``Approval.verdict``) the attempt moves
+    to INTENT_RECORDED in the same transaction, and the agent may claim it; past
+    ``LEDGERWEB_APPROVAL_GRACE`` seconds unclaimed the reconcile worker sends it."""
+    comment = _comment(comment)
+    with write_transaction():
+        current, policy = _held(attempt)
+        _may_decide(user, current, policy)
+        now = timezone.now()
+        verdict = Approval.verdict(current, now)
+        if current.state != State.AWAITING_APPROVAL:
+            if current.state == State.INTENT_RECORDED and user.get_username() in verdict.valid:
+                return current  # the same approval again: nothing new
+            raise StateConflict(
+                f"this attempt is {current.state}, not waiting for approval", attempt=current
+            )
+        check_seen(current, seen)
+        if user.get_username() in verdict.valid:
+            raise StateConflict(
+                "you already approved this; a different person must give the next approval",
+                code="needs_second_reviewer",
+                attempt=current,
+            )
+        Approval.objects.create(
+            attempt=current,
+            approver=user,
+            args_hash=current.args_hash,
+            policy=policy,
+            policy_version=policy.version,
+            comment=comment,
+            created_at=now,
+            expires_at=now + policy.approval_ttl,
+        )
+        count = len(verdict.valid) + 1
+        states.move(
+            current,
+            None,
+            action=APPROVAL_ACTION,
+            actor=Actor.user(user),
+            reason=comment,
+            details={
+                "kind": "held",
+                "args_hash": current.args_hash,
+                "policy": policy.name,
+                "policy_version": policy.version,
+                "expires_at": (now + policy.approval_ttl).isoformat(),
+                "approvals": count,
+                "needed": verdict.needed,
+            },
+            now=now,
+        )
+        if count < verdict.needed:
+            return current
+        grace = dt.timedelta(seconds=settings.LEDGER["APPROVAL_GRACE"])
+        return states.move(
+            current,
+            State.INTENT_RECORDED,
+            actor=Actor.user(user),
+            action="attempt.approved",
+            reason=comment,
+            details={"approvals": count, "needed": verdict.needed},
+            next_check_at=now + grace,
+            now=now,
+        )
+
+
+@_refreshes_caller
+def reject_held(
+    attempt: Attempt | str,
+    *,
+    user: Any,
+    reason: str,
+    seen: Seen | None = None,
+) -> Attempt:
+    """One approver rejects an attempt waiting in AWAITING_APPROVAL: FAILED with the reason;
+    the agent sees it and must not send. Repeating the same rejection changes nothing."""
+    reason = _text("reason", reason)
+    with write_transaction():
+        current, policy = _held(attempt)
+        _may_decide(user, current, policy)
+        if current.state == State.FAILED and _failed_with(current, reason):
+            return current
+        check_seen(current, seen)
+        if current.state != State.AWAITING_APPROVAL:
+            raise StateConflict(
+                f"this attempt is {current.state}, not waiting for approval", attempt=current
+            )
+        return states.move(
+            current,
+            State.FAILED,
+            actor=Actor.user(user),
+            action="attempt.approval_rejected",
+            reason=reason,
+            fields={"review_reason": "approval_rejected"},
+            next_check_at=None,
         )

@@ -26,7 +26,7 @@ from django.db.models import Field
 
 from attempts.chain import EventRow
 from attempts.locking import lock_errors, sqlite_transaction, write_transaction
-from attempts.models import Attempt, AttemptEvent, Grant, Tool
+from attempts.models import ApprovalPolicy, Attempt, AttemptEvent, Grant, Tool
 
 
 def _db() -> BaseDatabaseWrapper:
@@ -259,7 +259,17 @@ def compare_and_set(
 def _terms_select(tool_active: bool) -> str:
     grant, tool = Grant._meta, Tool._meta
     tenant_col, tool_col = grant.get_field("tenant").column, grant.get_field("tool").column
-    sql = f"SELECT g.{_q('policy_version')}, g.{_q('allowed_scopes')} FROM {_q(grant.db_table)} g "
+    sql = f"SELECT g.{_q('policy_version')}, g.{_q('allowed_scopes')}"
+    if tool_active:
+        # New intents also learn whether any approval policy is active for the tool (its
+        # index answers), so an intent no policy could hold spends no query on policies.
+        policy = ApprovalPolicy._meta
+        sql += (
+            f", EXISTS (SELECT 1 FROM {_q(policy.db_table)} p "
+            f"WHERE p.{_q(policy.get_field('tool').column)} = g.{_q(tool_col)} "
+            f"AND p.{_q('active')})"
+        )
+    sql += f" FROM {_q(grant.db_table)} g "
     if tool_active:
         sql += (
             f"JOIN {_q(tool.db_table)} t "
@@ -271,9 +281,12 @@ def _terms_select(tool_active: bool) -> str:
     )
 
 
-def grant_terms(tenant: str, tool_name: str, *, tool_active: bool) -> tuple[str, list[str]] | None:
-    """(policy version, allowed scopes) of the tenant's active grant for the tool, or None;
-    with ``tool_active``, only while the tool is active too."""
+def grant_terms(
+    tenant: str, tool_name: str, *, tool_active: bool
+) -> tuple[str, list[str], bool] | None:
+    """(policy version, allowed scopes, whether an approval policy is active for the tool) of
+    the tenant's active grant for the tool, or None; with ``tool_active``, only while the tool
+    is active too (the third value is read only then, else False)."""
     db = _db()
     with _cursor(db) as cursor:
         cursor.execute(_terms_select(tool_active), [tenant, tool_name])
@@ -281,4 +294,4 @@ def grant_terms(tenant: str, tool_name: str, *, tool_active: bool) -> tuple[str,
     if row is None:
         return None
     scopes = Grant._meta.get_field("allowed_scopes").from_db_value(row[1], None, db)
-    return row[0], scopes
+    return row[0], scopes, bool(row[2]) if tool_active else False

@@ -21,11 +21,16 @@ from django.utils import timezone
 
 from attempts import chain, rows
 from attempts.actors import Actor
-from attempts.models import ATTENTION_STATES, Attempt, State
+from attempts.models import ATTENTION_STATES, Approval, ApprovalVerdict, Attempt, State
 
 S = State
 LEGAL_MOVES: dict[str, frozenset[str]] = {
-    S.INTENT_RECORDED: frozenset({S.DISPATCHED, S.FAILED, S.RECONCILED, S.MANUAL_REVIEW}),
+    # INTENT_RECORDED -> AWAITING_APPROVAL: a held attempt whose approvals became void (expired,
+    # or the policy changed) before the claim waits again (protocol section 11).
+    S.INTENT_RECORDED: frozenset(
+        {S.DISPATCHED, S.FAILED, S.RECONCILED, S.MANUAL_REVIEW, S.AWAITING_APPROVAL}
+    ),
+    S.AWAITING_APPROVAL: frozenset({S.INTENT_RECORDED, S.FAILED, S.RECONCILED}),
     S.DISPATCHED: frozenset(
         {S.OUTCOME_CONFIRMED, S.FAILED_RETRYABLE, S.FAILED, S.UNKNOWN, S.MANUAL_REVIEW}
     ),
@@ -39,7 +44,12 @@ LEGAL_MOVES: dict[str, frozenset[str]] = {
     S.RECONCILED: frozenset(),
 }
 # States a new attempt may be created in.
-INITIAL_STATES = frozenset({S.INTENT_RECORDED, S.MANUAL_REVIEW})
+INITIAL_STATES = frozenset({S.INTENT_RECORDED, S.MANUAL_REVIEW, S.AWAITING_APPROVAL})
+# Moves of an attempt an approval policy held that need enough valid approvals, checked in the
+# same transaction as the compare-and-set: released to INTENT_RECORDED, and the claim.
+APPROVED_MOVES = frozenset(
+    {(S.AWAITING_APPROVAL, S.INTENT_RECORDED), (S.INTENT_RECORDED, S.DISPATCHED)}
+)
 
 
 class TransitionError(Exception):
@@ -70,6 +80,32 @@ class StaleAttempt(TransitionError):
         self.attempt = attempt
 
 
+class ApprovalsNotValid(TransitionError):
+    """A held attempt may not move on: its valid approvals are fewer than its policy needs.
+    Nothing was changed; ``verdict`` says who counts and who no longer does."""
+
+    code = "awaiting_approval"
+
+    def __init__(self, attempt: Attempt, verdict: ApprovalVerdict) -> None:
+        super().__init__(
+            f"attempt {attempt.attempt_id} has {len(verdict.valid)} valid approval(s) of the "
+            f"{verdict.needed} its policy needs"
+            + (f" ({', '.join(verdict.void)}: void)" if verdict.void else "")
+        )
+        self.attempt = attempt
+        self.verdict = verdict
+
+
+def check_approvals(attempt: Attempt, now: dt.datetime) -> ApprovalVerdict:
+    """The approvals of a held attempt as they count at ``now``; ApprovalsNotValid unless
+    enough. Read inside the caller's write transaction, so the move it guards commits with it."""
+    _require_write_transaction()
+    verdict = Approval.verdict(attempt, now)
+    if not verdict.enough:
+        raise ApprovalsNotValid(attempt, verdict)
+    return verdict
+
+
 def _require_write_transaction() -> None:
     if not connection.in_atomic_block:
         raise RuntimeError("ledger writes must run inside locking.write_transaction()")
@@ -86,8 +122,12 @@ def default_next_check(to_state: str, now: dt.datetime) -> dt.datetime | None:
 
 
 def _owner_on_attention(attempt: Attempt, to_state: str, fields: dict[str, Any]) -> None:
-    """An attempt entering UNKNOWN or MANUAL_REVIEW gets an owner at that moment."""
-    if to_state in ATTENTION_STATES and attempt.owner_id is None and "owner_id" not in fields:
+    """An attempt entering UNKNOWN, MANUAL_REVIEW or AWAITING_APPROVAL gets an owner then."""
+    if (
+        (to_state in ATTENTION_STATES or to_state == S.AWAITING_APPROVAL)
+        and attempt.owner_id is None
+        and "owner_id" not in fields
+    ):
         from attempts.owners import owner_id_for
 
         owner_id = owner_id_for(attempt.tenant_id, attempt.tool_name)
@@ -108,6 +148,8 @@ def create(
     attempt's own (tenant_id, task_id, tool_name, ...)."""
     if state not in INITIAL_STATES:
         raise TransitionError(f"an attempt cannot be created in {state}")
+    if state == S.AWAITING_APPROVAL and fields.get("approval_policy") is None:
+        raise TransitionError("an attempt is created AWAITING_APPROVAL under an approval policy")
     now = now or timezone.now()
     fields.setdefault("next_check_at", default_next_check(state, now))
     attempt = Attempt(state=state, created_at=now, updated_at=now, **fields)
@@ -173,6 +215,12 @@ def move(
     changing_state = to_state is not None and to_state != from_state
     if changing_state and to_state not in LEGAL_MOVES[from_state]:
         raise IllegalMove(attempt, to_state)
+    verdict = None
+    if changing_state and attempt.approval_policy_id is not None:
+        if (from_state, to_state) in APPROVED_MOVES:
+            verdict = check_approvals(attempt, now)
+    elif changing_state and to_state == S.AWAITING_APPROVAL:
+        raise TransitionError("only an attempt an approval policy holds waits for approval")
     fields = dict(fields or {})
     if _OWN_FIELDS & (fields.keys() | (increments or {}).keys()):
         raise TransitionError("state, version and the chain are set by the state machine only")
@@ -181,6 +229,12 @@ def move(
         if next_check_at is ...:
             next_check_at = default_next_check(to_state, now)
     event_details = dict(details or {})
+    if verdict is not None:
+        # The approvals this move relied on, in its own event.
+        event_details["approvals"] = {
+            "policy_version": verdict.policy_version,
+            "approvers": list(verdict.valid),
+        }
     for name in ("owner_id", "provider_request_id", "result_ref", "review_reason"):
         if name in fields:
             event_details.setdefault(name, fields[name])

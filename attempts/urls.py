@@ -5,6 +5,7 @@ from django.urls import path
 
 from attempts.views import (
     actions,
+    approvals,
     auth,
     config_changes,
     detail,
@@ -30,6 +31,9 @@ urlpatterns = [
         auth_views.PasswordResetCompleteView.as_view(),
         name="password_reset_complete",
     ),
+    path("approvals/", approvals.inbox, name="approvals"),
+    path("approvals/<str:attempt_id>/approve/", approvals.approve, name="approval-approve"),
+    path("approvals/<str:attempt_id>/reject/", approvals.reject, name="approval-reject"),
     path("queues/bulk/", queues.bulk_action, name="queue-bulk"),
     path("queues/<slug:slug>/", queues.queue_view, name="queue"),
     path("attempts/<str:attempt_id>/", detail.attempt_detail, name="attempt-detail"),

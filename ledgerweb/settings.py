@@ -377,6 +377,13 @@ TLOG = {
     "READ_TOKEN": read("LEDGERWEB_TLOG_READ_TOKEN"),
 }
 
+# Approval before dispatch (issue 24, docs/approvals.md). After a held attempt is approved the
+# agent has APPROVAL_GRACE seconds to claim it before the reconcile worker sends it itself;
+# GET /api/v1/attempts/{id}?wait=N long-polls at most APPROVAL_WAIT_MAX seconds (below
+# gunicorn's 30 s worker timeout: a waiting request holds one worker thread, no transaction).
+LEDGER["APPROVAL_GRACE"] = read("LEDGERWEB_APPROVAL_GRACE")
+LEDGER["APPROVAL_WAIT_MAX"] = read("LEDGERWEB_APPROVAL_WAIT_MAX")
+
 # Notifications (attempts/notify.py): email through Django's SMTP backend, and a
 # Slack-compatible chat webhook. Both off until configured; the reconcile worker delivers them.
 _EMAIL_HOST = read("LEDGERWEB_EMAIL_HOST")

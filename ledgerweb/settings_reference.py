@@ -447,6 +447,26 @@ declare(
     group=_LEDGER,
 )
 
+# --- Approval before dispatch (docs/approvals.md) ----------------------------------------------
+_APPROVALS = "Approval before dispatch"
+declare(
+    "LEDGERWEB_APPROVAL_GRACE",
+    "int",
+    30,
+    "Seconds an approved intent waits for its agent's claim before the reconcile worker sends "
+    "it itself (tools whose adapter the worker knows).",
+    group=_APPROVALS,
+)
+declare(
+    "LEDGERWEB_APPROVAL_WAIT_MAX",
+    "int",
+    20,
+    "The longest `GET /api/v1/attempts/{id}?wait=N` long-poll, in seconds (below gunicorn's "
+    "worker timeout).",
+    group=_APPROVALS,
+    maximum=25,
+)
+
 # --- Provider bulkheads (reconciliation/bulkhead.py) ------------------------------------------
 _PROVIDERS = "Provider bulkheads"
 declare(

@@ -19,6 +19,7 @@ import json
 import ssl
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -66,6 +67,8 @@ else:  # Python 3.10: the same behaviour, str() and format() give the value
         __format__ = str.__format__
 
 
+# The longest long-poll the server allows by default (LEDGERWEB_APPROVAL_WAIT_MAX).
+_POLL_MAX = 20
 # Longest reason the client sends when it writes an exception's text into the ledger.
 _MAX_REASON = 1000
 
@@ -78,6 +81,7 @@ class State(StrEnum):
     OUTCOME_CONFIRMED = "OUTCOME_CONFIRMED"
     FAILED_RETRYABLE = "FAILED_RETRYABLE"
     UNKNOWN = "UNKNOWN"
+    AWAITING_APPROVAL = "AWAITING_APPROVAL"
     MANUAL_REVIEW = "MANUAL_REVIEW"
     FAILED = "FAILED"
     RECONCILED = "RECONCILED"
@@ -879,6 +883,28 @@ class LedgerClient:
         status, answer = self._request("GET", self._path(attempt_id))
         return self._attempt_from(status, answer)
 
+    def wait_for_approval(self, attempt_id: str, timeout: float) -> Attempt:
+        """Wait, holding nothing, while an approval policy holds the attempt (AWAITING_APPROVAL):
+        long-polls ``GET /attempts/{id}?wait=N`` until the attempt leaves that state or
+        ``timeout`` seconds pass, and returns the attempt as it stands then. INTENT_RECORDED:
+        approved, claim and send as usual; FAILED: rejected or expired, never send; still
+        AWAITING_APPROVAL: wait again later (by key, after a restart too)."""
+        if timeout < 0:
+            raise ValueError("timeout must not be negative")
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            # Each poll stays within the server's bound and this client's own socket timeout.
+            wait = int(max(0, min(left, _POLL_MAX, self._timeout - 1)))
+            status, answer = self._request(
+                "GET", self._path(attempt_id), query={"wait": str(wait)} if wait else None
+            )
+            attempt = self._attempt_from(status, answer)
+            if attempt.state != State.AWAITING_APPROVAL or deadline - time.monotonic() <= 0:
+                return attempt
+            if wait == 0:
+                time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+
     def find(self, idempotency_key: str) -> list[Attempt]:
         """The attempts recorded under ``idempotency_key`` that this token may see."""
         status, answer = self._request(
@@ -938,6 +964,7 @@ class LedgerClient:
         send: Callable[[Attempt], SendResult],
         policy_version: str | None = None,
         credential_scope: Sequence[str] | None = None,
+        wait_for_approval: float = 0,
     ) -> CallResult:
         """Perform one side effect in the safe order (protocol section 4).
 
@@ -954,8 +981,28 @@ class LedgerClient:
            returned in ``provider_error``, not raised. Any other exception marks the attempt
            UNKNOWN (the send may have happened) and is re-raised.
 
+        ``wait_for_approval`` (seconds): when an approval policy holds the call
+        (AWAITING_APPROVAL), wait up to that long for people to decide (``wait_for_approval``
+        above), then go on: approved, it is claimed and sent; rejected or expired (FAILED), or
+        still held, nothing is sent and ``sent`` is False. Calling again with the same key
+        resumes, after a restart too.
+
         Ledger errors (``IdempotencyConflict``, ``Refused``, ``LedgerUnavailable``...) raise.
         """
+        if wait_for_approval < 0:
+            raise ValueError("wait_for_approval must not be negative")
+        if wait_for_approval:
+            held = self.record_intent(
+                tenant=tenant,
+                task_id=task_id,
+                tool_name=tool_name,
+                idempotency_key=idempotency_key,
+                args=args,
+                policy_version=policy_version,
+                credential_scope=credential_scope,
+            )
+            if held.state == State.AWAITING_APPROVAL:
+                self.wait_for_approval(held.attempt_id, wait_for_approval)
         send_result: SendResult | None = None
         with self.attempt(
             tenant=tenant,

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 from attempts import ledger
 from attempts.canonical import canonical_bytes
-from attempts.models import Attempt, Tool
+from attempts.models import Attempt, State, Tool
 from attempts.states import Actor
 from reconciliation.faults import arm_kill_timer, crash_point
 from reconciliation.providers.registry import send_with_adapter
@@ -100,6 +100,37 @@ def http_send(attempt: Attempt) -> ledger.SendResult:
     raise ledger.ProviderLostResponse(f"provider answered {answer.status} without a receipt")
 
 
+# How long a crashtest agent waits for a held call to be approved, and how often it looks.
+APPROVAL_WAIT = 4.0
+APPROVAL_POLL = 0.1
+
+
+def _wait_and_call(call: PlannedCall, held: Attempt, senders: dict[str, Any], actor: Actor) -> str:
+    """A held call: wait (holding nothing) until a person decides, then carry on in the safe
+    order under the same key, as an agent resuming its task would. Returns the final state."""
+    deadline = time.monotonic() + APPROVAL_WAIT
+    while time.monotonic() < deadline:
+        crash_point("approval_waiting")
+        time.sleep(APPROVAL_POLL)
+        state = Attempt.objects.filter(pk=held.pk).values_list("state", flat=True).first()
+        if state == State.AWAITING_APPROVAL:
+            continue
+        if state != State.INTENT_RECORDED:
+            return state  # rejected, expired, or already claimed by the worker: do not send
+        outcome = ledger.run_tool_call(
+            tenant=call.tenant,
+            task_id=call.task_id,
+            tool_name=call.tool_name,
+            idempotency_key=call.idempotency_key,
+            args=call.args,
+            send=senders.get(call.tool_name, http_send),
+            actor=actor,
+        )
+        if outcome.attempt.state != State.AWAITING_APPROVAL:
+            return outcome.attempt.state
+    return State.AWAITING_APPROVAL
+
+
 def run_plan(
     calls: list[PlannedCall],
     *,
@@ -139,6 +170,8 @@ def run_plan(
                 actor=actor,
             )
             state = outcome.attempt.state
+            if state == State.AWAITING_APPROVAL:
+                state = _wait_and_call(call, outcome.attempt, senders, actor)
         except ledger.LedgerError as exc:
             state = f"refused:{exc.code}"
         print(f"done {index} {state}", file=out, flush=True)

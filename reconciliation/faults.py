@@ -40,4 +40,5 @@ register_point("request_sent", "HTTP send: the request is written, the answer no
 register_point("reconcile_claimed", "reconciler: the lease on an attempt is committed")
 register_point("reconcile_looked_up", "reconciler: the lookup answered; no decision committed")
 register_point("reconcile_resent", "reconciler: a resend answered; its outcome not committed")
+register_point("approval_waiting", "agent: its intent is held for approval; it waits (case G)")
 register_mutation("blind_retry", "reconciler resends without looking the effect up first")

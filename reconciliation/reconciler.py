@@ -332,6 +332,8 @@ class Reconciler:
         arm_kill_timer()  # crashtest's random kill; inert unless fault injection is on
         summary = Summary()
         cutoff = timezone.now()
+        if expired := ledger.expire_waits(actor=self.actor, now=cutoff):
+            summary.outcomes["approval_expired"] += expired
         registry = Registry.load()
         lease = self._lease_for(registry, registry.tool_names)
         finished: list[tuple[_Job, Any]] = []
@@ -664,6 +666,8 @@ class Reconciler:
         if adapter is None or problems:
             return self._blocked(attempt, "; ".join(problems), summary)
         if attempt.state in (State.INTENT_RECORDED, State.FAILED_RETRYABLE):
+            if not self._approvals_hold(attempt, summary):
+                return None
             return self._prepare_send(attempt, adapter, summary)
         if attempt.state == State.DISPATCHED:
             self._move(
@@ -682,6 +686,25 @@ class Reconciler:
             )
             return None
         return _Job("lookup", attempt, adapter, Call.of(attempt))
+
+    def _approvals_hold(self, attempt: Attempt, summary: Summary) -> bool:
+        """An approved intent an approval policy held is sent by recovery only while enough
+        of its approvals are valid (the claim checks again, in the same transaction); when
+        they are not, they are void and it waits again (protocol section 11)."""
+        if attempt.approval_policy_id is None or attempt.state != State.INTENT_RECORDED:
+            return True
+        try:
+            states.check_approvals(attempt, timezone.now())
+        except states.ApprovalsNotValid as exc:
+            ledger.void_approvals(
+                attempt,
+                exc.verdict,
+                actor=self.actor,
+                fields={"lease_owner": "", "lease_until": None},
+            )
+            summary.outcomes["approval_void"] += 1
+            return False
+        return True
 
     def _blocked(self, attempt: Attempt, why: str, summary: Summary) -> None:
         """The tool cannot be reached as configured: wait (UNKNOWN past its maximum age goes to

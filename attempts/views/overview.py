@@ -189,6 +189,9 @@ def overview_context(user: Any, now: dt.datetime) -> dict[str, Any]:
         "now": now,
         "unknown_total": by_state.get(State.UNKNOWN, 0),
         "review_total": by_state.get(State.MANUAL_REVIEW, 0),
+        # Approval before dispatch: held work, and what this person may approve now.
+        "held_total": by_state.get(State.AWAITING_APPROVAL, 0),
+        "held_me": Attempt.objects.held_for(user, "me", now).count(),
     }
 
 

@@ -39,6 +39,8 @@ class Plan:
     changes: list[Change] = field(default_factory=list)
     unchanged: int = 0
     warnings: list[str] = field(default_factory=list)
+    # What a change would do, said beside it (approval policies: the attempts they would hold).
+    notes: list[str] = field(default_factory=list)
 
     def ordered(self) -> list[Change]:
         order = {section.name: index for index, section in enumerate(SECTIONS)}
@@ -50,6 +52,7 @@ class Plan:
     def lines(self) -> list[str]:
         lines = [change.describe() for change in self.ordered()]
         lines += [f"warning: {warning}" for warning in self.warnings]
+        lines += [f"note: {note}" for note in self.notes]
         counts = {action: 0 for action in (CREATE, UPDATE, REMOVE)}
         for change in self.changes:
             counts[change.action] += 1
@@ -99,6 +102,7 @@ def plan(document: Document) -> Plan:
                 f"{section.noun} {key}: {text}" for text in section.warnings(normal)
             ]
             entries.setdefault(section.name, []).append((index, normal))
+            result.notes += getattr(section, "notes", lambda _: [])(normal)
             before = current.get(key)
             if before is None:
                 result.changes.append(Change(section, key, CREATE, None, normal, where))

@@ -16,10 +16,13 @@ from typing import Any, ClassVar
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.db.models import ProtectedError
+from django.utils import timezone
 
 from attempts import memberships
 from attempts.models import (
     TERMINAL_STATES,
+    ApprovalCondition,
+    ApprovalPolicy,
     Attempt,
     Grant,
     Membership,
@@ -656,3 +659,139 @@ class NotificationRoutes(Section):
 
 register(SlaPolicies())
 register(NotificationRoutes())
+
+
+class ApprovalPolicies(Section):
+    """Approval before dispatch (protocol section 11, ``attempts.models.ApprovalPolicy``): a
+    tool's calls whose arguments meet a CEL condition wait for approvers. Durations are in
+    seconds. A change of any rule gives the policy a new version, which voids approvals given
+    under the old one."""
+
+    name, noun, subject_prefix = "approval_policies", "approval policy", "approval_policy"
+    key_fields = ("name",)
+    defaults: ClassVar[dict[str, Any]] = {
+        "tool": None,
+        "tenants": [],
+        "condition": "",
+        "approvals_needed": 1,
+        "approver_role": "reviewer",
+        "approver_group": "",
+        "approval_ttl_seconds": 3600,
+        "max_wait_seconds": 86400,
+        "active": True,
+    }
+    references: ClassVar[dict[str, str]] = {"tool": "tools"}
+    # How far back ``plan`` looks for attempts a new or changed condition would have held.
+    LOOK_BACK = dt.timedelta(days=7)
+    LOOK_BACK_ATTEMPTS = 500
+
+    def normalize(self, entry: dict[str, Any]) -> dict[str, Any]:
+        normal = super().normalize(entry)
+        normal["tenants"] = sorted(set(normal["tenants"]))
+        normal["condition"] = normal["condition"].strip()
+        return normal
+
+    def _fill(self, policy: ApprovalPolicy, entry: dict[str, Any]) -> ApprovalPolicy:
+        policy.tool_id = entry["tool"]
+        policy.tenants = list(entry["tenants"])
+        policy.condition = entry["condition"]
+        policy.approvals_needed = entry["approvals_needed"]
+        policy.approver_role = entry["approver_role"]
+        policy.approver_group = entry["approver_group"]
+        policy.approval_ttl = dt.timedelta(seconds=entry["approval_ttl_seconds"])
+        policy.max_wait = dt.timedelta(seconds=entry["max_wait_seconds"])
+        policy.active = entry["active"]
+        return policy
+
+    def problems(self, entry: dict[str, Any]) -> list[tuple[str | None, str]]:
+        # The tool may be new in the same file: its critical flag is checked again at apply.
+        try:
+            self._fill(ApprovalPolicy(name=entry["name"]), entry).clean()
+        except ValidationError as exc:
+            names = {"approval_ttl": "approval_ttl_seconds", "max_wait": "max_wait_seconds"}
+            return [
+                (names.get(field, field), " ".join(messages))
+                for field, messages in exc.message_dict.items()
+            ]
+        return []
+
+    def current(self) -> dict[str, dict[str, Any]]:
+        return {
+            p.name: {
+                "name": p.name,
+                "tool": p.tool_id,
+                "tenants": sorted(p.tenants),
+                "condition": p.condition,
+                "approvals_needed": p.approvals_needed,
+                "approver_role": p.approver_role,
+                "approver_group": p.approver_group,
+                "approval_ttl_seconds": p.approval_ttl_seconds,
+                "max_wait_seconds": p.max_wait_seconds,
+                "active": p.active,
+            }
+            for p in ApprovalPolicy.objects.order_by("name")
+        }
+
+    def _save(self, policy: ApprovalPolicy, entry: dict[str, Any]) -> None:
+        self._fill(policy, entry)
+        try:
+            policy.full_clean(validate_unique=False)
+        except ValidationError as exc:
+            raise Refused(
+                f"approval policy {entry['name']}: "
+                + "; ".join(f"{f}: {' '.join(m)}" for f, m in exc.message_dict.items())
+            ) from None
+        policy.save()
+
+    def create(self, entry: dict[str, Any], by: By) -> str:
+        self._save(ApprovalPolicy(name=entry["name"]), entry)
+        return self.subject(entry["name"])
+
+    def update(self, key: str, before: dict[str, Any], after: dict[str, Any], by: By) -> str:
+        self._save(ApprovalPolicy.objects.get(name=key), after)
+        return self.subject(key)
+
+    def remove(self, key: str, before: dict[str, Any], by: By) -> str:
+        waiting = Attempt.objects.filter(approval_policy_id=key).exclude(state__in=TERMINAL_STATES)
+        if waiting.exists():
+            raise Refused(f"approval policy {key} holds unsettled attempts; set active = false")
+        _protected(f"approval policy {key}", "it held attempts: set active = false instead")(
+            ApprovalPolicy.objects.filter(name=key).delete
+        )()
+        return self.subject(key)
+
+    def tenants_named(self, entry: dict[str, Any]) -> list[str]:
+        return list(entry["tenants"])
+
+    def notes(self, entry: dict[str, Any]) -> list[str]:
+        """For a new or changed rule: which recent attempts of its tool it would have held."""
+        before = self.current().get(entry["name"])
+        rule = ("tool", "tenants", "condition", "active")
+        if not entry["active"] or (before and all(before[f] == entry[f] for f in rule)):
+            return []
+        try:
+            condition = ApprovalCondition(entry["condition"])
+        except ValidationError:
+            return []
+        since = timezone.now() - self.LOOK_BACK
+        recent = Attempt.objects.filter(tool_name=entry["tool"], created_at__gte=since)
+        if entry["tenants"]:
+            recent = recent.filter(tenant_id__in=entry["tenants"])
+        rows = list(
+            recent.order_by("-created_at").values_list("attempt_id", "tenant_id", "args")[
+                : self.LOOK_BACK_ATTEMPTS
+            ]
+        )
+        held = [
+            attempt_id
+            for attempt_id, tenant, args in rows
+            if condition.evaluate(args, tenant=tenant, tool_name=entry["tool"])[0]
+        ]
+        shown = ", ".join(held[:10]) + (f" and {len(held) - 10} more" if len(held) > 10 else "")
+        return [
+            f"approval policy {entry['name']} would have held {len(held)} of the last "
+            f"{len(rows)} {entry['tool']} attempts (7 days)" + (f": {shown}" if held else "")
+        ]
+
+
+register(ApprovalPolicies())

@@ -7,7 +7,7 @@ section 7 is checked against the ledger and against the provider's record.
 
 - ``harness``: scratch databases, the provider process, child processes, the scene of a case;
 - ``invariants``: the section 7 checks, each with its evidence;
-- ``cases``: cases A-F of section 8;
+- ``cases``: cases A-F of section 8, and G-I of section 11 (approval before dispatch);
 - ``fuzz``: random kills over many tool calls;
 - ``report``: the table.
 """

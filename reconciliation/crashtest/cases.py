@@ -1,14 +1,16 @@
-"""Cases A-F of protocol section 8: real agents and reconcilers killed at named points, then
-recovery once, again, and twice at once."""
+"""Cases A-F of protocol section 8, and G-I of section 11 (approval before dispatch): real agents
+and reconcilers killed at named points, then recovery once, again, and twice at once."""
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 from collections.abc import Callable
 from typing import Any
 
-from attempts.models import Attempt, EffectClass, State
+from attempts.models import ApprovalPolicy, Attempt, AttemptEvent, EffectClass, State
 from reconciliation.crashtest.harness import (
+    APPROVERS,
     CASE_TOOLS,
     SETTLED,
     TOOL_TIMEOUT,
@@ -192,6 +194,102 @@ def case_f(scene: Scene) -> None:
     scene.recovery_round()
 
 
+# ---------------------------------------------------------------------------------------------
+# Approval before dispatch (protocol section 11)
+
+
+def _hold_every_call(scene: Scene, *, ttl_seconds: int = 3600) -> None:
+    """An approval policy on each case tool holding every call, for two approvers."""
+    for tool in CASE_TOOLS:
+        ApprovalPolicy.objects.using(scene.alias).create(
+            name=f"hold-{tool}".replace("_", "-"),
+            tool_id=tool,
+            approvals_needed=2,
+            approval_ttl=dt.timedelta(seconds=ttl_seconds),
+        )
+
+
+def _held_agents_killed_while_waiting(scene: Scene, case: str, seq: int) -> list[dict[str, Any]]:
+    """One agent per tool records a held intent and is killed while it waits; returns the
+    calls, for the agents that resume."""
+    calls = [tool_call(tool, f"{case}:held:{tool}", seq) for tool in CASE_TOOLS]
+    results = scene.agents(*({"calls": [c], "crash_at": "approval_waiting"} for c in calls))
+    _expect_killed(scene, results, "approval_waiting")
+    held = Attempt.objects.using(scene.alias).filter(state=State.AWAITING_APPROVAL).count()
+    if held != len(calls):
+        scene.unmet.append(f"{len(calls)} intents were to be held for approval, {held} are")
+    return calls
+
+
+def _finish_race(scene: Scene, agents: list[Any], worker: Any) -> None:
+    for child in agents:
+        result = child.wait()
+        if result.returncode != 0:
+            raise HarnessError(f"a resumed agent failed ({result.returncode}): {result.tail()}")
+    result = worker.wait()
+    scene.recovery_results.append(result)
+    if result.returncode != 0:
+        scene.checks["recovery"].fail(f"a recovery run exited {result.returncode}: {result.tail()}")
+
+
+def case_g(scene: Scene) -> None:
+    """Agents killed while they wait for approval; then approved by two people, the resumed
+    agents and the worker race to send: each call is sent once, by whichever claims it."""
+    _hold_every_call(scene)
+    calls = _held_agents_killed_while_waiting(scene, "g", 7)
+    checkpoint_owned(scene, "while held")
+    for approver in APPROVERS:
+        scene.approve_held(approver)
+    time.sleep(1.1)  # past the grace: the worker may send too
+    racers = [scene.start_agent([call]) for call in calls[:2]]
+    worker = scene.start_recovery()
+    _finish_race(scene, racers, worker)
+    scene.recovery_round()
+
+
+def case_h(scene: Scene) -> None:
+    """Approved work whose agent is gone: the worker sends it and is killed after the provider
+    answered, before committing; recovery finds the send and settles it without a second one."""
+    _hold_every_call(scene)
+    _held_agents_killed_while_waiting(scene, "h", 8)
+    for approver in APPROVERS:
+        scene.approve_held(approver)
+    _kill_a_reconciler(scene, "reconcile_resent")
+    sent = Attempt.objects.using(scene.alias).filter(send_count__gt=0).count()
+    if sent == 0:
+        scene.unmet.append("the killed worker sent none of the approved work")
+    scene.recovery_round()
+
+
+def case_i(scene: Scene) -> None:
+    """An approval expires while claims race it: the agents and a worker claim at the moment
+    the first approver's approvals expire. A claim before it sends; one after finds the approval
+    void and the attempt waits again; a fresh approval then lets it be sent once."""
+    ttl = 3
+    _hold_every_call(scene, ttl_seconds=ttl)
+    calls = _held_agents_killed_while_waiting(scene, "i", 9)
+    scene.approve_held(APPROVERS[0])
+    expires = time.time() + ttl
+    scene.approve_held(APPROVERS[1])
+    # Around the expiry: one agent just before it, one at it, one just after.
+    racers = [
+        scene.start_agent([call], not_before=expires + offset)
+        for call, offset in zip(calls, (-0.05, 0.0, 0.05), strict=True)
+    ]
+    time.sleep(max(0.0, expires - time.time()))
+    worker = scene.start_recovery()
+    _finish_race(scene, racers, worker)
+    void = AttemptEvent.objects.using(scene.alias).filter(action="attempt.approval_void").count()
+    scene.harness.say(f"case I: {void} claim(s) found their approval void")
+    # Approvals that count for an hour now (a new policy version: both approve again).
+    for policy in ApprovalPolicy.objects.using(scene.alias).all():
+        policy.approval_ttl = dt.timedelta(hours=1)
+        policy.save(using=scene.alias)
+    scene.approve_held(APPROVERS[0])
+    scene.approve_held(APPROVERS[1])
+    scene.recovery_round()
+
+
 CASES: dict[str, tuple[str, Callable[[Scene], None]]] = {
     "A": ("kill after the intent commit, before dispatch", case_a),
     "B": ("kill after the dispatch claim and send, before local acknowledgment", case_b),
@@ -199,6 +297,9 @@ CASES: dict[str, tuple[str, Callable[[Scene], None]]] = {
     "D": ("the same task delivered to two workers at once", case_d),
     "E": ("authorization changed while the attempt is UNKNOWN", case_e),
     "F": ("the provider's lookup times out", case_f),
+    "G": ("the agent killed while waiting for approval, then approved", case_g),
+    "H": ("the worker killed mid-send of approved work", case_h),
+    "I": ("an approval expiring while a claim races it", case_i),
 }
 
 

@@ -60,6 +60,7 @@ INVARIANTS: tuple[tuple[str, str], ...] = (
     ("authority", "no widened scope, no crossed tenant, no send under old authority"),
     ("owned", "UNKNOWN and MANUAL_REVIEW work is queued with an owner"),
     ("recovery", "recovery is safe to run twice in a row and twice at once"),
+    ("approved", "nothing a policy held is sent without enough valid approvals at its claim"),
 )
 SETTLED = {State.OUTCOME_CONFIRMED, State.FAILED, State.MANUAL_REVIEW}
 IN_FLIGHT = {State.INTENT_RECORDED, State.DISPATCHED, State.UNKNOWN, State.FAILED_RETRYABLE}
@@ -75,6 +76,8 @@ TOOLS: dict[str, tuple[str, bool]] = {
 CASE_TOOLS = ("update_crm", "open_ticket", "deploy_service")
 TENANTS = ("acme", "globex")
 OWNER = "crashtest-owner"
+# The people who approve held work in cases G-I (reviewers in every tenant).
+APPROVERS = ("crashtest-approver-1", "crashtest-approver-2")
 TOOL_TIMEOUT = 1.0  # seconds the agent and reconciler wait for the provider
 CHILD_TIMEOUT = 120.0  # a child process still running after this is a harness failure
 
@@ -85,6 +88,8 @@ CHILD_SETTINGS = {
     "LEDGERWEB_STALE_AFTER": "1",
     "LEDGERWEB_BACKOFF_BASE": "0",
     "LEDGERWEB_BACKOFF_CAP": "1",
+    # Approved work the agent does not claim is the worker's after one second (cases G-I).
+    "LEDGERWEB_APPROVAL_GRACE": "1",
     "LEDGERWEB_LOG_LEVEL": "WARNING",
     "PYTHONDONTWRITEBYTECODE": "1",
 }
@@ -561,6 +566,15 @@ class Scene:
             fault_env[faults.ENV_CRASH_TIMER_MS] = str(timer_ms)
         return self._spawn("reconcile", list(self.harness.recovery_command), fault_env)
 
+    def approve_held(self, approver: str, *, keys: list[str] | None = None) -> ChildResult:
+        """``approver`` approves held attempts (all, or those under ``keys``) in a child process,
+        through ``review.approve_held`` like a person in the inbox."""
+        command = ["crashtest_review", "--as", approver, *(keys or [])]
+        result = self._spawn("review", command, {}).wait()
+        if result.returncode != 0:
+            raise HarnessError(f"approving as {approver} failed: {result.tail()}")
+        return result
+
     def agents(self, *specs: dict[str, Any]) -> list[ChildResult]:
         """Run agents at once (each spec: the keyword arguments of ``start_agent``)."""
         started = [self.start_agent(**spec) for spec in specs]
@@ -808,6 +822,10 @@ def seed_world(alias: str) -> None:
     for slug in TENANTS:
         Membership.objects.using(alias).create(user=owner, tenant_id=slug, role=Role.REVIEWER)
     OwnershipRule.objects.using(alias).create(owner=owner, tenant_pattern="*", tool_pattern="*")
+    for name in APPROVERS:
+        person = get_user_model().objects.db_manager(alias).create_user(name, f"{name}@ex.invalid")
+        for slug in TENANTS:
+            Membership.objects.using(alias).create(user=person, tenant_id=slug, role=Role.REVIEWER)
 
 
 @contextlib.contextmanager

@@ -12,10 +12,12 @@ from django.db import connections
 from attempts import audit_verify
 from attempts.models import (
     ATTENTION_STATES,
+    Approval,
     Attempt,
     AttemptEvent,
     Membership,
     State,
+    Tool,
 )
 from reconciliation.crashtest.harness import (
     SETTLED,
@@ -227,6 +229,43 @@ def check_owned(scene: Scene, check: Check, moment: str) -> None:
             check.fail(f"at {moment}: {attempt.attempt_id} is UNKNOWN but not queued for a check")
 
 
+def check_approved(scene: Scene, check: Check, effects: list[dict[str, Any]]) -> None:
+    """9. Every claim of an attempt an approval policy held had enough valid approvals at that
+    moment (distinct people, this args_hash and policy version, unexpired), and nothing held
+    was performed without such a claim."""
+    critical = dict(Tool.objects.using(scene.alias).values_list("name", "critical"))
+    performed = defaultdict(list)
+    for effect in effects:
+        performed[effect_key(effect)].append(effect)
+    held = Attempt.objects.using(scene.alias).filter(approval_policy__isnull=False)
+    for attempt in held.select_related("approval_policy"):
+        policy = attempt.approval_policy
+        needed = max(policy.approvals_needed, 2 if critical.get(attempt.tool_name) else 1)
+        approvals = list(Approval.objects.using(scene.alias).filter(attempt_id=attempt.pk))
+        claims = list(
+            AttemptEvent.objects.using(scene.alias).filter(
+                attempt_id=attempt.pk, from_state=State.INTENT_RECORDED, to_state=State.DISPATCHED
+            )
+        )
+        for claim in claims:
+            # The policy version in force at the claim, as its event recorded it.
+            version = (claim.details or {}).get("approvals", {}).get("policy_version")
+            valid = {
+                a.approver_id
+                for a in approvals
+                if a.args_hash == attempt.args_hash
+                and a.policy_version == version
+                and a.created_at <= claim.created_at < a.expires_at
+            }
+            if len(valid) < needed:
+                check.fail(
+                    f"{attempt.attempt_id} was claimed at {claim.created_at:%H:%M:%S.%f} by "
+                    f"{claim.actor} with {len(valid)} valid approval(s) of {needed}"
+                )
+        if performed.get(attempt.idempotency_key) and not claims:
+            check.fail(f"{attempt.attempt_id} was performed but never claimed after approval")
+
+
 def checkpoint_owned(scene: Scene, moment: str) -> None:
     """Invariant 5 at a moment in the middle of a case (checked again at the end)."""
     check_owned(scene, scene.checks["owned"], moment)
@@ -240,6 +279,7 @@ def verify(scene: Scene) -> dict[str, Check]:
     check_visible(scene, scene.checks["visible"], effects)
     check_authority(scene, scene.checks["authority"], effects)
     check_owned(scene, scene.checks["owned"], "the end")
+    check_approved(scene, scene.checks["approved"], effects)
     if not scene.recovery_results:
         scene.checks["recovery"].fail("recovery never ran to completion")
     return scene.checks

@@ -168,3 +168,70 @@ def test_the_client_sends_the_callers_traceparent(ledger: LedgerClient) -> None:
     with pytest.raises(InvalidRequest) as refused:
         ledger.record_intent(**intent("live:badtrace"), traceparent="00-nope")
     assert refused.value.code == "invalid_traceparent"
+
+
+def _held_policy() -> None:
+    from attempts.models import ApprovalPolicy
+
+    ApprovalPolicy.objects.create(
+        name="big-charges",
+        tool_id="charge_card",
+        condition="args.amount_cents > 100000",
+        approvals_needed=2,
+    )
+
+
+def test_call_waits_for_approval_then_sends_once(gunicorn: str, tokens: Tokens, world) -> None:
+    """A held call waits (long-polls gunicorn) while two people approve, then is claimed and
+    sent; the same key later returns the outcome without a second send."""
+    import threading
+    import time
+
+    from django.db import connection
+
+    from attempts import review
+
+    _held_policy()
+    sent: list[str] = []
+    results: list = []
+
+    def send(attempt):
+        sent.append(attempt.idempotency_key)
+        return SendResult(provider_request_id="prv_9", result_ref="ch_9")
+
+    big = intent("charge:live:held", args={"customer": "c", "amount_cents": 250000})
+
+    def agent() -> None:
+        with LedgerClient(gunicorn, tokens.acme, timeout=25) as client:
+            results.append(client.call(**big, send=send, wait_for_approval=20))
+
+    waiting = threading.Thread(target=agent)
+    waiting.start()
+    deadline = time.monotonic() + 10
+    while not Attempt.objects.filter(idempotency_key="charge:live:held").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    attempt_id = Attempt.objects.get(idempotency_key="charge:live:held").attempt_id
+    review.approve_held(attempt_id, user=world.reviewer)
+    review.approve_held(attempt_id, user=world.reviewer2)
+    connection.close()
+    waiting.join(timeout=30)
+    [result] = results
+    assert result.sent and result.confirmed and sent == ["charge:live:held"]
+    with LedgerClient(gunicorn, tokens.acme, timeout=25) as client:
+        again = client.call(**big, send=send, wait_for_approval=5)
+    assert not again.sent and again.confirmed and sent == ["charge:live:held"]
+
+
+def test_call_without_approval_in_time_sends_nothing(ledger: LedgerClient, world) -> None:
+    _held_policy()
+    big = intent("charge:live:wait", args={"customer": "c", "amount_cents": 250000})
+    result = ledger.call(**big, send=lambda a: SendResult(), wait_for_approval=1)
+    assert not result.sent and result.state == "AWAITING_APPROVAL"
+    attempt_id = result.attempt.attempt_id
+    from attempts import review
+
+    review.reject_held(attempt_id, user=world.reviewer, reason="no")
+    assert ledger.wait_for_approval(attempt_id, 5).state == "FAILED"
+    rejected = ledger.call(**big, send=lambda a: SendResult(), wait_for_approval=5)
+    assert not rejected.sent and rejected.state == "FAILED"

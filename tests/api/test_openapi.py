@@ -14,7 +14,7 @@ import pytest
 from django.test import override_settings
 from django.urls import URLPattern, get_resolver
 
-from attempts.models import Grant
+from attempts.models import ApprovalPolicy, Grant
 from tests.api.conftest import Answer, Api, Tokens, intent_body
 
 DOC = json.loads((Path(__file__).resolve().parents[2] / "docs" / "openapi.json").read_text())
@@ -144,6 +144,11 @@ def _provider_request_conflict(api: Api) -> Answer:
     return api.post(f"attempts/{attempt_id}/provider-request", {"provider_request_id": "b"})
 
 
+def _held(api: Api) -> Answer:
+    ApprovalPolicy.objects.create(name="hold-tickets", tool_id="open_ticket")
+    return api.intent("k:202")
+
+
 def _scope_refused(api: Api) -> Answer:
     return api.intent("k:403", credential_scope=["root"])
 
@@ -181,6 +186,7 @@ SCENARIOS: dict[tuple[str, str, str], Callable[[Api], Answer]] = {
         "attempts/att_X/receipt"
     ),
     ("/attempts", "post", "201"): lambda api: api.intent("k:201"),
+    ("/attempts", "post", "202"): _held,
     ("/attempts", "post", "200"): lambda api: (api.intent("k:200"), api.intent("k:200"))[1],
     ("/attempts", "post", "400"): lambda api: api.post("attempts", raw=b"{"),
     ("/attempts", "post", "403"): _scope_refused,
@@ -197,6 +203,9 @@ SCENARIOS: dict[tuple[str, str, str], Callable[[Api], Answer]] = {
         f"attempts/{new_id(api, 'k:get')}"
     ),
     ("/attempts/{attempt_id}", "get", "404"): lambda api: api.get("attempts/att_NONE"),
+    ("/attempts/{attempt_id}", "get", "422"): lambda api: api.get(
+        f"attempts/{new_id(api, 'k:wait')}?wait=600"
+    ),
     ("/attempts/{attempt_id}", "get", "401"): lambda api: api.get("attempts/att_X", token=None),
     ("/attempts/{attempt_id}", "get", "405"): lambda api: api.post("attempts/att_X"),
     ("/attempts/{attempt_id}/dispatch", "post", "200"): _action("dispatch", None, dispatched=False),

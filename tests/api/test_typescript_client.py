@@ -11,7 +11,7 @@ import subprocess
 import pytest
 from django.db import connection
 
-from attempts.models import Attempt, State
+from attempts.models import ApprovalPolicy, Attempt, State
 from tests.api.conftest import Tokens
 from tests.conftest import REPO
 
@@ -30,6 +30,12 @@ def npm() -> str:
 def test_typescript_client_against_the_live_api(live_server, tokens: Tokens) -> None:
     if connection.vendor != "sqlite":
         pytest.skip("the client's behaviour does not depend on the database: runs once, on SQLite")
+    ApprovalPolicy.objects.create(
+        name="ts-big-charges",
+        tool_id="charge_card",
+        condition="args.amount_cents > 100000",
+        approvals_needed=2,
+    )
     env = {
         **os.environ,
         "LEDGERWEB_URL": live_server.url,
@@ -55,6 +61,7 @@ def test_typescript_client_against_the_live_api(live_server, tokens: Tokens) -> 
     assert states["ts:refused"] == State.FAILED
     assert states["ts:retryable"] == State.FAILED_RETRYABLE
     assert states["ts:crash"] == State.UNKNOWN
+    assert states["ts:held"] == State.AWAITING_APPROVAL
     confirmed = Attempt.objects.get(idempotency_key="ts:charge:1")
     assert (confirmed.send_count, confirmed.result_ref) == (1, "ch_ts_1")
     assert "globex" not in set(Attempt.objects.values_list("tenant_id", flat=True))

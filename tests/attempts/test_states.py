@@ -1,14 +1,16 @@
 """Protocol section 3: the legal moves and nothing else, each a compare-and-set with one event;
 history is append-only at the database level."""
 
+import datetime as dt
 import time
 
 import pytest
 from django.db import DatabaseError, IntegrityError, connection, transaction
+from django.utils import timezone
 
 from attempts import ledger, states
 from attempts.locking import write_transaction
-from attempts.models import Attempt, AttemptEvent, State
+from attempts.models import Approval, ApprovalPolicy, Attempt, AttemptEvent, State
 from attempts.states import LEGAL_MOVES, IllegalMove, StaleAttempt
 
 S = State
@@ -36,6 +38,12 @@ PROTOCOL_MOVES = {
     (S.MANUAL_REVIEW, S.FAILED),
     (S.MANUAL_REVIEW, S.RECONCILED),
     (S.MANUAL_REVIEW, S.INTENT_RECORDED),
+    # Section 11: approval before dispatch. An approved intent whose approvals became void before
+    # the claim waits again (INTENT_RECORDED -> AWAITING_APPROVAL: "waits again").
+    (S.AWAITING_APPROVAL, S.INTENT_RECORDED),
+    (S.AWAITING_APPROVAL, S.FAILED),
+    (S.AWAITING_APPROVAL, S.RECONCILED),
+    (S.INTENT_RECORDED, S.AWAITING_APPROVAL),
 }
 
 
@@ -47,22 +55,51 @@ def test_the_table_is_exactly_the_protocols():
         assert LEGAL_MOVES[terminal] == frozenset()
 
 
-def _intent(world, key="k-1"):
+def _intent(world, key="k-1", *, held=False):
+    if held:
+        ApprovalPolicy.objects.get_or_create(
+            name="big-crm-updates", tool_id="update_crm", defaults={"condition": "args.id > 90"}
+        )
     attempt, _ = ledger.record_intent(
         tenant="acme",
         task_id="task-1",
         tool_name="update_crm",
         idempotency_key=key,
-        args={"id": 7},
+        args={"id": 99 if held else 7},
         actor=world.agent,
     )
+    if held:
+        assert attempt.state == S.AWAITING_APPROVAL
+        policy = ApprovalPolicy.objects.get(name="big-crm-updates")
+        now = timezone.now()
+        Approval.objects.create(
+            attempt=attempt,
+            approver=world.reviewer,
+            args_hash=attempt.args_hash,
+            policy=policy,
+            policy_version=policy.version,
+            created_at=now,
+            expires_at=now + dt.timedelta(hours=1),
+        )
     return attempt
+
+
+def _start(world, from_state, to_state):
+    """An attempt in ``from_state``; one an approval policy held (and approved once) when the
+    move leaves or enters AWAITING_APPROVAL."""
+    held = S.AWAITING_APPROVAL in (from_state, to_state)
+    attempt = _intent(world, held=held)
+    if held and from_state != S.AWAITING_APPROVAL:
+        with write_transaction():
+            states.move(attempt, S.INTENT_RECORDED, actor=states.Actor.system())
+    return _force_state(attempt, from_state)
 
 
 def _force_state(attempt, target):
     """Walk an attempt to ``target`` through legal moves only."""
     paths = {
         S.INTENT_RECORDED: [],
+        S.AWAITING_APPROVAL: [],
         S.DISPATCHED: [S.DISPATCHED],
         S.UNKNOWN: [S.DISPATCHED, S.UNKNOWN],
         S.FAILED_RETRYABLE: [S.DISPATCHED, S.FAILED_RETRYABLE],
@@ -82,7 +119,7 @@ def _force_state(attempt, target):
 def test_every_illegal_move_is_refused_and_changes_nothing(world, from_state, to_state):
     if (from_state, to_state) in PROTOCOL_MOVES or from_state == to_state:
         return
-    attempt = _force_state(_intent(world), from_state)
+    attempt = _start(world, from_state, to_state)
     before = Attempt.objects.values().get(pk=attempt.pk)
     events = AttemptEvent.objects.count()
     with pytest.raises(IllegalMove) as exc:
@@ -95,7 +132,7 @@ def test_every_illegal_move_is_refused_and_changes_nothing(world, from_state, to
 
 @pytest.mark.parametrize(("from_state", "to_state"), sorted(PROTOCOL_MOVES))
 def test_every_legal_move_writes_one_event_and_bumps_the_version(world, from_state, to_state):
-    attempt = _force_state(_intent(world), from_state)
+    attempt = _start(world, from_state, to_state)
     version = attempt.version
     events = AttemptEvent.objects.filter(attempt=attempt).count()
     with write_transaction():

@@ -61,6 +61,7 @@ def test_case_d_passes_every_invariant() -> None:
         "authority",
         "owned",
         "recovery",
+        "approved",
     }
     assert all(v["passed"] for v in case["invariants"].values())
     assert case["stats"]["recovery_runs"] == 4  # once, again, and twice at once
@@ -98,10 +99,24 @@ def test_fuzz_reports_its_seed_and_zero_violations() -> None:
     assert fuzz["unsettled_outside_manual_review"] == 0
 
 
+@pytest.mark.parametrize("case", ["G", "H", "I"])
+def test_approval_cases_pass_every_invariant(case: str) -> None:
+    """Agents killed while waiting for approval, the worker killed mid-send of approved work, an
+    approval expiring while claims race it: each held call sent at most once, and only with
+    enough valid approvals at its claim."""
+    code, report, stderr = crashtest("--cases", case, "--json")
+    assert code == 0, stderr
+    [found] = report["cases"]
+    assert found["case"] == case and report["passed"] is True, failed_invariants(report, case)
+    assert found["invariants"]["approved"]["passed"]
+
+
 def test_the_table_names_cases_and_invariants() -> None:
     code, table, stderr = crashtest("--cases", "A")
     assert code == 0, stderr
-    assert "case once       settled    visible    authority  owned      recovery" in table
+    assert (
+        "case once       settled    visible    authority  owned      recovery   approved" in table
+    )
     assert table.strip().endswith("RESULT: PASS")
 
 

@@ -93,7 +93,14 @@ export interface CallResult {
 export interface CallOptions extends IntentRequest {
   /** Sends the effect with `attempt.idempotency_key`; called only when this process claimed it. */
   send: (attempt: Attempt) => Promise<SendResult>;
+  /** When an approval policy holds the call (AWAITING_APPROVAL), wait up to this long for
+   * people to decide, then go on: approved, it is claimed and sent; rejected, expired or still
+   * held, nothing is sent (`sent` false). Calling again with the same key resumes. */
+  waitForApprovalMs?: number;
 }
+
+/** The longest long-poll the server allows by default (LEDGERWEB_APPROVAL_WAIT_MAX), seconds. */
+const POLL_MAX_SECONDS = 20;
 
 export interface ClientOptions {
   /** Bounds each ledger request, in milliseconds (default 10 000). */
@@ -375,6 +382,30 @@ export class LedgerClient {
     );
   }
 
+  /** Wait, holding nothing, while an approval policy holds the attempt (AWAITING_APPROVAL):
+   * long-polls `GET /attempts/{id}?wait=N` until it leaves that state or `timeoutMs` passes,
+   * and returns the attempt as it stands then. INTENT_RECORDED: approved, claim and send as
+   * usual; FAILED: rejected or expired, never send; still AWAITING_APPROVAL: wait again. */
+  async waitForApproval(attemptId: string, timeoutMs: number): Promise<Attempt> {
+    if (!(timeoutMs >= 0)) throw new TypeError("timeoutMs must not be negative");
+    const deadline = Date.now() + timeoutMs;
+    for (;;) {
+      const left = deadline - Date.now();
+      // Each poll stays within the server's bound and this client's own request timeout.
+      const wait = Math.floor(
+        Math.max(0, Math.min(left / 1000, POLL_MAX_SECONDS, this.timeoutMs / 1000 - 1)),
+      );
+      const query = wait > 0 ? `?wait=${wait}` : "";
+      const attempt = LedgerClient.attemptOf(
+        await this.request<AttemptEnvelope>("GET", `${LedgerClient.path(attemptId)}${query}`),
+      );
+      if (attempt.state !== "AWAITING_APPROVAL" || deadline - Date.now() <= 0) return attempt;
+      if (wait === 0) {
+        await new Promise((resolve) => setTimeout(resolve, Math.min(1000, deadline - Date.now())));
+      }
+    }
+  }
+
   /** The attempts recorded under `idempotencyKey` that this token may see. */
   async find(idempotencyKey: string): Promise<Attempt[]> {
     const query = new URLSearchParams({ idempotency_key: idempotencyKey });
@@ -403,11 +434,16 @@ export class LedgerClient {
    *    FAILED_RETRYABLE or FAILED; these are returned in `providerError`, not thrown. Any other
    *    error marks it UNKNOWN (the send may have happened) and is rethrown.
    *
+   * With `waitForApprovalMs`, a call an approval policy holds waits for approval first.
+   *
    * Ledger errors (`IdempotencyConflict`, `Refused`, `LedgerUnavailable`...) are thrown.
    */
   async call(options: CallOptions): Promise<CallResult> {
-    const { send, ...intent } = options;
+    const { send, waitForApprovalMs, ...intent } = options;
     let attempt = await this.recordIntent(intent);
+    if (waitForApprovalMs && attempt.state === "AWAITING_APPROVAL") {
+      attempt = await this.waitForApproval(attempt.attempt_id, waitForApprovalMs);
+    }
     const done = (sent: boolean, sendResult: SendResult | null, error: ProviderError | null) => ({
       attempt,
       sent,

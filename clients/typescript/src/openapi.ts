@@ -149,7 +149,7 @@ export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
         /** @enum {string} */
-        State: "INTENT_RECORDED" | "DISPATCHED" | "OUTCOME_CONFIRMED" | "FAILED_RETRYABLE" | "UNKNOWN" | "MANUAL_REVIEW" | "FAILED" | "RECONCILED";
+        State: "INTENT_RECORDED" | "DISPATCHED" | "OUTCOME_CONFIRMED" | "FAILED_RETRYABLE" | "UNKNOWN" | "AWAITING_APPROVAL" | "MANUAL_REVIEW" | "FAILED" | "RECONCILED";
         Error: {
             error: {
                 code: string;
@@ -215,6 +215,8 @@ export interface components {
             parent_attempt_id: string | null;
             owner: string | null;
             review_reason: string | null;
+            /** @description The approval policy that held this intent before dispatch (protocol section 11), or null. A held attempt waits in AWAITING_APPROVAL until enough valid approvals move it to INTENT_RECORDED. */
+            approval_policy: string | null;
             send_count: number;
             /** @description The W3C traceparent the agent sent with the intent (normalized to version 00). */
             traceparent: string | null;
@@ -468,6 +470,15 @@ export interface operations {
                     "application/json": components["schemas"]["AttemptEnvelope"];
                 };
             };
+            /** @description A new attempt was recorded and an approval policy holds it in AWAITING_APPROVAL (`created: true`): do not send. Wait (`GET /attempts/{attempt_id}?wait=N`) until it is INTENT_RECORDED, then claim the dispatch as usual; FAILED (`approval_rejected`, `approval_expired`) means it must not be sent. */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AttemptEnvelope"];
+                };
+            };
             /** @description Malformed JSON body (`malformed_json`). */
             400: {
                 headers: {
@@ -519,7 +530,10 @@ export interface operations {
     };
     getAttempt: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description Long-poll: while the attempt is AWAITING_APPROVAL, answer once it leaves that state or after this many seconds, whichever is first; the server waits at most LEDGERWEB_APPROVAL_WAIT_MAX seconds (20 by default) whatever is asked. Nothing is held on the server while waiting but the request. */
+                wait?: number;
+            };
             header?: never;
             path: {
                 attempt_id: components["parameters"]["AttemptId"];
@@ -548,6 +562,15 @@ export interface operations {
                 };
             };
             405: components["responses"]["MethodNotAllowed"];
+            /** @description `wait` is not a whole number within the limit, or an unknown query parameter (`invalid_field`). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
         };
     };
     getReceipt: {
@@ -636,7 +659,7 @@ export interface operations {
                 };
             };
             405: components["responses"]["MethodNotAllowed"];
-            /** @description Not INTENT_RECORDED or FAILED_RETRYABLE (`not_dispatchable`, UNKNOWN included: do not send), or authority changed since the intent (`authority_changed`). The body carries the attempt. */
+            /** @description Not INTENT_RECORDED or FAILED_RETRYABLE (`not_dispatchable`, UNKNOWN included: do not send), or authority changed since the intent (`authority_changed`). The body carries the attempt. `awaiting_approval` when an approval policy holds the attempt (AWAITING_APPROVAL, or its approvals expired before this claim and it waits again): do not send. */
             409: {
                 headers: {
                     [name: string]: unknown;

@@ -133,6 +133,31 @@ describe("against a live ledger", live, () => {
     assert.equal(await ledger.dispatch(recorded.attempt_id), true);
     assert.equal(await ledger.dispatch(recorded.attempt_id), false);
   });
+
+  test("a call an approval policy holds waits, then sends nothing while still held", async () => {
+    // The pytest side holds charge_card above 100 000 cents for approval (docs/approvals.md).
+    const big = intent("ts:held", { args: { customer: "cus_1", amount_cents: 250000 } });
+    let sent = 0;
+    const started = Date.now();
+    const result = await ledger.call({
+      ...big,
+      send: async () => {
+        sent += 1;
+        return {};
+      },
+      waitForApprovalMs: 1500,
+    });
+    assert.equal(result.sent, false);
+    assert.equal(result.attempt.state, "AWAITING_APPROVAL");
+    assert.equal(result.attempt.approval_policy, "ts-big-charges");
+    assert.ok(Date.now() - started >= 1400);
+    assert.equal(sent, 0);
+    assert.equal(await ledger.dispatch(result.attempt.attempt_id), false);
+    const plain = await ledger.recordIntent(intent("ts:not-held"));
+    const quick = Date.now();
+    assert.equal((await ledger.waitForApproval(plain.attempt_id, 5000)).state, "INTENT_RECORDED");
+    assert.ok(Date.now() - quick < 1000);
+  });
 });
 
 test("an unreachable ledger is LedgerUnavailable", async () => {

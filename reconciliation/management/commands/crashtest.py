@@ -27,7 +27,7 @@ def _cases(value: str) -> list[str]:
 
 class Command(BaseCommand):
     help = (
-        "Failure injection as a deployment gate. Runs crash cases A-F with real processes "
+        "Failure injection as a deployment gate. Runs crash cases A-I (G-I: approval before dispatch) with real processes "
         "(agents and reconcilers SIGKILLed at named crash points, a real provider process), "
         "runs recovery twice in a row and twice at once, and checks every invariant of protocol "
         "section 7 against the ledger and the provider's own record. Works on a scratch database "
@@ -42,7 +42,7 @@ class Command(BaseCommand):
             default=list(crashtest.CASES),
             help="Which cases to run, e.g. A,C,F (default: all). For fuzzing only: --no-cases --fuzz N.",
         )
-        parser.add_argument("--no-cases", action="store_true", help="Skip cases A-F.")
+        parser.add_argument("--no-cases", action="store_true", help="Skip cases A-I.")
         parser.add_argument(
             "--fuzz",
             type=int,

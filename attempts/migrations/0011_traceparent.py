@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("attempts", "0010_i25ops_notification_routes"),
+        ("attempts", "0010_notification_routes"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

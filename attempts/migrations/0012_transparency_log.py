@@ -13,7 +13,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("attempts", "0009_drop_pattern_ops_copies"),
+        ("attempts", "0011_traceparent"),
     ]
 
     operations = [

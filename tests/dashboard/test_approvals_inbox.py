@@ -1,0 +1,126 @@
+"""The approvals inbox (docs/approvals.md): held attempts by tab, oldest first, with the
+arguments, the policy and the condition's values; approve and reject are POSTs with CSRF and
+the policy's role; the overview counts held work."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from django.test import Client
+
+from attempts import ledger
+from attempts.models import ApprovalPolicy, Attempt, SsoIdentity, State
+
+
+@pytest.fixture
+def held(world):
+    ApprovalPolicy.objects.create(
+        name="big-charges",
+        tool_id="charge_card",
+        condition="args.amount_cents > 100000",
+        approvals_needed=2,
+        max_wait=dt.timedelta(hours=10),
+    )
+    attempts = []
+    for n in (1, 2):
+        attempt, _ = ledger.record_intent(
+            tenant="acme",
+            task_id=f"t{n}",
+            tool_name="charge_card",
+            idempotency_key=f"charge:acme:{n}",
+            args={"amount_cents": 200000 + n, "card_number": "4242"},
+            actor=world.agent,
+        )
+        attempts.append(attempt)
+    return attempts
+
+
+def card(attempt) -> str:
+    return f'data-attempt="{attempt.attempt_id}"'
+
+
+def login(world, name):
+    client = Client()
+    client.force_login(getattr(world, name))
+    return client
+
+
+def test_the_inbox_shows_what_held_each_item_oldest_first(world, held):
+    Attempt.objects.filter(pk=held[0].pk).update(
+        created_at=held[0].created_at - dt.timedelta(hours=9)
+    )
+    page = login(world, "reviewer").get("/approvals/").content.decode()
+    assert page.index(card(held[0])) < page.index(card(held[1]))
+    assert "big-charges" in page and "args.amount_cents &gt; 100000" in page
+    assert "amount_cents = 200001" in page
+    assert "4242" not in page  # secret fields stay redacted
+    assert 'data-sla="breach"' in page
+    assert "0 of 2 approvals" in page
+
+
+def test_tabs_me_group_all(world, held):
+    reviewer = login(world, "reviewer")
+    assert card(held[0]) in reviewer.get("/approvals/?tab=me").content.decode()
+    operator = login(world, "operator")
+    assert card(held[0]) not in operator.get("/approvals/?tab=me").content.decode()
+    assert card(held[0]) in operator.get("/approvals/?tab=all").content.decode()
+    assert "Nothing held for a group" in reviewer.get("/approvals/?tab=group").content.decode()
+    ApprovalPolicy.objects.filter(name="big-charges").update(approver_group="payments")
+    SsoIdentity.objects.create(user=world.reviewer, subject="s", last_login_groups=["payments"])
+    assert card(held[0]) in reviewer.get("/approvals/?tab=group").content.decode()
+    outsider = login(world, "outsider")
+    assert card(held[0]) not in outsider.get("/approvals/?tab=all").content.decode()
+    assert reviewer.get("/approvals/?tab=nope").status_code == 400
+
+
+def _form(attempt, **extra):
+    return {"expected_version": attempt.version, "seen_event": attempt.last_event_id(), **extra}
+
+
+def test_approve_twice_by_two_people_releases_it_and_it_leaves_my_inbox(world, held):
+    attempt = held[0]
+    reviewer = login(world, "reviewer")
+    answer = reviewer.post(
+        f"/approvals/{attempt.attempt_id}/approve/", _form(attempt, comment="ok")
+    )
+    assert answer.status_code == 302
+    attempt.refresh_from_db()
+    assert attempt.state == State.AWAITING_APPROVAL
+    assert card(attempt) not in reviewer.get("/approvals/?tab=me").content.decode()
+    second = login(world, "reviewer2")
+    second.post(f"/approvals/{attempt.attempt_id}/approve/", _form(attempt))
+    attempt.refresh_from_db()
+    assert attempt.state == State.INTENT_RECORDED
+
+
+def test_reject_needs_a_reason_and_the_role(world, held):
+    attempt = held[0]
+    operator = login(world, "operator")
+    operator.post(f"/approvals/{attempt.attempt_id}/reject/", _form(attempt, reason="no"))
+    assert Attempt.objects.get(pk=attempt.pk).state == State.AWAITING_APPROVAL
+    reviewer = login(world, "reviewer")
+    reviewer.post(f"/approvals/{attempt.attempt_id}/reject/", _form(attempt, reason=""))
+    assert Attempt.objects.get(pk=attempt.pk).state == State.AWAITING_APPROVAL
+    reviewer.post(f"/approvals/{attempt.attempt_id}/reject/", _form(attempt, reason="fraud"))
+    attempt.refresh_from_db()
+    assert (attempt.state, attempt.review_reason) == (State.FAILED, "approval_rejected")
+
+
+def test_posts_need_csrf_and_login(world, held):
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(world.reviewer)
+    answer = client.post(f"/approvals/{held[0].attempt_id}/approve/", _form(held[0]))
+    assert answer.status_code == 403
+    anonymous = Client().get("/approvals/")
+    assert anonymous.status_code == 302 and "/login/" in anonymous["Location"]
+    other = login(world, "outsider")
+    assert (
+        other.post(f"/approvals/{held[0].attempt_id}/approve/", _form(held[0])).status_code == 404
+    )
+
+
+def test_the_overview_counts_held_work(world, held):
+    page = login(world, "reviewer").get("/").content.decode()
+    assert 'data-testid="count-held">2<' in page
+    assert "2 awaiting me" in page
