@@ -46,16 +46,18 @@ def test_pg_peers_bench_writes_the_ledgers_rows():
     from bench.pg_peers import database_url
 
     prefix = f"test_peers_{uuid.uuid4().hex[:8]}"
-    args = ["--seconds", "1", "--rounds", "1", "--procs", "1", "--systems", "ledger,raw"]
+    args = ["--seconds", "1", "--rounds", "1", "--procs", "1", "--systems", "ledger,raw,raw1"]
     try:
         done = _run("bench/pg_peers.py", *args, "--database-url", url, "--database-prefix", prefix)
         assert done.returncode == 0, done.stdout + done.stderr
         assert "ledger and raw wrote the same rows" in done.stdout
+        assert "ledger and raw1 wrote the same rows" in done.stdout
+        assert "ledger / raw1  at 1:" in done.stdout
         assert "ledger / raw   at 1:" in done.stdout
         assert "durable commit round trip" in done.stdout
     finally:
         with psycopg.connect(database_url(url, "postgres"), autocommit=True) as conn:
-            for system in ("ledger", "raw"):
+            for system in ("ledger", "raw", "raw1"):
                 conn.execute(f'DROP DATABASE IF EXISTS "{prefix}_{system}" WITH (FORCE)')
 
 
