@@ -484,7 +484,7 @@ def main() -> None:
     )
     print(f"  dbos / raw     at {high}: {ratio(('dbos', high), ('raw', high))}")
     # Issue 26: the ledger against the one-statement floor (target >= 0.5, moonshot 0.7).
-    for count in (low, high):
+    for count in sorted({low, high}):
         print(
             f"  ledger / raw1  at {count}: {ratio(('ledger', count), ('raw1', count))}"
             "  (target >= 0.5)"
