@@ -164,6 +164,7 @@ from attempts.canonical import normalize_args  # noqa: E402
 from attempts.models import (  # noqa: E402
     Attempt,
     AttemptEvent,
+    CheckpointLeaf,
     EffectClass,
     Grant,
     Membership,
@@ -176,6 +177,7 @@ from attempts.verify_export import GENESIS, event_hash  # noqa: E402
 
 ATTEMPT_TABLE = Attempt._meta.db_table
 EVENT_TABLE = AttemptEvent._meta.db_table
+LEAF_TABLE = CheckpointLeaf._meta.db_table
 # Attempt fields a copy takes from its own n (the rest are the template's).
 VARYING = ("tenant", "task_id", "tool_name", "idempotency_key", "args_hash")
 
@@ -477,7 +479,7 @@ def sizes() -> list[tuple[str, str, int]]:
     """(table, relation, bytes) for the ledger's two tables, their indexes and TOAST."""
     out = []
     with connection.cursor() as cursor:
-        for table in (ATTEMPT_TABLE, EVENT_TABLE):
+        for table in (ATTEMPT_TABLE, EVENT_TABLE, LEAF_TABLE):
             if ARGS.database == "postgres":
                 cursor.execute(
                     "SELECT pg_relation_size(%s::regclass), "
@@ -507,13 +509,17 @@ def sizes() -> list[tuple[str, str, int]]:
 
 def print_sizes(attempts: int, events: int) -> dict[str, float]:
     rows = sizes()
+    leaves = CheckpointLeaf.objects.count()
     total = sum(size for _, _, size in rows)
-    print(f"\n== bytes: {total / 1e6:,.1f} MB for {attempts:,} attempts and {events:,} events")
+    print(
+        f"\n== bytes: {total / 1e6:,.1f} MB for {attempts:,} attempts, {events:,} events and "
+        f"{leaves:,} checkpoint leaves (B/row: per row of that table)"
+    )
     for table, name, size in rows:
-        per = attempts if table == ATTEMPT_TABLE else events
+        per = {ATTEMPT_TABLE: attempts, EVENT_TABLE: events}.get(table, max(leaves, 1))
         print(f"  {table:<22} {name:<40} {size / 1e6:10.1f} MB {size / per:8.1f} B/row")
     per_attempt = total / attempts
-    print(f"  total bytes per attempt (with its events): {per_attempt:,.0f} B")
+    print(f"  total bytes per attempt (with its events and leaves): {per_attempt:,.0f} B")
     return {"bytes_per_attempt": per_attempt}
 
 
