@@ -536,10 +536,12 @@ def median_ms(func, repeat: int, *, clear: bool = False) -> float:
     return statistics.median(samples)
 
 
-def deep_cursor(state: str) -> str:
+def deep_cursor(state: str | None) -> str:
+    """A cursor 80% of the way into a queue (one state, or every state), oldest first."""
     from attempts.views.queues import encode_cursor
 
-    queryset = Attempt.objects.filter(state=state).order_by("created_at", "id")
+    queryset = Attempt.objects.all() if state is None else Attempt.objects.filter(state=state)
+    queryset = queryset.order_by("created_at", "id")
     total = queryset.count()
     row = queryset.values("created_at", "id")[int(total * 0.8)]
     return encode_cursor(row["created_at"], row["id"])
@@ -550,11 +552,12 @@ def page_urls() -> dict[str, str]:
     for slug, state in (
         ("unknown", "UNKNOWN"),
         ("review", "MANUAL_REVIEW"),
-        ("inflight", None),
+        ("inflight", ""),
+        ("stale", ""),
         ("all", None),
     ):
         pages[f"queue {slug} first"] = f"/queues/{slug}/"
-        if state:
+        if state != "":  # in-flight work is the write path's few calls: no deep page
             pages[f"queue {slug} deep"] = f"/queues/{slug}/?after={deep_cursor(state)}"
     pages["queue all newest"] = "/queues/all/?sort=newest"
     pages["prefix key narrow"] = "/queues/all/?q=north:open_ticket:12"
