@@ -2,7 +2,8 @@
 
 Counts of the states that need people (UNKNOWN, MANUAL_REVIEW) and of in-flight work are exact
 and live: each is a range count on the (tenant, state, ...) index. Terminal states hold almost
-every row of a busy ledger, so their counts are computed at most once a minute per tenant set
+every row of a busy ledger, so their counts are read from the summary the reconcile worker keeps
+(attempts/counts.py; before its first pass, counted here at most once a minute per tenant set),
 and shown with the time they were taken.
 """
 
@@ -19,6 +20,7 @@ from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
+from attempts import counts
 from attempts.models import ATTENTION_STATES, TERMINAL_STATES, Attempt, State
 from attempts.views._common import user_tenants
 
@@ -51,6 +53,18 @@ def _terminal_counts(tenants: list[str], now: dt.datetime) -> tuple[dict[str, in
         )
     cache.set(key, {"counts": counts, "at": now}, TERMINAL_TTL)
     return counts, now
+
+
+def _terminal_counts_kept(
+    tenants: list[str], now: dt.datetime
+) -> tuple[dict[str, int], dt.datetime, bool]:
+    """Terminal counts as the reconcile worker's count pass keeps them (attempts/counts.py):
+    a few summary rows whatever the size of the ledger. Before its first pass they are counted
+    here (cached for a minute). The flag says which."""
+    kept = counts.terminal_counts(tenants)
+    if kept is not None:
+        return kept[0], kept[1], True
+    return *_terminal_counts(tenants, now), False
 
 
 def _chart(tenants: list[str], now: dt.datetime) -> dict[str, Any]:
@@ -129,7 +143,7 @@ def overview_context(user: Any, now: dt.datetime) -> dict[str, Any]:
         by_state[state] += n
         by_tenant[tenant][state] += n
         by_tool[tool][state] += n
-    terminal, terminal_at = _terminal_counts(tenants, now)
+    terminal, terminal_at, terminal_kept = _terminal_counts_kept(tenants, now)
     oldest = (
         Attempt.objects.visible_to(user)
         .filter(state=State.UNKNOWN)
@@ -176,6 +190,7 @@ def overview_context(user: Any, now: dt.datetime) -> dict[str, Any]:
         "tenant_rows": tenant_rows,
         "tool_rows": tool_rows,
         "terminal_at": terminal_at,
+        "terminal_kept": terminal_kept,
         "oldest_unknown": oldest,
         "oldest_unknown_age": (now - oldest) if oldest else None,
         "my_counts": {

@@ -19,6 +19,7 @@ from urllib.parse import urlencode
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import get_user_model
+from django.core.exceptions import EmptyResultSet
 from django.db import connection
 from django.db.models import BooleanField, Max, Q
 from django.db.models.expressions import RawSQL
@@ -425,7 +426,10 @@ def _estimate_total(lanes: list, search: bool) -> tuple[int, bool]:
     if connection.vendor == "postgresql":
         estimate = 0
         for lane in lanes:
-            sql, params = lane.order_by().values("id").query.sql_with_params()
+            try:
+                sql, params = lane.order_by().values("id").query.sql_with_params()
+            except EmptyResultSet:
+                continue  # a lane that can match nothing (a prefix no field of it can have)
             with connection.cursor() as cursor:
                 cursor.execute("EXPLAIN (FORMAT JSON) " + sql, params)
                 plan = cursor.fetchone()[0]

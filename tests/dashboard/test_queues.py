@@ -335,3 +335,17 @@ def test_prefix_search_has_a_byte_order_index_on_postgresql(world, field):
         cursor.execute("EXPLAIN " + sql, params)
         plan = " | ".join(row[0] for row in cursor.fetchall())
     assert "_prefix_idx" in plan and "Index Cond" in plan, plan
+
+
+def test_a_broad_prefix_with_more_matches_than_counted_exactly_is_estimated(
+    world, clients, monkeypatch
+):
+    # Past COUNT_CAP matches PostgreSQL estimates the total from each lane's plan; a lane no
+    # field can match (a key prefix is never an args hash) has no plan and is left out.
+    monkeypatch.setattr(queues, "COUNT_CAP", 2)
+    for _ in range(4):
+        make_attempt(world, tool="charge_card")
+    response = clients.viewer.get("/queues/all/", {"q": "acme:charge"})
+    assert response.status_code == 200
+    page = response.context["page"]
+    assert len(page.rows) == 4 and page.total >= 2

@@ -15,7 +15,7 @@ from django.core.checks import Tags
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, close_old_connections
 
-from attempts import chain
+from attempts import chain, counts
 from attempts import log as tlog
 from attempts.locking import LedgerBusy
 from attempts.notify import NotifyStep
@@ -139,6 +139,7 @@ class Command(BaseCommand):
                         f"reconcile pass failed: {type(exc).__name__}: {exc}"
                     ) from exc
                 self._seal()
+                self._count()
             else:
                 try:
                     total = self._loop(reconciler, stop, options["interval"], options["verbosity"])
@@ -180,11 +181,14 @@ class Command(BaseCommand):
             worker_id=reconciler.worker_id,
         )
         seal_every = settings.LEDGER["SEAL_EVERY"]
-        next_seal = time.monotonic()
+        next_seal = next_count = time.monotonic()
         while not stop.is_set():
             if time.monotonic() >= next_seal:
                 self._seal()
                 next_seal = time.monotonic() + seal_every
+            if time.monotonic() >= next_count:
+                self._count()
+                next_count = time.monotonic() + counts.COUNT_EVERY
             try:
                 # Calls to a slow provider carry over to the next pass (each bounded by its
                 # deadline), so sealing, notifications and the heartbeat never wait for one.
@@ -270,6 +274,21 @@ class Command(BaseCommand):
     def _notify(self) -> dict[str, int]:
         """One notification step (SLA escalation, enqueue, delivery) unless --no-notify."""
         return self.notify.run() if self.notify is not None else {}
+
+    def _count(self) -> None:
+        """One pass of the overview's terminal counts (attempts/counts.py). A failure is
+        reported and retried at the next turn: the overview shows how old its counts are."""
+        try:
+            counts.refresh()
+        except Exception as exc:
+            if not isinstance(exc, DatabaseError | LedgerBusy):
+                log.exception("counting terminal work failed")
+            self._say(
+                f"counting terminal work failed, retrying later: {exc}",
+                event="worker.count_failed",
+                level=logging.ERROR,
+            )
+            close_old_connections()
 
     def _seal(self) -> None:
         """Seal everything written so far into checkpoints (attempts/chain.py). A failure is

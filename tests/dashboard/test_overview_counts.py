@@ -1,0 +1,142 @@
+"""The overview's terminal counts, kept by the reconcile worker's count pass (attempts/counts.py):
+right after moves (old days included), shown with the time they were taken, and read from a few
+summary rows, so the overview's queries do not grow with the ledger."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+from collections import Counter
+
+from django.core.cache import cache
+from django.core.management import call_command
+from django.db import connection
+from django.db.models import Count
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from attempts import counts, ledger, review
+from attempts.models import (
+    TERMINAL_STATES,
+    Attempt,
+    State,
+    TerminalCount,
+    TerminalCountPass,
+    TerminalDayCount,
+)
+from tests.dashboard.conftest import WORKER, make_attempt, make_unknown
+
+
+def truth() -> Counter:
+    """The terminal counts as the ledger holds them now, per (tenant, tool, state)."""
+    return Counter(
+        {
+            (t, tool, s): n
+            for t, tool, s, n in Attempt.objects.filter(state__in=sorted(TERMINAL_STATES))
+            .values_list("tenant_id", "tool_name", "state")
+            .annotate(n=Count("id"))
+            .order_by()
+        }
+    )
+
+
+def kept() -> Counter:
+    return Counter(
+        {(r.tenant_id, r.tool_name, r.state): r.n for r in TerminalCount.objects.all() if r.n}
+    )
+
+
+def confirmed(world, **kwargs) -> Attempt:
+    attempt = make_attempt(world, **kwargs)
+    attempt, _ = ledger.claim_dispatch(attempt, actor=world.agent)
+    return ledger.confirm(attempt, result_ref="r-1", actor=world.agent)
+
+
+def recorded_days_ago(attempt: Attempt, days: int) -> Attempt:
+    Attempt.objects.filter(pk=attempt.pk).update(
+        created_at=timezone.now() - dt.timedelta(days=days)
+    )
+    attempt.refresh_from_db()
+    return attempt
+
+
+def test_counts_are_right_after_moves_on_old_and_new_days(world):
+    old_unknown = recorded_days_ago(make_unknown(world, tool="charge_card"), 10)
+    old_live = recorded_days_ago(make_unknown(world), 20)
+    recorded_days_ago(confirmed(world), 30)
+    confirmed(world, tenant="globex")
+    today_unknown = make_unknown(world)
+    # Old times set behind the write path's back: one full pass, as after a restore.
+    counts.refresh(full=True)
+    assert kept() == truth() and sum(kept().values()) == 2
+    # Work settles: an UNKNOWN recorded ten days ago, today's, and new work.
+    review.review_confirm(old_unknown, user=world.reviewer, result_ref="r-old", evidence="seen")
+    review.review_fail(today_unknown, user=world.reviewer, reason="declined")
+    confirmed(world, tool="charge_card")
+    ledger.fail(make_attempt(world, tenant="globex"), reason="no", retryable=False, actor=WORKER)
+    assert kept() != truth()  # not live: the pass has not run yet
+    done = counts.refresh()
+    assert kept() == truth() and sum(kept().values()) == 6
+    # Only yesterday, today and the one older day whose live work changed were counted again.
+    assert done.days_counted == 3
+    ten_days_ago = (timezone.now() - dt.timedelta(days=10)).astimezone(dt.UTC).date()
+    assert TerminalDayCount.objects.get(day=ten_days_ago).state == State.OUTCOME_CONFIRMED
+    # The last old one settles; a pass with nothing new changes nothing.
+    review.review_fail(old_live, user=world.reviewer, reason="never sent")
+    counts.refresh()
+    assert kept() == truth() and sum(kept().values()) == 7
+    again = counts.refresh()
+    assert kept() == truth() and again.days_counted == 2
+
+
+def test_the_overview_shows_the_kept_counts_and_when_they_were_taken(world, clients):
+    cache.clear()
+    confirmed(world)
+    taken = counts.refresh().counted_at
+    confirmed(world)
+    response = clients.viewer.get("/")
+    ctx = response.context
+    states = {row["state"]: row["n"] for row in ctx["state_rows"]}
+    assert states[State.OUTCOME_CONFIRMED] == 1  # as of the pass, not live
+    assert ctx["terminal_kept"] and ctx["terminal_at"] == taken
+    body = response.content.decode()
+    assert "counted by the reconcile worker" in body
+    assert taken.astimezone(dt.UTC).strftime("%Y-%m-%d") in body
+    # Scoped to the viewer's tenants like every other count.
+    confirmed(world, tenant="globex")
+    counts.refresh()
+    outsider = {r["state"]: r["n"] for r in clients.outsider.get("/").context["state_rows"]}
+    assert outsider[State.OUTCOME_CONFIRMED] == 1
+
+
+def _overview_queries(client) -> list[str]:
+    client.get("/")  # a first request loads what a session keeps (not what we measure)
+    cache.clear()
+    with CaptureQueriesContext(connection) as captured:
+        assert client.get("/").status_code == 200
+    return [q["sql"] for q in captured.captured_queries]
+
+
+def test_the_overview_does_not_count_terminal_work_and_its_queries_do_not_grow(world, clients):
+    for _ in range(3):
+        confirmed(world)
+    counts.refresh()
+    small = _overview_queries(clients.viewer)
+    for days in (3, 9, 40):
+        recorded_days_ago(confirmed(world, tool="charge_card"), days)
+        ledger.fail(make_attempt(world), reason="no", retryable=False, actor=WORKER)
+    counts.refresh(full=True)
+    large = _overview_queries(clients.viewer)
+    assert len(large) == len(small)
+    attempt_table = Attempt._meta.db_table
+    for sql in large:
+        if attempt_table in sql:
+            assert not any(f"'{state}'" in sql for state in TERMINAL_STATES), sql
+
+
+def test_the_reconcile_worker_runs_the_count_pass(world):
+    confirmed(world)
+    assert not TerminalCountPass.objects.exists()
+    call_command("reconcile", "--once", stdout=io.StringIO())
+    assert TerminalCountPass.objects.count() == 1
+    assert kept() == truth()
