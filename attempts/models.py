@@ -690,8 +690,12 @@ class Attempt(models.Model):
     updated_at = models.DateTimeField()
     # The W3C traceparent the agent sent with its intent (attempts/tracing.py), and its trace id
     # to find the attempt from a trace; empty when none was sent.
-    traceparent = models.CharField(max_length=55, blank=True, default="", editable=False)
-    trace_id = models.CharField(max_length=32, blank=True, default="", editable=False)
+    traceparent = models.CharField(
+        max_length=55, blank=True, default="", db_default="", editable=False
+    )
+    trace_id = models.CharField(
+        max_length=32, blank=True, default="", db_default="", editable=False
+    )
 
     objects = AttemptQuerySet.as_manager()
     # Set on the copy a ledger call returns when it repeated a move and wrote nothing.

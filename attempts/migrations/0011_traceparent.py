@@ -14,12 +14,16 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="attempt",
             name="trace_id",
-            field=models.CharField(blank=True, default="", editable=False, max_length=32),
+            field=models.CharField(
+                blank=True, db_default="", default="", editable=False, max_length=32
+            ),
         ),
         migrations.AddField(
             model_name="attempt",
             name="traceparent",
-            field=models.CharField(blank=True, default="", editable=False, max_length=55),
+            field=models.CharField(
+                blank=True, db_default="", default="", editable=False, max_length=55
+            ),
         ),
         migrations.AddIndex(
             model_name="attempt",

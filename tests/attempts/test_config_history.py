@@ -19,6 +19,8 @@ from django.test import RequestFactory
 from attempts import audit_verify, config_history
 from attempts.models import (
     AgentToken,
+    Approval,
+    ApprovalPolicy,
     Attempt,
     AttemptEvent,
     ConfigEvent,
@@ -48,6 +50,7 @@ NOT_AUTHORITY = {
     AttemptEvent: "read-only, append-only history",
     Notification: "read-only outbox",
     LoginThrottle: "failed log-in counters (deleting one lifts a lock-out early)",
+    Approval: "read-only; a person's decision on one held attempt, recorded by review.py",
 }
 
 
@@ -147,6 +150,12 @@ ADMIN_CHANGES = {
         lambda w: SlaPolicy.objects.create(tool_id="open_ticket"),
         {"unknown_warn_after": dt.timedelta(minutes=30)},
     ),
+    "approval_policy": (
+        lambda w: ApprovalPolicy.objects.create(
+            name="big-updates", tool_id="update_crm", condition="args.amount > 10"
+        ),
+        {"condition": "args.amount > 20", "tenants": '["acme"]'},
+    ),
     "notification_route": (
         lambda w: NotificationRoute.objects.create(name="payments-oncall", tool_pattern="charge_*"),
         {"tenant_pattern": "acme"},
@@ -204,6 +213,7 @@ NEW_ENTRIES = {
     "sso_groups": {"group": "fax", "roles": {"initech": "viewer"}},
     "sla_policies": {"tool": "send_fax", "tenant": "initech", "review_breach_after": "8h"},
     "notification_routes": {"name": "fax-oncall", "tool": "send_fax", "notify": ["rita"]},
+    "approval_policies": {"name": "fax-limit", "tool": "send_fax", "condition": "args.pages > 9"},
 }
 
 
