@@ -258,8 +258,10 @@ class Reconciler:
             return dt.timedelta(seconds=self.lease_seconds)
         timeouts = [t.timeout_seconds for name in tool_names if (t := registry.tool(name))]
         # A lookup, a send and its confirming lookup, after waiting behind a claimed batch that
-        # may all time out, one provider's share of the pool at a time (its bulkhead's cap).
-        rounds = 3 + self.batch_size / min(self.concurrency, self.bulkheads.default_cap)
+        # may all time out. Not sized for a batch queued behind one provider's cap: a dead
+        # worker's claims must come free within minutes; an attempt still queued when its lease
+        # ends may be claimed by another worker, and the fencing version keeps that harmless.
+        rounds = 3 + self.batch_size / self.concurrency
         return dt.timedelta(seconds=max(MIN_LEASE_SECONDS, rounds * max(timeouts, default=0)))
 
     def claim(self, *, cutoff: dt.datetime, limit: int, lease: dt.timedelta) -> list[Attempt]:

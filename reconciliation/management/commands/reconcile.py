@@ -75,7 +75,7 @@ class Command(BaseCommand):
             type=_positive_float,
             default=None,
             help="How long a claim lasts (default: long enough for a claimed batch to time out "
-            "behind one provider's concurrency cap, at least 60 s).",
+            "across the worker's concurrency, at least 60 s).",
         )
         parser.add_argument(
             "--worker-id", default=None, help="Name of this worker (default host:pid:random)."
