@@ -27,7 +27,7 @@ import datetime as dt
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import rfc8785
 
@@ -93,10 +93,18 @@ FROM {EVENTS} e
 WHERE e.attempt_id > {{lo}} AND e.attempt_id <= {{hi}}{{since}}
 ORDER BY e.attempt_id, e.id
 """  # noqa: S608 -- constant table names and integers only
+# PostgreSQL writes each event's time in the chain's own text form (``chain_time``: UTC,
+# microseconds, ``Z``), which the verifier would otherwise build from a datetime per event. Years
+# before 1000 are the one place the two differ (see ``_created_text``).
+EVENT_SQL_POSTGRESQL = EVENT_SQL.replace(
+    "e.created_at,",
+    """to_char(e.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),""",
+)
+if "to_char" not in EVENT_SQL_POSTGRESQL:  # the portable query changed: keep the two in step
+    raise AssertionError("EVENT_SQL_POSTGRESQL no longer replaces the event time")
 EVENT_SINCE_SQL = f"""
  AND e.attempt_id IN (SELECT a.id FROM {ATTEMPTS} a
                       WHERE a.id > {{lo}} AND a.id <= {{hi}}{{since}})"""  # noqa: S608
-NO_EVENT = (None,) * 12
 SINCE_SQL = f"""
  AND (NOT a.sealed OR EXISTS (SELECT 1 FROM {LEAVES} l3 JOIN {CHECKPOINTS} c3
                               ON c3.id = l3.checkpoint_id
@@ -148,10 +156,21 @@ CHUNK = 5000
 BATCH = 5000
 
 
+_scan_json = json.JSONDecoder().scan_once
+
+
 def load_json(value: Any) -> Any:
     """A JSON column as Python: SQLite gives text, psycopg may give text or parsed values."""
+    if type(value) is str:
+        # The decoder's C scanner, without ``json.loads``' per-call set-up: a column written by
+        # the ledger is one JSON value with no surrounding space; anything else takes loads.
+        try:
+            parsed, end = _scan_json(value, 0)
+        except StopIteration:
+            return json.loads(value)  # raises the decoder's own error
+        return parsed if end == len(value) else json.loads(value)
     if isinstance(value, bytes | bytearray | memoryview):
-        value = bytes(value).decode("utf-8")
+        return load_json(bytes(value).decode("utf-8"))
     if isinstance(value, str):
         return json.loads(value)
     return value
@@ -170,10 +189,24 @@ def _rows(cursor: Any, sql: str) -> Iterator[tuple]:
         yield from chunk
 
 
+class Cursors(NamedTuple):
+    """How the verifier opens cursors: ``stream`` for reads of a whole table (a server-side
+    cursor where the database has one, so memory stays flat), ``batch`` for the reads of one
+    keyset batch of attempts, which are bounded (a plain cursor: one round trip, and no copy of
+    the result kept on the server)."""
+
+    stream: Callable[[], Any]
+    batch: Callable[[], Any]
+
+
+def _cursors(factory: Callable[[], Any] | Cursors) -> Cursors:
+    return factory if isinstance(factory, Cursors) else Cursors(factory, factory)
+
+
 class _Verifier:
     def __init__(
         self,
-        cursor_factory: Callable[[], Any],
+        cursor_factory: Callable[[], Any] | Cursors,
         *,
         anchors: Iterable[str],
         max_problems: int,
@@ -182,9 +215,11 @@ class _Verifier:
         since: tuple[int, str] | None = None,
         vendor: str = "sqlite",
     ) -> None:
-        self.cursor_factory = cursor_factory
+        self.cursors = _cursors(cursor_factory)
+        self.cursor_factory = self.cursors.stream
         self.since = since
         self.attempt_sql = ATTEMPT_SQL_POSTGRESQL if vendor == "postgresql" else ATTEMPT_SQL
+        self.event_sql = EVENT_SQL_POSTGRESQL if vendor == "postgresql" else EVENT_SQL
         self.vendor = vendor
         self.anchors = frozenset(anchors)
         self.found: set[str] = set()
@@ -200,8 +235,8 @@ class _Verifier:
     def bad(self, kind: str, message: str, event_id: int | None = None, attempt_id=None) -> None:
         self.checker.problem(Problem(kind, message, event_id, attempt_id))
 
-    def stream(self, sql: str) -> Iterator[tuple]:
-        cursor = self.cursor_factory()
+    def stream(self, sql: str, *, batch: bool = False) -> Iterator[tuple]:
+        cursor = self.cursors.batch() if batch else self.cursor_factory()
         try:
             yield from _rows(cursor, sql)
         finally:
@@ -234,18 +269,18 @@ class _Verifier:
         for start in range(lo, hi, BATCH):
             bounds = {"lo": int(start), "hi": int(min(start + BATCH, hi))}
             events_since = EVENT_SINCE_SQL.format(**bounds, since=since) if since else ""
-            events = self.stream(EVENT_SQL.format(**bounds, since=events_since))
+            events = self.stream(self.event_sql.format(**bounds, since=events_since), batch=True)
             pending = next(events, None)
-            for row in self.stream(self.attempt_sql.format(**bounds, since=since)):
+            for row in self.stream(self.attempt_sql.format(**bounds, since=since), batch=True):
                 pk = row[0]
                 # Events of attempts that are gone are orphans, reported on their own.
                 while pending is not None and pending[0] < pk:
                     pending = next(events, None)
                 group = []
                 while pending is not None and pending[0] == pk:
-                    group.append(row + pending[1:])
+                    group.append(pending)
                     pending = next(events, None)
-                self.attempt(group or [row + NO_EVENT])
+                self.attempt(row, group)
             events.close()
 
     def orphans_and_missing(self) -> None:
@@ -264,68 +299,49 @@ class _Verifier:
         low, high = rows[0] if rows else (None, None)
         return (int(low) - 1, int(high)) if low is not None else (0, 0)
 
-    def attempt(self, group: list[tuple]) -> None:
-        first = group[0]
-        (_pk, attempt_id, state, *_rest) = first
-        chain_head, chain_length, sealed = first[14], first[15], first[16]
-        leaf_length, leaf_head = first[17], first[18]
+    def attempt(self, row: tuple, events: list[tuple]) -> None:
+        """One attempt (``row``: ATTEMPT_SQL's columns) and its events in order (EVENT_SQL's)."""
+        attempt_id = row[1]
+        chain_head, chain_length, sealed = row[14], row[15], row[16]
+        leaf_length, leaf_head = row[17], row[18]
         self.attempts += 1
+        self.events += len(events)
         hashes: list[str] = []
-        times: list[Any] = []
         details_seen: list[Any] = []
         prev = GENESIS
-        for values in group:
-            event_id = values[20]
-            if event_id is None:
-                continue
-            self.events += 1
-            stored, prev_hash, created_at = values[30], values[29], values[28]
+        for event in events:
+            (_, event_id, _, _, _, _, _, _, text, created_at, prev_hash, stored, v) = event
             try:
-                details = load_json(values[27])
-                # What the event's hash covers (verify_export.event_payload), built once.
-                payload = {
-                    "v": int(values[31]),
-                    "attempt_id": attempt_id,
-                    "action": values[21],
-                    "actor_kind": values[22],
-                    "actor": values[23],
-                    "from_state": values[24],
-                    "to_state": values[25],
-                    "reason": values[26],
-                    "details": details,
-                    "created_at": chain_time(created_at),
-                    "prev_hash": prev_hash,
-                }
-                recomputed = _payload_digest(payload)
+                details, plain = _load_details(text)
+                recomputed = _event_digest(attempt_id, event, details, plain)
                 if recomputed != stored:  # the reference encoder has the last word
-                    recomputed = hashlib.sha256(rfc8785.dumps(payload)).hexdigest()
+                    recomputed = hashlib.sha256(
+                        rfc8785.dumps(_event_payload(attempt_id, event, details))
+                    ).hexdigest()
             except (TypeError, ValueError, KeyError, rfc8785.CanonicalizationError) as exc:
                 recomputed = f"unhashable ({exc})"
                 details = None
-            row = {"hash": stored, "prev_hash": prev_hash, "v": values[31]}
-            if recomputed != row["hash"]:
+            if recomputed != stored:
                 self.bad(
                     "content",
-                    f"the event's fields do not match its hash {str(row['hash'])[:16]}…: "
-                    "it was edited",
+                    f"the event's fields do not match its hash {str(stored)[:16]}…: it was edited",
                     event_id,
                     attempt_id,
                 )
-            if row["v"] != LEGACY_FORMAT and row["prev_hash"] != prev:
+            if prev_hash != prev and v != LEGACY_FORMAT:
                 self.bad(
                     "link",
                     f"event {len(hashes) + 1} of this attempt records prev_hash "
-                    f"{str(row['prev_hash'])[:16]}… but the attempt's event before it has "
+                    f"{str(prev_hash)[:16]}… but the attempt's event before it has "
                     f"{prev[:16]}…: an event of this attempt was changed, deleted, inserted or "
                     "reordered",
                     event_id,
                     attempt_id,
                 )
-            prev = row["hash"]
-            hashes.append(row["hash"])
-            times.append(created_at)
+            prev = stored
+            hashes.append(stored)
             details_seen.append(details)
-        self.check_row(group, hashes, details_seen)
+        self.check_row(row, events, details_seen)
         if (chain_head, chain_length) != ((hashes[-1] if hashes else ""), len(hashes)):
             self.bad(
                 "attempt",
@@ -340,7 +356,7 @@ class _Verifier:
             if sealed_length > len(hashes) or hashes[sealed_length - 1] != leaf_head:
                 self.bad(
                     "seal",
-                    f"checkpoint {first[19]} sealed this attempt at {sealed_length} events ending "
+                    f"checkpoint {row[19]} sealed this attempt at {sealed_length} events ending "
                     f"{str(leaf_head)[:16]}…, but its history "
                     + (
                         f"has only {len(hashes)} events: sealed events were deleted"
@@ -352,7 +368,7 @@ class _Verifier:
                 )
         if len(hashes) > sealed_length:
             self.unsealed_attempts += 1
-            moment = _moment(times[sealed_length])
+            moment = _moment(events[sealed_length][9])
             if self.oldest_unsealed is None or moment < self.oldest_unsealed:
                 self.oldest_unsealed = moment
             if sealed and leaf_length is not None:
@@ -363,7 +379,7 @@ class _Verifier:
                     attempt_id=attempt_id,
                 )
 
-    def check_row(self, group: list[tuple], hashes: list[str], details: list[Any]) -> None:
+    def check_row(self, row: tuple, events: list[tuple], details: list[Any]) -> None:
         (
             _pk,
             attempt_id,
@@ -379,8 +395,8 @@ class _Verifier:
             parent_attempt_id,
             provider_request_id,
             result_ref,
-        ) = group[0][:14]
-        first_event_id, first_action = group[0][20], group[0][21]
+        ) = row[:14]
+        first_event_id, first_action = (events[0][1], events[0][2]) if events else (None, None)
 
         def bad(message: str, event_id: int | None = None) -> None:
             self.bad("attempt", message, event_id, attempt_id)
@@ -425,8 +441,8 @@ class _Verifier:
                 bad("its args no longer hash to its args_hash: the args were edited")
         except (ValueError, TypeError, rfc8785.CanonicalizationError) as exc:
             bad(f"its args cannot be hashed: {exc}")
-        last = group[-1]
-        last_event_id, last_to_state = last[20], last[25]
+        last = events[-1]
+        last_event_id, last_to_state = last[1], last[6]
         if state != last_to_state:
             bad(
                 f"its state is {state} but its last event (id {last_event_id}) moved it to "
@@ -607,7 +623,7 @@ class _Verifier:
 
 
 def verify_database(
-    cursor_factory: Callable[[], Any],
+    cursor_factory: Callable[[], Any] | Cursors,
     *,
     anchors: Iterable[str] = (),
     max_problems: int = 50,
@@ -615,7 +631,7 @@ def verify_database(
     now: dt.datetime | None = None,
     what: str = "database",
     jobs: int = 1,
-    connect: Callable[[], Callable[[], Any]] | None = None,
+    connect: Callable[[], Callable[[], Any] | Cursors] | None = None,
     before_fork: Callable[[], None] | None = None,
     since: tuple[int, str] | None = None,
     log_keys: Iterable[Any] = (),
@@ -623,7 +639,8 @@ def verify_database(
     vendor: str = "sqlite",
 ) -> Report:
     """Verify the history and every attempt row. ``cursor_factory`` returns a fresh DB-API
-    cursor (``django.db.connection.chunked_cursor`` streams on PostgreSQL).
+    cursor (``django.db.connection.chunked_cursor`` streams on PostgreSQL), or is a
+    ``Cursors`` pair that also says how to read one bounded batch.
     ``before_fork`` closes this process's connection before workers start: a connection must
     never be shared with a forked process. ``vendor`` ("sqlite", "postgresql") picks the form
     of the queries that reads best there (any form works on both).
@@ -722,7 +739,7 @@ def log_checks(verifier: _Verifier, *, log_keys=(), witness_keys=()) -> None:
         if index != expected_index:
             verifier.bad("log", f"log leaf {expected_index} is missing (next is {index})")
             expected_index = index
-        value = leaf_hash(attempt_id, length, head)
+        value = _leaf_digest(attempt_id, length, head)
         if stored is None or bytes(stored) != value:
             verifier.bad(
                 "log",
@@ -845,17 +862,94 @@ def _parallel(
         checker.problem(problem)
 
 
-def _payload_digest(payload: dict[str, Any]) -> str:
-    """SHA-256 of an event's payload with the fast encoder. Every field but ``details`` is text
-    (or the format number) as read from the database, which the C encoder writes as RFC 8785
-    does, so only ``details`` needs checking; anything else goes through ``jcs.dumps``. A
-    mismatch is always recomputed with the reference encoder before it is reported."""
-    if jcs.plain(payload["details"]):
+_string = jcs.encode_string
+
+
+class _NotPlain(Exception):
+    pass
+
+
+def _no_float(text: str) -> Any:
+    raise _NotPlain
+
+
+def _small_int(text: str) -> int:
+    # 15 digits are always within JCS's range (below 2**53); longer ones ask jcs.plain.
+    if len(text) > 15:
+        raise _NotPlain
+    return int(text)
+
+
+_scan_plain = json.JSONDecoder(
+    parse_float=_no_float, parse_int=_small_int, parse_constant=_no_float
+).scan_once
+
+
+def _load_details(value: Any) -> tuple[Any, bool | None]:
+    """An event's ``details`` column as Python, and whether the fast encoder writes it exactly as
+    RFC 8785 does (``jcs.plain``), told from the text where that is cheap: ASCII JSON with no
+    ``\\u`` escape (so no astral or lone surrogate characters), no number with a fraction or an
+    exponent, no integer that could be out of range. None: not known, ask ``jcs.plain``."""
+    if type(value) is str and value.isascii() and "\\u" not in value:
         try:
-            return hashlib.sha256(jcs.encode_plain(payload)).hexdigest()
-        except UnicodeEncodeError:
-            pass
-    return hashlib.sha256(jcs.dumps(payload)).hexdigest()
+            parsed, end = _scan_plain(value, 0)
+        except (_NotPlain, StopIteration):
+            return load_json(value), None
+        if end == len(value):
+            return parsed, True
+    return load_json(value), None
+
+
+def _event_payload(attempt_id: Any, event: tuple, details: Any) -> dict[str, Any]:
+    """What an event's hash covers (``verify_export.event_payload``), from EVENT_SQL's columns,
+    for the reference encoder."""
+    return {
+        "v": int(event[12]),
+        "attempt_id": attempt_id,
+        "action": event[2],
+        "actor_kind": event[3],
+        "actor": event[4],
+        "from_state": event[5],
+        "to_state": event[6],
+        "reason": event[7],
+        "details": details,
+        "created_at": _created_text(chain_time(event[9])),
+        "prev_hash": event[10],
+    }
+
+
+def _event_digest(attempt_id: Any, event: tuple, details: Any, plain: bool | None) -> str:
+    """The event's hash with the fast encoder: the payload's keys are fixed, so its canonical
+    text is written in their sorted order here (the bytes ``jcs.encode_plain`` gives for
+    ``_event_payload``, held to the reference by the tests) rather than sorting the keys of
+    every event again. Every field but ``details`` is text (or the format number) as read from
+    the database, which the C encoder writes as RFC 8785 does, so only ``details`` needs
+    checking (``plain``: known from its text, None: ask ``jcs.plain``); anything else, and a
+    field that is not text, goes through ``jcs.dumps``. A mismatch is always recomputed with
+    the reference encoder before it is reported."""
+    if plain or (plain is None and jcs.plain(details)):
+        try:
+            text = (
+                f'{{"action":{_string(event[2])},"actor":{_string(event[4])},'
+                f'"actor_kind":{_string(event[3])},"attempt_id":{_string(attempt_id)},'
+                f'"created_at":{_string(chain_time(event[9]))},'
+                f'"details":{jcs.encode_plain_text(details)},'
+                f'"from_state":{_string(event[5])},"prev_hash":{_string(event[10])},'
+                f'"reason":{_string(event[7])},"to_state":{_string(event[6])},'
+                f'"v":{int(event[12])}}}'
+            )
+            return hashlib.sha256(text.encode("utf-8")).hexdigest()
+        except (TypeError, UnicodeEncodeError):
+            pass  # a field that is not text (NULL, say), or a lone surrogate
+    return hashlib.sha256(jcs.dumps(_event_payload(attempt_id, event, details))).hexdigest()
+
+
+def _created_text(text: Any) -> Any:
+    """The writer's text for an event time PostgreSQL gave as ``to_char`` text: the same, except
+    a year before 1000, which ``chain_time`` writes unpadded."""
+    if isinstance(text, str) and text.startswith("0") and len(text) == 27:
+        return chain_time(_moment(text))
+    return text
 
 
 def _leaf_digest(attempt_id: Any, length: Any, head: Any) -> bytes:
@@ -890,6 +984,7 @@ def verify_django_database(
     ``verify_database``; ``log_keys``/``witness_keys``: verifier keys the stored signatures and
     cosignatures are checked with)."""
     from django.db import connections
+    from django.db.backends.signals import connection_created
 
     connection = connections[using]
     name = connection.settings_dict.get("NAME")
@@ -899,24 +994,51 @@ def verify_django_database(
         # Other processes could not see this transaction's rows, or this in-memory database.
         notes.append(f"verified in one process, not {jobs}: the database is not shareable here")
         jobs = 1
-    report = verify_database(
-        connection.chunked_cursor,
-        anchors=anchors,
-        max_problems=max_problems,
-        max_unsealed_seconds=max_unsealed_seconds,
-        what=f"{connection.vendor} database {name}",
-        log_keys=log_keys,
-        witness_keys=witness_keys,
-        jobs=jobs,
-        connect=lambda: connections[using].chunked_cursor,
-        # Each worker opens its own connection; one open here would be shared after the fork.
-        before_fork=connection.close,
-        since=since,
-        vendor=connection.vendor,
-    )
+
+    def cursors() -> Cursors:
+        # Whole tables stream through a server-side cursor; a batch is read in one go.
+        return Cursors(connections[using].chunked_cursor, connections[using].cursor)
+
+    serial = connection.vendor == "postgresql" and not connection.in_atomic_block
+    if serial:
+        # One plan per batch: the verifier already runs a process per core (--jobs), and a
+        # parallel plan for a keyset batch of a few thousand rows costs more (starting its
+        # workers, gathering, sorting again) than it saves. For this process's connection and
+        # those its workers open.
+        connection_created.connect(_serial_plans)
+        if connection.connection is not None:
+            _serial_plans(connection=connection)
+    try:
+        report = verify_database(
+            cursors(),
+            anchors=anchors,
+            max_problems=max_problems,
+            max_unsealed_seconds=max_unsealed_seconds,
+            what=f"{connection.vendor} database {name}",
+            log_keys=log_keys,
+            witness_keys=witness_keys,
+            jobs=jobs,
+            connect=cursors,
+            # Each worker opens its own connection; one open here would be shared after the fork.
+            before_fork=connection.close,
+            since=since,
+            vendor=connection.vendor,
+        )
+    finally:
+        if serial:
+            connection_created.disconnect(_serial_plans)
+            if connection.connection is not None:
+                with connection.cursor() as cursor:
+                    cursor.execute("RESET max_parallel_workers_per_gather")
     report.notes.extend(notes)
     check_config_drift(report, max_problems=max_problems)
     return report
+
+
+def _serial_plans(connection: Any, **_: Any) -> None:
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SET max_parallel_workers_per_gather = 0")
 
 
 def check_config_drift(report: Report, *, max_problems: int = 50) -> None:

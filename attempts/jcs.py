@@ -34,12 +34,34 @@ _INT_LIMIT = 2**53 - 1
 # Deeper values are rare and take the reference path (which has no depth shortcut to trip).
 _FAST_DEPTH = 64
 
-_encode = json.JSONEncoder(
+_encoder = json.JSONEncoder(
     ensure_ascii=False,
     sort_keys=True,
     separators=(",", ":"),
     allow_nan=False,
-).encode
+)
+_encode = _encoder.encode
+# The encoder's C core, built once: ``JSONEncoder.encode`` builds it again on every call, which
+# cost a verifier more than the encoding itself. Without circular-reference markers, which
+# ``_plain`` makes unneeded (it gives up past _FAST_DEPTH, so a cycle takes the reference path).
+try:
+    from json.encoder import c_encode_basestring as _c_string
+    from json.encoder import c_make_encoder as _c_make_encoder
+except ImportError:  # an interpreter without the C accelerator
+    _c_string = _c_make_encoder = None
+if _c_make_encoder is not None and _c_string is not None:
+    _c_encode = _c_make_encoder(
+        None, _encoder.default, _c_string, None, ":", ",", True, False, False
+    )
+
+    def encode_plain_text(value: Any) -> str:
+        """``encode_plain`` as text."""
+        return "".join(_c_encode(value, 0))
+
+    encode_string = _c_string
+else:  # pragma: no cover - CPython always has it
+    encode_plain_text = _encode
+    encode_string = json.encoder.py_encode_basestring
 
 
 def _astral(text: str) -> bool:
@@ -85,7 +107,7 @@ def dumps(value: Any) -> bytes:
     """The RFC 8785 canonical JSON of ``value``; raises what ``rfc8785.dumps`` raises."""
     if _plain(value):
         try:
-            return _encode(value).encode("utf-8")
+            return encode_plain_text(value).encode("utf-8")
         except UnicodeEncodeError:
             pass  # a lone surrogate: let the reference refuse it in its own words
     return rfc8785.dumps(value)
@@ -100,4 +122,4 @@ def encode_plain(value: Any) -> bytes:
     """The C encoder's bytes for a value the caller checked with ``plain`` (or knows to be made
     of plain parts: a verifier checks only the one free-form field of a record); raises
     UnicodeEncodeError for a lone surrogate."""
-    return _encode(value).encode("utf-8")
+    return encode_plain_text(value).encode("utf-8")

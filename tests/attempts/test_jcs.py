@@ -119,3 +119,66 @@ def test_refusals_are_the_references():
             jcs.dumps(value)
     with pytest.raises(rfc8785.CanonicalizationError):
         jcs.dumps({1: "non-string key"})
+
+
+# The verifier writes an event's payload in its fixed key order (audit_verify._event_digest)
+# instead of sorting the keys of each event: its digest must be the reference's for any text in
+# the fields and any details, and a field that is not text (a NULL) must still hash.
+event_fields = st.one_of(interesting_text, st.none())
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.fixed_dictionaries(
+        {
+            "v": st.integers(min_value=1, max_value=9),
+            "attempt_id": event_fields,
+            "action": event_fields,
+            "actor_kind": event_fields,
+            "actor": event_fields,
+            "from_state": event_fields,
+            "to_state": event_fields,
+            "reason": event_fields,
+            "details": values,
+            "prev_hash": event_fields,
+        }
+    )
+)
+def test_the_verifiers_event_digest_is_the_references(payload):
+    import hashlib
+
+    from attempts.audit_verify import _event_digest
+
+    # EVENT_SQL's columns: attempt pk, id, action, actor_kind, actor, from_state, to_state,
+    # reason, details (as text: not read here), created_at, prev_hash, hash, chain_format.
+    p = payload
+    event = (1, 1, p["action"], p["actor_kind"], p["actor"], p["from_state"], p["to_state"])
+    event += (p["reason"], None, "2026-01-01T00:00:00.000000Z", p["prev_hash"], "", p["v"])
+    expected = {**payload, "created_at": event[9]}
+
+    def reference(value):
+        return hashlib.sha256(rfc8785.dumps(value)).hexdigest()
+
+    def fast(plain):
+        return _event_digest(p["attempt_id"], event, p["details"], plain)
+
+    for plain in (None, jcs.plain(payload["details"]) or None):
+        assert outcome(fast, plain) == outcome(reference, expected)
+
+
+@settings(max_examples=400, deadline=None)
+@given(values, st.booleans(), st.sampled_from([(",", ":"), (", ", ": ")]))
+def test_the_verifiers_plain_from_text_agrees_with_jcs_plain(value, ascii_only, separators):
+    # Details as the databases give them back (SQLite: Django's escaped JSON text; PostgreSQL:
+    # jsonb's own spacing, UTF-8 as is): told plain from the text only when jcs.plain agrees.
+    import json
+    import math
+
+    from attempts.audit_verify import _load_details
+
+    text = json.dumps(value, ensure_ascii=ascii_only, separators=separators)
+    parsed, plain = _load_details(text)
+    if not (isinstance(value, float) and math.isnan(value)):
+        assert json.dumps(parsed) == json.dumps(json.loads(text))
+    if plain:
+        assert jcs.plain(parsed)
