@@ -2,6 +2,10 @@
 of attempt events, configuration changes, checkpoints and their leaves are refused by the
 database itself, whoever asks.
 
+One exception, for retention (reconciliation/archive): the events of an attempt listed in
+``attempts_archivedattempt`` (written to an archive, in the transaction that removes it) may be
+deleted; any other DELETE of an event is still refused, and the listing itself is append-only.
+
 Installed by migration 0002 and re-installed after every ``migrate`` or ``flush`` (post_migrate),
 so a database can never be left without them by the tools we ship.
 """
@@ -16,15 +20,33 @@ TABLES = (
     "attempts_logentry",
     "attempts_lognode",
     "attempts_checkpointsignature",
+    "attempts_archive",
+    "attempts_archivedattempt",
 )
+
+# The one DELETE history allows: the events of an attempt that ``ledgerweb archive run`` wrote
+# to an archive and listed in this table, in the same transaction (reconciliation/archive).
+EVENTS = "attempts_attemptevent"
+ARCHIVED = "attempts_archivedattempt"
+_ARCHIVED_ROW = f"EXISTS (SELECT 1 FROM {ARCHIVED} WHERE row_id = OLD.attempt_id)"  # noqa: S608
 
 
 def _short(table: str) -> str:
     return table.removeprefix("attempts_")
 
 
-def _sqlite_install(table: str) -> list[str]:
+def _sqlite_install(table: str, existing: set[str] = frozenset()) -> list[str]:
     name = _short(table)
+    if table == EVENTS and ARCHIVED in existing:
+        return [
+            f"""CREATE TRIGGER IF NOT EXISTS {name}_no_update BEFORE UPDATE ON {table}
+            BEGIN SELECT RAISE(ABORT, 'audit history is append-only: UPDATE refused'); END""",
+            # Replaced, not kept: ledgers from before archives have the trigger without WHEN.
+            f"DROP TRIGGER IF EXISTS {name}_no_delete",
+            f"""CREATE TRIGGER {name}_no_delete BEFORE DELETE ON {table}
+            WHEN NOT {_ARCHIVED_ROW}
+            BEGIN SELECT RAISE(ABORT, 'audit history is append-only: DELETE refused'); END""",
+        ]
     return [
         f"""CREATE TRIGGER IF NOT EXISTS {name}_no_update BEFORE UPDATE ON {table}
             BEGIN SELECT RAISE(ABORT, 'audit history is append-only: UPDATE refused'); END""",
@@ -45,11 +67,27 @@ _PG_FUNCTION = """CREATE OR REPLACE FUNCTION ledger_refuse_history_change() RETU
    END; $$ LANGUAGE plpgsql"""
 
 
-def _pg_install(table: str) -> list[str]:
+_PG_EVENT_FUNCTION = f"""CREATE OR REPLACE FUNCTION ledger_refuse_event_change() RETURNS trigger
+   AS $$
+   BEGIN
+     IF TG_OP = 'DELETE' AND {_ARCHIVED_ROW} THEN
+       RETURN OLD;
+     END IF;
+     RAISE EXCEPTION 'audit history is append-only: % refused', TG_OP
+       USING ERRCODE = 'insufficient_privilege';
+   END; $$ LANGUAGE plpgsql"""
+
+
+def _pg_install(table: str, existing: set[str] = frozenset()) -> list[str]:
     name = _short(table)
+    function = (
+        "ledger_refuse_event_change"
+        if table == EVENTS and ARCHIVED in existing
+        else "ledger_refuse_history_change"
+    )
     return [
         f"""CREATE OR REPLACE TRIGGER {name}_append_only BEFORE UPDATE OR DELETE ON {table}
-            FOR EACH ROW EXECUTE FUNCTION ledger_refuse_history_change()""",
+            FOR EACH ROW EXECUTE FUNCTION {function}()""",
         f"""CREATE OR REPLACE TRIGGER {name}_no_truncate BEFORE TRUNCATE ON {table}
             FOR EACH STATEMENT EXECUTE FUNCTION ledger_refuse_history_change()""",
     ]
@@ -68,13 +106,15 @@ def _run(connection, install: bool) -> None:
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql" and install:
             cursor.execute(_PG_FUNCTION)
+            if ARCHIVED in existing:
+                cursor.execute(_PG_EVENT_FUNCTION)
         for table in TABLES:
             if table not in existing:
                 continue
             if connection.vendor == "sqlite":
-                statements = _sqlite_install(table) if install else _sqlite_remove(table)
+                statements = _sqlite_install(table, existing) if install else _sqlite_remove(table)
             elif connection.vendor == "postgresql":
-                statements = _pg_install(table) if install else _pg_remove(table)
+                statements = _pg_install(table, existing) if install else _pg_remove(table)
             else:
                 statements = []
             for statement in statements:
