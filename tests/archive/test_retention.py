@@ -61,8 +61,8 @@ def test_dry_run_counts_and_changes_nothing(ledger_with_rules, tmp_path):
 
 
 def test_no_signed_checkpoint_no_archive(world, tmp_path, settings):
-    from tests.archive.conftest import age, make
     from attempts.models import RetentionRule
+    from tests.archive.conftest import age, make
 
     attempt = make("acme", "update_crm", "unsigned:1")
     age([attempt], 40)
