@@ -37,21 +37,19 @@ def _short(table: str) -> str:
 
 def _sqlite_install(table: str, existing: set[str] = frozenset()) -> list[str]:
     name = _short(table)
-    if table == EVENTS and ARCHIVED in existing:
-        return [
-            f"""CREATE TRIGGER IF NOT EXISTS {name}_no_update BEFORE UPDATE ON {table}
-            BEGIN SELECT RAISE(ABORT, 'audit history is append-only: UPDATE refused'); END""",
-            # Replaced, not kept: ledgers from before archives have the trigger without WHEN.
-            f"DROP TRIGGER IF EXISTS {name}_no_delete",
-            f"""CREATE TRIGGER {name}_no_delete BEFORE DELETE ON {table}
-            WHEN NOT {_ARCHIVED_ROW}
-            BEGIN SELECT RAISE(ABORT, 'audit history is append-only: DELETE refused'); END""",
-        ]
+    update = f"""CREATE TRIGGER IF NOT EXISTS {name}_no_update BEFORE UPDATE ON {table}
+            BEGIN SELECT RAISE(ABORT, 'audit history is append-only: UPDATE refused'); END"""
+    delete = f"""BEFORE DELETE ON {table}
+            BEGIN SELECT RAISE(ABORT, 'audit history is append-only: DELETE refused'); END"""
+    if table != EVENTS:
+        return [update, f"CREATE TRIGGER IF NOT EXISTS {name}_no_delete {delete}"]
+    # The events' DELETE trigger is replaced, not kept: it reads the archived list once that
+    # table exists, and must not once it is gone (migrating back).
+    when = f"WHEN NOT {_ARCHIVED_ROW}" if ARCHIVED in existing else ""
     return [
-        f"""CREATE TRIGGER IF NOT EXISTS {name}_no_update BEFORE UPDATE ON {table}
-            BEGIN SELECT RAISE(ABORT, 'audit history is append-only: UPDATE refused'); END""",
-        f"""CREATE TRIGGER IF NOT EXISTS {name}_no_delete BEFORE DELETE ON {table}
-            BEGIN SELECT RAISE(ABORT, 'audit history is append-only: DELETE refused'); END""",
+        update,
+        f"DROP TRIGGER IF EXISTS {name}_no_delete",
+        f"CREATE TRIGGER {name}_no_delete {delete.replace('BEGIN', when + ' BEGIN', 1)}",
     ]
 
 
@@ -101,8 +99,10 @@ def _pg_remove(table: str) -> list[str]:
     ]
 
 
-def _run(connection, install: bool) -> None:
+def _run(connection, install: bool, *, without_archives: bool = False) -> None:
     existing = set(connection.introspection.table_names())
+    if without_archives:
+        existing -= {"attempts_archive", ARCHIVED}
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql" and install:
             cursor.execute(_PG_FUNCTION)
@@ -121,8 +121,10 @@ def _run(connection, install: bool) -> None:
                 cursor.execute(statement)
 
 
-def install(connection) -> None:
-    _run(connection, install=True)
+def install(connection, *, without_archives: bool = False) -> None:
+    """Install every guard. ``without_archives``: as before archives existed (the events'
+    DELETE refused outright), for migrating back past them."""
+    _run(connection, install=True, without_archives=without_archives)
 
 
 def remove(connection) -> None:

@@ -228,18 +228,30 @@ def test_restore_loads_archives_into_a_scratch_database(ledger_with_rules, tmp_p
 def test_restore_refuses_the_ledgers_own_database(ledger_with_rules, tmp_path):
     from django.core.management.base import CommandError
 
+    from tests.conftest import child_env
+
     _run(tmp_path)
-    if connection.vendor != "sqlite":
-        pytest.skip("the SQLite form of the check")
+    if connection.vendor == "sqlite":
+        into = ["--into-sqlite", str(connection.settings_dict["NAME"])]
+    else:
+        into = ["--into-database-url", child_env()["DATABASE_URL"]]
     with pytest.raises(CommandError, match="the ledger's own database"):
-        call_command(
-            "archive",
-            "restore",
-            "--from",
-            str(tmp_path / "archives"),
-            "--into-sqlite",
-            str(connection.settings_dict["NAME"]),
-        )
+        call_command("archive", "restore", "--from", str(tmp_path / "archives"), *into)
+
+
+def test_a_whole_ledger_export_after_archiving_verifies_offline(ledger_with_rules, tmp_path):
+    """The export still carries every log leaf (the tree keeps them); the removed attempts'
+    histories are in the archive, checked beside it."""
+    import io
+
+    result = _run(tmp_path)
+    seal_all()
+    out = tmp_path / "audit.jsonl"
+    call_command("export_audit", "--format", "jsonl", "--out", str(out), stdout=io.StringIO())
+    assert verify_export.main([str(out)]) == 0
+    assert (
+        verify_export.main([str(out), "--archive", str(tmp_path / "archives" / result.name)]) == 0
+    )
 
 
 def test_archive_rows_record_where_each_attempt_went(ledger_with_rules, tmp_path):
