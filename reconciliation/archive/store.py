@@ -9,6 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from attempts.verify_export import read_folder
+
 # Names we write and read: archive names and file names alike.
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
@@ -46,17 +48,7 @@ class FolderStore:
         partial.rename(path)
 
     def reader(self, archive: str) -> Callable[[str], bytes | None]:
-        folder = self.root / _checked(archive)
-
-        def read(name: str) -> bytes | None:
-            if not _NAME.match(name):
-                return None
-            try:
-                return (folder / name).read_bytes()
-            except FileNotFoundError:
-                return None
-
-        return read
+        return read_folder(self.root / _checked(archive))
 
     def archives(self) -> list[str]:
         if not self.root.is_dir():
