@@ -44,6 +44,7 @@ from attempts.models import (
     Archive,
     ArchivedAttempt,
     Attempt,
+    AttemptEvent,
     Checkpoint,
     CheckpointLeaf,
     Notification,
@@ -100,53 +101,81 @@ def _when(value: dt.datetime | None) -> str | None:
     return chain_time(value) if value is not None else None
 
 
-def attempt_record(attempt: Attempt, checkpoint: Checkpoint, note: str) -> dict[str, Any] | None:
-    """One archive line: the attempt, its events and approvals, and its receipt into
-    ``checkpoint``; None when its current state is not in that checkpoint's tree."""
-    leaf = (
-        CheckpointLeaf.objects.filter(attempt_id=attempt.attempt_id, log_entry__isnull=False)
-        .select_related("log_entry")
-        .order_by("-checkpoint__seq")
-        .first()
-    )
-    if (
-        leaf is None
-        or (leaf.length, leaf.head) != (attempt.chain_length, attempt.chain_head)
-        or leaf.log_entry.index >= checkpoint.size
+def records(
+    batch: list[Attempt], checkpoint: Checkpoint, note: str
+) -> list[tuple[Attempt, dict[str, Any] | None]]:
+    """Each attempt of ``batch`` with its archive line: the attempt, its events and approvals,
+    and its receipt into ``checkpoint`` (None when its current state is not in that
+    checkpoint's tree). One query each for the batch's leaves, events and approvals."""
+    ids = [a.attempt_id for a in batch]
+    pks = [a.pk for a in batch]
+    leaves: dict[str, tuple[int, str, int]] = {}
+    for attempt_id, length, head, index in (
+        CheckpointLeaf.objects.filter(attempt_id__in=ids, log_entry__isnull=False)
+        .order_by("checkpoint__seq")
+        .values_list("attempt_id", "length", "head", "log_entry__index")
     ):
-        return None
-    index = leaf.log_entry.index
-    events = [
-        {
-            "id": event.id,
-            "action": event.action,
-            "actor_kind": event.actor_kind,
-            "actor": event.actor,
-            "from_state": event.from_state,
-            "to_state": event.to_state,
-            "reason": event.reason,
-            "details": event.details,
-            "created_at": chain_time(event.created_at),
-            "v": event.chain_format,
-            "prev_hash": event.prev_hash,
-            "hash": event.hash,
-        }
-        for event in attempt.events.order_by("id")
-    ]
-    approvals = [
-        {
-            "approver": approval.approver.get_username(),
-            "args_hash": approval.args_hash,
-            "policy": approval.policy.name,
-            "policy_version": approval.policy_version,
-            "comment": approval.comment,
-            "created_at": _when(approval.created_at),
-            "expires_at": _when(approval.expires_at),
-        }
-        for approval in Approval.objects.filter(attempt_id=attempt.pk).select_related(
-            "approver", "policy"
+        leaves[attempt_id] = (length, head, index)  # the newest checkpoint's last
+    events: dict[int, list[dict[str, Any]]] = {pk: [] for pk in pks}
+    for event in AttemptEvent.objects.filter(attempt_id__in=pks).order_by("attempt_id", "id"):
+        events[event.attempt_id].append(
+            {
+                "id": event.id,
+                "action": event.action,
+                "actor_kind": event.actor_kind,
+                "actor": event.actor,
+                "from_state": event.from_state,
+                "to_state": event.to_state,
+                "reason": event.reason,
+                "details": event.details,
+                "created_at": chain_time(event.created_at),
+                "v": event.chain_format,
+                "prev_hash": event.prev_hash,
+                "hash": event.hash,
+            }
         )
-    ]
+    approvals: dict[int, list[dict[str, Any]]] = {pk: [] for pk in pks}
+    for approval in Approval.objects.filter(attempt_id__in=pks).select_related(
+        "approver", "policy"
+    ):
+        approvals[approval.attempt_id].append(
+            {
+                "approver": approval.approver.get_username(),
+                "args_hash": approval.args_hash,
+                "policy": approval.policy.name,
+                "policy_version": approval.policy_version,
+                "comment": approval.comment,
+                "created_at": _when(approval.created_at),
+                "expires_at": _when(approval.expires_at),
+            }
+        )
+    proofs = log.inclusion_proofs(
+        {leaf[2] for leaf in leaves.values() if leaf[2] < checkpoint.size}, checkpoint.size
+    )
+    out: list[tuple[Attempt, dict[str, Any] | None]] = []
+    for attempt in batch:
+        leaf = leaves.get(attempt.attempt_id)
+        if (
+            leaf is None
+            or leaf[:2] != (attempt.chain_length, attempt.chain_head)
+            or leaf[2] >= checkpoint.size
+            or len(events[attempt.pk]) != attempt.chain_length
+        ):
+            out.append((attempt, None))
+            continue
+        line = _line(attempt, events[attempt.pk], approvals[attempt.pk], leaf[2], proofs[leaf[2]])
+        line["receipt"]["tree_size"], line["receipt"]["checkpoint"] = checkpoint.size, note
+        out.append((attempt, line))
+    return out
+
+
+def _line(
+    attempt: Attempt,
+    events: list[dict[str, Any]],
+    approvals: list[dict[str, Any]],
+    index: int,
+    proof: list[bytes],
+) -> dict[str, Any]:
     return {
         "attempt": {
             "attempt_id": attempt.attempt_id,
@@ -178,13 +207,15 @@ def attempt_record(attempt: Attempt, checkpoint: Checkpoint, note: str) -> dict[
         "events": events,
         "approvals": approvals,
         "receipt": {
-            "leaf": {"attempt_id": leaf.attempt_id, "length": leaf.length, "head": leaf.head},
+            "leaf": {
+                "attempt_id": attempt.attempt_id,
+                "length": attempt.chain_length,
+                "head": attempt.chain_head,
+            },
             "index": index,
-            "tree_size": checkpoint.size,
-            "checkpoint": note,
-            "inclusion_proof": [
-                base64.b64encode(h).decode() for h in log.inclusion_proof(index, checkpoint.size)
-            ],
+            "tree_size": None,
+            "checkpoint": None,
+            "inclusion_proof": [base64.b64encode(h).decode() for h in proof],
         },
     }
 
@@ -245,8 +276,7 @@ def run(
                     break
                 last = batch[-1].pk
                 lines, events = [], 0
-                for attempt in batch:
-                    record = attempt_record(attempt, checkpoint, note)
+                for attempt, record in records(batch, checkpoint, note):
                     if record is None:
                         result.kept += 1
                         continue

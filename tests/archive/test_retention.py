@@ -260,3 +260,43 @@ def test_archive_rows_record_where_each_attempt_went(ledger_with_rules, tmp_path
     assert archived.location == str((tmp_path / "archives" / result.name).resolve())
     gone = ArchivedAttempt.objects.get(idempotency_key="old:0")
     assert gone.archive == archived and gone.provider_request_id == "req-old:0"
+
+
+def test_restore_into_a_scratch_postgresql_database(ledger_with_rules, tmp_path):
+    """A separate DATABASE_URL: the scratch database is created for the investigation, the
+    restore migrates it and loads the verified archive."""
+    import psycopg
+
+    from tests.conftest import child_env
+
+    if connection.vendor != "postgresql":
+        pytest.skip("a PostgreSQL scratch database beside a PostgreSQL ledger")
+    _run(tmp_path)
+    ledger_url = child_env()["DATABASE_URL"]
+    server = ledger_url.rsplit("/", 1)[0]
+    name = f"{connection.settings_dict['NAME']}_scratch"
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        call_command(
+            "archive",
+            "restore",
+            "--from",
+            str(tmp_path / "archives"),
+            "--into-database-url",
+            f"{server}/{name}",
+        )
+        with psycopg.connect(f"{server}/{name}") as scratch:
+            keys = [
+                row[0]
+                for row in scratch.execute(
+                    "SELECT idempotency_key FROM attempts_attempt ORDER BY idempotency_key"
+                )
+            ]
+            events = scratch.execute("SELECT count(*) FROM attempts_attemptevent").fetchone()[0]
+        assert keys == sorted(a.idempotency_key for a in ledger_with_rules.due)
+        assert events == len(keys) * 4
+    finally:
+        with psycopg.connect(f"{server}/postgres", autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
