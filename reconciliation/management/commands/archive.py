@@ -95,6 +95,8 @@ class Command(BaseCommand):
         store = open_store(options["to"])
         if options["batch_size"] < 1:
             raise CommandError("--batch-size must be 1 or more")
+        if options["limit"] is not None and options["limit"] < 1:
+            raise CommandError("--limit must be 1 or more")
         if options["dry_run"]:
             rows = archive.plan()
             if not rows:
