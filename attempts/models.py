@@ -858,7 +858,14 @@ class AttemptEvent(models.Model):
 
 
 # Config-history subjects that concern one tenant (the tenant is in the subject's key).
-TENANT_SUBJECT_KINDS = ("tenant", "membership", "grant", "sso_group", "sla_policy")
+TENANT_SUBJECT_KINDS = (
+    "tenant",
+    "membership",
+    "grant",
+    "sso_group",
+    "sla_policy",
+    "retention_rule",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -958,6 +965,7 @@ class ConfigEventQuerySet(models.QuerySet):
                 Q(subject=f"tenant:{tenant}")
                 | Q(subject__startswith=f"membership:{tenant}/")
                 | Q(subject__startswith=f"grant:{tenant}/")
+                | Q(subject__startswith=f"retention_rule:{tenant}/")
                 | (
                     (Q(subject__startswith="sso_group:") | Q(subject__startswith="sla_policy:"))
                     & Q(subject__endswith=f"/{tenant}")

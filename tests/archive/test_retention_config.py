@@ -84,3 +84,11 @@ def test_bad_rules_are_refused_at_their_line(world, text, message):
         config.plan(config.read("f.toml", text))
     assert message in str(caught.value)
     assert not RetentionRule.objects.exists()
+
+
+def test_a_rules_history_is_seen_by_its_tenants_reviewers_only(world):
+    apply(FILE)
+    subject = "retention_rule:acme/update_crm"
+    assert ConfigEvent.objects.visible_to(world.reviewer).filter(subject=subject).exists()
+    assert not ConfigEvent.objects.visible_to(world.outsider).filter(subject=subject).exists()
+    assert not ConfigEvent.objects.visible_to(world.viewer).filter(subject=subject).exists()
