@@ -300,3 +300,21 @@ def test_restore_into_a_scratch_postgresql_database(ledger_with_rules, tmp_path)
     finally:
         with psycopg.connect(f"{server}/postgres", autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_archive_verify_names_an_archive_gone_from_its_folder(ledger_with_rules, tmp_path):
+    import io
+    import shutil
+
+    from django.core.management.base import CommandError
+
+    result = _run(tmp_path)
+    out = io.StringIO()
+    call_command("archive", "verify", "--from", str(tmp_path / "archives"), stdout=out)
+    assert f"OK: {result.name}: 5 attempts verify" in out.getvalue()
+    shutil.rmtree(tmp_path / "archives" / result.name)
+    (tmp_path / "archives").mkdir(exist_ok=True)
+    out = io.StringIO()
+    with pytest.raises(CommandError, match="some archives do not verify"):
+        call_command("archive", "verify", "--from", str(tmp_path / "archives"), stdout=out)
+    assert f"[archive] {result.name}: manifest.json is missing" in out.getvalue()

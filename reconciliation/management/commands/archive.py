@@ -133,9 +133,21 @@ class Command(BaseCommand):
     def _verify(self, options: dict[str, Any]) -> None:
         store = open_store(options["where"])
         trust = LogTrust(log_keys=[VerifierKey.parse(k) for k in options["log_key"]])
-        recorded = dict(Archive.objects.values_list("name", "manifest_sha256"))
+        recorded = {}
+        names = set(options["name"])
+        for name, location, digest in Archive.objects.values_list(
+            "name", "location", "manifest_sha256"
+        ):
+            recorded[name] = digest
+            # An archive the history says was written here must be here.
+            if not options["name"] and location == store.location(name):
+                names.add(name)
+        if not options["name"]:
+            names |= set(store.archives())
+        if not names:
+            raise CommandError(f"no archives in {options['where']}")
         broken = False
-        for name in self._names(store, options):
+        for name in sorted(names):
             check = check_archive(
                 store.reader(name), name=name, expect_sha256=recorded.get(name), trust=trust
             )
