@@ -15,6 +15,8 @@ from attempts.models import (
     AgentToken,
     Approval,
     ApprovalPolicy,
+    Archive,
+    ArchivedAttempt,
     Attempt,
     AttemptEvent,
     Grant,
@@ -24,6 +26,7 @@ from attempts.models import (
     NotificationRoute,
     OwnershipRule,
     PersonSettings,
+    RetentionRule,
     SlaPolicy,
     Tenant,
     Tool,
@@ -408,3 +411,36 @@ class NotificationRouteAdmin(ReadOnlyAdmin):
     list_display = ["name", "tenant_pattern", "tool_pattern", "kinds", "active"]
     list_filter = ["active"]
     search_fields = ["name", "tenant_pattern", "tool_pattern"]
+
+
+@admin.register(RetentionRule)
+class RetentionRuleAdmin(ConfigHistoryAdmin):
+    """How long settled attempts stay before ``ledgerweb archive run`` (docs/archive.md)."""
+
+    list_display = ("tenant", "tool", "archive_after_days")
+    list_filter = ("tenant", "tool")
+
+
+@admin.register(Archive)
+class ArchiveAdmin(ReadOnlyAdmin):
+    """Archives span tenants: superusers only. Written by ``ledgerweb archive run``."""
+
+    list_display = ("name", "created_at", "attempts", "events", "location", "manifest_sha256")
+
+    def has_view_permission(self, request: HttpRequest, obj=None) -> bool:
+        return request.user.is_superuser
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return request.user.is_superuser
+
+
+@admin.register(ArchivedAttempt)
+class ArchivedAttemptAdmin(ReadOnlyAdmin):
+    """Where each removed attempt went, for its tenants' people."""
+
+    list_display = ("attempt_id", "tenant_id", "tool_name", "idempotency_key", "archive")
+    search_fields = ("attempt_id", "idempotency_key", "provider_request_id")
+    list_select_related = ("archive",)
+
+    def get_queryset(self, request: HttpRequest):
+        return super().get_queryset(request).filter(tenant_id__in=tenants_where(request.user))

@@ -27,6 +27,7 @@ import datetime as dt
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import rfc8785
@@ -117,6 +118,13 @@ ORDER BY e.id
 MISSING_SQL = f"""
 SELECT DISTINCT l.attempt_id FROM {LEAVES} l LEFT JOIN {ATTEMPTS} a ON a.attempt_id = l.attempt_id
 WHERE a.id IS NULL ORDER BY l.attempt_id
+"""  # noqa: S608
+# [missing] once archives exist: a sealed attempt that is gone must be listed as archived.
+ARCHIVED = "attempts_archivedattempt"
+UNARCHIVED_SQL = f"""
+SELECT DISTINCT l.attempt_id FROM {LEAVES} l LEFT JOIN {ATTEMPTS} a ON a.attempt_id = l.attempt_id
+LEFT JOIN {ARCHIVED} x ON x.attempt_id = l.attempt_id
+WHERE a.id IS NULL AND x.id IS NULL ORDER BY l.attempt_id
 """  # noqa: S608
 CHECKPOINT_SQL = f"""
 SELECT id, seq, prev_hash, root, size, config_length, config_head, sealed_at, hash, format,
@@ -242,6 +250,14 @@ class _Verifier:
         finally:
             cursor.close()
 
+    def has_archives(self) -> bool:
+        """Whether the database has the archive tables (a backup from before them has not)."""
+        if self.vendor == "postgresql":
+            sql = f"SELECT to_regclass('{ARCHIVED}') IS NOT NULL"
+        else:
+            sql = f"SELECT count(*) > 0 FROM sqlite_master WHERE name = '{ARCHIVED}'"  # noqa: S608
+        return bool(next(iter(self.stream(sql)))[0])
+
     def has_log(self) -> bool:
         """Whether the database has the transparency log (a backup from before it has not)."""
         cursor = self.cursor_factory()
@@ -286,7 +302,9 @@ class _Verifier:
     def orphans_and_missing(self) -> None:
         for (event_id,) in self.stream(ORPHAN_SQL):
             self.bad("orphan", "the event's attempt no longer exists: it was deleted", event_id)
-        for (attempt_id,) in self.stream(MISSING_SQL):
+        for (attempt_id,) in self.stream(
+            MISSING_SQL if not self.has_archives() else UNARCHIVED_SQL
+        ):
             self.bad(
                 "missing",
                 "a checkpoint sealed this attempt's history but the attempt is gone: it was "
@@ -637,6 +655,7 @@ def verify_database(
     log_keys: Iterable[Any] = (),
     witness_keys: Iterable[Any] = (),
     vendor: str = "sqlite",
+    archive_dir: Path | None = None,
 ) -> Report:
     """Verify the history and every attempt row. ``cursor_factory`` returns a fresh DB-API
     cursor (``django.db.connection.chunked_cursor`` streams on PostgreSQL), or is a
@@ -672,6 +691,8 @@ def verify_database(
         verifier.orphans_and_missing()
         verifier.checkpoints()
     log_checks(verifier, log_keys=log_keys, witness_keys=witness_keys)
+    if verifier.has_archives():
+        archive_checks(verifier, report, archive_dir=archive_dir, log_keys=log_keys)
     verifier.finish(report)
     if since:
         report.notes.append(f"incremental: attempts changed after checkpoint {since[0]} only")
@@ -979,6 +1000,7 @@ def verify_django_database(
     since: tuple[int, str] | None = None,
     log_keys: Iterable[Any] = (),
     witness_keys: Iterable[Any] = (),
+    archive_dir: Path | None = None,
 ) -> Report:
     """Verify the database Django is configured with (in ``jobs`` processes: see
     ``verify_database``; ``log_keys``/``witness_keys``: verifier keys the stored signatures and
@@ -1023,6 +1045,7 @@ def verify_django_database(
             before_fork=connection.close,
             since=since,
             vendor=connection.vendor,
+            archive_dir=archive_dir,
         )
     finally:
         if serial:
@@ -1078,6 +1101,7 @@ def verify_sqlite_file(
     max_unsealed_seconds: float | None = None,
     jobs: int = 1,
     since: tuple[int, str] | None = None,
+    archive_dir: Path | None = None,
 ) -> Report:
     """Verify a SQLite ledger file (a backup or a restored copy), opened read-only."""
     import sqlite3
@@ -1099,6 +1123,107 @@ def verify_sqlite_file(
             jobs=jobs,
             connect=connect,
             since=since,
+            archive_dir=archive_dir,
         )
     finally:
         conn.close()
+
+
+# -- Archives (reconciliation/archive): attempts a checkpoint sealed and that were moved out.
+
+ARCHIVE_SQL = "SELECT id, name, manifest_sha256, checkpoint_seq FROM attempts_archive ORDER BY id"
+ARCHIVE_HISTORY_SQL = """
+SELECT subject, after FROM attempts_configevent
+WHERE action = 'archived' AND subject LIKE 'archive:%' ORDER BY seq
+"""
+ARCHIVED_ROWS_SQL = """
+SELECT x.attempt_id, x.chain_length, x.chain_head, l.length, l.head
+FROM attempts_archivedattempt x
+LEFT JOIN attempts_checkpointleaf l ON l.attempt_id = x.attempt_id
+     AND l.checkpoint_id = (SELECT MAX(l2.checkpoint_id) FROM attempts_checkpointleaf l2
+                            WHERE l2.attempt_id = x.attempt_id)
+WHERE x.archive_id = {archive} ORDER BY x.attempt_id
+"""
+ARCHIVE_NOTE_SQL = "SELECT note FROM attempts_checkpoint WHERE seq = {seq}"
+
+
+def archive_checks(
+    verifier: _Verifier,
+    report: Report,
+    *,
+    archive_dir: Path | None,
+    log_keys: Iterable[Any] = (),
+) -> None:
+    """``[archive]``: every archive is recorded in the configuration history with its manifest's
+    SHA-256, and every removed attempt was sealed as its archive says. With ``archive_dir``
+    (the folder holding the archive folders), each archive is read: the manifest is the one the
+    history recorded, each file is whole, each attempt's history recomputes to the chain head a
+    checkpoint sealed (its newest leaf here) and its receipt proves it into the archive's
+    checkpoint, which is this ledger's checkpoint of that number. A tampered or missing file is
+    named."""
+    from attempts.verify_export import LogTrust, check_archive, read_folder, split_note
+
+    recorded: dict[str, str] = {}
+    for subject, after in verifier.stream(ARCHIVE_HISTORY_SQL):
+        recorded[subject.removeprefix("archive:")] = str(
+            (load_json(after) or {}).get("manifest_sha256", "")
+        )
+    archives = list(verifier.stream(ARCHIVE_SQL))
+    removed = 0
+    for pk, name, manifest_sha256, seq in archives:
+        if recorded.get(name) != manifest_sha256:
+            verifier.bad(
+                "archive",
+                f"{name}: the history does not record this archive with manifest SHA-256 "
+                f"{manifest_sha256[:16]}…: its record was added or changed outside the history",
+            )
+        rows = list(verifier.stream(ARCHIVED_ROWS_SQL.format(archive=int(pk))))
+        removed += len(rows)
+        for attempt_id, length, head, leaf_length, leaf_head in rows:
+            if (leaf_length, leaf_head) != (length, head):
+                verifier.bad(
+                    "archive",
+                    f"{name}: the archived attempt's chain head is not the one its newest "
+                    "checkpoint leaf sealed",
+                    attempt_id=attempt_id,
+                )
+        if archive_dir is None:
+            continue
+        check = check_archive(
+            read_folder(Path(archive_dir) / name),
+            name=name,
+            expect_sha256=recorded.get(name) or manifest_sha256,
+            trust=LogTrust(log_keys=list(log_keys)),
+        )
+        for problem in check.problems:
+            verifier.checker.problem(problem)
+        if not check.ok and not check.leaves:
+            continue
+        notes = [row[0] for row in verifier.stream(ARCHIVE_NOTE_SQL.format(seq=int(seq)))]
+        if (
+            check.manifest
+            and notes
+            and split_note(check.manifest["checkpoint"]["note"])[0] != (notes[0])
+        ):
+            verifier.bad(
+                "archive",
+                f"{name}: the archive's checkpoint is not this ledger's checkpoint {seq}",
+            )
+        for attempt_id, length, head, _leaf_length, _leaf_head in rows:
+            if check.leaves.get(attempt_id) != (length, head):
+                if any(p.attempt_id == attempt_id for p in check.problems):
+                    continue
+                verifier.bad(
+                    "archive",
+                    f"{name}: the attempt is not in the archive as it was sealed",
+                    attempt_id=attempt_id,
+                )
+    if archives:
+        report.notes.append(
+            f"{removed} removed attempts are archived in {len(archives)} archives"
+            + (
+                f", read from {archive_dir}"
+                if archive_dir is not None
+                else " (not read: give --archive FOLDER to check their histories and receipts)"
+            )
+        )

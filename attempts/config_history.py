@@ -55,6 +55,7 @@ from attempts.models import (
     Membership,
     NotificationRoute,
     OwnershipRule,
+    RetentionRule,
     SlaPolicy,
     SsoGroupRole,
     SsoIdentity,
@@ -273,6 +274,12 @@ AUTHORITIES: list[Authority] = [
             "active": "active",
             "version": "version",
         },
+    ),
+    Authority(
+        RetentionRule,
+        "retention_rule",
+        lambda r: f"{r.tenant_id}/{r.tool_id}",
+        {"archive_after_days": "archive_after_days"},
     ),
 ]
 

@@ -2,6 +2,10 @@
 of attempt events, configuration changes, checkpoints and their leaves are refused by the
 database itself, whoever asks.
 
+One exception, for retention (reconciliation/archive): the events of an attempt listed in
+``attempts_archivedattempt`` (written to an archive, in the transaction that removes it) may be
+deleted; any other DELETE of an event is still refused, and the listing itself is append-only.
+
 Installed by migration 0002 and re-installed after every ``migrate`` or ``flush`` (post_migrate),
 so a database can never be left without them by the tools we ship.
 """
@@ -16,20 +20,36 @@ TABLES = (
     "attempts_logentry",
     "attempts_lognode",
     "attempts_checkpointsignature",
+    "attempts_archive",
+    "attempts_archivedattempt",
 )
+
+# The one DELETE history allows: the events of an attempt that ``ledgerweb archive run`` wrote
+# to an archive and listed in this table, in the same transaction (reconciliation/archive).
+EVENTS = "attempts_attemptevent"
+ARCHIVED = "attempts_archivedattempt"
+_ARCHIVED_ROW = f"EXISTS (SELECT 1 FROM {ARCHIVED} WHERE row_id = OLD.attempt_id)"  # noqa: S608
 
 
 def _short(table: str) -> str:
     return table.removeprefix("attempts_")
 
 
-def _sqlite_install(table: str) -> list[str]:
+def _sqlite_install(table: str, existing: set[str] = frozenset()) -> list[str]:
     name = _short(table)
+    update = f"""CREATE TRIGGER IF NOT EXISTS {name}_no_update BEFORE UPDATE ON {table}
+            BEGIN SELECT RAISE(ABORT, 'audit history is append-only: UPDATE refused'); END"""
+    delete = f"""BEFORE DELETE ON {table}
+            BEGIN SELECT RAISE(ABORT, 'audit history is append-only: DELETE refused'); END"""
+    if table != EVENTS:
+        return [update, f"CREATE TRIGGER IF NOT EXISTS {name}_no_delete {delete}"]
+    # The events' DELETE trigger is replaced, not kept: it reads the archived list once that
+    # table exists, and must not once it is gone (migrating back).
+    when = f"WHEN NOT {_ARCHIVED_ROW}" if ARCHIVED in existing else ""
     return [
-        f"""CREATE TRIGGER IF NOT EXISTS {name}_no_update BEFORE UPDATE ON {table}
-            BEGIN SELECT RAISE(ABORT, 'audit history is append-only: UPDATE refused'); END""",
-        f"""CREATE TRIGGER IF NOT EXISTS {name}_no_delete BEFORE DELETE ON {table}
-            BEGIN SELECT RAISE(ABORT, 'audit history is append-only: DELETE refused'); END""",
+        update,
+        f"DROP TRIGGER IF EXISTS {name}_no_delete",
+        f"CREATE TRIGGER {name}_no_delete {delete.replace('BEGIN', when + ' BEGIN', 1)}",
     ]
 
 
@@ -45,11 +65,27 @@ _PG_FUNCTION = """CREATE OR REPLACE FUNCTION ledger_refuse_history_change() RETU
    END; $$ LANGUAGE plpgsql"""
 
 
-def _pg_install(table: str) -> list[str]:
+_PG_EVENT_FUNCTION = f"""CREATE OR REPLACE FUNCTION ledger_refuse_event_change() RETURNS trigger
+   AS $$
+   BEGIN
+     IF TG_OP = 'DELETE' AND {_ARCHIVED_ROW} THEN
+       RETURN OLD;
+     END IF;
+     RAISE EXCEPTION 'audit history is append-only: % refused', TG_OP
+       USING ERRCODE = 'insufficient_privilege';
+   END; $$ LANGUAGE plpgsql"""
+
+
+def _pg_install(table: str, existing: set[str] = frozenset()) -> list[str]:
     name = _short(table)
+    function = (
+        "ledger_refuse_event_change"
+        if table == EVENTS and ARCHIVED in existing
+        else "ledger_refuse_history_change"
+    )
     return [
         f"""CREATE OR REPLACE TRIGGER {name}_append_only BEFORE UPDATE OR DELETE ON {table}
-            FOR EACH ROW EXECUTE FUNCTION ledger_refuse_history_change()""",
+            FOR EACH ROW EXECUTE FUNCTION {function}()""",
         f"""CREATE OR REPLACE TRIGGER {name}_no_truncate BEFORE TRUNCATE ON {table}
             FOR EACH STATEMENT EXECUTE FUNCTION ledger_refuse_history_change()""",
     ]
@@ -63,26 +99,32 @@ def _pg_remove(table: str) -> list[str]:
     ]
 
 
-def _run(connection, install: bool) -> None:
+def _run(connection, install: bool, *, without_archives: bool = False) -> None:
     existing = set(connection.introspection.table_names())
+    if without_archives:
+        existing -= {"attempts_archive", ARCHIVED}
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql" and install:
             cursor.execute(_PG_FUNCTION)
+            if ARCHIVED in existing:
+                cursor.execute(_PG_EVENT_FUNCTION)
         for table in TABLES:
             if table not in existing:
                 continue
             if connection.vendor == "sqlite":
-                statements = _sqlite_install(table) if install else _sqlite_remove(table)
+                statements = _sqlite_install(table, existing) if install else _sqlite_remove(table)
             elif connection.vendor == "postgresql":
-                statements = _pg_install(table) if install else _pg_remove(table)
+                statements = _pg_install(table, existing) if install else _pg_remove(table)
             else:
                 statements = []
             for statement in statements:
                 cursor.execute(statement)
 
 
-def install(connection) -> None:
-    _run(connection, install=True)
+def install(connection, *, without_archives: bool = False) -> None:
+    """Install every guard. ``without_archives``: as before archives existed (the events'
+    DELETE refused outright), for migrating back past them."""
+    _run(connection, install=True, without_archives=without_archives)
 
 
 def remove(connection) -> None:

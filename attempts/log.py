@@ -211,8 +211,7 @@ def _frontier(size: int) -> list[tuple[tuple[int, int], bytes]]:
     return [(coord, stored[coord]) for coord in coords]
 
 
-def inclusion_proof(index: int, size: int) -> list[bytes]:
-    """The audit path of leaf ``index`` in the tree of ``size`` leaves (RFC 9162, 2.1.3.1)."""
+def _proof_ranges(index: int, size: int) -> list[tuple[int, int]]:
     if not 0 <= index < size:
         raise ValueError(f"leaf {index} is not in a tree of {size}")
     ranges = []
@@ -225,7 +224,21 @@ def inclusion_proof(index: int, size: int) -> list[bytes]:
         else:
             ranges.append((lo, lo + k))
             lo += k
-    return _range_hashes(list(reversed(ranges)))
+    return list(reversed(ranges))
+
+
+def inclusion_proof(index: int, size: int) -> list[bytes]:
+    """The audit path of leaf ``index`` in the tree of ``size`` leaves (RFC 9162, 2.1.3.1)."""
+    return _range_hashes(_proof_ranges(index, size))
+
+
+def inclusion_proofs(indexes: Iterable[int], size: int) -> dict[int, list[bytes]]:
+    """The audit paths of several leaves in the tree of ``size``, reading the stored hashes
+    they need in one query (archives prove a batch of attempts at once)."""
+    paths = {index: _proof_ranges(index, size) for index in indexes}
+    flat = [r for ranges in paths.values() for r in ranges]
+    hashes = dict(zip(flat, _range_hashes(flat), strict=True)) if flat else {}
+    return {index: [hashes[r] for r in ranges] for index, ranges in paths.items()}
 
 
 def consistency_proof(old: int, new: int) -> list[bytes]:

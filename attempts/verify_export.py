@@ -24,6 +24,7 @@ import argparse
 import base64
 import csv
 import datetime as dt
+import gzip
 import hashlib
 import json
 import sys
@@ -1469,13 +1470,253 @@ def verify_file(
     return verify_csv(path, manifest_path=manifest_path, anchors=anchors)
 
 
+# ---------------------------------------------------------------------------------------------
+# Archives (reconciliation/archive, docs/archive.md): attempts moved out of the database, each
+# with its events and its receipt (the signed checkpoint and the inclusion proof of its sealed
+# chain head). An archive is a folder: ``manifest.json`` and gzip-compressed JSON Lines files,
+# one attempt a line; the manifest lists each file's SHA-256 and counts, and the manifest's own
+# SHA-256 is recorded in the configuration history when the archive is made.
+
+ARCHIVE_FORMAT = "ledgerweb-archive"
+ARCHIVE_VERSION = 1
+ARCHIVE_MANIFEST = "manifest.json"
+
+
+def args_hash_of(args: Any) -> str:
+    """``args_hash``: SHA-256 of the RFC 8785 canonical JSON of the arguments."""
+    return hashlib.sha256(rfc8785.dumps(args)).hexdigest()
+
+
+def archived_attempt_problems(record: dict[str, Any]) -> list[str]:
+    """What is wrong with one archived attempt (empty when its history verifies on its own):
+    every event's hash recomputes and links to the one before (GENESIS first), the attempt's
+    chain head and length, state and ``args_hash`` are its history's, and its receipt's leaf is
+    that chain head. The receipt's proof is checked against the archive's checkpoint by
+    ``check_archive``."""
+    try:
+        attempt, events, receipt = record["attempt"], record["events"], record["receipt"]
+        attempt_id = str(attempt["attempt_id"])
+        found: list[str] = []
+        prev = GENESIS
+        for number, event in enumerate(events, start=1):
+            recomputed = event_hash({**event, "attempt_id": attempt_id})
+            if recomputed != event["hash"]:
+                found.append(f"event {number}'s fields do not match its hash: it was edited")
+            if int(event.get("v", CHAIN_FORMAT)) != LEGACY_FORMAT and event["prev_hash"] != prev:
+                found.append(f"event {number} does not link to the event before it")
+            prev = event["hash"]
+        head, length = (events[-1]["hash"] if events else ""), len(events)
+        if (attempt["chain_head"], int(attempt["chain_length"])) != (head, length):
+            found.append("the attempt's chain head and length are not its events'")
+        if events and attempt["state"] != events[-1]["to_state"]:
+            found.append("the attempt's state is not its last event's to_state")
+        if args_hash_of(attempt["args"]) != attempt["args_hash"]:
+            found.append("the arguments do not hash to the attempt's args_hash")
+        leaf = receipt["leaf"]
+        if (str(leaf["attempt_id"]), int(leaf["length"]), str(leaf["head"])) != (
+            attempt_id,
+            length,
+            head,
+        ):
+            found.append("the receipt's leaf is not the attempt's chain head")
+        return found
+    except (KeyError, TypeError, ValueError, rfc8785.CanonicalizationError) as exc:
+        return [f"malformed archived attempt: {exc!r}"]
+
+
+@dataclass
+class ArchiveCheck:
+    """What ``check_archive`` found: the manifest, the attempts (id -> (length, head)), the
+    checkpoint their receipts prove inclusion in, and the problems."""
+
+    name: str
+    problems: list[Problem] = field(default_factory=list)
+    manifest: dict[str, Any] | None = None
+    manifest_sha256: str = ""
+    leaves: dict[str, tuple[int, str]] = field(default_factory=dict)
+    checkpoint: LogCheckpoint | None = None
+    events: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def bad(self, message: str, *, attempt_id: str | None = None) -> None:
+        self.problems.append(Problem("archive", f"{self.name}: {message}", attempt_id=attempt_id))
+
+
+def check_archive(
+    read: Callable[[str], bytes | None],
+    *,
+    name: str,
+    expect_sha256: str | None = None,
+    trust: LogTrust | None = None,
+    on_record: Callable[[dict[str, Any]], None] | None = None,
+) -> ArchiveCheck:
+    """Verify one archive read through ``read(file name) -> bytes`` (None: the file is not
+    there): the manifest (its SHA-256 is ``expect_sha256`` when given: the one the history
+    recorded), each file's SHA-256 and counts, each attempt's history, and each receipt's
+    inclusion proof into the manifest's checkpoint (signed by one of ``trust.log_keys`` when
+    given). ``on_record`` sees every attempt that verifies (restore loads them)."""
+    trust = trust or LogTrust()
+    check = ArchiveCheck(name=name)
+    raw = read(ARCHIVE_MANIFEST)
+    if raw is None:
+        check.bad(f"{ARCHIVE_MANIFEST} is missing")
+        return check
+    check.manifest_sha256 = hashlib.sha256(raw).hexdigest()
+    if expect_sha256 and check.manifest_sha256 != expect_sha256:
+        check.bad(
+            f"{ARCHIVE_MANIFEST} has SHA-256 {check.manifest_sha256[:16]}…, not the "
+            f"{expect_sha256[:16]}… the history recorded: it was changed or replaced"
+        )
+        return check
+    try:
+        manifest = json.loads(raw)
+        if manifest.get("format") != ARCHIVE_FORMAT or manifest.get("version") != ARCHIVE_VERSION:
+            check.bad(f"not a {ARCHIVE_FORMAT} manifest of version {ARCHIVE_VERSION}")
+            return check
+        note = manifest["checkpoint"]["note"]
+        files = list(manifest["files"])
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        check.bad(f"the manifest cannot be read: {exc!r}")
+        return check
+    check.manifest = manifest
+    try:
+        if trust.log_keys:
+            check.checkpoint, _ = open_checkpoint(
+                note, trust.log_keys, witnesses=trust.witness_keys, quorum=trust.quorum
+            )
+        else:
+            check.checkpoint = LogCheckpoint.parse(split_note(note)[0])
+    except NoteError as exc:
+        check.bad(f"the manifest's checkpoint does not verify: {exc}")
+        return check
+    for entry in files:
+        file_name = str(entry.get("name", ""))
+        data = read(file_name)
+        if data is None:
+            check.bad(f"file {file_name} is missing")
+            continue
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != entry.get("sha256"):
+            check.bad(
+                f"file {file_name} has SHA-256 {digest[:16]}…, not the manifest's "
+                f"{str(entry.get('sha256'))[:16]}…: it was changed"
+            )
+            continue
+        try:
+            lines = gzip.decompress(data).decode("utf-8").splitlines()
+        except (OSError, EOFError, UnicodeDecodeError) as exc:
+            check.bad(f"file {file_name} is not gzip-compressed UTF-8: {exc}")
+            continue
+        events = 0
+        for number, line in enumerate(lines, start=1):
+            try:
+                record = json.loads(line)
+                attempt_id = str(record["attempt"]["attempt_id"])
+            except (ValueError, KeyError, TypeError) as exc:
+                check.bad(f"file {file_name} line {number} cannot be read: {exc!r}")
+                continue
+            found = archived_attempt_problems(record)
+            if not found:
+                receipt = record["receipt"]
+                if receipt.get("checkpoint") != note:
+                    found.append("the receipt's checkpoint is not the manifest's")
+                else:
+                    try:
+                        leaf = receipt["leaf"]
+                        value = leaf_hash(attempt_id, int(leaf["length"]), str(leaf["head"]))
+                        root = inclusion_root(
+                            value,
+                            int(receipt["index"]),
+                            check.checkpoint.size,
+                            b64_hashes(receipt["inclusion_proof"]),
+                        )
+                    except (KeyError, TypeError, ValueError) as exc:
+                        root = None
+                        found.append(f"malformed receipt: {exc!r}")
+                    if root is not None and root != check.checkpoint.root:
+                        found.append(
+                            "the receipt's inclusion proof does not lead to the checkpoint's "
+                            "root: the attempt or its history was changed"
+                        )
+            for message in found:
+                check.bad(f"file {file_name} line {number}: {message}", attempt_id=attempt_id)
+            if found:
+                continue
+            events += len(record["events"])
+            check.leaves[attempt_id] = (
+                int(record["attempt"]["chain_length"]),
+                str(record["attempt"]["chain_head"]),
+            )
+            if on_record is not None:
+                on_record(record)
+        if (len(lines), events) != (entry.get("attempts"), entry.get("events")):
+            check.bad(
+                f"file {file_name} holds {len(lines)} attempts and {events} events, the "
+                f"manifest says {entry.get('attempts')} and {entry.get('events')}"
+            )
+        check.events += events
+    if check.ok and (len(check.leaves), check.events) != (
+        manifest.get("attempts"),
+        manifest.get("events"),
+    ):
+        check.bad(
+            f"the archive holds {len(check.leaves)} attempts and {check.events} events, the "
+            f"manifest says {manifest.get('attempts')} and {manifest.get('events')}"
+        )
+    return check
+
+
+def read_folder(folder: Path) -> Callable[[str], bytes | None]:
+    """``read`` for an archive in a local folder (file names never leave it)."""
+
+    def read(name: str) -> bytes | None:
+        if not name or "/" in name or "\\" in name or name.startswith("."):
+            return None
+        try:
+            return (folder / name).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    return read
+
+
+def verify_archives(folders: Iterable[Path], *, trust: LogTrust | None = None) -> Report:
+    """The standalone check of archive folders (``verify_export.py --archive FOLDER``)."""
+    problems: list[Problem] = []
+    report = Report(what="archives", problems=problems)
+    for folder in folders:
+        check = check_archive(read_folder(folder), name=folder.name, trust=trust)
+        problems.extend(check.problems)
+        report.events += check.events
+        size = check.checkpoint.size if check.checkpoint else "?"
+        report.notes.append(
+            f"archive {folder.name}: {len(check.leaves)} attempts, manifest SHA-256 "
+            f"{check.manifest_sha256} (compare with the history's record), receipts into the "
+            f"checkpoint of tree size {size}"
+            + ("" if (trust and trust.log_keys) else " (signature not checked: give --log-key)")
+        )
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="verify_export.py",
         description="Verify a ledgerweb audit export (JSON Lines or CSV) offline: recompute each "
         "event's hash, follow the chain, check the manifest, and name the first broken link.",
     )
-    parser.add_argument("file", type=Path, help="the exported .jsonl or .csv file")
+    parser.add_argument("file", type=Path, nargs="?", help="the exported .jsonl or .csv file")
+    parser.add_argument(
+        "--archive",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="FOLDER",
+        help="an archive folder (manifest.json and its files) to verify: each attempt's "
+        "history and its receipt into the archive's signed checkpoint",
+    )
     parser.add_argument(
         "--manifest", type=Path, help="the CSV's manifest (default: FILE.manifest.json)"
     )
@@ -1521,14 +1762,23 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(
                 "--checkpoint needs --log-key (a kept checkpoint is checked by its signature)"
             )
-        report = verify_file(
-            args.file, manifest_path=args.manifest, anchors=args.expect_head, trust=trust
-        )
+        if args.file is None and not args.archive:
+            parser.error("give an exported file, or --archive FOLDER, or both")
+        reports = []
+        if args.file is not None:
+            reports.append(
+                verify_file(
+                    args.file, manifest_path=args.manifest, anchors=args.expect_head, trust=trust
+                )
+            )
+        if args.archive:
+            reports.append(verify_archives(args.archive, trust=trust))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        print(f"cannot read {args.file}: {exc}", file=sys.stderr)
+        print(f"cannot read {args.file or args.archive}: {exc}", file=sys.stderr)
         return 2
-    print(report.render())
-    return 0 if report.ok else 1
+    for report in reports:
+        print(report.render())
+    return 0 if all(report.ok for report in reports) else 1
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
     ledgerweb worker [RECONCILE OPTIONS]   the reconciliation worker (manage.py reconcile)
     ledgerweb migrate                      create or upgrade the database
     ledgerweb config plan|apply|dump ...   configuration as code (manage.py ledger_config)
+    ledgerweb archive run|restore|verify   retention: archive settled attempts (docs/archive.md)
     ledgerweb demo [--no-demo]             the demo world, as scripts/run starts it
     ledgerweb COMMAND ...                  any management command (ledgerweb help lists them)
 

@@ -36,6 +36,7 @@ from attempts.models import (
     MIN_PREFIX,
     PREFIX_FIELDS,
     ROLE_RANK,
+    ArchivedAttempt,
     Attempt,
     AttemptEvent,
     Role,
@@ -549,6 +550,12 @@ def queue_view(request: HttpRequest, slug: str = "unknown") -> HttpResponse:
         + "?"
         + urlencode(filters.params(sort="newest" if filters.sort == "oldest" else "")),
         "short_search": bool(filters.q) and len(filters.q) < MIN_PREFIX,
+        # Attempts moved to an archive: the search says where they went (docs/archive.md).
+        "archived": list(
+            ArchivedAttempt.objects.visible_to(request.user)
+            .matching(filters.q)
+            .select_related("archive")[:10]
+        ),
         "min_prefix": MIN_PREFIX,
         "poll_seconds": 15,
     }

@@ -28,6 +28,7 @@ from attempts.models import (
     Membership,
     NotificationRoute,
     OwnershipRule,
+    RetentionRule,
     SlaPolicy,
     SsoGroupRole,
     Tenant,
@@ -795,3 +796,71 @@ class ApprovalPolicies(Section):
 
 
 register(ApprovalPolicies())
+
+
+# --- Retention rules (reconciliation/archive, docs/archive.md) --------------------------------
+
+
+class RetentionRules(Section):
+    """How many days one tenant's settled, sealed attempts of one tool stay in the database
+    before ``ledgerweb archive run`` moves them to an archive (``attempts.RetentionRule``)."""
+
+    name, noun, subject_prefix = "retention_rules", "retention rule", "retention_rule"
+    key_fields = ("tenant", "tool")
+    defaults: ClassVar[dict[str, Any]] = {"archive_after_days": None}
+    references: ClassVar[dict[str, str]] = {"tenant": "tenants", "tool": "tools"}
+
+    def problems(self, entry: dict[str, Any]) -> list[tuple[str | None, str]]:
+        days = entry["archive_after_days"]
+        if isinstance(days, bool) or not isinstance(days, int) or days < 1:
+            return [
+                (
+                    "archive_after_days",
+                    "archive_after_days must be a whole number of days, 1 or more",
+                )
+            ]
+        return []
+
+    def current(self) -> dict[str, dict[str, Any]]:
+        return {
+            f"{rule.tenant_id}/{rule.tool_id}": {
+                "tenant": rule.tenant_id,
+                "tool": rule.tool_id,
+                "archive_after_days": rule.archive_after_days,
+            }
+            for rule in RetentionRule.objects.order_by("tenant_id", "tool_id")
+        }
+
+    def notes(self, entry: dict[str, Any]) -> list[str]:
+        """How many attempts the rule would archive on the next run, said beside the plan."""
+        from reconciliation.archive.retention import eligible_count
+
+        days = entry["archive_after_days"]
+        if isinstance(days, bool) or not isinstance(days, int) or days < 1:
+            return []
+        count = eligible_count(tenant=entry["tenant"], tool=entry["tool"], days=days)
+        return [
+            f"retention rule {self.key(entry)} would archive {count} attempts on the next "
+            "`ledgerweb archive run`"
+        ]
+
+    def create(self, entry: dict[str, Any], by: By) -> str:
+        RetentionRule(
+            tenant_id=entry["tenant"],
+            tool_id=entry["tool"],
+            archive_after_days=entry["archive_after_days"],
+        ).save()
+        return self.subject(self.key(entry))
+
+    def update(self, key: str, before: dict[str, Any], after: dict[str, Any], by: By) -> str:
+        rule = RetentionRule.objects.get(tenant_id=after["tenant"], tool_id=after["tool"])
+        rule.archive_after_days = after["archive_after_days"]
+        rule.save()
+        return self.subject(key)
+
+    def remove(self, key: str, before: dict[str, Any], by: By) -> str:
+        RetentionRule.objects.get(tenant_id=before["tenant"], tool_id=before["tool"]).delete()
+        return self.subject(key)
+
+
+register(RetentionRules())

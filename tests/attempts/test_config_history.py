@@ -21,6 +21,8 @@ from attempts.models import (
     AgentToken,
     Approval,
     ApprovalPolicy,
+    Archive,
+    ArchivedAttempt,
     Attempt,
     AttemptEvent,
     ConfigEvent,
@@ -30,6 +32,7 @@ from attempts.models import (
     Notification,
     NotificationRoute,
     OwnershipRule,
+    RetentionRule,
     SlaPolicy,
     SsoGroupRole,
     SsoIdentity,
@@ -51,6 +54,8 @@ NOT_AUTHORITY = {
     Notification: "read-only outbox",
     LoginThrottle: "failed log-in counters (deleting one lifts a lock-out early)",
     Approval: "read-only; a person's decision on one held attempt, recorded by review.py",
+    Archive: "read-only; written by `archive run`, recorded in the history as archive:<name>",
+    ArchivedAttempt: "read-only; where a removed attempt went (its archive)",
 }
 
 
@@ -156,6 +161,12 @@ ADMIN_CHANGES = {
         ),
         {"condition": "args.amount > 20", "tenants": '["acme"]'},
     ),
+    "retention_rule": (
+        lambda w: RetentionRule.objects.create(
+            tenant=w.acme, tool_id="update_crm", archive_after_days=30
+        ),
+        {"archive_after_days": 90},
+    ),
     "notification_route": (
         lambda w: NotificationRoute.objects.create(name="payments-oncall", tool_pattern="charge_*"),
         {"tenant_pattern": "acme"},
@@ -214,6 +225,7 @@ NEW_ENTRIES = {
     "sla_policies": {"tool": "send_fax", "tenant": "initech", "review_breach_after": "8h"},
     "notification_routes": {"name": "fax-oncall", "tool": "send_fax", "notify": ["rita"]},
     "approval_policies": {"name": "fax-limit", "tool": "send_fax", "condition": "args.pages > 9"},
+    "retention_rules": {"tenant": "initech", "tool": "send_fax", "archive_after_days": 365},
 }
 
 

@@ -58,6 +58,13 @@ class Command(BaseCommand):
             help="verify the attempts' chains in N processes (default: the CPU count, %(default)s)",
         )
         parser.add_argument(
+            "--archive",
+            type=Path,
+            metavar="FOLDER",
+            help="the folder holding the ledger's archives (ledgerweb archive run --to): each "
+            "archive's manifest, files, histories and receipts are checked against the ledger",
+        )
+        parser.add_argument(
             "--since",
             metavar="SEQ:HASH",
             help="incremental: check only what changed after checkpoint SEQ, whose hash a "
@@ -77,6 +84,8 @@ class Command(BaseCommand):
         if not 1 <= options["jobs"] <= 256:
             raise CommandError("--jobs must be between 1 and 256")
         since = _since(options["since"]) if options["since"] else None
+        if options["archive"] is not None and not options["archive"].is_dir():
+            raise CommandError(f"--archive {options['archive']}: no such folder")
         if since and options["export"]:
             raise CommandError("--since applies to a database, not to an export file")
         began = time.perf_counter()
@@ -99,6 +108,7 @@ class Command(BaseCommand):
                     max_unsealed_seconds=options["max_unsealed_seconds"],
                     jobs=options["jobs"],
                     since=since,
+                    archive_dir=options["archive"],
                 )
             else:
                 try:
@@ -114,6 +124,7 @@ class Command(BaseCommand):
                     since=since,
                     log_keys=log_keys,
                     witness_keys=witness_keys,
+                    archive_dir=options["archive"],
                 )
                 for problem in log.witness_problems():
                     report.problems.append(problem)

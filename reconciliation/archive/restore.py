@@ -1,0 +1,228 @@
+"""``ledgerweb archive restore``: load archives into a scratch database for an investigation.
+
+The scratch database is another SQLite file or PostgreSQL database, never the ledger: the
+command runs its loading step in a child process whose settings point there (so nothing of the
+ledger's own connection, history or signals can be written to by mistake), migrates it, and
+refuses a database that holds checkpoints (a ledger's, not a scratch database). Every archive is
+verified on the way (``verify_export.check_archive``: the manifest's SHA-256 as the ledger's
+history recorded it when the ledger is at hand, each file's hash, each attempt's history and
+receipt); an archive that does not verify loads nothing.
+
+Restored attempts keep their ids, events and hashes; they are unsealed in the scratch database
+(it has no checkpoints: their receipts are in the archive), so ``verify_audit`` there checks each
+attempt's history and row. Owners become inactive people of the same name without a password;
+approvals stay in the archive file.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.db import connection, transaction
+
+from attempts.models import Attempt, AttemptEvent, Checkpoint, Tenant
+from attempts.verify_export import LogTrust, VerifierKey, check_archive
+from reconciliation.archive.store import Store
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class RestoreError(Exception):
+    """The restore cannot be done; the message says why. Nothing was loaded."""
+
+
+def scratch_env(*, sqlite: str | None = None, database_url: str | None = None) -> dict[str, str]:
+    """The environment of a process whose database is the scratch database."""
+    env = dict(os.environ)
+    if sqlite:
+        env.pop("DATABASE_URL", None)
+        env["LEDGERWEB_SQLITE_PATH"] = str(Path(sqlite).resolve())
+    elif database_url:
+        env["DATABASE_URL"] = database_url
+    else:
+        raise RestoreError(
+            "say where the scratch database is: --into-sqlite or --into-database-url"
+        )
+    env.setdefault("DJANGO_SETTINGS_MODULE", "ledgerweb.settings")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def same_database(*, sqlite: str | None, database_url: str | None) -> bool:
+    """Whether the target is the database this process (the ledger) uses."""
+    settings = connection.settings_dict
+    if sqlite:
+        return (
+            connection.vendor == "sqlite"
+            and Path(str(settings["NAME"])).resolve() == Path(sqlite).resolve()
+        )
+    import dj_database_url
+
+    other = dj_database_url.parse(database_url)
+    return connection.vendor == "postgresql" and (
+        other.get("NAME"),
+        other.get("HOST") or "localhost",
+        int(other.get("PORT") or 5432),
+    ) == (
+        settings.get("NAME"),
+        settings.get("HOST") or "localhost",
+        int(settings.get("PORT") or 5432),
+    )
+
+
+def restore(
+    *,
+    where: str,
+    names: list[str],
+    expect: dict[str, str],
+    sqlite: str | None = None,
+    database_url: str | None = None,
+    log_keys: list[str] = (),
+) -> subprocess.CompletedProcess:
+    """Run the loading step (``archive load``) in a child process on the scratch database.
+    ``expect`` maps archive names to the manifest SHA-256 the ledger's history recorded."""
+    if same_database(sqlite=sqlite, database_url=database_url):
+        raise RestoreError("the scratch database is the ledger's own database: choose another")
+    command = [sys.executable, str(REPO / "manage.py"), "archive", "load", "--from", where]
+    for name in names:
+        command += ["--name", name]
+        if name in expect:
+            command += ["--expect-sha256", f"{name}={expect[name]}"]
+    for key in log_keys:
+        command += ["--log-key", key]
+    return subprocess.run(  # noqa: S603 - our own manage.py, arguments as a list
+        command,
+        env=scratch_env(sqlite=sqlite, database_url=database_url),
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        check=False,
+    )
+
+
+def _moment(text: str | None) -> dt.datetime | None:
+    if text is None:
+        return None
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def load(
+    *,
+    store: Store,
+    names: list[str],
+    expect: dict[str, str],
+    log_keys: list[str] = (),
+    say: Callable[[str], None] = lambda line: None,
+) -> int:
+    """Verify and load archives into this process's database (the scratch database).
+    Returns how many attempts were loaded; RestoreError (nothing loaded) on any problem."""
+    if Checkpoint.objects.exists():
+        raise RestoreError(
+            "this database holds checkpoints: it is a ledger, not a scratch database"
+        )
+    trust = LogTrust(log_keys=[VerifierKey.parse(k) for k in log_keys])
+    records: list[dict[str, Any]] = []
+    for name in names:
+        check = check_archive(
+            store.reader(name),
+            name=name,
+            expect_sha256=expect.get(name),
+            trust=trust,
+            on_record=records.append,
+        )
+        if not check.ok:
+            raise RestoreError("\n".join(str(p) for p in check.problems))
+        say(f"verified archive {name}: {len(check.leaves)} attempts")
+    loaded = 0
+    with transaction.atomic():
+        known = set(Attempt.objects.values_list("attempt_id", flat=True))
+        fresh = [r for r in records if r["attempt"]["attempt_id"] not in known]
+        tenants = {r["attempt"]["tenant"] for r in fresh}
+        have = set(Tenant.objects.filter(slug__in=tenants).values_list("slug", flat=True))
+        # bulk_create: a scratch database gets the archive's rows, not configuration history.
+        Tenant.objects.bulk_create(Tenant(slug=t, name=t) for t in sorted(tenants - have))
+        users = get_user_model()
+        owners = {r["attempt"]["owner"] for r in fresh if r["attempt"]["owner"]}
+        present = set(users.objects.filter(username__in=owners).values_list("username", flat=True))
+        # "!..." is Django's unusable password: restored people cannot sign in.
+        unusable = "!restored"
+        users.objects.bulk_create(
+            users(username=name, is_active=False, password=unusable)
+            for name in sorted(owners - present)
+        )
+        owner_pk = dict(users.objects.filter(username__in=owners).values_list("username", "pk"))
+        # Parents before children: a linked attempt is archived before (or with) its parent.
+        fresh.sort(key=lambda r: r["attempt"]["created_at"])
+        for record in fresh:
+            a = record["attempt"]
+            row = Attempt.objects.create(
+                attempt_id=a["attempt_id"],
+                tenant_id=a["tenant"],
+                task_id=a["task_id"],
+                tool_name=a["tool_name"],
+                args=a["args"],
+                args_hash=a["args_hash"],
+                idempotency_key=a["idempotency_key"],
+                state=a["state"],
+                version=a["version"],
+                provider_request_id=a["provider_request_id"],
+                result_ref=a["result_ref"],
+                policy_version=a["policy_version"],
+                credential_scope=a["credential_scope"],
+                owner_id=owner_pk.get(a["owner"]),
+                review_reason=a["review_reason"],
+                send_count=a["send_count"],
+                lookup_count=a["lookup_count"],
+                chain_head=a["chain_head"],
+                chain_length=a["chain_length"],
+                sealed=False,
+                traceparent=a["traceparent"],
+                trace_id=a["trace_id"],
+                created_at=_moment(a["created_at"]),
+                updated_at=_moment(a["updated_at"]),
+            )
+            AttemptEvent.objects.bulk_create(
+                AttemptEvent(
+                    attempt=row,
+                    action=e["action"],
+                    actor_kind=e["actor_kind"],
+                    actor=e["actor"],
+                    from_state=e["from_state"],
+                    to_state=e["to_state"],
+                    reason=e["reason"],
+                    details=e["details"],
+                    created_at=_moment(e["created_at"]),
+                    prev_hash=e["prev_hash"],
+                    hash=e["hash"],
+                    chain_format=e["v"],
+                )
+                for e in record["events"]
+            )
+            loaded += 1
+        by_id = dict(
+            Attempt.objects.filter(
+                attempt_id__in=[r["attempt"]["attempt_id"] for r in fresh]
+            ).values_list("attempt_id", "pk")
+        )
+        for record in fresh:
+            parent = record["attempt"]["parent_attempt_id"]
+            if parent:
+                parent_pk = (
+                    by_id.get(parent)
+                    or Attempt.objects.filter(attempt_id=parent)
+                    .values_list("pk", flat=True)
+                    .first()
+                )
+                if parent_pk:
+                    Attempt.objects.filter(pk=by_id[record["attempt"]["attempt_id"]]).update(
+                        parent_id=parent_pk
+                    )
+    say(f"loaded {loaded} attempts ({len(records) - loaded} were there already)")
+    return loaded
