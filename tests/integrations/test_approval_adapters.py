@@ -1,0 +1,203 @@
+"""Approval before dispatch through the adapters, with the real packages, a live ledger and no
+model: a held call (202 AWAITING_APPROVAL) is LangGraph's interrupt() in the tool node and
+resumes with Command(resume=...); the same attempt continues by its key (one effect, never a
+second), a rejection is a tool error, and an edit-and-approve link is followed with the
+corrected arguments."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from langchain_core.messages import AIMessage, ToolMessage
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.prebuilt import ToolNode
+from langgraph.types import Command
+
+from attempts.models import Attempt, State
+from ledgerweb_client.guard import (
+    LedgerContext,
+    ToolCallAwaitingApproval,
+    ToolCallRejected,
+    use_ledger,
+)
+from ledgerweb_client.integrations import ledgered
+from ledgerweb_client.integrations.langchain import LedgerToolException, ledgered_tool
+from tests.conftest import World
+from tests.integrations.approvals import approve, edit_and_approve, hold, reject
+from tests.integrations.conftest import sqlite_only
+
+pytestmark = [pytest.mark.django_db(transaction=True), sqlite_only]
+
+KEY = "ticket:{tenant}:{args.customer}:{args.title}"
+
+
+class Tickets:
+    """The outside world: tickets opened, with the arguments they were opened with."""
+
+    def __init__(self) -> None:
+        self.opened: list[dict[str, Any]] = []
+
+    def open_ticket(self, customer: str, title: str, priority: int = 1) -> dict[str, Any]:
+        """Open a support ticket for a customer."""
+        ticket = {"id": f"T-{len(self.opened) + 1}", "title": title, "priority": priority}
+        self.opened.append({"customer": customer, **ticket})
+        return ticket
+
+
+def graph(tool: Any, checkpointer: Any) -> Any:
+    builder = StateGraph(MessagesState)
+    builder.add_node("tools", ToolNode([tool]))
+    builder.add_edge(START, "tools")
+    builder.add_edge("tools", END)
+    return builder.compile(checkpointer=checkpointer)
+
+
+def ask(args: dict[str, Any], call_id: str = "call-1") -> dict[str, Any]:
+    """What a model would ask for, written by hand."""
+    message = AIMessage(
+        content="", tool_calls=[{"name": "open_ticket", "args": args, "id": call_id}]
+    )
+    return {"messages": [message]}
+
+
+@pytest.fixture
+def tickets() -> Tickets:
+    return Tickets()
+
+
+@pytest.fixture
+def tool(tickets: Tickets) -> Any:
+    return ledgered_tool(tool_name="open_ticket", key=KEY, receipt=True)(tickets.open_ticket)
+
+
+@pytest.fixture
+def held_urgent(world: World):
+    return hold("open_ticket", "args.priority >= 2")
+
+
+URGENT = {"customer": "cus_1", "title": "Printer on fire", "priority": 3}
+
+
+def config(acme: LedgerContext, thread: str = "thread-1") -> dict[str, Any]:
+    return {"configurable": {"thread_id": thread, "ledger": acme}}
+
+
+def test_a_held_call_interrupts_the_graph_and_resumes_after_approval(
+    tool, tickets: Tickets, acme: LedgerContext, world: World, held_urgent
+) -> None:
+    app = graph(tool, InMemorySaver())
+    out = app.invoke(ask(URGENT), config(acme))
+    [paused] = out["__interrupt__"]
+    request = paused.value
+    attempt = Attempt.objects.get(attempt_id=request["attempt_id"])
+    assert attempt.state == State.AWAITING_APPROVAL and tickets.opened == []
+    assert request["kind"] == "ledgerweb.approval" and request["tool"] == "open_ticket"
+    assert request["args_hash"] == attempt.args_hash and request["args"] == URGENT
+    assert request["idempotency_key"] == "ticket:acme:cus_1:Printer on fire"
+    assert request["approval_policy"] == "hold-open_ticket"
+    assert request["dashboard_url"].endswith(f"/attempts/{attempt.attempt_id}/")
+    assert request["dashboard_url"].startswith(acme.client.dashboard_url("x")[: -len("x/")])
+
+    # Resumed before anyone decided: the ledger still holds it, so the graph pauses again.
+    again = app.invoke(Command(resume="checked"), config(acme))
+    assert again["__interrupt__"][0].value["attempt_id"] == attempt.attempt_id
+    assert tickets.opened == []
+
+    approve(attempt.attempt_id, world.reviewer)
+    done = app.invoke(Command(resume={"wait": 2}), config(acme))
+    reply = done["messages"][-1]
+    assert isinstance(reply, ToolMessage) and reply.status == "success", reply.content
+    assert json.loads(reply.content)["id"] == "T-1"
+    attempt.refresh_from_db()
+    assert (attempt.state, attempt.send_count) == (State.OUTCOME_CONFIRMED, 1)
+    assert len(tickets.opened) == 1
+    assert Attempt.objects.count() == 1
+
+    # The agent restarts with nothing of its checkpoints: the same tool call, same key, is
+    # answered by the ledger; no second ticket.
+    fresh = graph(tool, InMemorySaver())
+    replay = fresh.invoke(ask(URGENT, "call-again"), config(acme, "thread-2"))
+    assert "__interrupt__" not in replay
+    assert json.loads(replay["messages"][-1].content)["id"] == "T-1"
+    assert len(tickets.opened) == 1 and Attempt.objects.count() == 1
+
+
+def test_approved_while_the_agent_was_down_a_restarted_graph_sends_once(
+    tool, tickets: Tickets, acme: LedgerContext, world: World, held_urgent
+) -> None:
+    first = graph(tool, InMemorySaver())
+    attempt_id = first.invoke(ask(URGENT), config(acme))["__interrupt__"][0].value["attempt_id"]
+    del first  # the agent process is gone; the intent is durable in the ledger
+    approve(attempt_id, world.reviewer)
+    restarted = graph(tool, InMemorySaver())
+    out = restarted.invoke(ask(URGENT, "call-after-restart"), config(acme, "thread-9"))
+    assert out["messages"][-1].status == "success"
+    assert len(tickets.opened) == 1
+    attempt = Attempt.objects.get(attempt_id=attempt_id)
+    assert (attempt.state, attempt.send_count) == (State.OUTCOME_CONFIRMED, 1)
+
+
+def test_a_rejection_is_a_tool_error_and_nothing_is_sent(
+    tool, tickets: Tickets, acme: LedgerContext, world: World, held_urgent
+) -> None:
+    app = graph(tool, InMemorySaver())
+    attempt_id = app.invoke(ask(URGENT), config(acme))["__interrupt__"][0].value["attempt_id"]
+    reject(attempt_id, world.reviewer, "not urgent")
+    out = app.invoke(Command(resume=True), config(acme))
+    reply = out["messages"][-1]
+    assert reply.status == "error" and "approval_rejected" in reply.content
+    assert tickets.opened == []
+    assert Attempt.objects.get(attempt_id=attempt_id).send_count == 0
+
+
+def test_edit_and_approve_sends_the_corrected_arguments_once(
+    tool, tickets: Tickets, acme: LedgerContext, world: World, held_urgent
+) -> None:
+    app = graph(tool, InMemorySaver())
+    attempt_id = app.invoke(ask(URGENT), config(acme))["__interrupt__"][0].value["attempt_id"]
+    corrected = {**URGENT, "title": "Printer smoking"}
+    linked = edit_and_approve(attempt_id, world.reviewer, corrected)
+    out = app.invoke(Command(resume=True), config(acme))
+    assert out["messages"][-1].status == "success", out["messages"][-1].content
+    assert tickets.opened == [
+        {"customer": "cus_1", "id": "T-1", "title": "Printer smoking", "priority": 3}
+    ]
+    original = Attempt.objects.get(attempt_id=attempt_id)
+    linked.refresh_from_db()
+    assert original.state == State.RECONCILED and original.send_count == 0
+    assert (linked.state, linked.send_count) == (State.OUTCOME_CONFIRMED, 1)
+    # Again, from the top (same key): the ledger follows the link and answers; nothing new.
+    replay = graph(tool, InMemorySaver()).invoke(ask(URGENT, "call-2"), config(acme, "t-2"))
+    assert json.loads(replay["messages"][-1].content)["title"] == "Printer smoking"
+    assert len(tickets.opened) == 1
+
+
+def test_outside_a_graph_a_held_call_is_a_tool_error(
+    tool, tickets: Tickets, acme: LedgerContext, held_urgent
+) -> None:
+    with pytest.raises(LedgerToolException) as refused:
+        tool.func(config={"configurable": {"ledger": acme}}, **URGENT)
+    assert refused.value.code == "awaiting_approval"
+    assert tickets.opened == []
+
+
+def test_the_plain_decorator_waits_then_reports_held_and_rejected(
+    tickets: Tickets, acme: LedgerContext, world: World, held_urgent
+) -> None:
+    open_ticket = ledgered(tool_name="open_ticket", key=KEY, receipt=True, wait_for_approval=1)(
+        tickets.open_ticket
+    )
+    with use_ledger(acme.client, tenant="acme", task_id="task-int"):
+        with pytest.raises(ToolCallAwaitingApproval) as held:
+            open_ticket(**URGENT)
+        assert held.value.approval_request["state"] == "AWAITING_APPROVAL"
+        reject(held.value.attempt.attempt_id, world.reviewer)
+        with pytest.raises(ToolCallRejected) as rejected:
+            open_ticket(**URGENT)
+        assert rejected.value.reason == "approval_rejected"
+        # Below the policy's condition nothing is held: sent at once.
+        assert open_ticket("cus_2", "Toner low")["id"] == "T-1"
+    assert len(tickets.opened) == 1
