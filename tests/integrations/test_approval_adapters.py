@@ -201,3 +201,156 @@ def test_the_plain_decorator_waits_then_reports_held_and_rejected(
         # Below the policy's condition nothing is held: sent at once.
         assert open_ticket("cus_2", "Toner low")["id"] == "T-1"
     assert len(tickets.opened) == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# The OpenAI Agents SDK: the SDK's own tool-approval interruption, decided by the ledger. The
+# model is the SDK's ScriptedModel (its deterministic test model): it asks for the tool call,
+# then answers with text; no network.
+
+
+def scripted(args: dict[str, Any]) -> Any:
+    from agents.testing import ScriptedModel, assistant_message, function_call
+
+    return ScriptedModel(
+        [[function_call("open_ticket", args, call_id="call-1")], [assistant_message("done")]]
+    )
+
+
+def agent_for(tickets: Tickets, model: Any) -> Any:
+    from agents import Agent
+
+    from ledgerweb_client.integrations.openai_agents import ledgered_function_tool
+
+    tool = ledgered_function_tool(tool_name="open_ticket", key=KEY, receipt=True)(
+        tickets.open_ticket
+    )
+    return Agent(name="support", model=model, tools=[tool])
+
+
+@pytest.fixture(autouse=False)
+def no_tracing():
+    from agents import set_tracing_disabled
+
+    set_tracing_disabled(True)
+    yield
+    set_tracing_disabled(False)
+
+
+def run(coro: Any) -> Any:
+    import asyncio
+
+    return asyncio.run(coro)
+
+
+def test_agents_sdk_a_held_call_is_an_interruption_sent_once_after_approval(
+    tickets: Tickets, acme: LedgerContext, world: World, held_urgent, no_tracing
+) -> None:
+    from agents import Runner, RunState
+
+    from ledgerweb_client.integrations.openai_agents import apply_ledger_decisions
+
+    model = scripted(URGENT)
+    agent = agent_for(tickets, model)
+    result = run(Runner.run(agent, "open it", context=acme))
+    [item] = result.interruptions
+    assert item.tool_name == "open_ticket" and tickets.opened == []
+    attempt = Attempt.objects.get(idempotency_key="ticket:acme:cus_1:Printer on fire")
+    assert attempt.state == State.AWAITING_APPROVAL
+
+    # Nobody decided yet: the interruption stays pending, and the state is saved (an agent
+    # that stops here resumes from the string after a restart).
+    state = result.to_state()
+    assert (
+        run(apply_ledger_decisions(state, wait=1)) == [item] or len(state.get_interruptions()) == 1
+    )
+    saved = state.to_string()
+    del state, result
+
+    approve(attempt.attempt_id, world.reviewer)
+    restarted = agent_for(tickets, model)  # a new process: new tool objects, same model script
+
+    async def resume() -> Any:
+        state = await RunState.from_string(restarted, saved, context_override=acme)
+        assert await apply_ledger_decisions(state, wait=2) == []
+        return await Runner.run(restarted, state)
+
+    final = run(resume())
+    assert final.final_output == "done"
+    assert len(tickets.opened) == 1
+    attempt.refresh_from_db()
+    assert (attempt.state, attempt.send_count) == (State.OUTCOME_CONFIRMED, 1)
+    outputs = [i.output for i in final.new_items if type(i).__name__ == "ToolCallOutputItem"]
+    assert any("T-1" in str(output) for output in outputs), outputs
+
+
+def test_agents_sdk_a_rejection_is_the_tools_answer_and_nothing_is_sent(
+    tickets: Tickets, acme: LedgerContext, world: World, held_urgent, no_tracing
+) -> None:
+    from agents import Runner
+
+    from ledgerweb_client.integrations.openai_agents import apply_ledger_decisions
+
+    model = scripted(URGENT)
+    agent = agent_for(tickets, model)
+    result = run(Runner.run(agent, "open it", context=acme))
+    attempt = Attempt.objects.get(idempotency_key="ticket:acme:cus_1:Printer on fire")
+    reject(attempt.attempt_id, world.reviewer, "not urgent")
+    state = result.to_state()
+    assert run(apply_ledger_decisions(state)) == []
+    final = run(Runner.run(agent, state))
+    assert tickets.opened == []
+    [output] = [i.output for i in final.new_items if type(i).__name__ == "ToolCallOutputItem"]
+    assert "ledgerweb approval_rejected" in str(output)
+    # What the model was told, as the model received it.
+    sent_back = [
+        entry for entry in model.last_call.input if entry.get("type") == "function_call_output"
+    ]
+    assert "approval_rejected" in sent_back[0]["output"]
+    assert Attempt.objects.get(pk=attempt.pk).send_count == 0
+
+
+def test_agents_sdk_approving_in_the_sdk_alone_sends_nothing(
+    tickets: Tickets, acme: LedgerContext, held_urgent, no_tracing
+) -> None:
+    from agents import Runner
+
+    agent = agent_for(tickets, scripted(URGENT))
+    result = run(Runner.run(agent, "open it", context=acme))
+    state = result.to_state()
+    state.approve(result.interruptions[0])  # bypassing the ledger's approvers
+    final = run(Runner.run(agent, state))
+    assert tickets.opened == []
+    [output] = [i.output for i in final.new_items if type(i).__name__ == "ToolCallOutputItem"]
+    assert "ledgerweb awaiting_approval" in str(output)
+
+
+def test_agents_sdk_edit_and_approve_runs_the_tool_with_the_corrected_arguments(
+    tickets: Tickets, acme: LedgerContext, world: World, held_urgent, no_tracing
+) -> None:
+    from agents import Runner
+
+    from ledgerweb_client.integrations.openai_agents import apply_ledger_decisions
+
+    agent = agent_for(tickets, scripted(URGENT))
+    result = run(Runner.run(agent, "open it", context=acme))
+    original = Attempt.objects.get(idempotency_key="ticket:acme:cus_1:Printer on fire")
+    linked = edit_and_approve(original.attempt_id, world.reviewer, {**URGENT, "priority": 2})
+    state = result.to_state()
+    assert run(apply_ledger_decisions(state)) == []
+    run(Runner.run(agent, state))
+    assert [t["priority"] for t in tickets.opened] == [2]
+    linked.refresh_from_db()
+    assert (linked.state, linked.send_count) == (State.OUTCOME_CONFIRMED, 1)
+    assert Attempt.objects.get(pk=original.pk).send_count == 0
+
+
+def test_agents_sdk_calls_no_policy_holds_run_without_an_interruption(
+    tickets: Tickets, acme: LedgerContext, held_urgent, no_tracing
+) -> None:
+    from agents import Runner
+
+    calm = {"customer": "cus_3", "title": "Toner low", "priority": 1}
+    final = run(Runner.run(agent_for(tickets, scripted(calm)), "open it", context=acme))
+    assert final.interruptions == [] and final.final_output == "done"
+    assert len(tickets.opened) == 1
