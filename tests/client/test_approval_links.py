@@ -166,3 +166,46 @@ console.log(JSON.stringify({{ sent, attempt: result.attempt.attempt_id,
     }
     linked.refresh_from_db()
     assert linked.send_count == 1
+
+
+def test_the_documented_edit_and_approve_example_runs(
+    live_server,
+    tokens: Tokens,  # noqa: F811
+    world: World,
+    tmp_path,
+) -> None:
+    """docs/client.md's edit-and-approve example, run as written while a reviewer corrects the
+    amount: the corrected charge is sent once, under the linked attempt's key."""
+    import re
+    import sys
+
+    _sqlite_only()
+    text = (REPO / "docs" / "client.md").read_text(encoding="utf-8")
+    [code] = re.findall(r"^```python runs=edit-and-approve\n(.*?)^```$", text, re.M | re.S)
+    script = tmp_path / "example.py"
+    script.write_text(code, encoding="utf-8")
+    hold("charge_card", "args.amount_cents > 100000")
+    env = {
+        **os.environ,
+        "LEDGERWEB_URL": live_server.url,
+        "LEDGERWEB_TOKEN": tokens.acme,
+        "PYTHONPATH": str(REPO),
+    }
+    agent = subprocess.Popen(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        original = _once_recorded("charge:acme:order-17")
+        fixed = {"amount_cents": 200000, "customer": "cus_1"}
+        linked = edit_and_approve(original.attempt_id, world.reviewer, fixed)
+        # charge_card is critical: four eyes, so a second person approves the corrected call.
+        assert linked.state == State.AWAITING_APPROVAL
+        approve(linked.attempt_id, world.reviewer2)
+        out, _ = agent.communicate(timeout=60)
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+    assert agent.returncode == 0
+    assert out.strip() == f"OUTCOME_CONFIRMED {fixed!r} 1"
+    linked.refresh_from_db()
+    assert (linked.state, linked.send_count) == (State.OUTCOME_CONFIRMED, 1)

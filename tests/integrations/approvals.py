@@ -55,8 +55,9 @@ def reject(attempt_id: str, user: Any, reason: str = "not now") -> Attempt:
 
 def edit_and_approve(attempt_id: str, user: Any, args: dict[str, Any]) -> Attempt:
     """The original (AWAITING_APPROVAL) becomes RECONCILED; a linked attempt carries ``args``,
-    approved by ``user``: INTENT_RECORDED when one approval is enough, else still
-    AWAITING_APPROVAL for a second person. Returns the linked attempt."""
+    approved by ``user``: INTENT_RECORDED when that approval is enough (``Approval.verdict``: the
+    policy's count, and never fewer than the tool's four-eyes rule), else still AWAITING_APPROVAL
+    for a second person. Returns the linked attempt."""
     normalized = normalize_args(args)
     try:
         with write_transaction():
@@ -68,14 +69,12 @@ def edit_and_approve(attempt_id: str, user: Any, args: dict[str, Any]) -> Attemp
             fields.pop("approval_policy_id")
             fields["approval_policy"] = policy
             now = timezone.now()
-            enough = policy.approvals_needed <= 1
             child = states.create(
-                state=State.INTENT_RECORDED if enough else State.AWAITING_APPROVAL,
+                state=State.AWAITING_APPROVAL,
                 actor=Actor.user(user),
                 reason="edited and approved",
                 details={"edited_from": original.attempt_id},
                 **fields,
-                next_check_at=now + dt.timedelta(seconds=settings.LEDGER["APPROVAL_GRACE"]),
                 now=now,
             )
             Approval.objects.create(
@@ -87,6 +86,16 @@ def edit_and_approve(attempt_id: str, user: Any, args: dict[str, Any]) -> Attemp
                 created_at=now,
                 expires_at=now + policy.approval_ttl,
             )
+            if Approval.verdict(child, now).enough:
+                grace = dt.timedelta(seconds=settings.LEDGER["APPROVAL_GRACE"])
+                child = states.move(
+                    child,
+                    State.INTENT_RECORDED,
+                    actor=Actor.user(user),
+                    action="attempt.approved",
+                    next_check_at=now + grace,
+                    now=now,
+                )
             states.move(
                 original,
                 State.RECONCILED,
