@@ -953,6 +953,16 @@ class LedgerClient:
             if wait == 0:
                 time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
+    def record_and_wait(self, *, wait_for_approval: float = 0, **intent: Any) -> Attempt:
+        """Record the intent (``record_intent``'s keywords), follow an edit-and-approve link
+        (``follow_links``), and while an approval policy holds it wait up to
+        ``wait_for_approval`` seconds (``wait_for_approval`` above): the attempt to claim, or
+        to report as held, rejected or settled. Claims nothing."""
+        attempt = self.follow_links(self.record_intent(**intent))
+        if attempt.state == State.AWAITING_APPROVAL and wait_for_approval > 0:
+            attempt = self.wait_for_approval(attempt.attempt_id, wait_for_approval)
+        return attempt
+
     def find(self, idempotency_key: str) -> list[Attempt]:
         """The attempts recorded under ``idempotency_key`` that this token may see."""
         status, answer = self._request(
@@ -1047,19 +1057,16 @@ class LedgerClient:
             raise ValueError("wait_for_approval must not be negative")
         start: Attempt | None = None
         if wait_for_approval:
-            start = self.follow_links(
-                self.record_intent(
-                    tenant=tenant,
-                    task_id=task_id,
-                    tool_name=tool_name,
-                    idempotency_key=idempotency_key,
-                    args=args,
-                    policy_version=policy_version,
-                    credential_scope=credential_scope,
-                )
+            start = self.record_and_wait(
+                tenant=tenant,
+                task_id=task_id,
+                tool_name=tool_name,
+                idempotency_key=idempotency_key,
+                args=args,
+                policy_version=policy_version,
+                credential_scope=credential_scope,
+                wait_for_approval=wait_for_approval,
             )
-            if start.state == State.AWAITING_APPROVAL:
-                start = self.wait_for_approval(start.attempt_id, wait_for_approval)
         send_result: SendResult | None = None
         with self.attempt(
             tenant=tenant,

@@ -557,19 +557,16 @@ class GuardedCall:
         context = self.context
         client = context.client
         try:
-            attempt = client.follow_links(
-                client.record_intent(
-                    tenant=context.tenant,
-                    task_id=context.task_id,
-                    tool_name=self.tool_name,
-                    idempotency_key=self.idempotency_key,
-                    args=self.args,
-                    policy_version=context.policy_version,
-                    credential_scope=context.credential_scope,
-                )
+            attempt = client.record_and_wait(
+                tenant=context.tenant,
+                task_id=context.task_id,
+                tool_name=self.tool_name,
+                idempotency_key=self.idempotency_key,
+                args=self.args,
+                policy_version=context.policy_version,
+                credential_scope=context.credential_scope,
+                wait_for_approval=wait_for_approval,
             )
-            if attempt.state == State.AWAITING_APPROVAL and wait_for_approval > 0:
-                attempt = client.wait_for_approval(attempt.attempt_id, wait_for_approval)
         except LedgerError as exc:
             raise _refusal(exc) from exc
         self._linked = attempt.idempotency_key != self.idempotency_key
@@ -583,16 +580,8 @@ class GuardedCall:
                 "worker send it",
                 attempt=attempt,
             )
-        self._call = client.attempt(
-            tenant=context.tenant,
-            task_id=context.task_id,
-            tool_name=self.tool_name,
-            idempotency_key=self.idempotency_key,
-            args=self.args,
-            policy_version=context.policy_version,
-            credential_scope=context.credential_scope,
-            start=attempt,
-        )
+        # Recorded already: the block claims this attempt (the linked one, after a link).
+        self._call = AttemptCall(client, {}, start=attempt)
         try:
             self._call.__enter__()
         except LedgerError as exc:

@@ -214,21 +214,16 @@ async def _held(spec: ToolSpec, context: LedgerContext, args: dict[str, Any]) ->
 
 
 def _current_attempt(spec: ToolSpec, context: LedgerContext, args: dict[str, Any], wait: float):
-    client = context.client
-    attempt = client.follow_links(
-        client.record_intent(
-            tenant=context.tenant,
-            task_id=context.task_id,
-            tool_name=spec.tool_name,
-            idempotency_key=spec.key_for(args, context),
-            args=args,
-            policy_version=context.policy_version,
-            credential_scope=context.credential_scope,
-        )
+    return context.client.record_and_wait(
+        tenant=context.tenant,
+        task_id=context.task_id,
+        tool_name=spec.tool_name,
+        idempotency_key=spec.key_for(args, context),
+        args=args,
+        policy_version=context.policy_version,
+        credential_scope=context.credential_scope,
+        wait_for_approval=wait,
     )
-    if attempt.state == State.AWAITING_APPROVAL and wait > 0:
-        attempt = client.wait_for_approval(attempt.attempt_id, wait)
-    return attempt
 
 
 def _ledgered_tool(item: ToolApprovalItem) -> FunctionTool | None:

@@ -28,23 +28,11 @@ from ledgerweb_client.integrations.langchain import LedgerToolException, ledgere
 from tests.conftest import World
 from tests.integrations.approvals import approve, edit_and_approve, hold, reject
 from tests.integrations.conftest import sqlite_only
+from tests.integrations.test_frameworks import Provider as Tickets
 
 pytestmark = [pytest.mark.django_db(transaction=True), sqlite_only]
 
 KEY = "ticket:{tenant}:{args.customer}:{args.title}"
-
-
-class Tickets:
-    """The outside world: tickets opened, with the arguments they were opened with."""
-
-    def __init__(self) -> None:
-        self.opened: list[dict[str, Any]] = []
-
-    def open_ticket(self, customer: str, title: str, priority: int = 1) -> dict[str, Any]:
-        """Open a support ticket for a customer."""
-        ticket = {"id": f"T-{len(self.opened) + 1}", "title": title, "priority": priority}
-        self.opened.append({"customer": customer, **ticket})
-        return ticket
 
 
 def graph(tool: Any, checkpointer: Any) -> Any:
@@ -93,7 +81,7 @@ def test_a_held_call_interrupts_the_graph_and_resumes_after_approval(
     [paused] = out["__interrupt__"]
     request = paused.value
     attempt = Attempt.objects.get(attempt_id=request["attempt_id"])
-    assert attempt.state == State.AWAITING_APPROVAL and tickets.opened == []
+    assert attempt.state == State.AWAITING_APPROVAL and tickets.effects == []
     assert request["kind"] == "ledgerweb.approval" and request["tool"] == "open_ticket"
     assert request["args_hash"] == attempt.args_hash and request["args"] == URGENT
     assert request["idempotency_key"] == "ticket:acme:cus_1:Printer on fire"
@@ -104,7 +92,7 @@ def test_a_held_call_interrupts_the_graph_and_resumes_after_approval(
     # Resumed before anyone decided: the ledger still holds it, so the graph pauses again.
     again = app.invoke(Command(resume="checked"), config(acme))
     assert again["__interrupt__"][0].value["attempt_id"] == attempt.attempt_id
-    assert tickets.opened == []
+    assert tickets.effects == []
 
     approve(attempt.attempt_id, world.reviewer)
     done = app.invoke(Command(resume={"wait": 2}), config(acme))
@@ -113,7 +101,7 @@ def test_a_held_call_interrupts_the_graph_and_resumes_after_approval(
     assert json.loads(reply.content)["id"] == "T-1"
     attempt.refresh_from_db()
     assert (attempt.state, attempt.send_count) == (State.OUTCOME_CONFIRMED, 1)
-    assert len(tickets.opened) == 1
+    assert len(tickets.effects) == 1
     assert Attempt.objects.count() == 1
 
     # The agent restarts with nothing of its checkpoints: the same tool call, same key, is
@@ -122,7 +110,7 @@ def test_a_held_call_interrupts_the_graph_and_resumes_after_approval(
     replay = fresh.invoke(ask(URGENT, "call-again"), config(acme, "thread-2"))
     assert "__interrupt__" not in replay
     assert json.loads(replay["messages"][-1].content)["id"] == "T-1"
-    assert len(tickets.opened) == 1 and Attempt.objects.count() == 1
+    assert len(tickets.effects) == 1 and Attempt.objects.count() == 1
 
 
 def test_approved_while_the_agent_was_down_a_restarted_graph_sends_once(
@@ -135,7 +123,7 @@ def test_approved_while_the_agent_was_down_a_restarted_graph_sends_once(
     restarted = graph(tool, InMemorySaver())
     out = restarted.invoke(ask(URGENT, "call-after-restart"), config(acme, "thread-9"))
     assert out["messages"][-1].status == "success"
-    assert len(tickets.opened) == 1
+    assert len(tickets.effects) == 1
     attempt = Attempt.objects.get(attempt_id=attempt_id)
     assert (attempt.state, attempt.send_count) == (State.OUTCOME_CONFIRMED, 1)
 
@@ -149,7 +137,7 @@ def test_a_rejection_is_a_tool_error_and_nothing_is_sent(
     out = app.invoke(Command(resume=True), config(acme))
     reply = out["messages"][-1]
     assert reply.status == "error" and "approval_rejected" in reply.content
-    assert tickets.opened == []
+    assert tickets.effects == []
     assert Attempt.objects.get(attempt_id=attempt_id).send_count == 0
 
 
@@ -162,7 +150,7 @@ def test_edit_and_approve_sends_the_corrected_arguments_once(
     linked = edit_and_approve(attempt_id, world.reviewer, corrected)
     out = app.invoke(Command(resume=True), config(acme))
     assert out["messages"][-1].status == "success", out["messages"][-1].content
-    assert tickets.opened == [
+    assert tickets.effects == [
         {"customer": "cus_1", "id": "T-1", "title": "Printer smoking", "priority": 3}
     ]
     original = Attempt.objects.get(attempt_id=attempt_id)
@@ -172,7 +160,7 @@ def test_edit_and_approve_sends_the_corrected_arguments_once(
     # Again, from the top (same key): the ledger follows the link and answers; nothing new.
     replay = graph(tool, InMemorySaver()).invoke(ask(URGENT, "call-2"), config(acme, "t-2"))
     assert json.loads(replay["messages"][-1].content)["title"] == "Printer smoking"
-    assert len(tickets.opened) == 1
+    assert len(tickets.effects) == 1
 
 
 def test_outside_a_graph_a_held_call_is_a_tool_error(
@@ -181,7 +169,7 @@ def test_outside_a_graph_a_held_call_is_a_tool_error(
     with pytest.raises(LedgerToolException) as refused:
         tool.func(config={"configurable": {"ledger": acme}}, **URGENT)
     assert refused.value.code == "awaiting_approval"
-    assert tickets.opened == []
+    assert tickets.effects == []
 
 
 def test_the_plain_decorator_waits_then_reports_held_and_rejected(
@@ -199,8 +187,8 @@ def test_the_plain_decorator_waits_then_reports_held_and_rejected(
             open_ticket(**URGENT)
         assert rejected.value.reason == "approval_rejected"
         # Below the policy's condition nothing is held: sent at once.
-        assert open_ticket("cus_2", "Toner low")["id"] == "T-1"
-    assert len(tickets.opened) == 1
+        assert open_ticket("cus_2", "Toner low", priority=1)["id"] == "T-1"
+    assert len(tickets.effects) == 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -254,7 +242,7 @@ def test_agents_sdk_a_held_call_is_an_interruption_sent_once_after_approval(
     agent = agent_for(tickets, model)
     result = run(Runner.run(agent, "open it", context=acme))
     [item] = result.interruptions
-    assert item.tool_name == "open_ticket" and tickets.opened == []
+    assert item.tool_name == "open_ticket" and tickets.effects == []
     attempt = Attempt.objects.get(idempotency_key="ticket:acme:cus_1:Printer on fire")
     assert attempt.state == State.AWAITING_APPROVAL
 
@@ -276,7 +264,7 @@ def test_agents_sdk_a_held_call_is_an_interruption_sent_once_after_approval(
 
     final = run(resume())
     assert final.final_output == "done"
-    assert len(tickets.opened) == 1
+    assert len(tickets.effects) == 1
     attempt.refresh_from_db()
     assert (attempt.state, attempt.send_count) == (State.OUTCOME_CONFIRMED, 1)
     outputs = [i.output for i in final.new_items if type(i).__name__ == "ToolCallOutputItem"]
@@ -298,7 +286,7 @@ def test_agents_sdk_a_rejection_is_the_tools_answer_and_nothing_is_sent(
     state = result.to_state()
     assert run(apply_ledger_decisions(state)) == []
     final = run(Runner.run(agent, state))
-    assert tickets.opened == []
+    assert tickets.effects == []
     [output] = [i.output for i in final.new_items if type(i).__name__ == "ToolCallOutputItem"]
     assert "ledgerweb approval_rejected" in str(output)
     # What the model was told, as the model received it.
@@ -319,7 +307,7 @@ def test_agents_sdk_approving_in_the_sdk_alone_sends_nothing(
     state = result.to_state()
     state.approve(result.interruptions[0])  # bypassing the ledger's approvers
     final = run(Runner.run(agent, state))
-    assert tickets.opened == []
+    assert tickets.effects == []
     [output] = [i.output for i in final.new_items if type(i).__name__ == "ToolCallOutputItem"]
     assert "ledgerweb awaiting_approval" in str(output)
 
@@ -338,7 +326,7 @@ def test_agents_sdk_edit_and_approve_runs_the_tool_with_the_corrected_arguments(
     state = result.to_state()
     assert run(apply_ledger_decisions(state)) == []
     run(Runner.run(agent, state))
-    assert [t["priority"] for t in tickets.opened] == [2]
+    assert [t["priority"] for t in tickets.effects] == [2]
     linked.refresh_from_db()
     assert (linked.state, linked.send_count) == (State.OUTCOME_CONFIRMED, 1)
     assert Attempt.objects.get(pk=original.pk).send_count == 0
@@ -349,10 +337,10 @@ def test_agents_sdk_calls_no_policy_holds_run_without_an_interruption(
 ) -> None:
     from agents import Runner
 
-    calm = {"customer": "cus_3", "title": "Toner low", "priority": 1}
+    calm = {"customer": "cus_3", "title": "Toner low", "priority": 1}  # below the condition
     final = run(Runner.run(agent_for(tickets, scripted(calm)), "open it", context=acme))
     assert final.interruptions == [] and final.final_output == "done"
-    assert len(tickets.opened) == 1
+    assert len(tickets.effects) == 1
 
 
 # ---------------------------------------------------------------------------------------------
