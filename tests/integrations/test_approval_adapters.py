@@ -434,3 +434,30 @@ def test_mcp_gateway_answers_a_held_call_as_pending_and_the_same_call_later_with
     assert sorted(states.values()) == sorted(
         [State.OUTCOME_CONFIRMED, State.FAILED, State.RECONCILED, State.OUTCOME_CONFIRMED]
     )
+
+
+def test_an_async_tool_interrupts_and_resumes_the_same_way(
+    acme: LedgerContext, world: World, held_urgent
+) -> None:
+    import asyncio
+
+    opened: list[str] = []
+
+    async def open_ticket(customer: str, title: str, priority: int = 1) -> dict[str, Any]:
+        """Open a support ticket for a customer."""
+        opened.append(title)
+        return {"id": f"T-{len(opened)}", "title": title}
+
+    tool = ledgered_tool(tool_name="open_ticket", key=KEY, receipt=True)(open_ticket)
+    app = graph(tool, InMemorySaver())
+
+    async def scenario() -> None:
+        out = await app.ainvoke(ask(URGENT), config(acme))
+        attempt_id = out["__interrupt__"][0].value["attempt_id"]
+        await asyncio.to_thread(approve, attempt_id, world.reviewer)
+        done = await app.ainvoke(Command(resume={"wait": 2}), config(acme))
+        assert done["messages"][-1].status == "success", done["messages"][-1].content
+
+    asyncio.run(scenario())
+    assert opened == ["Printer on fire"]
+    assert Attempt.objects.get(idempotency_key="ticket:acme:cus_1:Printer on fire").send_count == 1
