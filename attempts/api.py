@@ -98,6 +98,33 @@ def _iso(value) -> str | None:
     return value.isoformat().replace("+00:00", "Z") if value is not None else None
 
 
+def linked_attempt_id(attempt: Attempt) -> str | None:
+    """The newest attempt whose parent is ``attempt``, for a RECONCILED attempt (its work goes
+    on there: a linked retry, or edit-and-approve); None otherwise. Only a settled-by-linking
+    attempt is looked up (the partial index on parent), so other attempts cost no query; a list
+    fills ``_linked_attempt_id`` for its page in one query (``_fill_linked``)."""
+    if attempt.state != State.RECONCILED:
+        return None
+    if hasattr(attempt, "_linked_attempt_id"):
+        return attempt._linked_attempt_id
+    return (
+        Attempt.objects.filter(parent_id=attempt.pk)
+        .order_by("-id")
+        .values_list("attempt_id", flat=True)
+        .first()
+    )
+
+
+def _fill_linked(attempts: list[Attempt]) -> None:
+    reconciled = {a.pk: a for a in attempts if a.state == State.RECONCILED}
+    newest: dict[int, str] = {}
+    rows = Attempt.objects.filter(parent_id__in=list(reconciled)).order_by("id")
+    for parent_id, child_id in rows.values_list("parent_id", "attempt_id"):
+        newest[parent_id] = child_id
+    for pk, attempt in reconciled.items():
+        attempt._linked_attempt_id = newest.get(pk)
+
+
 def attempt_json(attempt: Attempt) -> dict[str, Any]:
     """The attempt as the API shows it (section 9's fields, plus args and version)."""
     return {
@@ -115,6 +142,7 @@ def attempt_json(attempt: Attempt) -> dict[str, Any]:
         "policy_version": attempt.policy_version,
         "credential_scope": list(attempt.credential_scope),
         "parent_attempt_id": attempt.parent.attempt_id if attempt.parent_id else None,
+        "linked_attempt_id": linked_attempt_id(attempt),
         "owner": attempt.owner.get_username() if attempt.owner_id else None,
         "review_reason": attempt.review_reason or None,
         "approval_policy": attempt.approval_policy_id,
@@ -383,6 +411,7 @@ def _list_attempts(request: HttpRequest, token: AgentIdentity) -> JsonResponse:
         qs = qs.filter(attempt_id__gt=params["after"])
     rows = list(qs.order_by("attempt_id")[: limit + 1])
     page = rows[:limit]
+    _fill_linked(page)
     body = {
         "attempts": [attempt_json(a) for a in page],
         "next_after": page[-1].attempt_id if len(rows) > limit else None,

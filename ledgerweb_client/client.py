@@ -71,6 +71,8 @@ else:  # Python 3.10: the same behaviour, str() and format() give the value
 _POLL_MAX = 20
 # Longest reason the client sends when it writes an exception's text into the ledger.
 _MAX_REASON = 1000
+# Most links followed from one attempt (edit-and-approve twice, a linked retry after it...).
+_MAX_LINKS = 8
 
 
 class State(StrEnum):
@@ -144,6 +146,9 @@ class Attempt:
     owner: str | None = None
     created_at: str | None = None
     updated_at: str | None = None
+    #: For a RECONCILED attempt, the newest attempt linked to it (a linked retry, or
+    #: edit-and-approve with corrected arguments): its work continues there.
+    linked_attempt_id: str | None = None
     args: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -195,6 +200,7 @@ class Attempt:
             owner=_opt_str(data.get("owner")),
             created_at=_opt_str(data.get("created_at")),
             updated_at=_opt_str(data.get("updated_at")),
+            linked_attempt_id=_opt_str(data.get("linked_attempt_id")),
             args=dict(args) if isinstance(args, Mapping) else None,
             raw=dict(data),
         )
@@ -282,9 +288,14 @@ class AttemptCall:
     was recorded, pass through untouched.
     """
 
-    def __init__(self, client: LedgerClient, intent: dict[str, Any]) -> None:
+    def __init__(
+        self, client: LedgerClient, intent: dict[str, Any], start: Attempt | None = None
+    ) -> None:
         self._client = client
         self._intent = intent
+        # An attempt already recorded (and possibly reached by following a link): entering
+        # claims it instead of recording the intent again.
+        self._start = start
         self._attempt: Attempt | None = None
         self._entered = False
         self._claimed = False
@@ -295,7 +306,7 @@ class AttemptCall:
         if self._entered:
             raise RuntimeError("an AttemptCall can be entered only once")
         self._entered = True
-        attempt = self._client.record_intent(**self._intent)
+        attempt = self._start or self._client.record_intent(**self._intent)
         self._attempt = attempt
         if attempt.is_terminal:
             # Settled already (by an earlier run, or recovery): never send again.
@@ -883,12 +894,48 @@ class LedgerClient:
         status, answer = self._request("GET", self._path(attempt_id))
         return self._attempt_from(status, answer)
 
+    def dashboard_url(self, attempt_id: str) -> str:
+        """The attempt's page on the ledger's dashboard (for a person: approve, reject, edit)."""
+        port = f":{self._port}" if self._port else ""
+        base = self._prefix[: -len("/api/v1")]
+        return (
+            f"{self._scheme}://{self._host}{port}{base}/attempts/{quote(str(attempt_id), safe='')}/"
+        )
+
+    def follow_links(self, attempt: Attempt) -> Attempt:
+        """Where the attempt's work goes on: while it is RECONCILED with a ``linked_attempt_id``
+        (edit-and-approve made a linked attempt with corrected arguments, or a reviewer
+        approved a linked retry), the linked attempt; else ``attempt`` itself. The linked
+        attempt has its own key and arguments: send with *its* ``args`` and
+        ``idempotency_key``. ``LedgerError`` (``malformed_link``) if a link leaves the tenant or
+        the tool, or the chain is longer than any the ledger makes."""
+        for _ in range(_MAX_LINKS):
+            if attempt.state != State.RECONCILED or not attempt.linked_attempt_id:
+                return attempt
+            linked = self.get(attempt.linked_attempt_id)
+            if (linked.tenant, linked.tool_name) != (attempt.tenant, attempt.tool_name):
+                raise LedgerError(
+                    f"attempt {attempt.attempt_id} links to {linked.attempt_id}, of another "
+                    "tenant or tool: not followed",
+                    code="malformed_link",
+                )
+            attempt = linked
+        raise LedgerError(
+            f"more than {_MAX_LINKS} linked attempts from {attempt.attempt_id}: not followed",
+            code="malformed_link",
+        )
+
     def wait_for_approval(self, attempt_id: str, timeout: float) -> Attempt:
         """Wait, holding nothing, while an approval policy holds the attempt (AWAITING_APPROVAL):
         long-polls ``GET /attempts/{id}?wait=N`` until the attempt leaves that state or
         ``timeout`` seconds pass, and returns the attempt as it stands then. INTENT_RECORDED:
         approved, claim and send as usual; FAILED: rejected or expired, never send; still
-        AWAITING_APPROVAL: wait again later (by key, after a restart too)."""
+        AWAITING_APPROVAL: wait again later (by key, after a restart too).
+
+        An approver who corrected the arguments (edit-and-approve) leaves the original
+        RECONCILED with a linked attempt: the wait follows the link (``follow_links``), waits
+        on the linked attempt while it is held too (a second approver), and returns it; its
+        ``attempt_id``, ``idempotency_key`` and ``args`` are then the linked attempt's."""
         if timeout < 0:
             raise ValueError("timeout must not be negative")
         deadline = time.monotonic() + timeout
@@ -899,11 +946,22 @@ class LedgerClient:
             status, answer = self._request(
                 "GET", self._path(attempt_id), query={"wait": str(wait)} if wait else None
             )
-            attempt = self._attempt_from(status, answer)
+            attempt = self.follow_links(self._attempt_from(status, answer))
+            attempt_id = attempt.attempt_id
             if attempt.state != State.AWAITING_APPROVAL or deadline - time.monotonic() <= 0:
                 return attempt
             if wait == 0:
                 time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+
+    def record_and_wait(self, *, wait_for_approval: float = 0, **intent: Any) -> Attempt:
+        """Record the intent (``record_intent``'s keywords), follow an edit-and-approve link
+        (``follow_links``), and while an approval policy holds it wait up to
+        ``wait_for_approval`` seconds (``wait_for_approval`` above): the attempt to claim, or
+        to report as held, rejected or settled. Claims nothing."""
+        attempt = self.follow_links(self.record_intent(**intent))
+        if attempt.state == State.AWAITING_APPROVAL and wait_for_approval > 0:
+            attempt = self.wait_for_approval(attempt.attempt_id, wait_for_approval)
+        return attempt
 
     def find(self, idempotency_key: str) -> list[Attempt]:
         """The attempts recorded under ``idempotency_key`` that this token may see."""
@@ -934,11 +992,14 @@ class LedgerClient:
         args: Mapping[str, Any],
         policy_version: str | None = None,
         credential_scope: Sequence[str] | None = None,
+        start: Attempt | None = None,
     ) -> AttemptCall:
         """The safe order around a block: ``with client.attempt(...) as call:``.
 
         Entering records the intent and claims the dispatch; send only if ``call.should_send``.
-        See ``AttemptCall`` for what leaving the block records.
+        See ``AttemptCall`` for what leaving the block records. ``start``: an attempt already
+        recorded for this intent (as ``wait_for_approval`` or ``follow_links`` returned it, a
+        linked attempt included), claimed instead of recording the intent again.
         """
         return AttemptCall(
             self,
@@ -951,6 +1012,7 @@ class LedgerClient:
                 "policy_version": policy_version,
                 "credential_scope": credential_scope,
             },
+            start,
         )
 
     def call(
@@ -985,14 +1047,17 @@ class LedgerClient:
         (AWAITING_APPROVAL), wait up to that long for people to decide (``wait_for_approval``
         above), then go on: approved, it is claimed and sent; rejected or expired (FAILED), or
         still held, nothing is sent and ``sent`` is False. Calling again with the same key
-        resumes, after a restart too.
+        resumes, after a restart too. With it, an attempt RECONCILED by edit-and-approve is
+        followed to its linked attempt (``follow_links``): ``send`` then gets the linked attempt
+        and must send *its* ``args`` under *its* ``idempotency_key``; ``result.attempt`` is it.
 
         Ledger errors (``IdempotencyConflict``, ``Refused``, ``LedgerUnavailable``...) raise.
         """
         if wait_for_approval < 0:
             raise ValueError("wait_for_approval must not be negative")
+        start: Attempt | None = None
         if wait_for_approval:
-            held = self.record_intent(
+            start = self.record_and_wait(
                 tenant=tenant,
                 task_id=task_id,
                 tool_name=tool_name,
@@ -1000,9 +1065,8 @@ class LedgerClient:
                 args=args,
                 policy_version=policy_version,
                 credential_scope=credential_scope,
+                wait_for_approval=wait_for_approval,
             )
-            if held.state == State.AWAITING_APPROVAL:
-                self.wait_for_approval(held.attempt_id, wait_for_approval)
         send_result: SendResult | None = None
         with self.attempt(
             tenant=tenant,
@@ -1012,6 +1076,7 @@ class LedgerClient:
             args=args,
             policy_version=policy_version,
             credential_scope=credential_scope,
+            start=start,
         ) as call:
             if call.should_send:
                 send_result = send(call.attempt)

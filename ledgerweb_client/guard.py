@@ -49,6 +49,7 @@ __all__ = [
     "LedgerContext",
     "Recorded",
     "ToolCallConflict",
+    "ToolCallAwaitingApproval",
     "ToolCallError",
     "ToolCallFailed",
     "ToolCallInvalid",
@@ -56,6 +57,7 @@ __all__ = [
     "ToolCallNotDispatchable",
     "ToolCallNotGranted",
     "ToolCallOutcomeUnknown",
+    "ToolCallRejected",
     "ToolSpec",
     "current_ledger",
     "json_receipt",
@@ -309,6 +311,66 @@ class ToolCallFailed(ToolCallError):
         self.retryable = retryable
 
 
+class ToolCallRejected(ToolCallFailed):
+    """An approver rejected the held call, or nobody approved it within the policy's maximum
+    wait (``reason``: ``approval_rejected`` or ``approval_expired``). Nothing was sent and
+    nothing will be under this key."""
+
+    CODE = "approval_rejected"
+
+    def __init__(self, message: str, *, attempt: Attempt | None = None, reason: str = ""):
+        super().__init__(message, attempt=attempt)
+        self.reason = reason or "approval_rejected"
+
+
+class ToolCallAwaitingApproval(ToolCallError):
+    """An approval policy holds the call (AWAITING_APPROVAL): nothing was sent; people decide on
+    the ledger's dashboard. The same call (same key) later continues it: claimed and sent once
+    approved, ``ToolCallRejected`` when rejected or expired. ``approval_request`` is what a
+    person or a framework's pause needs to know."""
+
+    CODE = "awaiting_approval"
+
+    def __init__(self, message: str, *, attempt: Attempt, dashboard_url: str | None = None):
+        super().__init__(message, attempt=attempt)
+        self.dashboard_url = dashboard_url
+
+    @property
+    def approval_request(self) -> dict[str, Any]:
+        """JSON-ready: ``attempt_id``, ``state``, ``tenant``, ``tool``, ``idempotency_key``,
+        ``args``, ``args_hash`` (what approvals are bound to), ``approval_policy``,
+        ``dashboard_url`` and ``message``."""
+        attempt = self.attempt
+        assert attempt is not None
+        return {
+            "kind": "ledgerweb.approval",
+            "attempt_id": attempt.attempt_id,
+            "state": attempt.state,
+            "tenant": attempt.tenant,
+            "tool": attempt.tool_name,
+            "idempotency_key": attempt.idempotency_key,
+            "args": dict(attempt.args) if attempt.args is not None else None,
+            "args_hash": attempt.args_hash,
+            "approval_policy": attempt.raw.get("approval_policy"),
+            "dashboard_url": self.dashboard_url,
+            "message": self.message,
+        }
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**super().as_dict(), **self.approval_request}
+
+
+def awaiting_approval(context: LedgerContext, attempt: Attempt) -> ToolCallAwaitingApproval:
+    """The refusal for a held attempt, with its dashboard link."""
+    return ToolCallAwaitingApproval(
+        f"an approval policy ({attempt.raw.get('approval_policy') or 'unnamed'}) holds this call "
+        f"until a person approves it: nothing was sent. Attempt {attempt.attempt_id}; the same "
+        "call later continues it (sent once approved, refused if rejected)",
+        attempt=attempt,
+        dashboard_url=context.client.dashboard_url(attempt.attempt_id),
+    )
+
+
 class ToolCallLedgerUnavailable(ToolCallError):
     """The ledger could not be reached before anything was sent. Safe to call again later with
     the same arguments."""
@@ -400,6 +462,22 @@ def _not_sending(attempt: Attempt) -> Recorded:
             "looking it up, so it is not sent again",
             attempt=attempt,
         )
+    if state == State.FAILED and attempt.raw.get("review_reason") in (
+        "approval_rejected",
+        "approval_expired",
+    ):
+        reason = str(attempt.raw["review_reason"])
+        why = (
+            "an approver rejected it"
+            if reason == "approval_rejected"
+            else "nobody approved it within the approval policy's maximum wait"
+        )
+        raise ToolCallRejected(
+            f"this call was held for approval and {why}: nothing was sent, and nothing will be "
+            "under this key",
+            attempt=attempt,
+            reason=reason,
+        )
     if state == State.FAILED:
         raise ToolCallFailed(
             "an earlier call under this key definitively failed; it will not be sent again",
@@ -442,6 +520,7 @@ class GuardedCall:
         self.idempotency_key = idempotency_key
         self.args = dict(args)
         self._call: AttemptCall | None = None
+        self._linked = False
 
     @property
     def attempt(self) -> Attempt | None:
@@ -451,24 +530,67 @@ class GuardedCall:
         except RuntimeError:
             return None
 
-    def begin(self) -> Recorded | None:
-        """Record the intent and claim the send (see the class docstring)."""
+    @property
+    def linked(self) -> bool:
+        """True when the attempt this call claimed is a linked one (edit-and-approve corrected
+        the arguments, or a reviewer approved a linked retry): send ``send_args`` under
+        ``attempt.idempotency_key``, not the arguments the call came with."""
+        return self._linked
+
+    @property
+    def send_args(self) -> dict[str, Any]:
+        """The arguments to send: the linked attempt's when ``linked``, else the call's."""
+        attempt = self.attempt
+        if self._linked and attempt is not None and attempt.args is not None:
+            return dict(attempt.args)
+        return self.args
+
+    def begin(self, *, wait_for_approval: float = 0, other_args: bool = False) -> Recorded | None:
+        """Record the intent and claim the send (see the class docstring).
+
+        A held call (AWAITING_APPROVAL) waits up to ``wait_for_approval`` seconds for people to
+        decide, holding nothing (a long poll), then raises ``ToolCallAwaitingApproval`` if it is
+        still held, ``ToolCallRejected`` if it was rejected or expired. A RECONCILED attempt with
+        a linked attempt (edit-and-approve) is followed to it; when its arguments differ from
+        the call's, it is claimed only with ``other_args=True`` (the caller can send
+        ``send_args``); otherwise ``ToolCallNotDispatchable`` says so, before any claim."""
         context = self.context
-        self._call = context.client.attempt(
-            tenant=context.tenant,
-            task_id=context.task_id,
-            tool_name=self.tool_name,
-            idempotency_key=self.idempotency_key,
-            args=self.args,
-            policy_version=context.policy_version,
-            credential_scope=context.credential_scope,
-        )
+        client = context.client
+        try:
+            attempt = client.record_and_wait(
+                tenant=context.tenant,
+                task_id=context.task_id,
+                tool_name=self.tool_name,
+                idempotency_key=self.idempotency_key,
+                args=self.args,
+                policy_version=context.policy_version,
+                credential_scope=context.credential_scope,
+                wait_for_approval=wait_for_approval,
+            )
+        except LedgerError as exc:
+            raise _refusal(exc) from exc
+        self._linked = attempt.idempotency_key != self.idempotency_key
+        if attempt.state == State.AWAITING_APPROVAL:
+            raise awaiting_approval(context, attempt)
+        if self._linked and not other_args and attempt.args != self.args:
+            raise ToolCallNotDispatchable(
+                f"an approver corrected the arguments: the work goes on in linked attempt "
+                f"{attempt.attempt_id}, which this tool cannot send (it sends only the arguments "
+                "it was called with); call it with the corrected arguments, or let the reconcile "
+                "worker send it",
+                attempt=attempt,
+            )
+        # Recorded already: the block claims this attempt (the linked one, after a link).
+        self._call = AttemptCall(client, {}, start=attempt)
         try:
             self._call.__enter__()
         except LedgerError as exc:
             raise _refusal(exc) from exc
         if self._call.should_send:
             return None
+        if self._call.attempt.state == State.AWAITING_APPROVAL:
+            # Its approvals became void just before the claim (expired, approver left).
+            raise awaiting_approval(context, self._call.attempt)
         return _not_sending(self._call.attempt)
 
     def succeeded(
@@ -569,6 +691,9 @@ class ToolSpec:
     key: KeySource
     receipt: Receipt = False
     request_id: RequestId = None
+    #: Seconds a held call waits (a long poll, holding nothing) before it is reported as
+    #: ``ToolCallAwaitingApproval``; 0: report at once.
+    wait_for_approval: float = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.key, str):
@@ -621,16 +746,26 @@ class ToolSpec:
         args: Mapping[str, Any],
         send: Callable[[], T],
         replay: Callable[[Recorded], Any] | None = None,
+        *,
+        send_args: Callable[[dict[str, Any]], T] | None = None,
+        wait_for_approval: float | None = None,
     ) -> T | Any:
         """The whole call: record, claim, ``send()``, record its answer. A repeated call
         returns ``replay(recorded)`` (by default the kept value, or the ``Recorded``) without
-        sending; refusals raise ``ToolCallError``."""
+        sending; refusals raise ``ToolCallError``. ``send_args(args)`` sends other arguments
+        than the call's: a linked attempt's, after edit-and-approve (``GuardedCall.begin``).
+        ``wait_for_approval`` overrides the spec's."""
         guard = self.guard(context, args)
-        recorded = guard.begin()
+        recorded = guard.begin(
+            wait_for_approval=self._wait(wait_for_approval), other_args=send_args is not None
+        )
         if recorded is not None:
             return (replay or _default_replay)(recorded)
         try:
-            answer = send()
+            if guard.linked and send_args is not None:
+                answer = send_args(guard.send_args)
+            else:
+                answer = send()
         except BaseException as exc:
             raise guard.raised(exc) from exc
         provider_id, result_ref = self.outcome_of(answer)
@@ -643,14 +778,24 @@ class ToolSpec:
         args: Mapping[str, Any],
         send: Callable[[], Awaitable[T]],
         replay: Callable[[Recorded], Any] | None = None,
+        *,
+        send_args: Callable[[dict[str, Any]], Awaitable[T]] | None = None,
+        wait_for_approval: float | None = None,
     ) -> T | Any:
         """``run`` for an awaited send; the ledger's blocking calls run in a worker thread."""
         guard = self.guard(context, args)
-        recorded = await asyncio.to_thread(guard.begin)
+        recorded = await asyncio.to_thread(
+            lambda: guard.begin(
+                wait_for_approval=self._wait(wait_for_approval), other_args=send_args is not None
+            )
+        )
         if recorded is not None:
             return (replay or _default_replay)(recorded)
         try:
-            answer = await send()
+            if guard.linked and send_args is not None:
+                answer = await send_args(guard.send_args)
+            else:
+                answer = await send()
         except BaseException as exc:
             # Record even when the task is being cancelled: the send may have happened.
             error = await asyncio.shield(asyncio.to_thread(guard.raised, exc))
@@ -660,6 +805,9 @@ class ToolSpec:
             guard.succeeded, provider_request_id=provider_id, result_ref=result_ref
         )
         return answer
+
+    def _wait(self, override: float | None) -> float:
+        return self.wait_for_approval if override is None else max(0.0, float(override))
 
 
 def _default_replay(recorded: Recorded) -> Any:

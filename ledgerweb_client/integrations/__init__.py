@@ -14,6 +14,7 @@ See ``docs/integrations.md``.
 from ..guard import (
     LedgerContext,
     Recorded,
+    ToolCallAwaitingApproval,
     ToolCallConflict,
     ToolCallError,
     ToolCallFailed,
@@ -22,6 +23,7 @@ from ..guard import (
     ToolCallNotDispatchable,
     ToolCallNotGranted,
     ToolCallOutcomeUnknown,
+    ToolCallRejected,
     ToolSpec,
     current_ledger,
     use_ledger,
@@ -31,6 +33,7 @@ from .decorator import ledgered
 __all__ = [
     "LedgerContext",
     "Recorded",
+    "ToolCallAwaitingApproval",
     "ToolCallConflict",
     "ToolCallError",
     "ToolCallFailed",
@@ -39,6 +42,7 @@ __all__ = [
     "ToolCallNotDispatchable",
     "ToolCallNotGranted",
     "ToolCallOutcomeUnknown",
+    "ToolCallRejected",
     "ToolSpec",
     "current_ledger",
     "ledgered",

@@ -32,7 +32,18 @@ from ..guard import (
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-__all__ = ["bound_arguments", "ledgered"]
+__all__ = ["bound_arguments", "by_keyword", "ledgered"]
+
+
+def by_keyword(signature: inspect.Signature, skip: int = 0) -> bool:
+    """True when the function can be called with its recorded ``args`` as keywords (no
+    positional-only or ``*args`` parameter past the first ``skip``): then it can send a linked
+    attempt's corrected arguments."""
+    params = list(signature.parameters.values())[skip:]
+    return all(
+        p.kind not in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.VAR_POSITIONAL)
+        for p in params
+    )
 
 
 def bound_arguments(
@@ -64,6 +75,7 @@ def ledgered(
     receipt: Receipt = False,
     request_id: RequestId = None,
     context: LedgerContext | Callable[[], LedgerContext] | None = None,
+    wait_for_approval: float = 0,
 ) -> Callable[[F], F]:
     """Guard a tool function (sync or async) with the ledger's safe order.
 
@@ -72,11 +84,17 @@ def ledgered(
     ``LedgerContext`` (or a function returning it); by default the one set by ``use_ledger``.
     The wrapped function keeps its signature, so frameworks that read it (LangChain's ``@tool``,
     the Agents SDK's ``function_tool``) see the original parameters.
+
+    A call an approval policy holds waits up to ``wait_for_approval`` seconds, then raises
+    ``ToolCallAwaitingApproval`` (call again later with the same arguments: the same key
+    continues it) or ``ToolCallRejected``. After edit-and-approve the function is called with
+    the corrected arguments, as keywords.
     """
 
     def decorate(fn: F) -> F:
-        spec = ToolSpec(tool_name or fn.__name__, key, receipt, request_id)
+        spec = ToolSpec(tool_name or fn.__name__, key, receipt, request_id, wait_for_approval)
         signature = inspect.signature(fn)
+        keywords = by_keyword(signature)
 
         def resolve() -> LedgerContext:
             if context is None:
@@ -88,7 +106,12 @@ def ledgered(
             @functools.wraps(fn)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
                 call_args = bound_arguments(signature, args, kwargs)
-                return await spec.arun(resolve(), call_args, lambda: fn(*args, **kwargs))
+                return await spec.arun(
+                    resolve(),
+                    call_args,
+                    lambda: fn(*args, **kwargs),
+                    send_args=(lambda corrected: fn(**corrected)) if keywords else None,
+                )
 
             async_wrapper.ledger_spec = spec  # type: ignore[attr-defined]
             return async_wrapper  # type: ignore[return-value]
@@ -96,7 +119,12 @@ def ledgered(
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             call_args = bound_arguments(signature, args, kwargs)
-            return spec.run(resolve(), call_args, lambda: fn(*args, **kwargs))
+            return spec.run(
+                resolve(),
+                call_args,
+                lambda: fn(*args, **kwargs),
+                send_args=(lambda corrected: fn(**corrected)) if keywords else None,
+            )
 
         wrapper.ledger_spec = spec  # type: ignore[attr-defined]
         return wrapper  # type: ignore[return-value]

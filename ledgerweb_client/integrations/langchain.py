@@ -11,6 +11,16 @@ LedgerContext(...)}}`` (LangGraph passes it down to each tool), or else from ``u
 The ledger's refusals become ``LedgerToolException``, a ``ToolException``: with
 ``handle_tool_error=True`` (the default here) the model receives the refusal as the tool's error
 message (a ``ToolMessage`` with ``status="error"``), exactly like any other tool failure.
+
+A call an approval policy holds (AWAITING_APPROVAL) becomes LangGraph's ``interrupt()`` inside the
+tool node, carrying ``ToolCallAwaitingApproval.approval_request`` (attempt id, tool, arguments and
+their digest, the dashboard link): the graph stops and its checkpointer keeps it. Once a person
+has decided on the ledger, resume with ``Command(resume=...)``: the tool runs again under the
+same idempotency key, so it continues the same attempt (claimed and sent once approved; a
+``LedgerToolException`` with code ``approval_rejected`` when rejected; interrupted again while
+still held). The resume value never approves anything, the ledger decides; a number, or
+``{"wait": seconds}``, long-polls the ledger that long first. Outside a graph (no checkpointer)
+a held call is a ``LedgerToolException`` with code ``awaiting_approval``.
 """
 
 from __future__ import annotations
@@ -21,6 +31,8 @@ from typing import Any
 
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool, StructuredTool, ToolException
+from langgraph.errors import GraphBubbleUp
+from langgraph.types import interrupt
 
 from ..guard import (
     KeySource,
@@ -28,13 +40,20 @@ from ..guard import (
     Receipt,
     Recorded,
     RequestId,
+    ToolCallAwaitingApproval,
     ToolCallError,
     ToolSpec,
     current_ledger,
 )
-from .decorator import bound_arguments
+from .decorator import bound_arguments, by_keyword
 
-__all__ = ["LedgerToolException", "context_from_config", "guard_tool", "ledgered_tool"]
+__all__ = [
+    "LedgerToolException",
+    "context_from_config",
+    "guard_tool",
+    "ledgered_tool",
+    "pause_for_approval",
+]
 
 
 class LedgerToolException(ToolException):
@@ -60,6 +79,29 @@ def _replay(recorded: Recorded) -> Any:
     return recorded.value(default=str(recorded))
 
 
+def _resume_wait(value: Any) -> float:
+    """Seconds to long-poll the ledger after a resume: ``Command(resume=5)`` or
+    ``Command(resume={"wait": 5})``; anything else, none."""
+    if isinstance(value, dict):
+        value = value.get("wait")
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        return min(float(value), 300.0)
+    return 0.0
+
+
+def pause_for_approval(held: ToolCallAwaitingApproval) -> float:
+    """Interrupt the graph for a held call (``interrupt(held.approval_request)``); on resume,
+    the seconds to wait for the ledger before trying again. Outside a LangGraph run that can
+    pause (no checkpointer), the held call is a ``LedgerToolException``."""
+    try:
+        return _resume_wait(interrupt(held.approval_request))
+    except GraphBubbleUp:
+        raise  # the pause itself: LangGraph stops the graph here
+    except (RuntimeError, KeyError, ValueError) as exc:
+        # interrupt() outside a graph run, or in a graph without a checkpointer.
+        raise LedgerToolException(held) from exc
+
+
 def _guarded_tool(
     *,
     spec: ToolSpec,
@@ -68,33 +110,47 @@ def _guarded_tool(
     send: Callable[[dict[str, Any], RunnableConfig], Any] | None,
     asend: Callable[[dict[str, Any], RunnableConfig], Any] | None,
     handle_tool_error: bool | str | Callable[[ToolException], str],
+    corrected: bool = True,
 ) -> StructuredTool:
     def call_args(kwargs: dict[str, Any]) -> dict[str, Any]:
         return bound_arguments(signature, (), kwargs) if signature is not None else dict(kwargs)
 
     def run(config: RunnableConfig, **kwargs: Any) -> Any:
         assert send is not None
-        try:
-            return spec.run(
-                context_from_config(config),
-                call_args(kwargs),
-                lambda: send(kwargs, config),
-                _replay,
-            )
-        except ToolCallError as exc:
-            raise LedgerToolException(exc) from exc
+        wait: float | None = None
+        while True:
+            try:
+                return spec.run(
+                    context_from_config(config),
+                    call_args(kwargs),
+                    lambda: send(kwargs, config),
+                    _replay,
+                    send_args=(lambda args: send(args, config)) if corrected else None,
+                    wait_for_approval=wait,
+                )
+            except ToolCallAwaitingApproval as held:
+                # Each pass that finds the call still held pauses again (the next interrupt).
+                wait = pause_for_approval(held)
+            except ToolCallError as exc:
+                raise LedgerToolException(exc) from exc
 
     async def arun(config: RunnableConfig, **kwargs: Any) -> Any:
         assert asend is not None
-        try:
-            return await spec.arun(
-                context_from_config(config),
-                call_args(kwargs),
-                lambda: asend(kwargs, config),
-                _replay,
-            )
-        except ToolCallError as exc:
-            raise LedgerToolException(exc) from exc
+        wait: float | None = None
+        while True:
+            try:
+                return await spec.arun(
+                    context_from_config(config),
+                    call_args(kwargs),
+                    lambda: asend(kwargs, config),
+                    _replay,
+                    send_args=(lambda args: asend(args, config)) if corrected else None,
+                    wait_for_approval=wait,
+                )
+            except ToolCallAwaitingApproval as held:
+                wait = pause_for_approval(held)
+            except ToolCallError as exc:
+                raise LedgerToolException(exc) from exc
 
     return StructuredTool(
         name=template.name,
@@ -116,16 +172,18 @@ def ledgered_tool(
     name: str | None = None,
     description: str | None = None,
     handle_tool_error: bool | str | Callable[[ToolException], str] = True,
+    wait_for_approval: float = 0,
 ) -> Callable[[Callable[..., Any]], StructuredTool]:
     """Make a ``StructuredTool`` from a function, like ``@tool``, with every call guarded.
 
     ``tool_name`` is the ledger's name for the tool (default: the tool's name); ``key``,
-    ``receipt`` and ``request_id`` are described on ``ledgerweb_client.guard.ToolSpec``.
+    ``receipt`` and ``request_id`` are described on ``ledgerweb_client.guard.ToolSpec``;
+    ``wait_for_approval``: seconds a held call long-polls before it interrupts the graph.
     """
 
     def decorate(fn: Callable[..., Any]) -> StructuredTool:
         template = StructuredTool.from_function(fn, name=name, description=description)
-        spec = ToolSpec(tool_name or template.name, key, receipt, request_id)
+        spec = ToolSpec(tool_name or template.name, key, receipt, request_id, wait_for_approval)
         is_async = inspect.iscoroutinefunction(fn)
         return _guarded_tool(
             spec=spec,
@@ -134,6 +192,7 @@ def ledgered_tool(
             send=None if is_async else (lambda kwargs, config: fn(**kwargs)),
             asend=(lambda kwargs, config: fn(**kwargs)) if is_async else None,
             handle_tool_error=handle_tool_error,
+            corrected=by_keyword(inspect.signature(fn)),
         )
 
     return decorate
@@ -147,6 +206,7 @@ def guard_tool(
     receipt: Receipt = False,
     request_id: RequestId = None,
     handle_tool_error: bool | str | Callable[[ToolException], str] = True,
+    wait_for_approval: float = 0,
 ) -> StructuredTool:
     """Wrap an existing tool: same name, description and arguments, every call guarded.
 
@@ -155,7 +215,7 @@ def guard_tool(
     call had worked.
     """
     inner = tool.model_copy(update={"handle_tool_error": False, "handle_validation_error": False})
-    spec = ToolSpec(tool_name or tool.name, key, receipt, request_id)
+    spec = ToolSpec(tool_name or tool.name, key, receipt, request_id, wait_for_approval)
     return _guarded_tool(
         spec=spec,
         template=tool,

@@ -7,19 +7,34 @@ from ``use_ledger``. The ledger's refusals are tool failures: the tool's
 ``failure_error_function`` (by default ``ledger_error_function``) turns them into the message the
 model receives, ``"ledgerweb idempotency_conflict: ..."``; pass ``failure_error_function=None``
 to have them raise out of the run instead.
+
+Approval before dispatch: the tool's ``needs_approval`` asks the ledger. It records the intent
+(the same one the tool records when it runs: same key) and answers True while an approval policy
+holds it (AWAITING_APPROVAL), so the run stops with the SDK's own tool-approval interruption
+(``result.interruptions``). ``apply_ledger_decisions(state)`` then maps the ledger's decision onto
+the ``RunState``: approved on the ledger (INTENT_RECORDED, or a linked attempt after
+edit-and-approve) is ``state.approve(item)``, and the resumed run sends it once; rejected or
+expired is ``state.reject(item)`` with the ledger's reason as the tool's output; still held stays
+pending (save ``state.to_string()`` and try later: the key is stable across restarts). Approving
+in the SDK alone never sends a held call: the tool would find it still held and refuse.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
+import json
 import typing
 from collections.abc import Callable
 from typing import Any
 
-from agents import FunctionTool, RunContextWrapper, function_tool
+from agents import FunctionTool, RunContextWrapper, RunState, function_tool
+from agents.items import ToolApprovalItem
 from agents.tool import default_tool_error_function
 
+from ..client import State
+from ..errors import LedgerError
 from ..guard import (
     KeySource,
     LedgerContext,
@@ -27,12 +42,18 @@ from ..guard import (
     Recorded,
     RequestId,
     ToolCallError,
+    ToolCallRejected,
     ToolSpec,
     current_ledger,
 )
-from .decorator import bound_arguments
+from .decorator import bound_arguments, by_keyword
 
-__all__ = ["ledger_error_function", "ledger_from_run_context", "ledgered_function_tool"]
+__all__ = [
+    "apply_ledger_decisions",
+    "ledger_error_function",
+    "ledger_from_run_context",
+    "ledgered_function_tool",
+]
 
 _CONTEXT_PARAM = "_ledgerweb_run_context"
 
@@ -79,6 +100,7 @@ def ledgered_function_tool(
     request_id: RequestId = None,
     failure_error_function: Callable[[RunContextWrapper[Any], Exception], str]
     | None = ledger_error_function,
+    ledger_approval: bool = True,
     **function_tool_options: Any,
 ) -> Any:
     """``agents.function_tool`` for a function with a side effect; every call is guarded.
@@ -88,6 +110,10 @@ def ledgered_function_tool(
     keyword arguments (``name_override``, ``description_override``, ``strict_mode``...) go to
     ``function_tool``. The tool always receives the run context, whether or not ``fn`` asks for
     it, so the tenant and task can come from there.
+
+    ``ledger_approval`` (default True): the tool's ``needs_approval`` asks the ledger whether an
+    approval policy holds the call (see the module's docstring); pass ``needs_approval=``
+    yourself to decide otherwise.
     """
 
     def decorate(fn: Callable[..., Any]) -> FunctionTool:
@@ -102,6 +128,15 @@ def ledgered_function_tool(
             # Without a context parameter of its own, fn gets its arguments after ours.
             return args[0], (args if own_context else args[1:])
 
+        keywords = by_keyword(signature, skip=skip)
+
+        def corrected_call(run_context: RunContextWrapper[Any]) -> Any:
+            """fn called with a linked attempt's corrected arguments (edit-and-approve)."""
+            if not keywords:
+                return None
+            prefix = (run_context,) if own_context else ()
+            return lambda args: fn(*prefix, **args)
+
         if inspect.iscoroutinefunction(fn):
 
             async def guarded(*args: Any, **kwargs: Any) -> Any:
@@ -112,6 +147,7 @@ def ledgered_function_tool(
                     call_args,
                     lambda: fn(*fn_args, **kwargs),
                     _replay,
+                    send_args=corrected_call(run_context),
                 )
 
         else:
@@ -124,6 +160,7 @@ def ledgered_function_tool(
                     call_args,
                     lambda: fn(*fn_args, **kwargs),
                     _replay,
+                    send_args=corrected_call(run_context),
                 )
 
         functools.update_wrapper(guarded, fn, updated=())
@@ -141,8 +178,111 @@ def ledgered_function_tool(
                 parameters=[context_param, *signature.parameters.values()]
             )
             guarded.__annotations__ = {_CONTEXT_PARAM: RunContextWrapper[Any], **hints}
-        return function_tool(
-            guarded, failure_error_function=failure_error_function, **function_tool_options
-        )
+        parameters = list(signature.parameters.values())[skip:]
+        plain = signature.replace(parameters=parameters)
+
+        def recorded_args(params: dict[str, Any]) -> dict[str, Any]:
+            return bound_arguments(plain, (), params)
+
+        options = dict(function_tool_options)
+        if ledger_approval and "needs_approval" not in options:
+
+            async def needs_approval(
+                run_context: RunContextWrapper[Any], params: dict[str, Any], call_id: str
+            ) -> bool:
+                return await _held(
+                    spec, ledger_from_run_context(run_context), recorded_args(params)
+                )
+
+            options["needs_approval"] = needs_approval
+        tool = function_tool(guarded, failure_error_function=failure_error_function, **options)
+        tool.ledger_spec = spec  # type: ignore[attr-defined]
+        tool.ledger_args = recorded_args  # type: ignore[attr-defined]
+        return tool
 
     return decorate(fn) if fn is not None else decorate
+
+
+async def _held(spec: ToolSpec, context: LedgerContext, args: dict[str, Any]) -> bool:
+    """Whether an approval policy holds this call now. Records the intent (the tool records
+    the same one when it runs); any refusal of the ledger is left for the tool to report."""
+    try:
+        attempt = await asyncio.to_thread(_current_attempt, spec, context, args, 0)
+    except (ToolCallError, LedgerError):
+        return False
+    return attempt.state == State.AWAITING_APPROVAL
+
+
+def _current_attempt(spec: ToolSpec, context: LedgerContext, args: dict[str, Any], wait: float):
+    return context.client.record_and_wait(
+        tenant=context.tenant,
+        task_id=context.task_id,
+        tool_name=spec.tool_name,
+        idempotency_key=spec.key_for(args, context),
+        args=args,
+        policy_version=context.policy_version,
+        credential_scope=context.credential_scope,
+        wait_for_approval=wait,
+    )
+
+
+def _ledgered_tool(item: ToolApprovalItem) -> FunctionTool | None:
+    name = item.tool_name or getattr(item.raw_item, "name", None)
+    for tool in getattr(item.agent, "tools", ()):
+        if isinstance(tool, FunctionTool) and tool.name == name and hasattr(tool, "ledger_spec"):
+            return tool
+    return None
+
+
+async def apply_ledger_decisions(
+    state: RunState[Any, Any],
+    *,
+    ledger: LedgerContext | None = None,
+    wait: float = 0,
+) -> list[ToolApprovalItem]:
+    """Map the ledger's decisions onto the run's pending tool approvals; returns those still
+    pending (held on the ledger after ``wait`` seconds of long-polling, or not ledgered tools').
+
+    For each interruption of a ledgered tool: approved on the ledger (or followed to a linked
+    attempt that is) -> ``state.approve(item)``; rejected or expired -> ``state.reject(item)``,
+    with the ledger's reason as the tool's output for the model; not held at all (the SDK asked
+    for approval for its own reasons, e.g. arguments it could not inspect) -> approved, since
+    the ledger's policy is the rule. ``ledger`` defaults to the run context's."""
+    pending: list[ToolApprovalItem] = []
+    run_context = getattr(state, "_context", None)
+    for item in state.get_interruptions():
+        tool = _ledgered_tool(item)
+        if tool is None:
+            pending.append(item)
+            continue
+        context = ledger or ledger_from_run_context(run_context)
+        try:
+            params = json.loads(getattr(item.raw_item, "arguments", "") or "{}")
+            args = tool.ledger_args(params)  # type: ignore[attr-defined]
+            attempt = await asyncio.to_thread(
+                _current_attempt,
+                tool.ledger_spec,  # type: ignore[attr-defined]
+                context,
+                args,
+                wait,
+            )
+        except (ValueError, TypeError, ToolCallError, LedgerError):
+            # The tool refuses such a call itself when it runs; approving lets it say why.
+            state.approve(item)
+            continue
+        if attempt.state == State.AWAITING_APPROVAL:
+            pending.append(item)
+        elif attempt.state == State.FAILED and attempt.raw.get("review_reason") in (
+            "approval_rejected",
+            "approval_expired",
+        ):
+            reason = str(attempt.raw["review_reason"])
+            error = ToolCallRejected(
+                f"the ledger's approvers did not approve this call ({reason}); nothing was sent",
+                attempt=attempt,
+                reason=reason,
+            )
+            state.reject(item, rejection_message=f"ledgerweb {error.code}: {error.message}")
+        else:
+            state.approve(item)
+    return pending

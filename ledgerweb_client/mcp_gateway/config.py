@@ -57,6 +57,8 @@ __all__ = [
 ]
 
 ERROR_RESULTS = ("unknown", "refused", "retryable")
+# The longest a held call keeps its MCP request open before the pending answer.
+MAX_APPROVAL_WAIT = 60
 KEY_NAMES = ("tenant", "task_id", "tool")
 LOOKUP_NAMES = ("tenant", "tool", "key", "attempt_id", "args_hash")
 
@@ -103,6 +105,9 @@ class ToolConfig:
     receipt_fields: tuple[str, ...] | None = None
     timeout_seconds: float = 30.0
     error_result: str = "unknown"
+    #: Seconds a call an approval policy holds waits (a long poll) before the gateway answers
+    #: it as pending approval; 0 answers at once.
+    approval_wait_seconds: float = 0.0
     lookup_tool: str | None = None
     lookup_args: Mapping[str, Any] = field(default_factory=dict)
 
@@ -206,6 +211,7 @@ def _tool(name: str, table: dict[str, Any], upstreams: Mapping[str, Upstream]) -
             "receipt_fields",
             "timeout_seconds",
             "error_result",
+            "approval_wait_seconds",
             "lookup_tool",
             "lookup_args",
         },
@@ -232,6 +238,15 @@ def _tool(name: str, table: dict[str, Any], upstreams: Mapping[str, Upstream]) -
     error_result = table.get("error_result", "unknown")
     if error_result not in ERROR_RESULTS:
         raise ConfigError(f"{where} error_result must be one of {', '.join(ERROR_RESULTS)}")
+    approval_wait = table.get("approval_wait_seconds", 0)
+    if (
+        isinstance(approval_wait, bool)
+        or not isinstance(approval_wait, int | float)
+        or not 0 <= approval_wait <= MAX_APPROVAL_WAIT
+    ):
+        raise ConfigError(
+            f"{where} approval_wait_seconds must be a number from 0 to {MAX_APPROVAL_WAIT}"
+        )
     lookup_tool = _string(f"{where} lookup_tool", table.get("lookup_tool"), optional=True)
     lookup_args = table.get("lookup_args", {"idempotency_key": "{key}"})
     if not isinstance(lookup_args, dict):
@@ -246,6 +261,7 @@ def _tool(name: str, table: dict[str, Any], upstreams: Mapping[str, Upstream]) -
         receipt_fields=tuple(fields) if fields is not None else None,
         timeout_seconds=_number(f"{where} timeout_seconds", table.get("timeout_seconds"), 30.0),
         error_result=error_result,
+        approval_wait_seconds=float(approval_wait),
         lookup_tool=lookup_tool,
         lookup_args=lookup_args,
     )

@@ -13,6 +13,13 @@ effect goes through the ledger in the safe order (protocol section 4):
 A repeated call under the same key returns the recorded result without calling upstream; a key
 reused with other arguments, a tenant not granted, an attempt in flight or UNKNOWN are MCP errors
 (``LEDGER_ERROR_CODES``). Tools not configured pass through unrecorded.
+
+A call an approval policy holds (AWAITING_APPROVAL) is answered with a *tool result* marked
+``isError``, whose text says it is pending a person's approval, that nothing was done, and that
+the same call later returns the outcome, and whose ``_meta["io.ledgerweb/attempt"]`` carries the
+attempt id, ``state`` and ``pending_approval: true``. A rejected or expired one is answered the
+same way with its reason. After edit-and-approve the linked attempt's corrected arguments are
+sent, under its key.
 """
 
 from __future__ import annotations
@@ -37,7 +44,15 @@ from mcp.shared.exceptions import MCPError
 
 from ..client import LedgerClient, __version__
 from ..errors import ProviderLostResponse, ProviderRefused, ProviderTimeout
-from ..guard import GuardedCall, LedgerContext, Recorded, ToolCallError, ToolCallInvalid
+from ..guard import (
+    GuardedCall,
+    LedgerContext,
+    Recorded,
+    ToolCallAwaitingApproval,
+    ToolCallError,
+    ToolCallInvalid,
+    ToolCallRejected,
+)
 from .config import ConfigError, GatewayConfig, ToolConfig, Upstream, load_config
 from .receipts import kept_result, result_ref_for, structured_or_json_text
 from .schema import SchemaMissing, SchemaRefusal, conform
@@ -88,6 +103,41 @@ def _ledger_meta(attempt: Any, *, replayed: bool) -> dict[str, Any]:
             "replayed": replayed,
         }
     }
+
+
+def approval_result(error: ToolCallAwaitingApproval | ToolCallRejected) -> types.CallToolResult:
+    """A held (or rejected) call as a tool result the model reads: ``isError`` because the tool
+    did not do what was asked (a success would let a model report an effect that has not
+    happened, and a tool with an ``outputSchema`` could not return a conforming result), but a
+    result, not a JSON-RPC error, so the agent sees what to do: nothing now, and the same call
+    with the same arguments later returns the outcome (it is the same idempotency key, so a
+    repeat never causes a second effect)."""
+    attempt = error.attempt
+    assert attempt is not None
+    pending = isinstance(error, ToolCallAwaitingApproval)
+    if pending:
+        text = (
+            f"Pending approval: tool call held for a person's approval (attempt "
+            f"{attempt.attempt_id}, state {attempt.state}). Nothing has been done yet. Call "
+            "this tool again later with the same arguments to get the outcome; repeating it is "
+            "safe and never does it twice."
+        )
+        if error.dashboard_url:
+            text += f" Approvers decide at {error.dashboard_url}"
+    else:
+        text = (
+            f"Not done: {error.message} (attempt {attempt.attempt_id}, {error.reason}). Do not "
+            "retry it; ask for a different action if one is needed."
+        )
+    meta = _ledger_meta(attempt, replayed=False)
+    meta[META_LEDGER]["pending_approval"] = pending
+    meta[META_LEDGER]["code"] = error.code
+    if pending:
+        meta[META_LEDGER]["dashboard_url"] = error.dashboard_url
+        meta[META_LEDGER]["args_hash"] = attempt.args_hash
+    return types.CallToolResult.model_validate(
+        {"content": [{"type": "text", "text": text}], "isError": True, "_meta": meta}
+    )
 
 
 def _with_meta(result: dict[str, Any], extra: Mapping[str, Any]) -> types.CallToolResult:
@@ -241,13 +291,19 @@ class Gateway:
             guard = GuardedCall(
                 context, tool_name=tool.ledger_tool, idempotency_key=key, args=arguments
             )
-            recorded = await anyio.to_thread.run_sync(guard.begin)
+            recorded = await anyio.to_thread.run_sync(
+                lambda: guard.begin(wait_for_approval=tool.approval_wait_seconds, other_args=True)
+            )
+        except (ToolCallAwaitingApproval, ToolCallRejected) as exc:
+            return approval_result(exc)
         except ToolCallError as exc:
             raise mcp_error(exc) from exc
         if recorded is not None:
             return self._replay(recorded)
         attempt = guard.attempt
         assert attempt is not None
+        # After edit-and-approve: the linked attempt's corrected arguments, under its key.
+        key, arguments = attempt.idempotency_key, guard.send_args
         upstream_meta = {**forwarded, META_KEY: key, META_ATTEMPT: attempt.attempt_id}
         try:
             with anyio.fail_after(tool.timeout_seconds):

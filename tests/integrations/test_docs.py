@@ -1,6 +1,9 @@
 """docs/integrations.md runs as written: every ```python block without a file name is run as a
 script (in order, in one folder) against a live ledger; blocks named ``file=NAME`` are written
-there first (the MCP example's upstream server and the gateway's configuration)."""
+there first (the MCP example's upstream server and the gateway's configuration). The approval
+examples (```python approver) run with the page's approval policies, and while each runs a
+reviewer approves what it holds, through the ledger's own review function, as a person on the
+dashboard would."""
 
 from __future__ import annotations
 
@@ -8,12 +11,15 @@ import os
 import re
 import subprocess
 import sys
+import time
+import tomllib
 from pathlib import Path
 
 import pytest
 
-from attempts.models import Attempt, State
-from tests.conftest import REPO
+from attempts.models import ApprovalPolicy, Attempt, State
+from tests.conftest import REPO, World
+from tests.integrations.approvals import approve
 from tests.integrations.conftest import Tokens, sqlite_only
 
 pytestmark = [pytest.mark.django_db(transaction=True), sqlite_only]
@@ -23,16 +29,56 @@ BLOCK = re.compile(r"^```(\w+)([^\n]*)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 
 
 def blocks() -> list[tuple[str, str | None, str]]:
-    """(language, file name or None, code) of every fenced block, in order."""
+    """(language, file name or None, code) of every fenced block, in order; an approval
+    example's language is ``python approver``."""
     found = []
     for language, info, code in BLOCK.findall(DOC.read_text(encoding="utf-8")):
         name = re.search(r"file=(\S+)", info)
+        if "approver" in info.split():
+            language += " approver"
         found.append((language, name.group(1) if name else None, code))
     return found
 
 
+def page_policies() -> None:
+    """The page's ``[[approval_policies]]`` block, as the configuration would create them."""
+    [config] = [code for language, name, code in blocks() if "approval_policies" in code]
+    for policy in tomllib.loads(config)["approval_policies"]:
+        ApprovalPolicy.objects.create(
+            name=policy["name"], tool_id=policy["tool"], condition=policy["condition"]
+        )
+
+
+def run_approving(
+    script: Path, cwd: Path, env: dict[str, str], reviewer
+) -> subprocess.CompletedProcess:
+    """Run an approval example; approve every call it holds while it runs."""
+    process = subprocess.Popen(
+        [sys.executable, str(script)],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    approved: set[str] = set()
+    while process.poll() is None and time.monotonic() < deadline:
+        for attempt_id in Attempt.objects.filter(state=State.AWAITING_APPROVAL).values_list(
+            "attempt_id", flat=True
+        ):
+            if attempt_id not in approved:
+                approved.add(attempt_id)
+                time.sleep(0.5)  # the example sees it held first
+                approve(attempt_id, reviewer)
+        time.sleep(0.2)
+    stdout, stderr = process.communicate(timeout=10)
+    assert approved, "the example held nothing"
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
 def test_the_page_has_an_example_for_each_integration() -> None:
-    code = "\n".join(code for language, name, code in blocks() if language == "python")
+    code = "\n".join(code for language, name, code in blocks() if language.startswith("python"))
     for needle in (
         "@ledgered(",
         "ledgered_tool(",
@@ -40,11 +86,17 @@ def test_the_page_has_an_example_for_each_integration() -> None:
         "ledgered_function_tool(",
         "ledgerweb_client.mcp_gateway",
         "find_ticket",
+        "Command(resume=",
+        "apply_ledger_decisions(",
+        "pending_approval",
     ):
         assert needle in code, needle
 
 
-def test_every_example_runs_against_a_live_ledger(live_server, tokens: Tokens, tmp_path) -> None:
+def test_every_example_runs_against_a_live_ledger(
+    live_server, tokens: Tokens, world: World, tmp_path
+) -> None:
+    page_policies()
     env = {
         **os.environ,
         "LEDGERWEB_URL": live_server.url,
@@ -57,28 +109,42 @@ def test_every_example_runs_against_a_live_ledger(live_server, tokens: Tokens, t
     for index, (language, name, code) in enumerate(blocks()):
         if name is not None:
             (tmp_path / name).write_text(code, encoding="utf-8")
-        elif language == "python":
+        elif language.startswith("python"):
             script = tmp_path / f"example_{index}.py"
             script.write_text(code, encoding="utf-8")
-            done = subprocess.run(
-                [sys.executable, str(script)],
-                cwd=tmp_path,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
+            if language.endswith("approver"):
+                done = run_approving(script, tmp_path, env, world.reviewer)
+            else:
+                done = subprocess.run(
+                    [sys.executable, str(script)],
+                    cwd=tmp_path,
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
+                )
             assert done.returncode == 0, f"example {index}:\n{done.stdout}\n{done.stderr}"
             outputs.append(done.stdout)
     assert "refused: idempotency_conflict" in outputs[0]
     assert "acme-co is now won" in outputs[2]
     assert "'replayed': True" in outputs[3]
+    # The approval examples: held, approved by a person, then sent once.
+    assert "held for approval:" in outputs[4] and "success" in outputs[4]
+    assert "T-2001" in outputs[4]
+    assert "held for approval: ['update_crm']" in outputs[5]
+    assert "Closed acme-co." in outputs[5]
+    assert "pending approval:" in outputs[6] and "False {'id': 'T-2'}" in outputs[6]
     assert set(Attempt.objects.values_list("state", flat=True)) == {State.OUTCOME_CONFIRMED}
     assert sorted(Attempt.objects.values_list("tool_name", flat=True)) == [
         "open_ticket",  # LangGraph's
+        "open_ticket",  # LangGraph's, held for approval
         "open_ticket",  # the MCP gateway's
+        "open_ticket",  # the MCP gateway's, held for approval
         "send_invoice_email",
         "update_crm",
+        "update_crm",  # the Agents SDK's, held for approval
     ]
-    # The MCP example's upstream acted once for its two calls.
-    assert (tmp_path / "tickets.json").read_text().count('"id"') == 1
+    held = Attempt.objects.exclude(approval_policy=None)
+    assert held.count() == 3 and set(held.values_list("send_count", flat=True)) == {1}
+    # The MCP example's upstream acted once for its two calls, and once for the held one.
+    assert (tmp_path / "tickets.json").read_text().count('"id"') == 2

@@ -61,6 +61,13 @@ UPSTREAM = {"a": {"url": "http://127.0.0.1:1/mcp"}}
             {"upstreams": {**UPSTREAM, "b": {"command": "c"}}, "tools": {"t": {"key": "k"}}},
             "needs upstream",
         ),
+        *(
+            (
+                {"upstreams": UPSTREAM, "tools": {"t": {"key": "k", "approval_wait_seconds": v}}},
+                "approval_wait_seconds must be a number from 0 to 60",
+            )
+            for v in (-1, 61, True, "5")
+        ),
         (
             {
                 "upstreams": UPSTREAM,
@@ -94,5 +101,10 @@ def test_a_good_configuration() -> None:
         False,
         "unknown",
     )
+    assert tool.approval_wait_seconds == 0
     assert tool.lookup_arguments({"key": "K"}, {}) == {"idempotency_key": "K"}
+    waits = parse_config(
+        {"upstreams": UPSTREAM, "tools": {"t": {"key": "k", "approval_wait_seconds": 15}}}
+    )
+    assert waits.tools["t"].approval_wait_seconds == 15.0
     assert config.tool_for_ledger_tool("create") is tool

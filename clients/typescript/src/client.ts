@@ -95,12 +95,15 @@ export interface CallOptions extends IntentRequest {
   send: (attempt: Attempt) => Promise<SendResult>;
   /** When an approval policy holds the call (AWAITING_APPROVAL), wait up to this long for
    * people to decide, then go on: approved, it is claimed and sent; rejected, expired or still
-   * held, nothing is sent (`sent` false). Calling again with the same key resumes. */
+   * held, nothing is sent (`sent` false). Calling again with the same key resumes. An
+   * edit-and-approve link is followed: `send` gets the linked attempt (its corrected `args`). */
   waitForApprovalMs?: number;
 }
 
 /** The longest long-poll the server allows by default (LEDGERWEB_APPROVAL_WAIT_MAX), seconds. */
 const POLL_MAX_SECONDS = 20;
+/** Most links followed from one attempt (edit-and-approve twice, a linked retry after it...). */
+const MAX_LINKS = 8;
 
 export interface ClientOptions {
   /** Bounds each ledger request, in milliseconds (default 10 000). */
@@ -382,10 +385,35 @@ export class LedgerClient {
     );
   }
 
+  /** Where the attempt's work goes on: while it is RECONCILED with a `linked_attempt_id`
+   * (edit-and-approve made a linked attempt with corrected arguments, or a reviewer approved a
+   * linked retry), the linked attempt; else the attempt itself. Send a linked attempt's own
+   * `args` under its own `idempotency_key`. A `LedgerError` (`malformed_link`) if a link leaves
+   * the tenant or the tool, or the chain is longer than any the ledger makes. */
+  async followLinks(attempt: Attempt): Promise<Attempt> {
+    for (let hop = 0; hop < MAX_LINKS; hop++) {
+      if (attempt.state !== "RECONCILED" || !attempt.linked_attempt_id) return attempt;
+      const linked = await this.get(attempt.linked_attempt_id);
+      if (linked.tenant !== attempt.tenant || linked.tool_name !== attempt.tool_name) {
+        throw new LedgerError(
+          `attempt ${attempt.attempt_id} links to ${linked.attempt_id}, of another tenant or tool: not followed`,
+          { status: 200, code: "malformed_link" },
+        );
+      }
+      attempt = linked;
+    }
+    throw new LedgerError(
+      `more than ${MAX_LINKS} linked attempts from ${attempt.attempt_id}: not followed`,
+      { status: 200, code: "malformed_link" },
+    );
+  }
+
   /** Wait, holding nothing, while an approval policy holds the attempt (AWAITING_APPROVAL):
    * long-polls `GET /attempts/{id}?wait=N` until it leaves that state or `timeoutMs` passes,
    * and returns the attempt as it stands then. INTENT_RECORDED: approved, claim and send as
-   * usual; FAILED: rejected or expired, never send; still AWAITING_APPROVAL: wait again. */
+   * usual; FAILED: rejected or expired, never send; still AWAITING_APPROVAL: wait again.
+   * After edit-and-approve (the original RECONCILED with a linked attempt) the wait follows the
+   * link (`followLinks`), waits on the linked attempt while it is held too, and returns it. */
   async waitForApproval(attemptId: string, timeoutMs: number): Promise<Attempt> {
     if (!(timeoutMs >= 0)) throw new TypeError("timeoutMs must not be negative");
     const deadline = Date.now() + timeoutMs;
@@ -396,9 +424,12 @@ export class LedgerClient {
         Math.max(0, Math.min(left / 1000, POLL_MAX_SECONDS, this.timeoutMs / 1000 - 1)),
       );
       const query = wait > 0 ? `?wait=${wait}` : "";
-      const attempt = LedgerClient.attemptOf(
-        await this.request<AttemptEnvelope>("GET", `${LedgerClient.path(attemptId)}${query}`),
+      const attempt = await this.followLinks(
+        LedgerClient.attemptOf(
+          await this.request<AttemptEnvelope>("GET", `${LedgerClient.path(attemptId)}${query}`),
+        ),
       );
+      attemptId = attempt.attempt_id;
       if (attempt.state !== "AWAITING_APPROVAL" || deadline - Date.now() <= 0) return attempt;
       if (wait === 0) {
         await new Promise((resolve) => setTimeout(resolve, Math.min(1000, deadline - Date.now())));
@@ -434,15 +465,20 @@ export class LedgerClient {
    *    FAILED_RETRYABLE or FAILED; these are returned in `providerError`, not thrown. Any other
    *    error marks it UNKNOWN (the send may have happened) and is rethrown.
    *
-   * With `waitForApprovalMs`, a call an approval policy holds waits for approval first.
+   * With `waitForApprovalMs`, a call an approval policy holds waits for approval first, and an
+   * attempt RECONCILED by edit-and-approve is followed to its linked attempt: `send` then gets
+   * the linked attempt and must send *its* `args` under *its* `idempotency_key`.
    *
    * Ledger errors (`IdempotencyConflict`, `Refused`, `LedgerUnavailable`...) are thrown.
    */
   async call(options: CallOptions): Promise<CallResult> {
     const { send, waitForApprovalMs, ...intent } = options;
     let attempt = await this.recordIntent(intent);
-    if (waitForApprovalMs && attempt.state === "AWAITING_APPROVAL") {
-      attempt = await this.waitForApproval(attempt.attempt_id, waitForApprovalMs);
+    if (waitForApprovalMs) {
+      attempt = await this.followLinks(attempt);
+      if (attempt.state === "AWAITING_APPROVAL") {
+        attempt = await this.waitForApproval(attempt.attempt_id, waitForApprovalMs);
+      }
     }
     const done = (sent: boolean, sendResult: SendResult | null, error: ProviderError | null) => ({
       attempt,

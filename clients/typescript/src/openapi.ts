@@ -213,6 +213,8 @@ export interface components {
             policy_version: string;
             credential_scope: string[];
             parent_attempt_id: string | null;
+            /** @description For a RECONCILED attempt, the newest attempt linked to it (whose parent_attempt_id is this one): its work continues there (a linked retry, or edit-and-approve with corrected arguments); null otherwise. Read-only; the clients' wait for approval follows it. */
+            linked_attempt_id: string | null;
             owner: string | null;
             review_reason: string | null;
             /** @description The approval policy that held this intent before dispatch (protocol section 11), or null. A held attempt waits in AWAITING_APPROVAL until enough valid approvals move it to INTENT_RECORDED. */
