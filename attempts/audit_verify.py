@@ -33,18 +33,24 @@ import rfc8785
 
 from attempts import jcs
 from attempts.verify_export import (
+    ERASED_ARGS,
+    ERASURE_ACTION,
     GENESIS,
     LEGACY_FORMAT,
     LOG_FORMAT,
+    SALTED_FORMAT,
     ChainChecker,
     MerkleTree,
     Problem,
     Report,
+    args_commitment,
     authority_digest_of,
     chain_time,
     checkpoint_hash,
     config_event_hash,
     leaf_hash,
+    salted_payload,
+    text_problem,
 )
 
 EVENTS = "attempts_attemptevent"
@@ -66,7 +72,7 @@ ATTEMPT_SQL = f"""
 SELECT a.id, a.attempt_id, a.state, a.tenant_id, a.task_id, a.tool_name, a.idempotency_key,
        a.args, a.args_hash, a.policy_version, a.credential_scope, p.attempt_id,
        a.provider_request_id, a.result_ref, a.chain_head, a.chain_length, a.sealed,
-       l.length, l.head, l.checkpoint_id
+       l.length, l.head, l.checkpoint_id, a.args_salt
 FROM {ATTEMPTS} a
 LEFT JOIN {ATTEMPTS} p ON p.id = a.parent_id
 LEFT JOIN {LEAVES} l ON l.attempt_id = a.attempt_id
@@ -88,7 +94,7 @@ if "LATERAL" not in ATTEMPT_SQL_POSTGRESQL:  # the portable query changed: keep 
     raise AssertionError("ATTEMPT_SQL_POSTGRESQL no longer replaces the leaf join")
 EVENT_SQL = f"""
 SELECT e.attempt_id, e.id, e.action, e.actor_kind, e.actor, e.from_state, e.to_state, e.reason,
-       e.details, e.created_at, e.prev_hash, e.hash, e.chain_format
+       e.details, e.created_at, e.prev_hash, e.hash, e.chain_format, e.text_digest
 FROM {EVENTS} e
 WHERE e.attempt_id > {{lo}} AND e.attempt_id <= {{hi}}{{since}}
 ORDER BY e.attempt_id, e.id
@@ -96,7 +102,11 @@ ORDER BY e.attempt_id, e.id
 EVENT_SINCE_SQL = f"""
  AND e.attempt_id IN (SELECT a.id FROM {ATTEMPTS} a
                       WHERE a.id > {{lo}} AND a.id <= {{hi}}{{since}})"""  # noqa: S608
-NO_EVENT = (None,) * 12
+NO_EVENT = (None,) * 13
+# Where the attempt's columns after the leaf (``a.args_salt``) go in a combined row: after the
+# event's, so the event columns keep their places (20 to 32).
+ATTEMPT_TAIL = 20
+SALT = 33
 SINCE_SQL = f"""
  AND (NOT a.sealed OR EXISTS (SELECT 1 FROM {LEAVES} l3 JOIN {CHECKPOINTS} c3
                               ON c3.id = l3.checkpoint_id
@@ -242,10 +252,11 @@ class _Verifier:
                 while pending is not None and pending[0] < pk:
                     pending = next(events, None)
                 group = []
+                head, tail = row[:ATTEMPT_TAIL], row[ATTEMPT_TAIL:]
                 while pending is not None and pending[0] == pk:
-                    group.append(row + pending[1:])
+                    group.append(head + pending[1:] + tail)
                     pending = next(events, None)
-                self.attempt(group or [row + NO_EVENT])
+                self.attempt(group or [head + NO_EVENT + tail])
             events.close()
 
     def orphans_and_missing(self) -> None:
@@ -296,6 +307,8 @@ class _Verifier:
                     "created_at": chain_time(created_at),
                     "prev_hash": prev_hash,
                 }
+                if payload["v"] >= SALTED_FORMAT:
+                    payload = self.salted_event(payload, values)
                 recomputed = _payload_digest(payload)
                 if recomputed != stored:  # the reference encoder has the last word
                     recomputed = hashlib.sha256(rfc8785.dumps(payload)).hexdigest()
@@ -363,6 +376,54 @@ class _Verifier:
                     attempt_id=attempt_id,
                 )
 
+    def salted_event(self, payload: dict[str, Any], values: tuple) -> dict[str, Any]:
+        """Format 3: what the event's hash covers (its salted text digest, not the text), after
+        checking its free text against that digest with the attempt's salt."""
+        row = {**payload, "text_digest": values[32] or ""}
+        problem = text_problem(row, values[SALT])
+        if problem:
+            self.bad("content", problem, values[20], payload["attempt_id"])
+        return salted_payload(row)
+
+    def salted_row(self, group: list[tuple], created: dict[str, Any]) -> bool:
+        """Format 3: the attempt's args are what its creation event's salted digest committed
+        to, or were erased by an erasure its history records. Returns whether they were erased
+        (then they hash to nothing, and the unsalted args_hash is no longer in the history)."""
+        attempt_id = group[0][1]
+        erasures = [values[20] for values in group if values[21] == ERASURE_ACTION]
+        value = load_json(group[0][7])
+        if value == ERASED_ARGS:
+            if not erasures:
+                self.bad(
+                    "attempt",
+                    "its args are the erasure marker but its history records no erasure: "
+                    "the args were deleted behind the ledger's back",
+                    attempt_id=attempt_id,
+                )
+            return True
+        if erasures:
+            self.bad(
+                "attempt",
+                "its history records an erasure but it has args again: the row was edited",
+                erasures[-1],
+                attempt_id,
+            )
+            return False
+        salt = group[0][SALT]
+        recorded = created.get("args_digest")
+        if not salt or (
+            args_commitment(salt, value, dumps=jcs.dumps) != recorded
+            and args_commitment(salt, value) != recorded  # the reference has the last word
+        ):
+            self.bad(
+                "attempt",
+                "its args (with its salt) are not what its creation event committed to: the "
+                "args or the salt were edited",
+                group[0][20],
+                attempt_id,
+            )
+        return False
+
     def check_row(self, group: list[tuple], hashes: list[str], details: list[Any]) -> None:
         (
             _pk,
@@ -385,6 +446,7 @@ class _Verifier:
         def bad(message: str, event_id: int | None = None) -> None:
             self.bad("attempt", message, event_id, attempt_id)
 
+        erased = False
         if first_event_id is None:
             bad(
                 "the attempt has no history: it was inserted without one or its history was deleted"
@@ -412,19 +474,24 @@ class _Verifier:
             except ValueError as exc:
                 bad(f"unreadable JSON in the attempt or its creation event: {exc}")
                 return
+            salted = group[0][31] is not None and int(group[0][31]) >= SALTED_FORMAT
+            erased = salted and self.salted_row(group, created)
             for name in KEY_FIELDS:
+                if erased and name == "args_hash":
+                    continue  # committed as free text, erased with it
                 if created.get(name) != actual[name]:
                     bad(
                         f"{name} is {actual[name]!r} but its creation event recorded "
                         f"{created.get(name)!r}: the attempt row was edited",
                         first_event_id,
                     )
-        try:
-            value = load_json(args)
-            if args_digest(value) != args_hash and _reference_digest(value) != args_hash:
-                bad("its args no longer hash to its args_hash: the args were edited")
-        except (ValueError, TypeError, rfc8785.CanonicalizationError) as exc:
-            bad(f"its args cannot be hashed: {exc}")
+        if not erased:  # erased args hash to nothing: the history's erasure event says so
+            try:
+                value = load_json(args)
+                if args_digest(value) != args_hash and _reference_digest(value) != args_hash:
+                    bad("its args no longer hash to its args_hash: the args were edited")
+            except (ValueError, TypeError, rfc8785.CanonicalizationError) as exc:
+                bad(f"its args cannot be hashed: {exc}")
         last = group[-1]
         last_event_id, last_to_state = last[20], last[25]
         if state != last_to_state:

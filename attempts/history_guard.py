@@ -19,14 +19,29 @@ TABLES = (
 )
 
 
+EVENTS = "attempts_attemptevent"
+# The one UPDATE of an event the guards let through: erasure of a format-3 event's free text
+# (attempts/erasure.py). Everything its hash covers stays, the text its salted digest
+# committed to becomes the marker; the details it keeps are checked by the hash itself.
+ERASED_TEXT = "[erased]"
+_REDACTION = f"""OLD.chain_format >= 3 AND NEW.chain_format = OLD.chain_format
+    AND NEW.id = OLD.id AND NEW.attempt_id = OLD.attempt_id AND NEW.action = OLD.action
+    AND NEW.actor_kind = OLD.actor_kind AND NEW.actor = OLD.actor
+    AND NEW.from_state = OLD.from_state AND NEW.to_state = OLD.to_state
+    AND NEW.created_at = OLD.created_at AND NEW.prev_hash = OLD.prev_hash
+    AND NEW.hash = OLD.hash AND NEW.text_digest = OLD.text_digest
+    AND NEW.reason = '{ERASED_TEXT}'"""
+
+
 def _short(table: str) -> str:
     return table.removeprefix("attempts_")
 
 
-def _sqlite_install(table: str) -> list[str]:
+def _sqlite_install(table: str, redaction: bool) -> list[str]:
     name = _short(table)
+    when = f" WHEN NOT ({_REDACTION})" if redaction and table == EVENTS else ""
     return [
-        f"""CREATE TRIGGER IF NOT EXISTS {name}_no_update BEFORE UPDATE ON {table}
+        f"""CREATE TRIGGER IF NOT EXISTS {name}_no_update BEFORE UPDATE ON {table}{when}
             BEGIN SELECT RAISE(ABORT, 'audit history is append-only: UPDATE refused'); END""",
         f"""CREATE TRIGGER IF NOT EXISTS {name}_no_delete BEFORE DELETE ON {table}
             BEGIN SELECT RAISE(ABORT, 'audit history is append-only: DELETE refused'); END""",
@@ -45,11 +60,27 @@ _PG_FUNCTION = """CREATE OR REPLACE FUNCTION ledger_refuse_history_change() RETU
    END; $$ LANGUAGE plpgsql"""
 
 
-def _pg_install(table: str) -> list[str]:
+_PG_EVENT_FUNCTION = f"""CREATE OR REPLACE FUNCTION ledger_refuse_event_change() RETURNS trigger
+   AS $$
+   BEGIN
+     IF TG_OP = 'UPDATE' AND {_REDACTION} THEN
+       RETURN NEW;
+     END IF;
+     RAISE EXCEPTION 'audit history is append-only: % refused', TG_OP
+       USING ERRCODE = 'insufficient_privilege';
+   END; $$ LANGUAGE plpgsql"""
+
+
+def _pg_install(table: str, redaction: bool) -> list[str]:
     name = _short(table)
+    function = (
+        "ledger_refuse_event_change"
+        if redaction and table == EVENTS
+        else "ledger_refuse_history_change"
+    )
     return [
         f"""CREATE OR REPLACE TRIGGER {name}_append_only BEFORE UPDATE OR DELETE ON {table}
-            FOR EACH ROW EXECUTE FUNCTION ledger_refuse_history_change()""",
+            FOR EACH ROW EXECUTE FUNCTION {function}()""",
         f"""CREATE OR REPLACE TRIGGER {name}_no_truncate BEFORE TRUNCATE ON {table}
             FOR EACH STATEMENT EXECUTE FUNCTION ledger_refuse_history_change()""",
     ]
@@ -66,15 +97,21 @@ def _pg_remove(table: str) -> list[str]:
 def _run(connection, install: bool) -> None:
     existing = set(connection.introspection.table_names())
     with connection.cursor() as cursor:
+        # A schema from before erasure (migrated back, or not yet forward) has no text_digest.
+        redaction = EVENTS in existing and "text_digest" in {
+            column.name for column in connection.introspection.get_table_description(cursor, EVENTS)
+        }
         if connection.vendor == "postgresql" and install:
             cursor.execute(_PG_FUNCTION)
+            if redaction:
+                cursor.execute(_PG_EVENT_FUNCTION)
         for table in TABLES:
             if table not in existing:
                 continue
             if connection.vendor == "sqlite":
-                statements = _sqlite_install(table) if install else _sqlite_remove(table)
+                statements = _sqlite_install(table, redaction) if install else _sqlite_remove(table)
             elif connection.vendor == "postgresql":
-                statements = _pg_install(table) if install else _pg_remove(table)
+                statements = _pg_install(table, redaction) if install else _pg_remove(table)
             else:
                 statements = []
             for statement in statements:

@@ -80,6 +80,8 @@ def event_row(event_id: int) -> dict:
         "prev_hash": event.prev_hash,
         "hash": event.hash,
         "v": event.chain_format,
+        "text_digest": event.text_digest,
+        "salt": event.attempt.args_salt,
         "attempt_pk": event.attempt_id,
     }
 
