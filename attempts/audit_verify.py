@@ -379,11 +379,11 @@ class _Verifier:
     def salted_event(self, payload: dict[str, Any], values: tuple) -> dict[str, Any]:
         """Format 3: what the event's hash covers (its salted text digest, not the text), after
         checking its free text against that digest with the attempt's salt."""
-        row = {**payload, "text_digest": values[32] or ""}
-        problem = text_problem(row, values[SALT])
+        text = values[32] or ""
+        problem = text_problem({**payload, "text_digest": text}, values[SALT])
         if problem:
             self.bad("content", problem, values[20], payload["attempt_id"])
-        return salted_payload(row)
+        return salted_payload(payload, text)
 
     def salted_row(self, group: list[tuple], created: dict[str, Any]) -> bool:
         """Format 3: the attempt's args are what its creation event's salted digest committed

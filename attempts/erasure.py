@@ -128,6 +128,15 @@ def pending_request(attempt: Attempt) -> ErasureRequest | None:
     )
 
 
+def _pending(attempt: Attempt, user: Any) -> ErasureRequest:
+    """The request an admin decides on, or a refusal."""
+    _require_admin(user, attempt)
+    request = pending_request(attempt)
+    if request is None:
+        raise NotErasable(f"no erasure of {attempt.attempt_id} waits", code="no_request")
+    return request
+
+
 def request_erasure(
     attempt: Attempt | str, *, user: Any, reason: str, tenants: set[str] | None = None
 ) -> ErasureRequest:
@@ -157,10 +166,7 @@ def cancel_erasure(
     """Withdraw the pending erasure request (any admin of the tenant, the requester included)."""
     with write_transaction():
         current = _attempt(attempt, tenants)
-        _require_admin(user, current)
-        request = pending_request(current)
-        if request is None:
-            raise NotErasable(f"no erasure of {current.attempt_id} waits", code="no_request")
+        request = _pending(current, user)
         request.status = ErasureRequest.Status.CANCELLED
         request.decided_by, request.decided_at = user, timezone.now()
         request.save(update_fields=["status", "decided_by", "decided_at"])
@@ -178,10 +184,7 @@ def approve_erasure(
             cursor.execute("PRAGMA secure_delete = ON")
     with write_transaction():
         current = _attempt(attempt, tenants)
-        _require_admin(user, current)
-        request = pending_request(current)
-        if request is None:
-            raise NotErasable(f"no erasure of {current.attempt_id} waits", code="no_request")
+        request = _pending(current, user)
         if request.requested_by_id == user.pk:
             raise NotAllowed(
                 "four eyes: the erasure must be approved by another admin than the one who "

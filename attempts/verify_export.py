@@ -108,9 +108,7 @@ def chain_time(value: Any) -> str:
 
 def event_payload(row: dict[str, Any]) -> dict[str, Any]:
     """What an event's hash covers: its fields, its chain format ``v`` and ``prev_hash``."""
-    if int(row.get("v", CHAIN_FORMAT)) >= SALTED_FORMAT:
-        return salted_payload(row)
-    return {
+    payload = {
         "v": int(row.get("v", CHAIN_FORMAT)),
         "attempt_id": row["attempt_id"],
         "action": row["action"],
@@ -123,6 +121,9 @@ def event_payload(row: dict[str, Any]) -> dict[str, Any]:
         "created_at": chain_time(row["created_at"]),
         "prev_hash": row["prev_hash"],
     }
+    if payload["v"] >= SALTED_FORMAT:
+        return salted_payload(payload, row["text_digest"])
+    return payload
 
 
 def event_hash(row: dict[str, Any], *, dumps: Callable[[Any], bytes] = rfc8785.dumps) -> str:
@@ -198,22 +199,13 @@ def args_commitment(salt: str, args: Any, *, dumps: Callable[[Any], bytes] = rfc
     return salted_digest(salt, {"args": args}, dumps=dumps)
 
 
-def salted_payload(row: dict[str, Any]) -> dict[str, Any]:
-    """What a format-3 event's hash covers: no free text, only its salted digest ``text``."""
-    public, _ = split_details(row["details"])
-    return {
-        "v": int(row["v"]),
-        "attempt_id": row["attempt_id"],
-        "action": row["action"],
-        "actor_kind": row["actor_kind"],
-        "actor": row["actor"],
-        "from_state": row["from_state"],
-        "to_state": row["to_state"],
-        "details": public,
-        "text": row["text_digest"],
-        "created_at": chain_time(row["created_at"]),
-        "prev_hash": row["prev_hash"],
-    }
+def salted_payload(payload: dict[str, Any], text: str) -> dict[str, Any]:
+    """What a format-3 event's hash covers, from the fields of ``event_payload``: no free text,
+    only its salted digest ``text`` and the public details."""
+    public, _ = split_details(payload["details"])
+    covered = {name: value for name, value in payload.items() if name != "reason"}
+    covered["details"], covered["text"] = public, text
+    return covered
 
 
 def is_erased_event(row: dict[str, Any]) -> bool:

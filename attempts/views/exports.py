@@ -177,6 +177,7 @@ def _event_rows(events: list[AttemptEvent], attempt_ids: dict[int, str]) -> list
             "prev_hash": event.prev_hash,
             "hash": event.hash,
             "v": event.chain_format,
+            "text_digest": event.text_digest,
         }
         if event.chain_format == verify_export.LEGACY_FORMAT:
             expected_prev = (
