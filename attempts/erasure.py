@@ -109,14 +109,25 @@ def erasure_refusal(attempt: Attempt) -> str | None:
                 "its history hashes its free text itself, so erasing that text would break the "
                 "chain and every proof sealed over it. It stays as it is; see docs/privacy.md"
             )
-        if member.args == ERASED_ARGS:
-            return f"{which} is already erased"
+        if member.args == ERASED_ARGS and not _written_since_erasure(member):
+            return f"{which} is already erased, and nothing was written to it since"
         if not member.is_terminal:
             return (
                 f"{which} is {member.state}: only a settled attempt (OUTCOME_CONFIRMED, FAILED "
                 "or RECONCILED) can be erased, a live one still needs its arguments"
             )
     return None
+
+
+def _written_since_erasure(attempt: Attempt) -> bool:
+    """Whether events came after the attempt's last erasure (a note, say): they are erasable."""
+    last = (
+        AttemptEvent.objects.filter(attempt=attempt, action=ERASURE_ACTION)
+        .order_by("-id")
+        .values_list("id", flat=True)
+        .first()
+    )
+    return AttemptEvent.objects.filter(attempt=attempt, id__gt=last or 0).exists()
 
 
 def pending_request(attempt: Attempt) -> ErasureRequest | None:

@@ -349,3 +349,19 @@ def test_a_request_can_be_withdrawn(world):
     assert ErasureRequest.objects.get().status == "cancelled"
     response = client.post(f"{url}erasure/cancel/", follow=True)
     assert "no erasure" in response.content.decode()
+
+
+def test_text_written_after_an_erasure_can_be_erased_again(world):
+    attempt = settled_attempt(world)
+    admin2 = second_admin(world)
+    erase(world, attempt, admin2)
+    with pytest.raises(erasure.NotErasable, match="already erased"):
+        erasure.request_erasure(attempt, user=world.admin, reason="again")
+    review.add_note(attempt, user=world.operator, text=f"mail from {SECRET}")
+    assert SECRET in stored_text(attempt)
+    assert audit_verify.verify_django_database().ok
+    erase(world, attempt, admin2)
+    assert SECRET not in stored_text(attempt)
+    assert attempt.events.filter(action="attempt.erased").count() == 2
+    report = audit_verify.verify_django_database()
+    assert report.ok, report.render()
