@@ -42,20 +42,14 @@ urlpatterns = [
     path("attempts/<str:attempt_id>/assign/", actions.assign, name="attempt-assign"),
     path("attempts/<str:attempt_id>/unassign/", actions.unassign, name="attempt-unassign"),
     path("attempts/<str:attempt_id>/note/", actions.note, name="attempt-note"),
-    path(
-        "attempts/<str:attempt_id>/erasure/request/",
-        erasure.request_erasure,
-        name="attempt-erasure-request",
-    ),
-    path(
-        "attempts/<str:attempt_id>/erasure/approve/",
-        erasure.approve_erasure,
-        name="attempt-erasure-approve",
-    ),
-    path(
-        "attempts/<str:attempt_id>/erasure/cancel/",
-        erasure.cancel_erasure,
-        name="attempt-erasure-cancel",
+    *(
+        path(
+            f"attempts/<str:attempt_id>/erasure/{step}/",
+            erasure.erasure_step,
+            {"step": step},
+            name=f"attempt-erasure-{step}",
+        )
+        for step in erasure.STEPS
     ),
     path("attempts/<str:attempt_id>/confirm/", actions.mark_confirmed, name="attempt-confirm"),
     path("attempts/<str:attempt_id>/fail/", actions.mark_failed, name="attempt-fail"),

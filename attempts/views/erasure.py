@@ -31,49 +31,35 @@ def erasure_context(user: Any, attempt: Attempt) -> dict[str, Any]:
     }
 
 
-def _answer(request: HttpRequest, attempt_id: str, work, message: str) -> HttpResponse:
+# What each step of the action does, and what the person is told when it is done.
+STEPS = {
+    "request": (
+        lambda attempt, request: erasure.request_erasure(
+            attempt, user=request.user, reason=request.POST.get("reason", "")
+        ),
+        "Erasure requested: another admin must approve it.",
+    ),
+    "approve": (
+        lambda attempt, request: erasure.approve_erasure(attempt, user=request.user),
+        "Erased: the arguments and free text are gone; the history still verifies.",
+    ),
+    "cancel": (
+        lambda attempt, request: erasure.cancel_erasure(attempt, user=request.user),
+        "Erasure request withdrawn.",
+    ),
+}
+
+
+@require_POST
+@refuse_nul_bytes
+def erasure_step(request: HttpRequest, attempt_id: str, step: str) -> HttpResponse:
+    """Ask for the erasure (a second admin approves), approve another admin's request (the
+    arguments and free text are erased now), or withdraw the pending request."""
     attempt = get_attempt_for_user(request.user, attempt_id)
     url = reverse("attempt-detail", args=[attempt.attempt_id])
+    work, message = STEPS[step]
     try:
-        work(attempt)
+        work(attempt, request)
     except LedgerError as exc:
         return refusal(request, exc, redirect_to=url, target="#erasure-feedback")
     return done(request, message, redirect_to=url)
-
-
-@require_POST
-@refuse_nul_bytes
-def request_erasure(request: HttpRequest, attempt_id: str) -> HttpResponse:
-    """Ask for the erasure (a second admin approves)."""
-    return _answer(
-        request,
-        attempt_id,
-        lambda a: erasure.request_erasure(
-            a, user=request.user, reason=request.POST.get("reason", "")
-        ),
-        "Erasure requested: another admin must approve it.",
-    )
-
-
-@require_POST
-@refuse_nul_bytes
-def approve_erasure(request: HttpRequest, attempt_id: str) -> HttpResponse:
-    """Approve another admin's request: the arguments and free text are erased now."""
-    return _answer(
-        request,
-        attempt_id,
-        lambda a: erasure.approve_erasure(a, user=request.user),
-        "Erased: the arguments and free text are gone; the history still verifies.",
-    )
-
-
-@require_POST
-@refuse_nul_bytes
-def cancel_erasure(request: HttpRequest, attempt_id: str) -> HttpResponse:
-    """Withdraw the pending request."""
-    return _answer(
-        request,
-        attempt_id,
-        lambda a: erasure.cancel_erasure(a, user=request.user),
-        "Erasure request withdrawn.",
-    )
