@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from attempts import erasure
+from attempts import audit_verify, erasure
 from attempts.models import Attempt
+from tests.attempts.audit_helpers import seal_all
 from tests.attempts.test_erasure import NOTE, SECRET, second_admin, settled_attempt
 from tests.conftest import make_world
 
@@ -130,3 +131,20 @@ def test_no_plaintext_remains_in_the_database_files_after_erasure():
     # same pages were read through pageinspect above.
     if files is not None:
         assert _found(files) == []
+
+
+def test_verify_audit_in_several_processes_and_since_a_checkpoint_after_erasure():
+    """The committed ledger, read by verify_audit's worker processes and incrementally."""
+    world = make_world()
+    attempt = settled_attempt(world)
+    settled_attempt(world, key="erase:acme:2")
+    seal_all()
+    first = audit_verify.verify_django_database(jobs=2)
+    assert first.ok, first.render()
+    erasure.request_erasure(attempt, user=world.admin, reason="DSR-31")
+    erasure.approve_erasure(attempt, user=second_admin(world))
+    since = audit_verify.verify_django_database(jobs=2, since=first.checkpoint)
+    assert since.ok, since.render()
+    seal_all()
+    full = audit_verify.verify_django_database(jobs=2, max_unsealed_seconds=0)
+    assert full.ok, full.render()
