@@ -342,6 +342,7 @@ def _csv_cells(
         "idempotency_key": free("a.idempotency_key"),
         "attempt_state": (plain, ["a.state"]),
         "provider_request_id": free("a.provider_request_id"),
+        "text_digest": (plain, ["e.text_digest"]),
     }
     if tuple(cells) != CSV_COLUMNS:
         raise AssertionError("CSV columns out of step with verify_export.CSV_COLUMNS")
@@ -427,6 +428,10 @@ def _json_event_sql() -> str:
         ("idempotency_key", "a.idempotency_key"),
         ("attempt_state", "a.state"),
         ("provider_request_id", "a.provider_request_id"),
+        # Format 3: the salted digest the hash covers instead of the free text, and the salt,
+        # so the verifier checks the text too (an erased attempt's salt commits to nothing left).
+        ("text_digest", "e.text_digest"),
+        ("salt", "a.args_salt"),
     ]
     inner = ", ".join(f"'{key}', {value}" for key, value in pairs)
     return f"{v['object']}({inner}){v['text']}"
@@ -565,6 +570,8 @@ def _seal_lines(plan: ExportPlan) -> tuple[list[dict[str, Any]], int | None]:
             ).values_list("leaf_id", "index")
         )
         for leaf in CheckpointLeaf.objects.filter(pk__in=list(logged)).order_by("attempt_id"):
+            if leaf.position not in wanted[leaf.checkpoint_id]:
+                continue  # an older head of an attempt a later checkpoint sealed again
             records.append(
                 {
                     "type": "seal",
@@ -756,7 +763,9 @@ def stream_jsonl(plan: ExportPlan) -> Iterator[bytes]:
         "complete_chains": plan.complete_chains,
         "hashed_fields": "v, attempt_id, action, actor_kind, actor, from_state, to_state, "
         "reason, details, created_at, prev_hash (RFC 8785, SHA-256); prev_hash is the hash of "
-        "the attempt's event before (format 2) or of the ledger's event before (format 1)",
+        "the attempt's event before (format 2) or of the ledger's event before (format 1); format 3 "
+        "covers text_digest (HMAC-SHA256 with the attempt's salt of reason and private details) "
+        "and only the public details, instead of reason and details",
     }
     seals, oldest = _seal_lines(plan)
     checkpoints = _checkpoint_lines(plan, oldest)

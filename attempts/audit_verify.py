@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import hmac
 import json
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -34,18 +35,26 @@ import rfc8785
 
 from attempts import jcs
 from attempts.verify_export import (
+    ERASED_ARGS,
+    ERASED_TEXT,
+    ERASURE_ACTION,
     GENESIS,
     LEGACY_FORMAT,
     LOG_FORMAT,
+    SALTED_FORMAT,
     ChainChecker,
     MerkleTree,
     Problem,
     Report,
+    args_commitment,
     authority_digest_of,
     chain_time,
     checkpoint_hash,
     config_event_hash,
     leaf_hash,
+    salted_payload,
+    split_details,
+    text_problem,
 )
 
 EVENTS = "attempts_attemptevent"
@@ -67,7 +76,7 @@ ATTEMPT_SQL = f"""
 SELECT a.id, a.attempt_id, a.state, a.tenant_id, a.task_id, a.tool_name, a.idempotency_key,
        a.args, a.args_hash, a.policy_version, a.credential_scope, p.attempt_id,
        a.provider_request_id, a.result_ref, a.chain_head, a.chain_length, a.sealed,
-       l.length, l.head, l.checkpoint_id
+       l.length, l.head, l.checkpoint_id, a.args_salt
 FROM {ATTEMPTS} a
 LEFT JOIN {ATTEMPTS} p ON p.id = a.parent_id
 LEFT JOIN {LEAVES} l ON l.attempt_id = a.attempt_id
@@ -89,7 +98,7 @@ if "LATERAL" not in ATTEMPT_SQL_POSTGRESQL:  # the portable query changed: keep 
     raise AssertionError("ATTEMPT_SQL_POSTGRESQL no longer replaces the leaf join")
 EVENT_SQL = f"""
 SELECT e.attempt_id, e.id, e.action, e.actor_kind, e.actor, e.from_state, e.to_state, e.reason,
-       e.details, e.created_at, e.prev_hash, e.hash, e.chain_format
+       e.details, e.created_at, e.prev_hash, e.hash, e.chain_format, e.text_digest
 FROM {EVENTS} e
 WHERE e.attempt_id > {{lo}} AND e.attempt_id <= {{hi}}{{since}}
 ORDER BY e.attempt_id, e.id
@@ -106,6 +115,8 @@ if "to_char" not in EVENT_SQL_POSTGRESQL:  # the portable query changed: keep th
 EVENT_SINCE_SQL = f"""
  AND e.attempt_id IN (SELECT a.id FROM {ATTEMPTS} a
                       WHERE a.id > {{lo}} AND a.id <= {{hi}}{{since}})"""  # noqa: S608
+# ATTEMPT_SQL's column of the attempt's salt (chain format 3), after the leaf's.
+SALT = 20
 SINCE_SQL = f"""
  AND (NOT a.sealed OR EXISTS (SELECT 1 FROM {LEAVES} l3 JOIN {CHECKPOINTS} c3
                               ON c3.id = l3.checkpoint_id
@@ -327,11 +338,19 @@ class _Verifier:
         hashes: list[str] = []
         details_seen: list[Any] = []
         prev = GENESIS
+        salt = row[SALT]
+        try:
+            key = bytes.fromhex(salt) if salt else None
+        except ValueError:
+            key = None  # an edited salt: the args check says so, the text checks use the reference
         for event in events:
-            (_, event_id, _, _, _, _, _, _, text, created_at, prev_hash, stored, v) = event
+            (_, event_id, _, _, _, _, _, _, text, created_at, prev_hash, stored, v, _) = event
             try:
                 details, plain = _load_details(text)
-                recomputed = _event_digest(attempt_id, event, details, plain)
+                if v is not None and v >= SALTED_FORMAT:
+                    recomputed = self.salted_event(attempt_id, event, details, plain, salt, key)
+                else:
+                    recomputed = _event_digest(attempt_id, event, details, plain)
                 if recomputed != stored:  # the reference encoder has the last word
                     recomputed = hashlib.sha256(
                         rfc8785.dumps(_event_payload(attempt_id, event, details))
@@ -397,6 +416,73 @@ class _Verifier:
                     attempt_id=attempt_id,
                 )
 
+    def salted_event(
+        self,
+        attempt_id: Any,
+        event: tuple,
+        details: Any,
+        plain: bool | None,
+        salt: str | None,
+        key: bytes | None,
+    ) -> str:
+        """Format 3: the event's hash (covering its salted text digest, not the text), after
+        checking its free text against that digest with the attempt's salt (``key``). The fast
+        encoder first; the reference has the last word before a problem is reported."""
+        public, private = split_details(details)
+        reason, text = event[7], event[13] or ""
+        if salt and not (reason == ERASED_TEXT and not private):
+            covered = {"details": private, "reason": reason}
+            try:
+                committed = jcs.encode_plain(covered) if plain else jcs.dumps(covered)
+                fast = hmac.digest(key, committed, "sha256").hex() if key is not None else None
+            except (TypeError, ValueError, UnicodeEncodeError, rfc8785.CanonicalizationError):
+                fast = None
+            if fast != text:
+                row = {"v": event[12], "reason": reason, "details": details, "text_digest": text}
+                problem = text_problem(row, salt)
+                if problem:
+                    self.bad("content", problem, event[1], attempt_id)
+        return _event_digest(attempt_id, event, public, plain, text=text)
+
+    def salted_row(self, row: tuple, events: list[tuple], created: dict[str, Any]) -> bool:
+        """Format 3: the attempt's args are what its creation event's salted digest committed
+        to, or were erased by an erasure its history records. Returns whether they were erased
+        (then they hash to nothing, and the unsalted args_hash is no longer in the history)."""
+        attempt_id = row[1]
+        erasures = [event[1] for event in events if event[2] == ERASURE_ACTION]
+        value = load_json(row[7])
+        if value == ERASED_ARGS:
+            if not erasures:
+                self.bad(
+                    "attempt",
+                    "its args are the erasure marker but its history records no erasure: "
+                    "the args were deleted behind the ledger's back",
+                    attempt_id=attempt_id,
+                )
+            return True
+        if erasures:
+            self.bad(
+                "attempt",
+                "its history records an erasure but it has args again: the row was edited",
+                erasures[-1],
+                attempt_id,
+            )
+            return False
+        salt = row[SALT]
+        recorded = created.get("args_digest")
+        if not salt or (
+            args_commitment(salt, value, dumps=jcs.dumps) != recorded
+            and args_commitment(salt, value) != recorded  # the reference has the last word
+        ):
+            self.bad(
+                "attempt",
+                "its args (with its salt) are not what its creation event committed to: the "
+                "args or the salt were edited",
+                events[0][1],
+                attempt_id,
+            )
+        return False
+
     def check_row(self, row: tuple, events: list[tuple], details: list[Any]) -> None:
         (
             _pk,
@@ -419,6 +505,7 @@ class _Verifier:
         def bad(message: str, event_id: int | None = None) -> None:
             self.bad("attempt", message, event_id, attempt_id)
 
+        erased = False
         if first_event_id is None:
             bad(
                 "the attempt has no history: it was inserted without one or its history was deleted"
@@ -446,19 +533,24 @@ class _Verifier:
             except ValueError as exc:
                 bad(f"unreadable JSON in the attempt or its creation event: {exc}")
                 return
+            salted = events[0][12] is not None and int(events[0][12]) >= SALTED_FORMAT
+            erased = salted and self.salted_row(row, events, created)
             for name in KEY_FIELDS:
+                if erased and name == "args_hash":
+                    continue  # committed as free text, erased with it
                 if created.get(name) != actual[name]:
                     bad(
                         f"{name} is {actual[name]!r} but its creation event recorded "
                         f"{created.get(name)!r}: the attempt row was edited",
                         first_event_id,
                     )
-        try:
-            value = load_json(args)
-            if args_digest(value) != args_hash and _reference_digest(value) != args_hash:
-                bad("its args no longer hash to its args_hash: the args were edited")
-        except (ValueError, TypeError, rfc8785.CanonicalizationError) as exc:
-            bad(f"its args cannot be hashed: {exc}")
+        if not erased:  # erased args hash to nothing: the history's erasure event says so
+            try:
+                value = load_json(args)
+                if args_digest(value) != args_hash and _reference_digest(value) != args_hash:
+                    bad("its args no longer hash to its args_hash: the args were edited")
+            except (ValueError, TypeError, rfc8785.CanonicalizationError) as exc:
+                bad(f"its args cannot be hashed: {exc}")
         last = events[-1]
         last_event_id, last_to_state = last[1], last[6]
         if state != last_to_state:
@@ -924,7 +1016,7 @@ def _load_details(value: Any) -> tuple[Any, bool | None]:
 def _event_payload(attempt_id: Any, event: tuple, details: Any) -> dict[str, Any]:
     """What an event's hash covers (``verify_export.event_payload``), from EVENT_SQL's columns,
     for the reference encoder."""
-    return {
+    payload = {
         "v": int(event[12]),
         "attempt_id": attempt_id,
         "action": event[2],
@@ -937,29 +1029,42 @@ def _event_payload(attempt_id: Any, event: tuple, details: Any) -> dict[str, Any
         "created_at": _created_text(chain_time(event[9])),
         "prev_hash": event[10],
     }
+    if payload["v"] >= SALTED_FORMAT:
+        return salted_payload(payload, event[13] or "")
+    return payload
 
 
-def _event_digest(attempt_id: Any, event: tuple, details: Any, plain: bool | None) -> str:
+def _event_digest(
+    attempt_id: Any, event: tuple, details: Any, plain: bool | None, *, text: str | None = None
+) -> str:
     """The event's hash with the fast encoder: the payload's keys are fixed, so its canonical
     text is written in their sorted order here (the bytes ``jcs.encode_plain`` gives for
     ``_event_payload``, held to the reference by the tests) rather than sorting the keys of
-    every event again. Every field but ``details`` is text (or the format number) as read from
+    every event again. ``text``: a format-3 event's salted text digest (``details`` are then
+    its public details). Every field but ``details`` is text (or the format number) as read from
     the database, which the C encoder writes as RFC 8785 does, so only ``details`` needs
     checking (``plain``: known from its text, None: ask ``jcs.plain``); anything else, and a
     field that is not text, goes through ``jcs.dumps``. A mismatch is always recomputed with
     the reference encoder before it is reported."""
     if plain or (plain is None and jcs.plain(details)):
         try:
-            text = (
+            if text is not None:  # format 3: public details and the text digest, no reason
+                body = (
+                    f'"from_state":{_string(event[5])},"prev_hash":{_string(event[10])},'
+                    f'"text":{_string(text)},"to_state":{_string(event[6])},'
+                )
+            else:
+                body = (
+                    f'"from_state":{_string(event[5])},"prev_hash":{_string(event[10])},'
+                    f'"reason":{_string(event[7])},"to_state":{_string(event[6])},'
+                )
+            payload = (
                 f'{{"action":{_string(event[2])},"actor":{_string(event[4])},'
                 f'"actor_kind":{_string(event[3])},"attempt_id":{_string(attempt_id)},'
                 f'"created_at":{_string(chain_time(event[9]))},'
-                f'"details":{jcs.encode_plain_text(details)},'
-                f'"from_state":{_string(event[5])},"prev_hash":{_string(event[10])},'
-                f'"reason":{_string(event[7])},"to_state":{_string(event[6])},'
-                f'"v":{int(event[12])}}}'
+                f'"details":{jcs.encode_plain_text(details)},{body}"v":{int(event[12])}}}'
             )
-            return hashlib.sha256(text.encode("utf-8")).hexdigest()
+            return hashlib.sha256(payload.encode("utf-8")).hexdigest()
         except (TypeError, UnicodeEncodeError):
             pass  # a field that is not text (NULL, say), or a lone surrogate
     return hashlib.sha256(jcs.dumps(_event_payload(attempt_id, event, details))).hexdigest()

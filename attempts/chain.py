@@ -24,6 +24,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import secrets
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import rfc8785
@@ -39,12 +40,16 @@ from attempts.locking import named_lock, write_transaction
 from attempts.models import Attempt, Checkpoint, CheckpointLeaf, ConfigEvent
 from attempts.verify_export import (
     CHAIN_FORMAT,
+    ERASED_TEXT,
     GENESIS,
     LOG_FORMAT,
+    SALTED_FORMAT,
+    args_commitment,
     checkpoint_hash,
     config_event_hash,
     event_hash,
     leaf_hash,
+    text_digest,
 )
 
 if TYPE_CHECKING:
@@ -72,6 +77,17 @@ class EventRow(NamedTuple):
     prev_hash: str
     hash: str
     chain_format: int
+    text_digest: str
+
+
+def new_salt() -> str:
+    """A fresh per-attempt salt for the salted digests of chain format 3 (256 random bits)."""
+    return secrets.token_hex(32)
+
+
+def args_digest(salt: str, args: Any) -> str:
+    """The salted digest of normalized arguments a format-3 creation event records."""
+    return args_commitment(salt, args, dumps=jcs.dumps)
 
 
 def attempt_event(
@@ -87,11 +103,24 @@ def attempt_event(
 ) -> EventRow:
     """The attempt's next event, linked after its current chain head (not yet written).
 
-    Raises InvalidArguments for details the chain could not hash reproducibly (not JSON)."""
+    An attempt with a salt (``args_salt``) is chained in format 3: its free text (the reason
+    and the details ``verify_export.PUBLIC_DETAILS`` does not name) is committed by a salted
+    digest, so erasure can remove it. Raises InvalidArguments for details the chain could not
+    hash reproducibly (not JSON)."""
     details = details or {}
     prev_hash = attempt.chain_head if attempt.chain_length else GENESIS
+    salt = attempt.args_salt
+    chain_format = SALTED_FORMAT if salt else CHAIN_FORMAT
+    text = ""
+    if salt:
+        if reason == ERASED_TEXT:
+            raise InvalidArguments(f"{ERASED_TEXT!r} is the erasure marker: write something else")
+        try:
+            text = text_digest(salt, reason, details, dumps=jcs.dumps)
+        except (rfc8785.CanonicalizationError, TypeError, ValueError) as exc:
+            raise InvalidArguments(f"event details are not JSON: {exc}") from None
     row = {
-        "v": CHAIN_FORMAT,
+        "v": chain_format,
         "attempt_id": attempt.attempt_id,
         "action": action,
         "actor_kind": actor.kind,
@@ -102,6 +131,7 @@ def attempt_event(
         "details": details,
         "created_at": now,
         "prev_hash": prev_hash,
+        "text_digest": text,
     }
     try:
         digest = event_hash(row, dumps=jcs.dumps)
@@ -118,7 +148,8 @@ def attempt_event(
         now,
         prev_hash,
         digest,
-        CHAIN_FORMAT,
+        chain_format,
+        text,
     )
 
 

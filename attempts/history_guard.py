@@ -5,6 +5,8 @@ database itself, whoever asks.
 One exception, for retention (reconciliation/archive): the events of an attempt listed in
 ``attempts_archivedattempt`` (written to an archive, in the transaction that removes it) may be
 deleted; any other DELETE of an event is still refused, and the listing itself is append-only.
+And one exception for erasure (attempts/erasure.py): a format-3 event's free text may be replaced
+by the erasure marker, every column its hash covers unchanged.
 
 Installed by migration 0002 and re-installed after every ``migrate`` or ``flush`` (post_migrate),
 so a database can never be left without them by the tools we ship.
@@ -29,27 +31,43 @@ TABLES = (
 EVENTS = "attempts_attemptevent"
 ARCHIVED = "attempts_archivedattempt"
 _ARCHIVED_ROW = f"EXISTS (SELECT 1 FROM {ARCHIVED} WHERE row_id = OLD.attempt_id)"  # noqa: S608
+# The one UPDATE of an event the guards let through: erasure of a format-3 event's free text
+# (attempts/erasure.py). Everything its hash covers stays, the text its salted digest
+# committed to becomes the marker; the details it keeps are checked by the hash itself.
+ERASED_TEXT = "[erased]"
+_REDACTION = f"""OLD.chain_format >= 3 AND NEW.chain_format = OLD.chain_format
+    AND NEW.id = OLD.id AND NEW.attempt_id = OLD.attempt_id AND NEW.action = OLD.action
+    AND NEW.actor_kind = OLD.actor_kind AND NEW.actor = OLD.actor
+    AND NEW.from_state = OLD.from_state AND NEW.to_state = OLD.to_state
+    AND NEW.created_at = OLD.created_at AND NEW.prev_hash = OLD.prev_hash
+    AND NEW.hash = OLD.hash AND NEW.text_digest = OLD.text_digest
+    AND NEW.reason = '{ERASED_TEXT}'"""
 
 
 def _short(table: str) -> str:
     return table.removeprefix("attempts_")
 
 
-def _sqlite_install(table: str, existing: set[str] = frozenset()) -> list[str]:
+def _sqlite_install(table: str, *, archived: bool, redaction: bool) -> list[str]:
     name = _short(table)
-    update = f"""CREATE TRIGGER IF NOT EXISTS {name}_no_update BEFORE UPDATE ON {table}
+    update = f"""BEFORE UPDATE ON {table}
             BEGIN SELECT RAISE(ABORT, 'audit history is append-only: UPDATE refused'); END"""
     delete = f"""BEFORE DELETE ON {table}
             BEGIN SELECT RAISE(ABORT, 'audit history is append-only: DELETE refused'); END"""
     if table != EVENTS:
-        return [update, f"CREATE TRIGGER IF NOT EXISTS {name}_no_delete {delete}"]
-    # The events' DELETE trigger is replaced, not kept: it reads the archived list once that
-    # table exists, and must not once it is gone (migrating back).
-    when = f"WHEN NOT {_ARCHIVED_ROW}" if ARCHIVED in existing else ""
+        return [
+            f"CREATE TRIGGER IF NOT EXISTS {name}_no_update {update}",
+            f"CREATE TRIGGER IF NOT EXISTS {name}_no_delete {delete}",
+        ]
+    # The events' triggers are replaced, not kept: their exceptions follow the schema (the
+    # archived list, the erasable text), migrating forward or back.
+    update_when = f"WHEN NOT ({_REDACTION})" if redaction else ""
+    delete_when = f"WHEN NOT {_ARCHIVED_ROW}" if archived else ""
     return [
-        update,
+        f"DROP TRIGGER IF EXISTS {name}_no_update",
         f"DROP TRIGGER IF EXISTS {name}_no_delete",
-        f"CREATE TRIGGER {name}_no_delete {delete.replace('BEGIN', when + ' BEGIN', 1)}",
+        f"CREATE TRIGGER {name}_no_update {update.replace('BEGIN', update_when + ' BEGIN', 1)}",
+        f"CREATE TRIGGER {name}_no_delete {delete.replace('BEGIN', delete_when + ' BEGIN', 1)}",
     ]
 
 
@@ -65,22 +83,31 @@ _PG_FUNCTION = """CREATE OR REPLACE FUNCTION ledger_refuse_history_change() RETU
    END; $$ LANGUAGE plpgsql"""
 
 
-_PG_EVENT_FUNCTION = f"""CREATE OR REPLACE FUNCTION ledger_refuse_event_change() RETURNS trigger
-   AS $$
-   BEGIN
+def _pg_event_function(*, archived: bool, redaction: bool) -> str:
+    allowed = ""
+    if archived:
+        allowed += f"""
      IF TG_OP = 'DELETE' AND {_ARCHIVED_ROW} THEN
        RETURN OLD;
-     END IF;
+     END IF;"""
+    if redaction:
+        allowed += f"""
+     IF TG_OP = 'UPDATE' AND {_REDACTION} THEN
+       RETURN NEW;
+     END IF;"""
+    return f"""CREATE OR REPLACE FUNCTION ledger_refuse_event_change() RETURNS trigger
+   AS $$
+   BEGIN{allowed}
      RAISE EXCEPTION 'audit history is append-only: % refused', TG_OP
        USING ERRCODE = 'insufficient_privilege';
    END; $$ LANGUAGE plpgsql"""
 
 
-def _pg_install(table: str, existing: set[str] = frozenset()) -> list[str]:
+def _pg_install(table: str, *, exceptions: bool) -> list[str]:
     name = _short(table)
     function = (
         "ledger_refuse_event_change"
-        if table == EVENTS and ARCHIVED in existing
+        if table == EVENTS and exceptions
         else "ledger_refuse_history_change"
     )
     return [
@@ -103,18 +130,31 @@ def _run(connection, install: bool, *, without_archives: bool = False) -> None:
     existing = set(connection.introspection.table_names())
     if without_archives:
         existing -= {"attempts_archive", ARCHIVED}
+    archived = ARCHIVED in existing
     with connection.cursor() as cursor:
+        # A schema from before erasure (migrated back, or not yet forward) has no text_digest.
+        redaction = EVENTS in existing and "text_digest" in {
+            column.name for column in connection.introspection.get_table_description(cursor, EVENTS)
+        }
         if connection.vendor == "postgresql" and install:
             cursor.execute(_PG_FUNCTION)
-            if ARCHIVED in existing:
-                cursor.execute(_PG_EVENT_FUNCTION)
+            if archived or redaction:
+                cursor.execute(_pg_event_function(archived=archived, redaction=redaction))
         for table in TABLES:
             if table not in existing:
                 continue
             if connection.vendor == "sqlite":
-                statements = _sqlite_install(table, existing) if install else _sqlite_remove(table)
+                statements = (
+                    _sqlite_install(table, archived=archived, redaction=redaction)
+                    if install
+                    else _sqlite_remove(table)
+                )
             elif connection.vendor == "postgresql":
-                statements = _pg_install(table, existing) if install else _pg_remove(table)
+                statements = (
+                    _pg_install(table, exceptions=archived or redaction)
+                    if install
+                    else _pg_remove(table)
+                )
             else:
                 statements = []
             for statement in statements:

@@ -635,6 +635,11 @@ class Attempt(models.Model):
     tool_name = models.CharField(max_length=100)
     args = models.JSONField()
     args_hash = models.CharField(max_length=64)
+    # The per-attempt random salt (hex) of its salted digests (chain format 3): erasure
+    # replaces it, so what it committed to can no longer be guessed. Empty: an older attempt.
+    args_salt = models.CharField(
+        max_length=64, blank=True, default="", db_default="", editable=False
+    )
     idempotency_key = models.CharField(max_length=255, unique=True)
     state = models.CharField(max_length=20, choices=State.choices, editable=False)
     version = models.PositiveIntegerField(default=1, editable=False)
@@ -848,6 +853,11 @@ class AttemptEvent(models.Model):
     prev_hash = models.CharField(max_length=64)
     hash = models.CharField(max_length=64)
     chain_format = models.PositiveSmallIntegerField(default=2, editable=False)
+    # Format 3: the salted digest of the free text (reason and private details) the hash
+    # covers instead of the text itself; kept when erasure replaces the text.
+    text_digest = models.CharField(
+        max_length=64, blank=True, default="", db_default="", editable=False
+    )
 
     class Meta:
         ordering = ["id"]
@@ -855,6 +865,42 @@ class AttemptEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.attempt_id} {self.action} {self.from_state}->{self.to_state}"
+
+
+class ErasureRequest(models.Model):
+    """A request to erase an attempt's arguments and free text (four eyes): one person asks,
+    with a reason; a different person approves, and then ``attempts.erasure`` erases. The
+    erasure itself is an event in the attempt's history; this row keeps who asked and when."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending", "Pending"
+        ERASED = "erased", "Erased"
+        CANCELLED = "cancelled", "Cancelled"
+
+    attempt = models.ForeignKey(Attempt, on_delete=models.PROTECT, related_name="erasures")
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
+    )
+    reason = models.TextField()
+    requested_at = models.DateTimeField()
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["attempt"],
+                condition=Q(status="pending"),
+                name="erasure_one_pending_per_attempt",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"erasure of {self.attempt_id} ({self.status})"
 
 
 # Config-history subjects that concern one tenant (the tenant is in the subject's key).

@@ -167,6 +167,11 @@ def create(
         "credential_scope": attempt.credential_scope,
         "parent_attempt_id": attempt.parent.attempt_id if attempt.parent_id else None,
     }
+    if not attempt.args_salt:
+        # Chain format 3: the history commits to the arguments by a salted digest, so they
+        # can be erased (attempts/erasure.py) and the chain still verifies.
+        attempt.args_salt = chain.new_salt()
+    record["args_digest"] = chain.args_digest(attempt.args_salt, attempt.args)
     if attempt.owner_id:
         record["owner_id"] = attempt.owner_id
     if attempt.traceparent:

@@ -9,6 +9,7 @@ from attempts.views import (
     auth,
     config_changes,
     detail,
+    erasure,
     exports,
     overview,
     preferences,
@@ -41,6 +42,15 @@ urlpatterns = [
     path("attempts/<str:attempt_id>/assign/", actions.assign, name="attempt-assign"),
     path("attempts/<str:attempt_id>/unassign/", actions.unassign, name="attempt-unassign"),
     path("attempts/<str:attempt_id>/note/", actions.note, name="attempt-note"),
+    *(
+        path(
+            f"attempts/<str:attempt_id>/erasure/{step}/",
+            erasure.erasure_step,
+            {"step": step},
+            name=f"attempt-erasure-{step}",
+        )
+        for step in erasure.STEPS
+    ),
     path("attempts/<str:attempt_id>/confirm/", actions.mark_confirmed, name="attempt-confirm"),
     path("attempts/<str:attempt_id>/fail/", actions.mark_failed, name="attempt-fail"),
     path("attempts/<str:attempt_id>/acknowledge/", actions.acknowledge, name="attempt-acknowledge"),

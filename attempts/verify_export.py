@@ -26,6 +26,7 @@ import csv
 import datetime as dt
 import gzip
 import hashlib
+import hmac
 import json
 import sys
 from collections.abc import Callable, Iterable
@@ -40,6 +41,11 @@ GENESIS = "0" * 64
 # per-attempt chains). Format 2: an event links to the event before it of the same attempt.
 LEGACY_FORMAT = 1
 CHAIN_FORMAT = 2
+# Format 3: like 2, but free text (the reason, and every detail not named in PUBLIC_DETAILS) is
+# committed by a salted digest (``text``), and the creation event records a salted digest of the
+# arguments (``args_digest``), so the plaintext and the salt can be erased and the chain still
+# verifies. Written for every attempt with a salt (``Attempt.args_salt``).
+SALTED_FORMAT = 3
 CHECKPOINT_FORMAT = 1
 CONFIG_FORMAT = 1
 EXPORT_FORMAT = "ledgerweb-audit-export"
@@ -70,7 +76,10 @@ CSV_COLUMNS = (
     "idempotency_key",
     "attempt_state",
     "provider_request_id",
+    "text_digest",
 )
+# The columns of CSV exports written before chain format 3 (no ``text_digest``): still read.
+CSV_COLUMNS_V2 = CSV_COLUMNS[:-1]
 # A cell starting with one of these is read as a formula by spreadsheets; it gets a leading quote.
 # A leading quote is itself quoted so the escaping can be undone exactly.
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r", "'")
@@ -100,7 +109,7 @@ def chain_time(value: Any) -> str:
 
 def event_payload(row: dict[str, Any]) -> dict[str, Any]:
     """What an event's hash covers: its fields, its chain format ``v`` and ``prev_hash``."""
-    return {
+    payload = {
         "v": int(row.get("v", CHAIN_FORMAT)),
         "attempt_id": row["attempt_id"],
         "action": row["action"],
@@ -113,6 +122,9 @@ def event_payload(row: dict[str, Any]) -> dict[str, Any]:
         "created_at": chain_time(row["created_at"]),
         "prev_hash": row["prev_hash"],
     }
+    if payload["v"] >= SALTED_FORMAT:
+        return salted_payload(payload, row["text_digest"])
+    return payload
 
 
 def event_hash(row: dict[str, Any], *, dumps: Callable[[Any], bytes] = rfc8785.dumps) -> str:
@@ -120,6 +132,105 @@ def event_hash(row: dict[str, Any], *, dumps: Callable[[Any], bytes] = rfc8785.d
     reference here; the writer passes its faster twin (``attempts.jcs``), held to the same
     bytes by tests, and every verifier recomputes with the reference."""
     return hashlib.sha256(dumps(event_payload(row))).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# Format 3: free text and arguments committed by salted digests, so they can be erased
+
+# The details an event of format 3 keeps in the clear (structure: ids, states, who, counts); every
+# other detail is free text or a provider's raw answer, committed by the salted ``text`` digest.
+# Unknown keys are private by default, so a new kind of detail is never left in the clear.
+PUBLIC_DETAILS = frozenset(
+    {
+        "tenant",
+        "task_id",
+        "tool_name",
+        "idempotency_key",
+        "args_digest",
+        "policy_version",
+        "credential_scope",
+        "parent_attempt_id",
+        "owner_id",
+        "previous_owner_id",
+        "traceparent",
+        "provider_request_id",
+        "result_ref",
+        "approvals",
+        "approvals_needed",
+        "linked_attempt_id",
+        "http_status",
+        "retryable",
+        "retry_after",
+        "count",
+        "kind",
+        "erasure",
+    }
+)
+# What erased free text, and erased arguments, are replaced by.
+ERASED_TEXT = "[erased]"
+ERASED_ARGS = {ERASED_TEXT: True}
+ERASURE_ACTION = "attempt.erased"
+
+
+def split_details(details: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(public, private) parts of an event's details (format 3)."""
+    if not isinstance(details, dict):
+        raise TypeError("an event's details must be a JSON object")
+    public = {k: v for k, v in details.items() if k in PUBLIC_DETAILS}
+    private = {k: v for k, v in details.items() if k not in PUBLIC_DETAILS}
+    return public, private
+
+
+def salted_digest(salt: str, value: Any, *, dumps: Callable[[Any], bytes] = rfc8785.dumps) -> str:
+    """HMAC-SHA256 keyed by the attempt's salt (hex) over the RFC 8785 JSON of ``value``."""
+    return hmac.new(bytes.fromhex(salt), dumps(value), hashlib.sha256).hexdigest()
+
+
+def text_digest(
+    salt: str, reason: str, details: Any, *, dumps: Callable[[Any], bytes] = rfc8785.dumps
+) -> str:
+    """The digest a format-3 event's hash covers in place of its free text: the reason and the
+    private details, salted."""
+    _, private = split_details(details)
+    return salted_digest(salt, {"reason": reason, "details": private}, dumps=dumps)
+
+
+def args_commitment(salt: str, args: Any, *, dumps: Callable[[Any], bytes] = rfc8785.dumps) -> str:
+    """The salted digest of the normalized arguments a format-3 creation event records."""
+    return salted_digest(salt, {"args": args}, dumps=dumps)
+
+
+def salted_payload(payload: dict[str, Any], text: str) -> dict[str, Any]:
+    """What a format-3 event's hash covers, from the fields of ``event_payload``: no free text,
+    only its salted digest ``text`` and the public details."""
+    public, _ = split_details(payload["details"])
+    covered = {name: value for name, value in payload.items() if name != "reason"}
+    covered["details"], covered["text"] = public, text
+    return covered
+
+
+def is_erased_event(row: dict[str, Any]) -> bool:
+    """Whether a format-3 event's free text was erased (only the marker and public details)."""
+    details = row.get("details")
+    return (
+        row.get("reason") == ERASED_TEXT
+        and isinstance(details, dict)
+        and not split_details(details)[1]
+    )
+
+
+def text_problem(row: dict[str, Any], salt: str | None) -> str | None:
+    """Why a format-3 event's stored free text is not what its ``text`` digest commits to, or
+    None. An erased event has nothing left to check; without the salt (an export that does not
+    carry it) the text cannot be checked and is not reported."""
+    if int(row.get("v", CHAIN_FORMAT)) < SALTED_FORMAT or is_erased_event(row) or not salt:
+        return None
+    try:
+        if text_digest(salt, row["reason"], row["details"]) == row["text_digest"]:
+            return None
+    except (TypeError, ValueError, rfc8785.CanonicalizationError) as exc:
+        return f"its free text cannot be hashed: {exc}"
+    return "its reason or details are not the text its hash committed to: they were edited"
 
 
 CONFIG_FIELDS = ("seq", "subject", "action", "actor_kind", "actor", "before", "after", "reason")
@@ -1013,6 +1124,8 @@ class ExportChecker:
                     line,
                 )
             )
+        else:
+            self.salted_text(row, line)
         legacy = int(row.get("v", CHAIN_FORMAT)) == LEGACY_FORMAT
         if legacy and self.whole_ledger:
             expected = self.legacy_last if self.legacy_last is not None else GENESIS
@@ -1083,6 +1196,13 @@ class ExportChecker:
             self.first_event = row
         self.last_event = row
         self.count += 1
+
+    def salted_text(self, row: dict[str, Any], line: int | None) -> None:
+        """Format 3: the event's free text is what its salted digest committed to (when the
+        export carries the attempt's salt; erased text has nothing left to check)."""
+        problem = text_problem(row, row.get("salt"))
+        if problem:
+            self.problem(Problem("content", problem, int(row["id"]), row["attempt_id"], line))
 
     def finish(self) -> None:
         for attempt_id, seal in self.seals.items():
@@ -1418,7 +1538,7 @@ def verify_csv(
     csv.field_size_limit(1 << 30)  # details and reasons may be long; the default is 128 KiB
     with path.open(newline="", encoding="utf-8") as handle:
         reader = csv.DictReader(handle)
-        if tuple(reader.fieldnames or ()) != CSV_COLUMNS:
+        if tuple(reader.fieldnames or ()) not in (CSV_COLUMNS, CSV_COLUMNS_V2):
             checker.problem(
                 Problem("format", "the header row is not a ledgerweb audit export", line=1)
             )
@@ -1498,8 +1618,15 @@ def archived_attempt_problems(record: dict[str, Any]) -> list[str]:
         attempt_id = str(attempt["attempt_id"])
         found: list[str] = []
         prev = GENESIS
+        salt = attempt.get("args_salt") or None
         for number, event in enumerate(events, start=1):
-            recomputed = event_hash({**event, "attempt_id": attempt_id})
+            row = {**event, "attempt_id": attempt_id}
+            if int(event.get("v", CHAIN_FORMAT)) >= SALTED_FORMAT:
+                row.setdefault("text_digest", "")
+                problem = text_problem(row, salt)
+                if problem:
+                    found.append(f"event {number}: {problem}")
+            recomputed = event_hash(row)
             if recomputed != event["hash"]:
                 found.append(f"event {number}'s fields do not match its hash: it was edited")
             if int(event.get("v", CHAIN_FORMAT)) != LEGACY_FORMAT and event["prev_hash"] != prev:
@@ -1510,7 +1637,10 @@ def archived_attempt_problems(record: dict[str, Any]) -> list[str]:
             found.append("the attempt's chain head and length are not its events'")
         if events and attempt["state"] != events[-1]["to_state"]:
             found.append("the attempt's state is not its last event's to_state")
-        if args_hash_of(attempt["args"]) != attempt["args_hash"]:
+        erased = attempt["args"] == ERASED_ARGS and any(
+            event.get("action") == ERASURE_ACTION for event in events
+        )
+        if not erased and args_hash_of(attempt["args"]) != attempt["args_hash"]:
             found.append("the arguments do not hash to the attempt's args_hash")
         leaf = receipt["leaf"]
         if (str(leaf["attempt_id"]), int(leaf["length"]), str(leaf["head"])) != (

@@ -143,16 +143,16 @@ def run_ledger(prefix: str, start_at: float, seconds: float) -> int:
 
 RAW_ATTEMPT = """
 INSERT INTO attempts_attempt (attempt_id, tenant_id, task_id, tool_name, args, args_hash,
-  idempotency_key, state, version, provider_request_id, result_ref, policy_version,
+  args_salt, idempotency_key, state, version, provider_request_id, result_ref, policy_version,
   credential_scope, review_reason, awaiting_approval, send_count, lookup_count, next_check_at,
   lease_owner, chain_head, chain_length, sealed, created_at, updated_at)
-VALUES (%s, 'acme', %s, 'update_crm', %s, %s, %s, 'INTENT_RECORDED', 1, '', '', 'v1', %s, '',
+VALUES (%s, 'acme', %s, 'update_crm', %s, %s, %s, %s, 'INTENT_RECORDED', 1, '', '', 'v1', %s, '',
   false, 0, 0, %s, '', %s, 1, false, %s, %s) RETURNING id
 """
 RAW_EVENT = """
 INSERT INTO attempts_attemptevent (attempt_id, action, actor_kind, actor, from_state, to_state,
-  reason, details, created_at, prev_hash, hash, chain_format)
-VALUES (%s, %s, 'agent', 'bench', %s, %s, '', %s, %s, %s, %s, 2)
+  reason, details, created_at, prev_hash, hash, chain_format, text_digest)
+VALUES (%s, %s, 'agent', 'bench', %s, %s, '', %s, %s, %s, %s, 3, %s)
 """
 RAW_MOVE = """
 UPDATE attempts_attempt SET state = %s, version = version + 1, chain_head = %s,
@@ -163,8 +163,8 @@ WHERE id = %s AND state = %s AND version = %s
 
 # raw1: each commit one statement, the event written from the attempt's CTE.
 _RAW1_EVENT = """INSERT INTO attempts_attemptevent (attempt_id, action, actor_kind, actor, from_state,
-  to_state, reason, details, created_at, prev_hash, hash, chain_format)
-SELECT {cte}.id, %s, 'agent', 'bench', %s, %s, '', %s, %s, %s, %s, 2 FROM {cte}"""
+  to_state, reason, details, created_at, prev_hash, hash, chain_format, text_digest)
+SELECT {cte}.id, %s, 'agent', 'bench', %s, %s, '', %s, %s, %s, %s, 3, %s FROM {cte}"""
 RAW1_INTENT = (
     f"WITH new AS ({RAW_ATTEMPT}) " + _RAW1_EVENT.format(cte="new") + " RETURNING attempt_id"
 )
@@ -182,13 +182,15 @@ def run_raw(prefix: str, start_at: float, seconds: float, *, one_statement: bool
     import rfc8785
     from psycopg.types.json import Jsonb
 
-    from attempts.verify_export import GENESIS, event_hash
+    from attempts.verify_export import GENESIS, args_commitment, event_hash, text_digest
 
     conn = psycopg.connect(os.environ["DATABASE_URL"], autocommit=one_statement)
+    salts: dict[str, str] = {}
 
     def event_row(attempt_id: str, prev: str, frm: str, to: str, details: dict, now) -> dict:
+        # Chain format 3, as the ledger writes: free text by its salted digest.
         return {
-            "v": 2,
+            "v": 3,
             "attempt_id": attempt_id,
             "action": f"attempt.{to.lower()}" if frm else "attempt.created",
             "actor_kind": "agent",
@@ -199,18 +201,23 @@ def run_raw(prefix: str, start_at: float, seconds: float, *, one_statement: bool
             "details": details,
             "created_at": now,
             "prev_hash": prev,
+            "text_digest": text_digest(salts[attempt_id], "", details),
         }
 
     def event(pk: int, attempt_id: str, prev: str, frm: str, to: str, details: dict, now):
         row = event_row(attempt_id, prev, frm, to, details, now)
         digest = event_hash(row)
-        conn.execute(RAW_EVENT, (pk, row["action"], frm, to, Jsonb(details), now, prev, digest))
+        conn.execute(
+            RAW_EVENT,
+            (pk, row["action"], frm, to, Jsonb(details), now, prev, digest, row["text_digest"]),
+        )
         return digest
 
     def call(i: int) -> None:
         args = {"customer": i, "note": "benchmark"}
         args_hash = hashlib.sha256(rfc8785.dumps(args)).hexdigest()
         attempt_id = "att_" + uuid.uuid4().hex[:26].upper()
+        salts[attempt_id] = salt = uuid.uuid4().hex + uuid.uuid4().hex
         key = f"{prefix}:{i}"
         now = dt.datetime.now(dt.UTC)
         # What the ledger records with an intent.
@@ -223,25 +230,17 @@ def run_raw(prefix: str, start_at: float, seconds: float, *, one_statement: bool
             "policy_version": "v1",
             "credential_scope": ["crm"],
             "parent_attempt_id": None,
+            "args_digest": args_commitment(salt, args),
         }
-        first = {
-            "v": 2,
-            "attempt_id": attempt_id,
-            "action": "attempt.created",
-            "actor_kind": "agent",
-            "actor": "bench",
-            "from_state": "",
-            "to_state": "INTENT_RECORDED",
-            "reason": "",
-            "details": details,
-            "created_at": now,
-            "prev_hash": GENESIS,
-        }
+        first = event_row(attempt_id, GENESIS, "", "INTENT_RECORDED", details, now)
         head = event_hash(first)
         later = now + dt.timedelta(seconds=120)
-        attempt_values = (attempt_id, f"task-{i}", Jsonb(args), args_hash, key, Jsonb(["crm"]))
+        attempt_values = (
+            attempt_id, f"task-{i}", Jsonb(args), args_hash, salt, key, Jsonb(["crm"])
+        )  # fmt: skip
         attempt_values += (later, head, now, now)
         created = ("attempt.created", "", "INTENT_RECORDED", Jsonb(details), now, GENESIS, head)
+        created += (first["text_digest"],)
         if one_statement:
             pk = conn.execute(RAW1_INTENT, attempt_values + created).fetchone()[0]
         else:
@@ -262,7 +261,7 @@ def run_raw(prefix: str, start_at: float, seconds: float, *, one_statement: bool
                 changed = conn.execute(
                     RAW1_MOVE,
                     (*moved, pk, frm, version, row["action"], frm, to, Jsonb(extra), now, head)
-                    + (digest,),
+                    + (digest, row["text_digest"]),
                 ).rowcount
             else:
                 with conn.transaction():

@@ -32,6 +32,7 @@ import datetime as dt
 import json
 import os
 import random
+import secrets
 import statistics
 import sys
 import time
@@ -173,7 +174,13 @@ from attempts.models import (  # noqa: E402
     Tenant,
     Tool,
 )
-from attempts.verify_export import GENESIS, event_hash  # noqa: E402
+from attempts.verify_export import (  # noqa: E402
+    GENESIS,
+    SALTED_FORMAT,
+    args_commitment,
+    event_hash,
+    text_digest,
+)
 
 ATTEMPT_TABLE = Attempt._meta.db_table
 EVENT_TABLE = AttemptEvent._meta.db_table
@@ -310,6 +317,7 @@ def _row_hash(attempt_id: str, event: dict[str, Any], prev: str, when: dt.dateti
             "details": event["details"],
             "created_at": when,
             "prev_hash": prev,
+            "text_digest": event.get("text_digest", ""),
         },
         dumps=jcs.dumps,
     )
@@ -359,6 +367,8 @@ class Template:
         row = dict(self.attempt)
         row.update({k: v for k, v in own.items() if k in row})
         row.update(id=attempt_pk, attempt_id=attempt_id, args=args.value)
+        # Chain format 3: each copy has its own salt, and its digests are its own.
+        salt = row["args_salt"] = secrets.token_hex(32) if row.get("args_salt") else ""
         for name in ("created_at", "updated_at", "next_check_at", "lease_until"):
             if row[name] is not None:
                 row[name] = created + row[name]
@@ -370,6 +380,10 @@ class Template:
             for key in list(details):
                 if key in own and key != "tenant_id":
                     details[key] = own[key]
+            if "args_digest" in details:
+                details["args_digest"] = args_commitment(salt, args.value, dumps=jcs.dumps)
+            if event["chain_format"] >= SALTED_FORMAT:
+                event["text_digest"] = text_digest(salt, event["reason"], details, dumps=jcs.dumps)
             when = created + template["created_at"]
             event.update(
                 id=first_event_pk + i, attempt_id=attempt_pk, details=details, created_at=when

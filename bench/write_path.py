@@ -19,6 +19,7 @@ import argparse
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import sqlite3
 import statistics
@@ -81,7 +82,14 @@ def raw_calls(db_path: Path, n: int, prefix: str) -> float:
 
     from attempts import jcs
     from attempts.models import new_attempt_id
-    from attempts.verify_export import GENESIS, chain_time, event_hash
+    from attempts.verify_export import (
+        GENESIS,
+        SALTED_FORMAT,
+        args_commitment,
+        chain_time,
+        event_hash,
+        text_digest,
+    )
 
     stale_after = dt.timedelta(seconds=settings.LEDGER["STALE_AFTER"])
 
@@ -93,32 +101,41 @@ def raw_calls(db_path: Path, n: int, prefix: str) -> float:
     conn.execute("PRAGMA synchronous=FULL")
     conn.execute("PRAGMA foreign_keys=ON")
     heads: dict[str, str] = {}
+    salts: dict[str, str] = {}
 
-    def link(attempt_id, action, frm, to, details, now) -> tuple[str, str]:
+    def link(attempt_id, action, frm, to, details, now) -> tuple[str, str, str]:
         prev = heads.get(attempt_id, GENESIS)
-        return prev, event_hash(
-            {
-                "v": 2,
-                "attempt_id": attempt_id,
-                "action": action,
-                "actor_kind": "agent",
-                "actor": "bench",
-                "from_state": frm,
-                "to_state": to,
-                "reason": "",
-                "details": details,
-                "created_at": now,
-                "prev_hash": prev,
-            }
+        # Chain format 3, as the ledger writes: free text by its salted digest.
+        text = text_digest(salts[attempt_id], "", details, dumps=jcs.dumps)
+        return (
+            prev,
+            text,
+            event_hash(
+                {
+                    "v": SALTED_FORMAT,
+                    "attempt_id": attempt_id,
+                    "action": action,
+                    "actor_kind": "agent",
+                    "actor": "bench",
+                    "from_state": frm,
+                    "to_state": to,
+                    "reason": "",
+                    "details": details,
+                    "created_at": now,
+                    "prev_hash": prev,
+                    "text_digest": text,
+                },
+                dumps=jcs.dumps,
+            ),
         )
 
     def event(pk, attempt_id, action, frm, to, details, now, linked=None) -> str:
-        prev, digest = linked or link(attempt_id, action, frm, to, details, now)
+        prev, text, digest = linked or link(attempt_id, action, frm, to, details, now)
         conn.execute(
             "INSERT INTO attempts_attemptevent (attempt_id, action, actor_kind, actor, from_state,"
-            " to_state, reason, details, created_at, prev_hash, hash, chain_format)"
-            " VALUES (?, ?, 'agent', 'bench', ?, ?, '', ?, ?, ?, ?, 2)",
-            (pk, action, frm, to, json.dumps(details), now, prev, digest),
+            " to_state, reason, details, created_at, prev_hash, hash, chain_format, text_digest)"
+            " VALUES (?, ?, 'agent', 'bench', ?, ?, '', ?, ?, ?, ?, ?, ?)",
+            (pk, action, frm, to, json.dumps(details), now, prev, digest, SALTED_FORMAT, text),
         )
         heads[attempt_id] = digest
         return digest
@@ -146,6 +163,7 @@ def raw_calls(db_path: Path, n: int, prefix: str) -> float:
         canonical = jcs.dumps(args)  # the ledger's own canonical encoder
         args_hash = hashlib.sha256(canonical).hexdigest()
         attempt_id = new_attempt_id()
+        salts[attempt_id] = salt = secrets.token_hex(32)
         created = dt.datetime.now(dt.UTC)
         now = chain_time(created)
         # What the ledger records with an intent, due for recovery after the stale interval.
@@ -158,26 +176,28 @@ def raw_calls(db_path: Path, n: int, prefix: str) -> float:
             "policy_version": "v1",
             "credential_scope": ["crm"],
             "parent_attempt_id": None,
+            "args_digest": args_commitment(salt, args, dumps=jcs.dumps),
         }
         first = ("attempt.created", "", "INTENT_RECORDED", details, now)
         linked = link(attempt_id, *first)
         conn.execute("BEGIN IMMEDIATE")
         cur = conn.execute(
             "INSERT INTO attempts_attempt (attempt_id, tenant_id, task_id, tool_name, args,"
-            " args_hash, idempotency_key, state, version, provider_request_id, result_ref,"
+            " args_hash, args_salt, idempotency_key, state, version, provider_request_id, result_ref,"
             " policy_version, credential_scope, review_reason, awaiting_approval, send_count,"
             " lookup_count, next_check_at, lease_owner, chain_head, chain_length, sealed,"
             " created_at, updated_at)"
-            " VALUES (?, 'acme', ?, 'update_crm', ?, ?, ?, 'INTENT_RECORDED', 1, '', '', 'v1',"
+            " VALUES (?, 'acme', ?, 'update_crm', ?, ?, ?, ?, 'INTENT_RECORDED', 1, '', '', 'v1',"
             " '[\"crm\"]', '', 0, 0, 0, ?, '', ?, 1, 0, ?, ?)",
             (
                 attempt_id,
                 f"task-{i}",
                 canonical.decode(),
                 args_hash,
+                salt,
                 f"{prefix}-{i}",
                 due(created),
-                linked[1],
+                linked[2],
                 now,
                 now,
             ),

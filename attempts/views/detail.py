@@ -32,6 +32,7 @@ from attempts.models import (
     Tool,
 )
 from attempts.views._common import get_attempt_for_user, has_role, redact, user_tenants
+from attempts.views.erasure import erasure_context
 
 MAX_EVENTS = 500
 MAX_LINEAGE = 25
@@ -396,4 +397,6 @@ def attempt_detail(request: HttpRequest, attempt_id: str) -> HttpResponse:
         context = live_context(request, attempt)
         context["oob"] = True
         return render(request, "attempts/detail.html#live", context)
-    return render(request, "attempts/detail.html", detail_context(request, attempt))
+    context = detail_context(request, attempt)
+    context.update(erasure_context(request.user, attempt))
+    return render(request, "attempts/detail.html", context)

@@ -155,10 +155,13 @@ def _lineage(root: Attempt, scoped) -> list[Attempt]:
     return found
 
 
-def _event_rows(events: list[AttemptEvent], attempt_ids: dict[int, str]) -> list[dict[str, Any]]:
+def _event_rows(
+    events: list[AttemptEvent], attempt_ids: dict[int, str], salts: dict[int, str]
+) -> list[dict[str, Any]]:
     """Events (in id order) with their chain check: the hash recomputes, and the event before it
     in the attempt's chain (for history written before per-attempt chains, in the whole ledger)
-    has the hash this one names."""
+    has the hash this one names; a format-3 event's free text is what its salted digest
+    committed to (``salts``: each attempt's, by pk)."""
     last_of: dict[int, str] = {}
     name_owners(events)  # people by name, as the attempt page shows them
     rows = []
@@ -177,6 +180,7 @@ def _event_rows(events: list[AttemptEvent], attempt_ids: dict[int, str]) -> list
             "prev_hash": event.prev_hash,
             "hash": event.hash,
             "v": event.chain_format,
+            "text_digest": event.text_digest,
         }
         if event.chain_format == verify_export.LEGACY_FORMAT:
             expected_prev = (
@@ -192,7 +196,8 @@ def _event_rows(events: list[AttemptEvent], attempt_ids: dict[int, str]) -> list
             {
                 "event": event,
                 "attempt_id": row["attempt_id"],
-                "hash_ok": verify_export.event_hash(row) == event.hash,
+                "hash_ok": verify_export.event_hash(row) == event.hash
+                and not verify_export.text_problem(row, salts.get(event.attempt_id)),
                 "link_ok": expected_prev == event.prev_hash,
                 "details_json": json.dumps(
                     event.shown_details, indent=1, sort_keys=True, ensure_ascii=False
@@ -247,7 +252,7 @@ def attempt_report(request: HttpRequest, attempt_id: str) -> HttpResponse:
     lineage = _lineage(root, scoped.select_related("owner"))
     attempt_ids = {a.pk: a.attempt_id for a in lineage}
     events = list(AttemptEvent.objects.filter(attempt_id__in=list(attempt_ids)).order_by("id"))
-    rows = _event_rows(events, attempt_ids)
+    rows = _event_rows(events, attempt_ids, {a.pk: a.args_salt for a in lineage})
     sections = []
     for item in lineage:
         sections.append(

@@ -132,6 +132,7 @@ def records(
                 "v": event.chain_format,
                 "prev_hash": event.prev_hash,
                 "hash": event.hash,
+                "text_digest": event.text_digest,
             }
         )
     approvals: dict[int, list[dict[str, Any]]] = {pk: [] for pk in pks}
@@ -184,6 +185,7 @@ def _line(
             "tool_name": attempt.tool_name,
             "args": attempt.args,
             "args_hash": attempt.args_hash,
+            "args_salt": attempt.args_salt,
             "idempotency_key": attempt.idempotency_key,
             "state": attempt.state,
             "version": attempt.version,

@@ -169,6 +169,7 @@ def load(
                 tool_name=a["tool_name"],
                 args=a["args"],
                 args_hash=a["args_hash"],
+                args_salt=a.get("args_salt", ""),
                 idempotency_key=a["idempotency_key"],
                 state=a["state"],
                 version=a["version"],
@@ -202,6 +203,7 @@ def load(
                     prev_hash=e["prev_hash"],
                     hash=e["hash"],
                     chain_format=e["v"],
+                    text_digest=e.get("text_digest", ""),
                 )
                 for e in record["events"]
             )

@@ -80,6 +80,8 @@ def event_row(event_id: int) -> dict:
         "prev_hash": event.prev_hash,
         "hash": event.hash,
         "v": event.chain_format,
+        "text_digest": event.text_digest,
+        "salt": event.attempt.args_salt,
         "attempt_pk": event.attempt_id,
     }
 
@@ -112,6 +114,7 @@ def rewrite_history(attempt: Attempt, *, details: dict) -> None:
         checkpoint_hash,
         event_hash,
         leaf_hash,
+        text_digest,
     )
 
     drop_triggers()
@@ -123,11 +126,14 @@ def rewrite_history(attempt: Attempt, *, details: dict) -> None:
         if number == 0:
             row["details"] = details
         row["prev_hash"] = prev
+        if row["salt"]:  # format 3: the salt is in the database, so they recompute this too
+            row["text_digest"] = text_digest(row["salt"], row["reason"], row["details"])
         prev = event_hash(row)
         hashes.append(prev)
         sql(
-            "UPDATE attempts_attemptevent SET details = %s, prev_hash = %s, hash = %s WHERE id = %s",
-            [json.dumps(row["details"]), row["prev_hash"], prev, event_id],
+            "UPDATE attempts_attemptevent SET details = %s, prev_hash = %s, hash = %s, "
+            "text_digest = %s WHERE id = %s",
+            [json.dumps(row["details"]), row["prev_hash"], prev, row["text_digest"], event_id],
         )
     sql("UPDATE attempts_attempt SET chain_head = %s WHERE id = %s", [prev, attempt.pk])
     for leaf_id, length in CheckpointLeaf.objects.filter(attempt_id=attempt.attempt_id).values_list(

@@ -85,7 +85,7 @@ def test_every_event_links_to_its_attempts_previous_event(history):
         prev = verify_export.GENESIS
         for event_id in ids_of(attempt):
             row = event_row(event_id)
-            assert row["prev_hash"] == prev and row["v"] == verify_export.CHAIN_FORMAT
+            assert row["prev_hash"] == prev and row["v"] == verify_export.SALTED_FORMAT
             assert verify_export.event_hash(row) == row["hash"]
             prev = row["hash"]
         attempt.refresh_from_db()

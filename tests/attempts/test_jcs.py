@@ -154,7 +154,9 @@ def test_the_verifiers_event_digest_is_the_references(payload):
     p = payload
     event = (1, 1, p["action"], p["actor_kind"], p["actor"], p["from_state"], p["to_state"])
     event += (p["reason"], None, "2026-01-01T00:00:00.000000Z", p["prev_hash"], "", p["v"])
-    expected = {**payload, "created_at": event[9]}
+    event += ("",)  # text_digest (format 3)
+    expected = {**payload, "v": 2, "created_at": event[9]}
+    event = (*event[:12], 2, event[13])
 
     def reference(value):
         return hashlib.sha256(rfc8785.dumps(value)).hexdigest()
@@ -182,3 +184,37 @@ def test_the_verifiers_plain_from_text_agrees_with_jcs_plain(value, ascii_only, 
         assert json.dumps(parsed) == json.dumps(json.loads(text))
     if plain:
         assert jcs.plain(parsed)
+
+
+@settings(max_examples=300, deadline=None)
+@given(values, interesting_text, interesting_text, interesting_text)
+def test_the_verifiers_format_3_digest_is_the_references(details, reason, actor, text):
+    # Format 3 covers the public details and the salted text digest, not the reason.
+    import hashlib
+
+    from attempts.audit_verify import _event_digest
+    from attempts.verify_export import salted_payload
+
+    event = (1, 1, "attempt.updated", "agent", actor, "DISPATCHED", "DISPATCHED", reason, None)
+    event += ("2026-01-01T00:00:00.000000Z", "0" * 64, "", 3, text)
+    payload = {
+        "v": 3,
+        "attempt_id": "att_1",
+        "action": event[2],
+        "actor_kind": event[3],
+        "actor": actor,
+        "from_state": event[5],
+        "to_state": event[6],
+        "reason": reason,
+        "details": {"provider_request_id": "req_1", "note": details},
+        "created_at": event[9],
+        "prev_hash": event[10],
+    }
+
+    def reference(_):
+        return hashlib.sha256(rfc8785.dumps(salted_payload(payload, text))).hexdigest()
+
+    public = {"provider_request_id": "req_1"}
+    for plain in (None, True):
+        fast = outcome(lambda _: _event_digest("att_1", event, public, plain, text=text), 0)  # noqa: B023
+        assert fast == outcome(reference, 0)
