@@ -98,6 +98,20 @@ def _iso(value) -> str | None:
     return value.isoformat().replace("+00:00", "Z") if value is not None else None
 
 
+def _linked_attempt_id(attempt: Attempt) -> str | None:
+    """The attempt that continues this one (a RECONCILED attempt's work goes on in its linked
+    attempt: a linked retry, an authority change, an edit-and-approve); only a RECONCILED
+    attempt has one, so no other answer costs a query."""
+    if attempt.state != State.RECONCILED:
+        return None
+    return (
+        Attempt.objects.filter(parent_id=attempt.pk)
+        .order_by("id")
+        .values_list("attempt_id", flat=True)
+        .first()
+    )
+
+
 def attempt_json(attempt: Attempt) -> dict[str, Any]:
     """The attempt as the API shows it (section 9's fields, plus args and version)."""
     return {
@@ -115,6 +129,7 @@ def attempt_json(attempt: Attempt) -> dict[str, Any]:
         "policy_version": attempt.policy_version,
         "credential_scope": list(attempt.credential_scope),
         "parent_attempt_id": attempt.parent.attempt_id if attempt.parent_id else None,
+        "linked_attempt_id": _linked_attempt_id(attempt),
         "owner": attempt.owner.get_username() if attempt.owner_id else None,
         "review_reason": attempt.review_reason or None,
         "approval_policy": attempt.approval_policy_id,

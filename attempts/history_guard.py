@@ -1,6 +1,6 @@
 """Database triggers that make history append-only: UPDATE, DELETE (and TRUNCATE on PostgreSQL)
-of attempt events, configuration changes, checkpoints and their leaves are refused by the
-database itself, whoever asks.
+of attempt events, approvals, configuration changes, checkpoints and their leaves are refused by
+the database itself, whoever asks.
 
 Installed by migration 0002 and re-installed after every ``migrate`` or ``flush`` (post_migrate),
 so a database can never be left without them by the tools we ship.
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 TABLES = (
     "attempts_attemptevent",
+    # An approval is never changed: a void one stays, and a new one is a new row.
+    "attempts_approval",
     "attempts_configevent",
     "attempts_checkpoint",
     "attempts_checkpointleaf",
