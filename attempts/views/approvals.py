@@ -23,7 +23,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from attempts import review, states
 from attempts.ledger import InvalidIntent, LedgerError, StateConflict
-from attempts.models import Approval, ApprovalPolicy, Attempt, State
+from attempts.models import ATTEMPT_ID, Approval, ApprovalPolicy, Attempt, State
 from attempts.templatetags.ledger_ui import duration
 from attempts.views._common import (
     REDACTED,
@@ -250,7 +250,13 @@ def bulk(request: HttpRequest) -> HttpResponse:
     except LedgerError as exc:
         return refusal(request, exc, redirect_to=_back(request))
     request.session[BULK_RESULTS] = [
-        {"attempt_id": r.attempt_id, "outcome": r.outcome, "message": r.message} for r in results
+        {
+            "attempt_id": r.attempt_id,
+            "outcome": r.outcome,
+            "message": r.message,
+            "link": bool(ATTEMPT_ID.fullmatch(r.attempt_id)) and r.message != "not found",
+        }
+        for r in results
     ]
     done_count = sum(r.outcome != "refused" for r in results)
     verb = "Approved" if decision == "approve" else "Rejected"
