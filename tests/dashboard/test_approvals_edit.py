@@ -355,3 +355,10 @@ def test_only_held_attempts_can_be_edited(world, held):
     assert answer.status_code == 302
     assert snapshot() == before
     assert "not held" in str(list(answer.wsgi_request._messages))
+
+
+def test_the_detail_page_offers_edit_and_approve_to_approvers_only(world, held):
+    page = login(world, "reviewer").get(f"/attempts/{held.attempt_id}/").content.decode()
+    assert f'href="/approvals/{held.attempt_id}/edit/"' in page
+    page = login(world, "operator").get(f"/attempts/{held.attempt_id}/").content.decode()
+    assert 'data-testid="held-actions"' not in page
