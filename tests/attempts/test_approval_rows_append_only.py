@@ -10,21 +10,15 @@ import pytest
 from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.utils import timezone
 
-from attempts import history_guard, ledger, review
+from attempts import history_guard, review
 from attempts.models import Approval, ApprovalPolicy
+from tests.dashboard.approvals_helpers import held_intent
 
 
 @pytest.fixture
 def approval(world):
     ApprovalPolicy.objects.create(name="crm", tool_id="update_crm", approvals_needed=1)
-    attempt, _ = ledger.record_intent(
-        tenant="acme",
-        task_id="t",
-        tool_name="update_crm",
-        idempotency_key="crm:1",
-        args={"id": 1},
-        actor=world.agent,
-    )
+    attempt = held_intent(world, "crm:1", {"id": 1}, tool="update_crm")
     review.approve_held(attempt, user=world.reviewer, comment="fine")
     return Approval.objects.get()
 

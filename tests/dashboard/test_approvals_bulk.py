@@ -5,51 +5,23 @@ item; one refusal leaves the others decided and no item half-applied."""
 
 from __future__ import annotations
 
-import datetime as dt
-
 import pytest
 from django.test import Client
 
-from attempts import ledger, review
+from attempts import review
 from attempts.models import Approval, ApprovalPolicy, Attempt, AttemptEvent, State
+from tests.dashboard.approvals_helpers import held_intent, hold_big_charges, login
 
 
 @pytest.fixture
 def held(world):
-    ApprovalPolicy.objects.create(
-        name="big-charges",
-        tool_id="charge_card",
-        condition="args.amount_cents > 100000",
-        approvals_needed=2,
-        max_wait=dt.timedelta(hours=10),
-    )
+    hold_big_charges()
     ApprovalPolicy.objects.create(name="crm", tool_id="update_crm", approvals_needed=1)
-    made = []
-    for n, tenant in ((1, "acme"), (2, "acme"), (3, "globex")):
-        attempt, _ = ledger.record_intent(
-            tenant=tenant,
-            task_id=f"t{n}",
-            tool_name="charge_card",
-            idempotency_key=f"charge:{tenant}:{n}",
-            args={"amount_cents": 200000 + n},
-            actor=world.agent,
-        )
-        made.append(attempt)
-    crm, _ = ledger.record_intent(
-        tenant="acme",
-        task_id="t4",
-        tool_name="update_crm",
-        idempotency_key="crm:acme:4",
-        args={"id": 4},
-        actor=world.agent,
-    )
-    return [*made, crm]
-
-
-def login(world, name):
-    client = Client()
-    client.force_login(getattr(world, name))
-    return client
+    charges = [
+        held_intent(world, f"charge:{tenant}:{n}", {"amount_cents": 200000 + n}, tenant=tenant)
+        for n, tenant in ((1, "acme"), (2, "acme"), (3, "globex"))
+    ]
+    return [*charges, held_intent(world, "crm:acme:4", {"id": 4}, tool="update_crm")]
 
 
 def pick(attempt, *, version=None, policy_version=None, args_hash=None):

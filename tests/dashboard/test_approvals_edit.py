@@ -6,7 +6,6 @@ answer that changes nothing, never a 500."""
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 
 import pytest
@@ -23,35 +22,15 @@ from attempts.models import (
     Grant,
     State,
 )
+from tests.dashboard.approvals_helpers import held_intent, hold_big_charges, login
 
 ORIGINAL = {"amount_cents": 250000, "currency": "EUR", "card_number": "4242424242424242"}
 
 
 @pytest.fixture
 def held(world):
-    ApprovalPolicy.objects.create(
-        name="big-charges",
-        tool_id="charge_card",
-        condition="args.amount_cents > 100000",
-        approvals_needed=2,
-        max_wait=dt.timedelta(hours=10),
-    )
-    attempt, _ = ledger.record_intent(
-        tenant="acme",
-        task_id="order-7",
-        tool_name="charge_card",
-        idempotency_key="charge:acme:order-7",
-        args=ORIGINAL,
-        actor=world.agent,
-    )
-    assert attempt.state == State.AWAITING_APPROVAL
-    return attempt
-
-
-def login(world, name):
-    client = Client()
-    client.force_login(getattr(world, name))
-    return client
+    hold_big_charges()
+    return held_intent(world, "charge:acme:order-7", ORIGINAL)
 
 
 def url(attempt):
@@ -124,7 +103,11 @@ def test_confirm_links_a_corrected_attempt_approved_by_the_editor(world, held):
     assert child.state == State.AWAITING_APPROVAL  # charge_card is critical: two approvals
     assert child.args == {**ORIGINAL, "amount_cents": 90000}
     assert child.args_hash != held.args_hash
-    assert (child.tenant_id, child.tool_name, child.task_id) == ("acme", "charge_card", "order-7")
+    assert (child.tenant_id, child.tool_name, child.task_id) == (
+        "acme",
+        "charge_card",
+        held.task_id,
+    )
     assert (child.credential_scope, child.policy_version) == (
         held.credential_scope,
         held.policy_version,
@@ -171,14 +154,7 @@ def test_a_second_person_not_the_editor_releases_the_corrected_call(world, held)
 
 def test_one_approval_policy_sends_the_corrected_call_on_confirm(world):
     ApprovalPolicy.objects.create(name="crm", tool_id="update_crm", approvals_needed=1)
-    attempt, _ = ledger.record_intent(
-        tenant="acme",
-        task_id="t",
-        tool_name="update_crm",
-        idempotency_key="crm:1",
-        args={"id": 1, "name": "Acme"},
-        actor=world.agent,
-    )
+    attempt = held_intent(world, "crm:1", {"id": 1, "name": "Acme"}, tool="update_crm")
     answer = preview_and_confirm(login(world, "reviewer"), attempt, {"id": 1, "name": "ACME"})
     assert answer.status_code == 302
     child = Attempt.objects.get(parent=attempt)
