@@ -338,3 +338,16 @@ def test_the_detail_page_offers_edit_and_approve_to_approvers_only(world, held):
     assert f'href="/approvals/{held.attempt_id}/edit/"' in page
     page = login(world, "operator").get(f"/attempts/{held.attempt_id}/").content.decode()
     assert 'data-testid="held-actions"' not in page
+
+
+def test_the_other_approvers_are_told_of_the_corrected_call_and_the_editor_is_not(world, held):
+    from attempts import notify
+
+    preview_and_confirm(login(world, "reviewer"), held, corrected())
+    child = Attempt.objects.get(parent=held)
+    told = {
+        draft.recipient.get_username()
+        for event in child.events.order_by("id")
+        for draft in notify.drafts_for(event, child)
+    }
+    assert "reviewer2" in told and "reviewer" not in told
