@@ -45,6 +45,7 @@ from attempts.models import (
     SlaEscalation,
     State,
     has_role,
+    new_attempt_id,
     tenant_roles,
 )
 from attempts.states import Actor
@@ -385,22 +386,32 @@ def _continue_in_linked(
     now: dt.datetime,
     link_details: dict[str, Any] | None = None,
 ) -> Attempt:
-    """A person's decision that ``current`` continues in a linked attempt: the linked attempt
-    is created (in ``state``, with ``fields``) and ``current`` moves to RECONCILED pointing to
-    it, inside the caller's write transaction. Returns the linked attempt."""
-    child = states.create(
-        state=state, actor=Actor.user(user), reason=reason, details=details, now=now, **fields
-    )
+    """A person's decision that ``current`` continues in a linked attempt: ``current`` moves
+    to RECONCILED pointing to it and the linked attempt is created (in ``state``, with
+    ``fields``), inside the caller's write transaction. Returns the linked attempt.
+
+    The move comes first: its compare-and-set locks the original's row, so of two people
+    deciding at once the second waits, loses the compare-and-set and is told so, rather than
+    racing the first for the linked attempt's key."""
+    linked_id = new_attempt_id()
     states.move(
         current,
         State.RECONCILED,
         actor=Actor.user(user),
         action=action,
         reason=comment,
-        details={"linked_attempt_id": child.attempt_id, **(link_details or {})},
+        details={"linked_attempt_id": linked_id, **(link_details or {})},
         now=now,
     )
-    return child
+    return states.create(
+        state=state,
+        actor=Actor.user(user),
+        reason=reason,
+        details=details,
+        now=now,
+        attempt_id=linked_id,
+        **fields,
+    )
 
 
 @_refreshes_caller

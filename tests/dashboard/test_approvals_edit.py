@@ -351,3 +351,57 @@ def test_the_other_approvers_are_told_of_the_corrected_call_and_the_editor_is_no
         for draft in notify.drafts_for(event, child)
     }
     assert "reviewer2" in told and "reviewer" not in told
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_people_correcting_at_once_make_one_linked_attempt(monkeypatch):
+    """Both read the held attempt before either writes (on PostgreSQL; SQLite's one writer
+    lets the second read only after the first committed): one wins, the other is told the
+    attempt is RECONCILED now, and nothing else is written."""
+    import threading
+
+    from tests.conftest import make_world
+
+    world = make_world()
+    hold_big_charges()
+    attempt = held_intent(world, "charge:acme:race", ORIGINAL)
+    both_read = threading.Barrier(2, timeout=3)
+    real = review._edit_authority
+
+    def after_reading(current):
+        try:
+            both_read.wait()
+        except threading.BrokenBarrierError:
+            pass  # SQLite: the other is waiting for the write lock
+        return real(current)
+
+    monkeypatch.setattr(review, "_edit_authority", after_reading)
+    outcomes: dict[str, object] = {}
+
+    def correct(person, amount):
+        from django.db import connection
+
+        try:
+            outcomes[person.username] = review.edit_and_approve(
+                attempt.attempt_id, user=person, args={**ORIGINAL, "amount_cents": amount}
+            )
+        except Exception as exc:  # noqa: BLE001 (the test reports what it was)
+            outcomes[person.username] = exc
+        finally:
+            connection.close()
+
+    threads = [
+        threading.Thread(target=correct, args=(world.reviewer, 90000)),
+        threading.Thread(target=correct, args=(world.admin, 80000)),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    won = [o for o in outcomes.values() if isinstance(o, Attempt)]
+    lost = [o for o in outcomes.values() if not isinstance(o, Attempt)]
+    assert len(won) == 1 and len(lost) == 1, outcomes
+    assert isinstance(lost[0], ledger.StateConflict), repr(lost[0])
+    assert "RECONCILED" in lost[0].message
+    assert Attempt.objects.filter(parent__attempt_id=attempt.attempt_id).count() == 1
+    assert Approval.objects.count() == 1
