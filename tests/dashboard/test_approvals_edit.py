@@ -143,6 +143,9 @@ def test_a_second_person_not_the_editor_releases_the_corrected_call(world, held)
     page = login(world, "reviewer2").get("/approvals/?tab=me").content.decode()
     assert f'data-attempt="{child.attempt_id}"' in page
     assert "Corrected by <strong>reviewer</strong>" in page and "90000" in page
+    # Before the second approval the claim is refused (the worker claims the same way).
+    _, sent = ledger.claim_dispatch(child.attempt_id, actor=world.agent)
+    assert not sent
     review.approve_held(child, user=world.reviewer2)
     assert child.state == State.INTENT_RECORDED
     claimed, sent = ledger.claim_dispatch(child.attempt_id, actor=world.agent)
