@@ -273,6 +273,10 @@ def _parse_args(text: str) -> Any:
         raise InvalidIntent("the arguments are too long to be recorded", code="args_too_large")
     try:
         return json.loads(text)
+    except RecursionError:
+        raise InvalidIntent(
+            "the arguments nest too deeply to be recorded", code="invalid_args"
+        ) from None
     except ValueError as exc:
         where = f" (line {exc.lineno}, column {exc.colno})" if hasattr(exc, "lineno") else ""
         raise InvalidIntent(

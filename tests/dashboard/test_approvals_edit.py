@@ -202,8 +202,20 @@ def test_confirming_twice_makes_one_linked_attempt(world, held):
         ('{"amount_cents": 1e300}', 422, "interoperable range"),
         (json.dumps(ORIGINAL), 422, "same as the original"),
         ('{"amount_cents": 9007199254740993}', 422, "interoperable range"),
+        ('{"a": ' + "[" * 40 + "]" * 40 + "}", 422, "nest deeper than 32"),
+        ('{"a": ' + "[" * 200000 + "]" * 200000 + "}", 422, "nest too deeply"),
+        ('{"note": "' + "x" * 70000 + '"}', 422, "the limit is"),
     ],
-    ids=["invalid-json", "not-an-object", "huge-number", "unchanged", "unsafe-integer"],
+    ids=[
+        "invalid-json",
+        "not-an-object",
+        "huge-number",
+        "unchanged",
+        "unsafe-integer",
+        "too-deep",
+        "far-too-deep",
+        "too-large",
+    ],
 )
 def test_bad_arguments_are_refused_and_change_nothing(world, held, args, status, says):
     client = login(world, "reviewer")
