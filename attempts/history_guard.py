@@ -1,6 +1,6 @@
 """Database triggers that make history append-only: UPDATE, DELETE (and TRUNCATE on PostgreSQL)
-of attempt events, configuration changes, checkpoints and their leaves are refused by the
-database itself, whoever asks.
+of attempt events, approvals, configuration changes, checkpoints and their leaves are refused by
+the database itself, whoever asks.
 
 One exception, for retention (reconciliation/archive): the events of an attempt listed in
 ``attempts_archivedattempt`` (written to an archive, in the transaction that removes it) may be
@@ -16,6 +16,8 @@ from __future__ import annotations
 
 TABLES = (
     "attempts_attemptevent",
+    # An approval is never changed: a void one stays, and a new one is a new row.
+    "attempts_approval",
     "attempts_configevent",
     "attempts_checkpoint",
     "attempts_checkpointleaf",

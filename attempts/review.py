@@ -1,6 +1,7 @@
 """What people decide: assign, take, note, acknowledge an SLA breach, mark outcomes, approve or
 reject linked attempts (four eyes for critical tools), approve or reject intents an approval
-policy held before dispatch (``approve_held``, ``reject_held``).
+policy held before dispatch (``approve_held``, ``reject_held``, many at once with
+``decide_held_many``), and correct a held intent's arguments (``edit_and_approve``).
 
 Every function checks the person's role in the attempt's tenant (``attempts.models.has_role``,
 read fresh), then what the person's form saw (``Seen``): background work that changes nothing a
@@ -19,8 +20,10 @@ from django.conf import settings
 from django.utils import timezone
 
 from attempts import authority, states
+from attempts.canonical import CanonicalArgs, InvalidArguments, normalize_args
 from attempts.ledger import (
     InvalidIntent,
+    LedgerError,
     NotAllowed,
     StateConflict,
     _refreshes_caller,
@@ -42,6 +45,7 @@ from attempts.models import (
     SlaEscalation,
     State,
     has_role,
+    new_attempt_id,
     tenant_roles,
 )
 from attempts.states import Actor
@@ -59,6 +63,9 @@ class Seen:
 
     version: int
     event_id: int | None = None
+    # A held attempt's form also says which arguments and which policy version it showed.
+    args_hash: str | None = None
+    policy_version: int | None = None
 
 
 class StaleForm(StateConflict):
@@ -293,16 +300,30 @@ def _approve(current: Attempt, user: Any, kind: str, comment: str) -> tuple[bool
             attempt=current,
         )
     if len(approved_by) + 1 < needed:
-        states.move(
+        _approval_event(
             current,
-            None,
-            action=APPROVAL_ACTION,
-            actor=Actor.user(user),
-            reason=comment,
-            details={"kind": kind, "approvals": len(approved_by) + 1, "needed": needed},
+            user,
+            comment,
+            {"kind": kind, "approvals": len(approved_by) + 1, "needed": needed},
         )
         return False, needed
     return True, needed
+
+
+def _approval_event(
+    current: Attempt, user: Any, comment: str, details: dict[str, Any], now: Any = None
+) -> Attempt:
+    """The ``attempt.approval`` event of one person's approval (linked attempts and held
+    intents alike): a field-only move, so it counts towards the attempt's next move."""
+    return states.move(
+        current,
+        None,
+        action=APPROVAL_ACTION,
+        actor=Actor.user(user),
+        reason=comment,
+        details=details,
+        now=now,
+    )
 
 
 def _comment(comment: str) -> str:
@@ -339,24 +360,58 @@ def approve_linked_retry(
             return None
         preview = linked_preview(current)
         now = timezone.now()
-        child = states.create(
+        return _continue_in_linked(
+            current,
+            user,
+            action="attempt.linked_retry_approved",
+            comment=comment,
             state=State.INTENT_RECORDED,
-            actor=Actor.user(user),
             reason="linked retry approved" + (f": {comment}" if comment else ""),
             details={"approvals_needed": needed},
-            **linked_fields(current, preview),
-            next_check_at=now,
+            fields={**linked_fields(current, preview), "next_check_at": now},
             now=now,
         )
-        states.move(
-            current,
-            State.RECONCILED,
-            actor=Actor.user(user),
-            action="attempt.linked_retry_approved",
-            reason=comment,
-            details={"linked_attempt_id": child.attempt_id},
-        )
-        return child
+
+
+def _continue_in_linked(
+    current: Attempt,
+    user: Any,
+    *,
+    action: str,
+    comment: str,
+    state: str,
+    reason: str,
+    details: dict[str, Any],
+    fields: dict[str, Any],
+    now: dt.datetime,
+    link_details: dict[str, Any] | None = None,
+) -> Attempt:
+    """A person's decision that ``current`` continues in a linked attempt: ``current`` moves
+    to RECONCILED pointing to it and the linked attempt is created (in ``state``, with
+    ``fields``), inside the caller's write transaction. Returns the linked attempt.
+
+    The move comes first: its compare-and-set locks the original's row, so of two people
+    deciding at once the second waits, loses the compare-and-set and is told so, rather than
+    racing the first for the linked attempt's key."""
+    linked_id = new_attempt_id()
+    states.move(
+        current,
+        State.RECONCILED,
+        actor=Actor.user(user),
+        action=action,
+        reason=comment,
+        details={"linked_attempt_id": linked_id, **(link_details or {})},
+        now=now,
+    )
+    return states.create(
+        state=state,
+        actor=Actor.user(user),
+        reason=reason,
+        details=details,
+        now=now,
+        attempt_id=linked_id,
+        **fields,
+    )
 
 
 @_refreshes_caller
@@ -410,14 +465,114 @@ def _held(attempt: Attempt | str) -> tuple[Attempt, ApprovalPolicy]:
     return current, ApprovalPolicy.objects.get(pk=current.approval_policy_id)
 
 
+def _recorded_by(current: Attempt) -> str | None:
+    return current.events.order_by("id").values_list("actor", flat=True).first()
+
+
+def may_decide_held(user: Any, attempt: Attempt, policy: ApprovalPolicy) -> tuple[bool, str]:
+    """Whether ``user`` may approve, reject or correct this held attempt, and why not: the
+    policy's approvers only (read fresh), never whoever recorded the intent."""
+    allowed, why = policy.may_approve(user, attempt.tenant_id)
+    if not allowed:
+        return False, why
+    if _recorded_by(attempt) == user.get_username():
+        return False, "whoever recorded an intent cannot approve, reject or correct it"
+    return True, ""
+
+
 def _may_decide(user: Any, current: Attempt, policy: ApprovalPolicy) -> None:
-    """The policy's approvers only; never whoever recorded the intent."""
-    allowed, why = policy.may_approve(user, current.tenant_id)
+    allowed, why = may_decide_held(user, current, policy)
     if not allowed:
         raise NotAllowed(why)
-    recorded_by = current.events.order_by("id").values_list("actor", flat=True).first()
-    if recorded_by == user.get_username():
-        raise NotAllowed("whoever recorded an intent cannot approve or reject it")
+
+
+def _check_held_form(current: Attempt, policy: ApprovalPolicy, seen: Seen | None, user: Any):
+    """The attempt still waits for approval, and what its form showed still holds: the
+    attempt (``check_seen``), its arguments and its policy's version (a new version voids
+    approvals given under the old one, so a person must look at the policy again)."""
+    if current.state != State.AWAITING_APPROVAL:
+        raise StateConflict(
+            f"this attempt is {current.state}, not waiting for approval", attempt=current
+        )
+    check_seen(current, seen, user=user)
+    if seen is None:
+        return
+    if seen.args_hash is not None and seen.args_hash != current.args_hash:
+        raise StateConflict(
+            "the form was for other arguments than this attempt's; reload the page",
+            code="args_changed",
+            attempt=current,
+        )
+    if seen.policy_version is not None and seen.policy_version != policy.version:
+        raise StateConflict(
+            f"approval policy {policy.name} changed (version {seen.policy_version} → "
+            f"{policy.version}) since the page was rendered; look at it again, then decide",
+            code="policy_changed",
+            attempt=current,
+        )
+
+
+def _record_held_approval(
+    current: Attempt,
+    policy: ApprovalPolicy,
+    user: Any,
+    comment: str,
+    *,
+    now: dt.datetime,
+    kind: str = "held",
+) -> Attempt:
+    """One person's approval of a held attempt, inside the caller's write transaction: an
+    ``Approval`` bound to its args_hash and the policy's version, expiring after the policy's
+    ``approval_ttl``, and its event; with enough valid approvals (``Approval.verdict``) the
+    attempt moves to INTENT_RECORDED, and past ``LEDGERWEB_APPROVAL_GRACE`` seconds unclaimed
+    the reconcile worker sends it."""
+    verdict = Approval.verdict(current, now)
+    if user.get_username() in verdict.valid:
+        raise StateConflict(
+            "you already approved this; a different person must give the next approval",
+            code="needs_second_reviewer",
+            attempt=current,
+        )
+    expires = now + policy.approval_ttl
+    Approval.objects.create(
+        attempt=current,
+        approver=user,
+        args_hash=current.args_hash,
+        policy=policy,
+        policy_version=policy.version,
+        comment=comment,
+        created_at=now,
+        expires_at=expires,
+    )
+    count = len(verdict.valid) + 1
+    _approval_event(
+        current,
+        user,
+        comment,
+        {
+            "kind": kind,
+            "args_hash": current.args_hash,
+            "policy": policy.name,
+            "policy_version": policy.version,
+            "expires_at": expires.isoformat(),
+            "approvals": count,
+            "needed": verdict.needed,
+        },
+        now=now,
+    )
+    if count < verdict.needed:
+        return current
+    grace = dt.timedelta(seconds=settings.LEDGER["APPROVAL_GRACE"])
+    return states.move(
+        current,
+        State.INTENT_RECORDED,
+        actor=Actor.user(user),
+        action="attempt.approved",
+        reason=comment,
+        details={"approvals": count, "needed": verdict.needed},
+        next_check_at=now + grace,
+        now=now,
+    )
 
 
 @_refreshes_caller
@@ -428,71 +583,24 @@ def approve_held(
     comment: str = "",
     seen: Seen | None = None,
 ) -> Attempt:
-    """One approver approves an attempt waiting in AWAITING_APPROVAL: the approval is bound to
-    its args_hash and its policy's version and expires after the policy's ``approval_ttl``.
-    With enough valid approvals from distinct people (``Approval.verdict``) the attempt moves
-    to INTENT_RECORDED in the same transaction, and the agent may claim it; past
-    ``LEDGERWEB_APPROVAL_GRACE`` seconds unclaimed the reconcile worker sends it."""
+    """One approver approves an attempt waiting in AWAITING_APPROVAL (``_record_held_approval``):
+    with enough valid approvals from distinct people it moves to INTENT_RECORDED in the same
+    transaction, and the agent may claim it. Approving again what one approved already, once
+    it was released, changes nothing."""
     comment = _comment(comment)
     with write_transaction():
         current, policy = _held(attempt)
         _may_decide(user, current, policy)
         now = timezone.now()
-        verdict = Approval.verdict(current, now)
         if current.state != State.AWAITING_APPROVAL:
+            verdict = Approval.verdict(current, now)
             if current.state == State.INTENT_RECORDED and user.get_username() in verdict.valid:
                 return current  # the same approval again: nothing new
             raise StateConflict(
                 f"this attempt is {current.state}, not waiting for approval", attempt=current
             )
-        check_seen(current, seen)
-        if user.get_username() in verdict.valid:
-            raise StateConflict(
-                "you already approved this; a different person must give the next approval",
-                code="needs_second_reviewer",
-                attempt=current,
-            )
-        Approval.objects.create(
-            attempt=current,
-            approver=user,
-            args_hash=current.args_hash,
-            policy=policy,
-            policy_version=policy.version,
-            comment=comment,
-            created_at=now,
-            expires_at=now + policy.approval_ttl,
-        )
-        count = len(verdict.valid) + 1
-        states.move(
-            current,
-            None,
-            action=APPROVAL_ACTION,
-            actor=Actor.user(user),
-            reason=comment,
-            details={
-                "kind": "held",
-                "args_hash": current.args_hash,
-                "policy": policy.name,
-                "policy_version": policy.version,
-                "expires_at": (now + policy.approval_ttl).isoformat(),
-                "approvals": count,
-                "needed": verdict.needed,
-            },
-            now=now,
-        )
-        if count < verdict.needed:
-            return current
-        grace = dt.timedelta(seconds=settings.LEDGER["APPROVAL_GRACE"])
-        return states.move(
-            current,
-            State.INTENT_RECORDED,
-            actor=Actor.user(user),
-            action="attempt.approved",
-            reason=comment,
-            details={"approvals": count, "needed": verdict.needed},
-            next_check_at=now + grace,
-            now=now,
-        )
+        _check_held_form(current, policy, seen, user)
+        return _record_held_approval(current, policy, user, comment, now=now)
 
 
 @_refreshes_caller
@@ -511,11 +619,7 @@ def reject_held(
         _may_decide(user, current, policy)
         if current.state == State.FAILED and _failed_with(current, reason):
             return current
-        check_seen(current, seen)
-        if current.state != State.AWAITING_APPROVAL:
-            raise StateConflict(
-                f"this attempt is {current.state}, not waiting for approval", attempt=current
-            )
+        _check_held_form(current, policy, seen, user)
         return states.move(
             current,
             State.FAILED,
@@ -525,3 +629,246 @@ def reject_held(
             fields={"review_reason": "approval_rejected"},
             next_check_at=None,
         )
+
+
+def corrected_args(original: Attempt, args: Any) -> CanonicalArgs:
+    """The arguments a person typed to replace a held attempt's, normalized and hashed as an
+    agent's are (``canonical.normalize_args``: a JSON object, the size limit, RFC 8785).
+    Tools declare no argument schema, so that is the whole check. InvalidIntent says why not."""
+    try:
+        normalized = normalize_args(args)
+    except InvalidArguments as exc:
+        raise InvalidIntent(str(exc), code=exc.code) from None
+    if normalized.args_hash == original.args_hash:
+        raise InvalidIntent(
+            "the corrected arguments are the same as the original's: approve it instead",
+            code="args_unchanged",
+        )
+    return normalized
+
+
+def _policy_for_corrected(
+    current: Attempt, policy: ApprovalPolicy, args: dict[str, Any]
+) -> tuple[ApprovalPolicy, dict[str, Any]]:
+    """The policy the linked attempt waits under: the original's, or the one that would hold
+    the corrected arguments if it needs more approvals (a correction never gets past a
+    stricter policy), with what its condition saw."""
+    found = ApprovalPolicy.objects.holding(
+        tenant=current.tenant_id, tool_name=current.tool_name, args=args
+    )
+    if found is not None and found[0].approvals_for(current) > policy.approvals_for(current):
+        return found
+    _, decided = policy.condition_program().evaluate(
+        args, tenant=current.tenant_id, tool_name=current.tool_name
+    )
+    return policy, decided
+
+
+def _edit_authority(current: Attempt) -> dict[str, Any]:
+    """``linked_preview`` of a held attempt to be corrected: its key and today's authority,
+    which must be the original's exactly (a correction changes the arguments only)."""
+    holds, why = authority.authority_holds(current)
+    if not holds:
+        raise StateConflict(
+            f"authority changed since the intent was recorded: {why}; reject it instead",
+            code="authority_changed",
+            attempt=current,
+        )
+    preview = linked_preview(current)
+    # Never wider, and here never different: authority holds, so today's grant covers the
+    # original's scopes and policy version exactly.
+    if (preview["credential_scope"], preview["policy_version"]) != (
+        sorted(current.credential_scope),
+        current.policy_version,
+    ):
+        raise StateConflict(
+            "the linked attempt's authority would differ from the original's",
+            code="authority_changed",
+            attempt=current,
+        )
+    return preview
+
+
+def edit_preview(attempt: Attempt, *, args: Any) -> dict[str, Any]:
+    """Exactly what ``edit_and_approve`` with these arguments would record, read only: the
+    linked attempt's key, authority and normalized arguments, the policy it would wait under
+    and how many approvals that needs (the editor's is one). InvalidIntent for arguments that
+    cannot be recorded; NotGranted when no grant would allow a linked attempt."""
+    normalized = corrected_args(attempt, args)
+    preview = _edit_authority(attempt)
+    policy = ApprovalPolicy.objects.get(pk=attempt.approval_policy_id)
+    linked_policy, decided = _policy_for_corrected(attempt, policy, normalized.value)
+    return {
+        **preview,
+        "args": normalized.value,
+        "args_hash": normalized.args_hash,
+        "policy": linked_policy,
+        "condition": decided,
+        "approvals_needed": linked_policy.approvals_for(attempt),
+    }
+
+
+def _edited_child(current: Attempt, user: Any, args_hash: str) -> Attempt | None:
+    """The linked attempt this person's edit-and-approve of ``current`` with these arguments
+    already made (a repeated confirmation), if any."""
+    child = Attempt.objects.filter(parent_id=current.pk, args_hash=args_hash).first()
+    if child is not None and _recorded_by(child) == user.get_username():
+        return child
+    return None
+
+
+@_refreshes_caller
+def edit_and_approve(
+    attempt: Attempt | str,
+    *,
+    user: Any,
+    args: Any,
+    comment: str = "",
+    seen: Seen | None = None,
+    previewed_args_hash: str | None = None,
+) -> Attempt:
+    """An approver corrects a held attempt's arguments (protocol section 11). Nothing is
+    edited: in one transaction a linked attempt with the corrected arguments is recorded (same
+    tenant, task, tool, credential scope and policy version, a key derived from the original's,
+    ``parent`` the original) in AWAITING_APPROVAL, the editor's approval of it is recorded, and
+    the original becomes RECONCILED pointing to it. A policy needing more than one approval
+    still needs another person (never the editor) on the linked attempt. Returns the linked
+    attempt; confirming the same correction again returns it and writes nothing."""
+    comment = _comment(comment)
+    with write_transaction():
+        current, policy = _held(attempt)
+        _may_decide(user, current, policy)
+        normalized = corrected_args(current, args)
+        if previewed_args_hash is not None and previewed_args_hash != normalized.args_hash:
+            raise StateConflict(
+                "the arguments differ from the ones whose differences you were shown; "
+                "preview them again",
+                code="preview_changed",
+                attempt=current,
+            )
+        if current.state == State.RECONCILED:
+            child = _edited_child(current, user, normalized.args_hash)
+            if child is not None:
+                return child
+        _check_held_form(current, policy, seen, user)
+        preview = _edit_authority(current)
+        linked_policy, decided = _policy_for_corrected(current, policy, normalized.value)
+        allowed, why = linked_policy.may_approve(user, current.tenant_id)
+        if not allowed:
+            raise NotAllowed(
+                f"the corrected arguments fall under approval policy {linked_policy.name}: {why}"
+            )
+        now = timezone.now()
+        fields = linked_fields(current, preview)
+        del fields["approval_policy_id"]
+        fields.update(args=normalized.value, args_hash=normalized.args_hash)
+        child = _continue_in_linked(
+            current,
+            user,
+            action="attempt.edited_and_approved",
+            comment=comment,
+            state=State.AWAITING_APPROVAL,
+            reason=f"edit-and-approve of {current.attempt_id}"
+            + (f": {comment}" if comment else ""),
+            details={
+                "edited_from": current.attempt_id,
+                "original_args_hash": current.args_hash,
+                "approval": {
+                    "policy": linked_policy.name,
+                    "policy_version": linked_policy.version,
+                    "condition": linked_policy.condition,
+                    "approvals_needed": linked_policy.approvals_for(current),
+                    "wait_until": (now + linked_policy.max_wait).isoformat(),
+                    **decided,
+                },
+            },
+            fields={
+                **fields,
+                "approval_policy": linked_policy,
+                "next_check_at": now + linked_policy.max_wait,
+            },
+            now=now,
+            link_details={"args_hash": normalized.args_hash, "policy": linked_policy.name},
+        )
+        _record_held_approval(child, linked_policy, user, comment, now=now, kind="edit_and_approve")
+        if isinstance(attempt, Attempt):
+            attempt.__dict__.update({k: v for k, v in current.__dict__.items() if k != "_state"})
+        return child
+
+
+@dataclass(frozen=True)
+class HeldDecision:
+    """What one item of a bulk decision came to: ``outcome`` is approved (released),
+    recorded (one approval of several), rejected or refused, with a sentence saying so."""
+
+    attempt_id: str
+    outcome: str
+    message: str
+    state: str = ""
+
+
+MAX_BULK = 100
+
+
+def decide_held_many(
+    picks: list[tuple[str, Seen]],
+    *,
+    user: Any,
+    decision: str,
+    comment: str,
+) -> list[HeldDecision]:
+    """Approve (``decision`` "approve", ``comment`` optional) or reject ("reject", ``comment``
+    the reason) several held attempts, each in its own transaction and checked on its own as
+    a single decision is (role and group, four eyes, not the recorder, state, what the form
+    showed: version, arguments, policy version), so one refusal leaves the others done and no
+    item half-applied. Attempts outside the person's tenants are "not found"."""
+    if decision not in ("approve", "reject"):
+        raise InvalidIntent("decide approve or reject")
+    if not picks:
+        raise InvalidIntent("select at least one held attempt")
+    if len(picks) > MAX_BULK:
+        raise InvalidIntent(f"at most {MAX_BULK} attempts at once")
+    if decision == "reject":
+        comment = _text("reason", comment)
+    else:
+        comment = _comment(comment)
+    visible = set(
+        Attempt.objects.visible_to(user)
+        .filter(attempt_id__in=[attempt_id for attempt_id, _ in picks])
+        .values_list("attempt_id", flat=True)
+    )
+    results = []
+    for attempt_id, seen in picks:
+        if attempt_id not in visible:
+            results.append(HeldDecision(attempt_id, "refused", "not found"))
+            continue
+        try:
+            if decision == "reject":
+                after = reject_held(attempt_id, user=user, reason=comment, seen=seen)
+                results.append(
+                    HeldDecision(attempt_id, "rejected", "rejected: FAILED", after.state)
+                )
+            else:
+                after = approve_held(attempt_id, user=user, comment=comment, seen=seen)
+                if after.state == State.INTENT_RECORDED:
+                    results.append(
+                        HeldDecision(
+                            attempt_id, "approved", "approved: it may be sent now", after.state
+                        )
+                    )
+                else:
+                    verdict = Approval.verdict(after, timezone.now())
+                    results.append(
+                        HeldDecision(
+                            attempt_id,
+                            "recorded",
+                            f"approval recorded ({len(verdict.valid)} of {verdict.needed}); "
+                            "another person must approve too",
+                            after.state,
+                        )
+                    )
+        except LedgerError as exc:
+            results.append(HeldDecision(attempt_id, "refused", exc.message))
+        except states.TransitionError as exc:  # raced past the retries: nothing was written
+            results.append(HeldDecision(attempt_id, "refused", str(exc)))
+    return results

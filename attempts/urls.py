@@ -33,6 +33,8 @@ urlpatterns = [
         name="password_reset_complete",
     ),
     path("approvals/", approvals.inbox, name="approvals"),
+    path("approvals/bulk/", approvals.bulk, name="approval-bulk"),
+    path("approvals/<str:attempt_id>/edit/", approvals.edit, name="approval-edit"),
     path("approvals/<str:attempt_id>/approve/", approvals.approve, name="approval-approve"),
     path("approvals/<str:attempt_id>/reject/", approvals.reject, name="approval-reject"),
     path("queues/bulk/", queues.bulk_action, name="queue-bulk"),

@@ -4,11 +4,14 @@ to another tenant)."""
 
 from __future__ import annotations
 
+import contextlib
+import datetime as dt
 import os
 import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from django.contrib.auth.models import User
@@ -19,6 +22,18 @@ from attempts.states import Actor
 
 REPO = Path(__file__).resolve().parent.parent
 PASSWORD = "correct-horse-battery-staple"
+
+
+@contextlib.contextmanager
+def clock_ahead(seconds: float):
+    """Django's clock (``django.utils.timezone.now``, in every thread: a live server's too)
+    runs ``seconds`` ahead (or behind, when negative) inside the block: approvals expire and
+    deadlines pass without editing a row (approvals, like events, are append-only)."""
+    from django.utils import timezone
+
+    real = timezone.now
+    with mock.patch.object(timezone, "now", lambda: real() + dt.timedelta(seconds=seconds)):
+        yield
 
 
 @dataclass

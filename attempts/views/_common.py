@@ -78,6 +78,27 @@ def redact(value: Any, names: list[str] | None = None) -> tuple[Any, int]:
     return walk(value), count
 
 
+def unredact(edited: Any, original: Any, names: list[str] | None = None) -> Any:
+    """``edited`` (what a person typed over a ``redact``-ed copy of ``original``) with every
+    secret field still showing the redaction mark given back its original value: a person may
+    replace a secret, never read it, and leaving it as shown keeps it unchanged."""
+    names = settings.LEDGER["REDACT_FIELDS"] if names is None else names
+    if isinstance(edited, dict) and isinstance(original, dict):
+        out = {}
+        for key, item in edited.items():
+            if item == REDACTED and key in original and _is_secret(str(key), names):
+                out[key] = original[key]
+            else:
+                out[key] = unredact(item, original.get(key), names)
+        return out
+    if isinstance(edited, list) and isinstance(original, list):
+        return [
+            unredact(item, original[i] if i < len(original) else None, names)
+            for i, item in enumerate(edited)
+        ]
+    return edited
+
+
 def refusal(
     request: HttpRequest, exc: LedgerError, *, redirect_to: str, target: str = "#action-feedback"
 ) -> HttpResponse:

@@ -4,11 +4,14 @@ Tabs: awaiting me (what I may approve now), my group (policies naming an identit
 I am in), all (every held attempt in my tenants); oldest first, coloured by how much of the
 policy's maximum wait has passed. Each item shows the arguments, the policy and the values its
 condition saw; approve and reject are POSTs with CSRF that call ``review.approve_held`` /
-``review.reject_held``, which check the policy's role and group.
+``review.reject_held``, which check the policy's role and group. Several items are decided at
+once with ``review.decide_held_many`` (a result per item), and ``edit`` lets an approver correct
+the arguments (``review.edit_and_approve``) after seeing what differs.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 from urllib.parse import urlencode
 
@@ -16,21 +19,23 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
 from django.utils import timezone
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from attempts import review
-from attempts.ledger import InvalidIntent, LedgerError
-from attempts.models import Approval, ApprovalPolicy, Attempt
+from attempts import review, states
+from attempts.ledger import InvalidIntent, LedgerError, StateConflict
+from attempts.models import ATTEMPT_ID, Approval, ApprovalPolicy, Attempt, State
 from attempts.templatetags.ledger_ui import duration
 from attempts.views._common import (
+    REDACTED,
     bad_request,
     done,
     get_attempt_for_user,
     redact,
     refusal,
     refuse_nul_bytes,
+    unredact,
 )
-from attempts.views.detail import pretty_json
+from attempts.views.detail import linked_diff, pretty_json
 
 TABS = {
     "me": "Awaiting me",
@@ -48,7 +53,7 @@ def _item(attempt: Attempt, policies: dict[str, ApprovalPolicy], user: Any, now)
     shown_args, _ = redact(attempt.args)
     shown_values, _ = redact(held.get("values", {}))
     age = now - attempt.created_at
-    may, why = policy.may_approve(user, attempt.tenant_id)
+    may, why = review.may_decide_held(user, attempt, policy)
     return {
         "attempt": attempt,
         "policy": policy,
@@ -59,10 +64,30 @@ def _item(attempt: Attempt, policies: dict[str, ApprovalPolicy], user: Any, now)
         "age_text": duration(age),
         "wait_left": duration(max(attempt.created_at + policy.max_wait - now, age * 0)),
         "sla": policy.sla_level(age),
-        "may_decide": may and (first is None or first.actor != user.get_username()),
+        "may_decide": may,
         "why_not": why,
         "version": attempt.version,
         "seen_event": attempt.last_event_id(),
+        "edited_from": _edited_from(attempt, first, user),
+    }
+
+
+def _edited_from(attempt: Attempt, first: Any, user: Any) -> dict[str, Any] | None:
+    """For a linked attempt an edit-and-approve made: the original, who corrected it and what
+    differs (shown to the second approver)."""
+    if not attempt.parent_id or first is None or "edited_from" not in (first.details or {}):
+        return None
+    parent = Attempt.objects.visible_to(user).filter(pk=attempt.parent_id).first()
+    if parent is None:
+        return None
+    return {
+        "parent": parent,
+        "editor": first.actor,
+        "diff": {
+            "before_label": f"original {parent.attempt_id}",
+            "after_label": "corrected",
+            "rows": linked_diff(parent, attempt),
+        },
     }
 
 
@@ -85,6 +110,7 @@ def inbox(request: HttpRequest) -> HttpResponse:
     rows = list(held[(page - 1) * PAGE_SIZE : page * PAGE_SIZE + 1])
     policies = {p.name: p for p in ApprovalPolicy.objects.all()}
     items = [_item(a, policies, request.user, now) for a in rows[:PAGE_SIZE]]
+    bulk_results = request.session.pop(BULK_RESULTS, None)
     here = reverse("approvals")
     params = {"tab": which, **({"tenant": tenant} if tenant else {})}
     return render(
@@ -97,6 +123,7 @@ def inbox(request: HttpRequest) -> HttpResponse:
             ],
             "tab": which,
             "items": items,
+            "bulk_results": bulk_results,
             "tenant": tenant,
             "page": page,
             "next_url": here + "?" + urlencode({**params, "page": page + 1})
@@ -108,10 +135,30 @@ def inbox(request: HttpRequest) -> HttpResponse:
 
 
 def _seen(request: HttpRequest) -> review.Seen | None:
-    version, event = request.POST.get("expected_version", ""), request.POST.get("seen_event", "")
+    """What the form showed: the attempt's version and newest event, its args hash and its
+    policy's version (the last two optional for older pages)."""
+    post = request.POST
+    return _parse_seen(
+        post.get("expected_version", ""),
+        post.get("seen_event", ""),
+        post.get("args_hash", ""),
+        post.get("policy_version", ""),
+    )
+
+
+def _parse_seen(version: str, event: str, args_hash: str, policy_version: str):
     if not version.isdigit() or (event and not event.isdigit()):
         return None
-    return review.Seen(int(version), int(event) if event else None)
+    if policy_version and not policy_version.isdigit():
+        return None
+    if len(version) > 18 or len(event) > 18 or len(policy_version) > 9 or len(args_hash) > 64:
+        return None
+    return review.Seen(
+        int(version),
+        int(event) if event else None,
+        args_hash=args_hash or None,
+        policy_version=int(policy_version) if policy_version else None,
+    )
 
 
 def _back(request: HttpRequest) -> str:
@@ -162,3 +209,169 @@ def reject(request: HttpRequest, attempt_id: str) -> HttpResponse:
     return done(
         request, f"Rejected {attempt_id} (FAILED): it will not be sent.", redirect_to=_back(request)
     )
+
+
+BULK_RESULTS = "approval_bulk_results"
+
+
+@require_POST
+@refuse_nul_bytes
+def bulk(request: HttpRequest) -> HttpResponse:
+    """Approve or reject the selected held attempts with one comment (a reason, to reject):
+    each checked and decided on its own (``review.decide_held_many``); the inbox then shows a
+    result per item."""
+    decision = request.POST.get("decision", "")
+    if decision not in ("approve", "reject"):
+        return bad_request(request, "choose approve or reject")
+    picks: list[tuple[str, review.Seen]] = []
+    malformed: list[review.HeldDecision] = []
+    for raw in request.POST.getlist("pick"):
+        attempt_id, *parts = raw.split(":")
+        seen = _parse_seen(*parts) if len(parts) == 4 else None
+        if seen is None:
+            malformed.append(review.HeldDecision(attempt_id[:32], "refused", "malformed item"))
+        else:
+            picks.append((attempt_id[:32], seen))
+    if not picks and not malformed:
+        return refusal(
+            request, InvalidIntent("select at least one held attempt"), redirect_to=_back(request)
+        )
+    try:
+        results = malformed + (
+            review.decide_held_many(
+                picks,
+                user=request.user,
+                decision=decision,
+                comment=request.POST.get("comment", ""),
+            )
+            if picks
+            else []
+        )
+    except LedgerError as exc:
+        return refusal(request, exc, redirect_to=_back(request))
+    request.session[BULK_RESULTS] = [
+        {
+            "attempt_id": r.attempt_id,
+            "outcome": r.outcome,
+            "message": r.message,
+            "link": bool(ATTEMPT_ID.fullmatch(r.attempt_id)) and r.message != "not found",
+        }
+        for r in results
+    ]
+    done_count = sum(r.outcome != "refused" for r in results)
+    verb = "Approved" if decision == "approve" else "Rejected"
+    return done(
+        request,
+        f"{verb} {done_count} of {len(results)}; the result of each is below.",
+        redirect_to=_back(request),
+    )
+
+
+def _parse_args(text: str) -> Any:
+    """The JSON a person typed, or InvalidIntent saying where it is wrong."""
+    if len(text) > 1_000_000:
+        raise InvalidIntent("the arguments are too long to be recorded", code="args_too_large")
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise InvalidIntent(
+            "the arguments nest too deeply to be recorded", code="invalid_args"
+        ) from None
+    except ValueError as exc:
+        where = f" (line {exc.lineno}, column {exc.colno})" if hasattr(exc, "lineno") else ""
+        raise InvalidIntent(
+            f"the arguments are not valid JSON: {getattr(exc, 'msg', exc)}{where}",
+            code="invalid_json",
+        ) from None
+
+
+@require_http_methods(["GET", "POST"])
+@refuse_nul_bytes
+def edit(request: HttpRequest, attempt_id: str) -> HttpResponse:
+    """Edit-and-approve. GET: the held attempt's arguments in an editor. POST ``step=preview``:
+    the corrected arguments checked and what differs from the original, with the policy the
+    linked attempt would wait under. POST ``step=confirm``: ``review.edit_and_approve`` with
+    exactly the previewed arguments; the linked attempt's page follows."""
+    attempt = get_attempt_for_user(request.user, attempt_id)
+    back = reverse("attempt-detail", args=[attempt.attempt_id])
+    if attempt.approval_policy_id is None or attempt.state != State.AWAITING_APPROVAL:
+        return refusal(
+            request,
+            StateConflict(f"nothing to edit: the attempt is {attempt.state}, not held"),
+            redirect_to=back,
+        )
+    policy = ApprovalPolicy.objects.get(pk=attempt.approval_policy_id)
+    shown, redacted = redact(attempt.args)
+    context: dict[str, Any] = {
+        "attempt": attempt,
+        "policy": policy,
+        "original_pretty": pretty_json(shown),
+        "redacted": redacted,
+        "redacted_mark": REDACTED,
+        "args_text": pretty_json(shown),
+        "comment": "",
+        "version": attempt.version,
+        "seen_event": attempt.last_event_id(),
+        "needed": policy.approvals_for(attempt),
+    }
+    if request.method == "POST":
+        context.update(
+            args_text=request.POST.get("args", ""),
+            comment=request.POST.get("comment", ""),
+            version=request.POST.get("expected_version", ""),
+            seen_event=request.POST.get("seen_event", ""),
+        )
+    may, why = review.may_decide_held(request.user, attempt, policy)
+    if not may:
+        context.update(error=why, error_code="forbidden", refused=True)
+        return render(request, "attempts/approvals_edit.html", context, status=403)
+    if request.method == "GET":
+        return render(request, "attempts/approvals_edit.html", context)
+    seen = _seen(request)
+    step = request.POST.get("step", "preview")
+    try:
+        if seen is None:
+            raise InvalidIntent("the form did not say which version you saw; reload the page")
+        value = unredact(_parse_args(context["args_text"]), attempt.args)
+        if step == "confirm":
+            child = review.edit_and_approve(
+                attempt,
+                user=request.user,
+                args=value,
+                comment=context["comment"],
+                seen=seen,
+                previewed_args_hash=request.POST.get("preview_hash", "") or "-",
+            )
+        else:
+            preview = review.edit_preview(attempt, args=value)
+    except LedgerError as exc:
+        context.update(error=exc.message, error_code=exc.code)
+        return render(request, "attempts/approvals_edit.html", context, status=exc.status)
+    except states.TransitionError as exc:
+        context.update(error=str(exc), error_code=getattr(exc, "code", "conflict"))
+        return render(request, "attempts/approvals_edit.html", context, status=409)
+    if step == "confirm":
+        if child.state == State.INTENT_RECORDED:
+            told = "it is approved and may be sent now"
+        else:
+            verdict = Approval.verdict(child, timezone.now())
+            told = (
+                f"your approval is 1 of the {verdict.needed} it needs: another person "
+                "must approve it before it is sent"
+            )
+        return done(
+            request,
+            f"Corrected: {attempt.attempt_id} is RECONCILED and continues in linked attempt "
+            f"{child.attempt_id}; {told}.",
+            redirect_to=reverse("attempt-detail", args=[child.attempt_id]),
+        )
+    context.update(
+        preview=preview,
+        preview_args_pretty=pretty_json(redact(preview["args"])[0]),
+        diff={
+            "before_label": "original",
+            "after_label": "corrected",
+            "rows": linked_diff(attempt, preview),
+        },
+    )
+    return render(request, "attempts/approvals_edit.html", context)

@@ -23,6 +23,7 @@ from attempts import authority, ledger, tracing
 from attempts.canonical import canonical_bytes
 from attempts.models import (
     ROLE_RANK,
+    ApprovalPolicy,
     Attempt,
     ConfigEvent,
     Role,
@@ -31,6 +32,7 @@ from attempts.models import (
     State,
     Tool,
 )
+from attempts.review import may_decide_held
 from attempts.views._common import get_attempt_for_user, has_role, redact, user_tenants
 from attempts.views.erasure import erasure_context
 
@@ -367,6 +369,7 @@ def detail_context(request: HttpRequest, attempt: Attempt) -> dict[str, Any]:
             ),
         }
     )
+    context["held_decision"] = _may_decide_held(user, attempt)
     context["next_attempt"] = Attempt.objects.next_for(user, after=attempt)
     # A card with nothing to do in it is not shown (a terminal attempt, a viewer).
     context["has_actions"] = any(
@@ -380,6 +383,7 @@ def detail_context(request: HttpRequest, attempt: Attempt) -> dict[str, Any]:
             "can_fail",
             "can_reject",
             "approval_kind",
+            "held_decision",
         )
     )
 
@@ -387,6 +391,14 @@ def detail_context(request: HttpRequest, attempt: Attempt) -> dict[str, Any]:
 
 
 CONFIG_SHOWN = 20
+
+
+def _may_decide_held(user: Any, attempt: Attempt) -> bool:
+    """Whether this person may decide on (or correct) a call an approval policy holds."""
+    if attempt.state != State.AWAITING_APPROVAL or attempt.approval_policy_id is None:
+        return False
+    policy = ApprovalPolicy.objects.get(pk=attempt.approval_policy_id)
+    return may_decide_held(user, attempt, policy)[0]
 
 
 @require_GET

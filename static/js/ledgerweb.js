@@ -1,5 +1,6 @@
-// ledgerweb: copy buttons, bulk selection on queue pages, pausing the queue's live refresh while
-// a selection is in progress, and keyboard shortcuts. No inline script, no eval: works under the
+// ledgerweb: copy buttons, bulk selection on queue pages and the approvals inbox, pausing the
+// queue's live refresh while a selection is in progress, the arguments' editor of
+// edit-and-approve, and keyboard shortcuts. No inline script, no eval: works under the
 // strict CSP.
 (function () {
   "use strict";
@@ -75,6 +76,43 @@
     if (source && source.hasAttribute("data-poll") && selectedCount() > 0) {
       event.preventDefault();
     }
+  });
+
+  // Edit-and-approve: the arguments' editor says at once whether what is typed is a JSON
+  // object (the server checks it again, and shows what differs before anything is recorded).
+  function checkJson(area) {
+    var status = area.form && area.form.querySelector("[data-json-status]");
+    var submit = area.form && area.form.querySelector("[data-json-submit]");
+    var problem = "";
+    try {
+      var value = JSON.parse(area.value);
+      if (value === null || typeof value !== "object" || Array.isArray(value)) {
+        problem = "The arguments must be a JSON object ({ ... }).";
+      }
+    } catch (e) {
+      problem = "Not valid JSON: " + e.message;
+    }
+    area.setAttribute("aria-invalid", problem ? "true" : "false");
+    if (status) {
+      status.textContent = problem || "Valid JSON object.";
+      status.className = "small " + (problem ? "error" : "muted");
+    }
+    if (submit) { submit.disabled = !!problem; }
+    return !problem;
+  }
+
+  document.addEventListener("input", function (event) {
+    if (event.target.matches("[data-json-input]")) { checkJson(event.target); }
+  });
+
+  document.addEventListener("submit", function (event) {
+    var area = event.target.querySelector && event.target.querySelector("[data-json-input]");
+    if (area && !checkJson(area)) { event.preventDefault(); area.focus(); }
+  });
+
+  document.addEventListener("DOMContentLoaded", function () {
+    var areas = document.querySelectorAll("[data-json-input]");
+    for (var i = 0; i < areas.length; i++) { checkJson(areas[i]); }
   });
 
   document.addEventListener("htmx:afterSwap", function () { updateBulk(); reselect(); });

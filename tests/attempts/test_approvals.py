@@ -24,7 +24,7 @@ from attempts.models import (
     State,
 )
 from attempts.states import Actor
-from tests.conftest import PASSWORD
+from tests.conftest import PASSWORD, clock_ahead
 
 S = State
 LOAD = 'SELECT "attempts_approvalpolicy".'
@@ -202,20 +202,20 @@ def test_an_approval_that_expires_before_the_claim_is_void_and_the_attempt_waits
     policy(approvals_needed=2, approval_ttl=dt.timedelta(minutes=5))
     attempt = charge(world)
     review.approve_held(attempt, user=world.reviewer)
-    review.approve_held(attempt, user=world.reviewer2)
+    with clock_ahead(4 * 60):
+        review.approve_held(attempt, user=world.reviewer2)
     assert attempt.state == S.INTENT_RECORDED
-    Approval.objects.filter(approver=world.reviewer).update(
-        expires_at=timezone.now() - dt.timedelta(seconds=1)
-    )
-    attempt, claimed = ledger.claim_dispatch(attempt, actor=world.agent)
-    assert not claimed and attempt.state == S.AWAITING_APPROVAL
-    void = attempt.events.get(action="attempt.approval_void")
-    assert void.details["void"] == ["reviewer"] and void.details["valid"] == ["reviewer2"]
-    # The wait goes on to the policy's deadline, and one fresh approval is enough again.
-    assert attempt.next_check_at == attempt.created_at + dt.timedelta(hours=24)
-    review.approve_held(attempt, user=world.reviewer)
-    attempt, claimed = ledger.claim_dispatch(attempt, actor=world.agent)
-    assert claimed
+    # Six minutes on, reviewer's approval (for five) has expired; reviewer2's still counts.
+    with clock_ahead(6 * 60):
+        attempt, claimed = ledger.claim_dispatch(attempt, actor=world.agent)
+        assert not claimed and attempt.state == S.AWAITING_APPROVAL
+        void = attempt.events.get(action="attempt.approval_void")
+        assert void.details["void"] == ["reviewer"] and void.details["valid"] == ["reviewer2"]
+        # The wait goes on to the policy's deadline, and one fresh approval is enough again.
+        assert attempt.next_check_at == attempt.created_at + dt.timedelta(hours=24)
+        review.approve_held(attempt, user=world.reviewer)
+        attempt, claimed = ledger.claim_dispatch(attempt, actor=world.agent)
+        assert claimed
 
 
 def test_a_new_policy_version_voids_earlier_approvals(world):

@@ -9,41 +9,21 @@ import datetime as dt
 import pytest
 from django.test import Client
 
-from attempts import ledger
 from attempts.models import ApprovalPolicy, Attempt, SsoIdentity, State
+from tests.dashboard.approvals_helpers import held_intent, hold_big_charges, login
 
 
 @pytest.fixture
 def held(world):
-    ApprovalPolicy.objects.create(
-        name="big-charges",
-        tool_id="charge_card",
-        condition="args.amount_cents > 100000",
-        approvals_needed=2,
-        max_wait=dt.timedelta(hours=10),
-    )
-    attempts = []
-    for n in (1, 2):
-        attempt, _ = ledger.record_intent(
-            tenant="acme",
-            task_id=f"t{n}",
-            tool_name="charge_card",
-            idempotency_key=f"charge:acme:{n}",
-            args={"amount_cents": 200000 + n, "card_number": "4242"},
-            actor=world.agent,
-        )
-        attempts.append(attempt)
-    return attempts
+    hold_big_charges()
+    return [
+        held_intent(world, f"charge:acme:{n}", {"amount_cents": 200000 + n, "card_number": "4242"})
+        for n in (1, 2)
+    ]
 
 
 def card(attempt) -> str:
     return f'data-attempt="{attempt.attempt_id}"'
-
-
-def login(world, name):
-    client = Client()
-    client.force_login(getattr(world, name))
-    return client
 
 
 def test_the_inbox_shows_what_held_each_item_oldest_first(world, held):

@@ -1,11 +1,10 @@
 """Browser tests of approval before dispatch (Playwright driving Debian's Chromium against a
 live server): the inbox from the overview, approve by two people (four eyes on a critical
-tool), reject with a reason, and an approval that expires before the claim bringing the item
-back; no CSP errors on the way."""
+tool), reject with a reason, an approval that expires before the claim bringing the item back,
+edit-and-approve with its diff and the second approver, and bulk approve / reject with a result
+per item; no CSP errors on the way, and axe-core finds nothing serious."""
 
 from __future__ import annotations
-
-import datetime as dt
 
 import pytest
 from django.utils import timezone
@@ -13,7 +12,7 @@ from django.utils import timezone
 from attempts import ledger
 from attempts.models import Approval, ApprovalPolicy, Attempt, State
 from attempts.states import Actor
-from tests.conftest import make_world
+from tests.conftest import clock_ahead, make_world
 from tests.dashboard.test_browser_shift import AXE, Tab, _csp_errors
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -86,34 +85,130 @@ def test_inbox_approve_by_two_people_and_reject(live_server, browser):
 
 
 def test_an_expired_approval_sends_the_item_back_and_the_maximum_wait_ends_it(live_server, browser):
-    world, (first, second) = held_world()
     me = Tab(browser, live_server.url)
-    me.login("reviewer")
-    me.goto("/approvals/")
-    me.page.locator(item(me, first)).locator("[data-testid=approve]").click()
-    me.page.wait_for_selector("text=it needs another person's approval")
+    # Held, and approved once, fifty minutes ago (an approval counts for an hour): the clock
+    # moves, no approval row is edited (they are append-only).
+    with clock_ahead(-50 * 60):
+        world, (first, second) = held_world()
+        me.login("reviewer")
+        me.goto("/approvals/")
+        me.page.locator(item(me, first)).locator("[data-testid=approve]").click()
+        me.page.wait_for_selector("text=it needs another person's approval")
     other = Tab(browser, live_server.url)
     other.login("reviewer2")
     other.goto("/approvals/")
     other.page.locator(item(other, first)).locator("[data-testid=approve]").click()
     other.page.wait_for_selector("text=enough approvals")
-    # reviewer's approval expires before the agent claims: void, and the item is back.
-    Approval.objects.filter(approver=world.reviewer).update(
-        expires_at=timezone.now() - dt.timedelta(seconds=1)
-    )
-    _, claimed = ledger.claim_dispatch(first.attempt_id, actor=world.agent)
-    assert not claimed
-    me.goto("/approvals/")
-    card = me.page.locator(item(me, first))
-    assert "1 of 2 approvals (reviewer2)" in card.inner_text()
-    assert "no longer counting: reviewer" in card.inner_text()
-    me.shot("approvals-void")
-    # The second one waits past its maximum: the worker's sweep fails it, and it leaves the inbox.
-    Attempt.objects.filter(pk=second.pk).update(next_check_at=timezone.now())
-    assert ledger.expire_waits(actor=Actor.worker("w1")) >= 1
-    me.goto("/approvals/?tab=all")
-    assert me.page.locator(item(me, second)).count() == 0
+    # Twenty minutes on, reviewer's approval has expired before the agent claims: void, and
+    # the item is back.
+    with clock_ahead(20 * 60):
+        _, claimed = ledger.claim_dispatch(first.attempt_id, actor=world.agent)
+        assert not claimed
+        me.goto("/approvals/")
+        card = me.page.locator(item(me, first))
+        assert "1 of 2 approvals (reviewer2)" in card.inner_text()
+        assert "no longer counting: reviewer" in card.inner_text()
+        me.shot("approvals-void")
+        # The second waits past its maximum: the worker's sweep fails it, and it leaves the inbox.
+        Attempt.objects.filter(pk=second.pk).update(next_check_at=timezone.now())
+        assert ledger.expire_waits(actor=Actor.worker("w1")) >= 1
+        me.goto("/approvals/?tab=all")
+        assert me.page.locator(item(me, second)).count() == 0
     assert Attempt.objects.get(pk=second.pk).review_reason == "approval_expired"
+    assert not _csp_errors(me, other)
+
+
+def test_edit_and_approve_shows_the_diff_and_still_needs_a_second_person(live_server, browser):
+    world, (first, second) = held_world()
+    me = Tab(browser, live_server.url)
+    me.login("reviewer")
+    me.goto("/approvals/")
+    me.page.locator(item(me, first)).locator("[data-testid=edit-link]").click()
+    editor = me.page.locator("[data-testid=args-editor]")
+    editor.wait_for()
+    status = me.page.locator("[data-json-status]")
+    preview = me.page.locator("[data-testid=edit-preview]")
+    # The editor says at once when what is typed is not a JSON object, and will not submit it.
+    editor.fill('{"amount_cents": 90000,')
+    assert "Not valid JSON" in status.inner_text() and preview.is_disabled()
+    assert editor.get_attribute("aria-invalid") == "true"
+    editor.fill("[1, 2]")
+    assert "must be a JSON object" in status.inner_text() and preview.is_disabled()
+    editor.fill('{"amount_cents": 90000, "currency": "EUR"}')
+    assert status.inner_text() == "Valid JSON object." and preview.is_enabled()
+    me.page.fill("textarea[name=comment]", "customer asked for 900.00")
+    preview.click()
+    # What differs, before anything is recorded.
+    diff = me.page.locator("[data-testid=edit-confirm] [data-testid=diff]")
+    diff.wait_for()
+    assert "args.amount_cents" in diff.inner_text()
+    assert "150000" in diff.inner_text() and "90000" in diff.inner_text()
+    assert "charge:acme:order-1~r1" in me.page.inner_text("[data-testid=preview-key]")
+    assert "Yours is 1 of 2" in me.page.inner_text("[data-testid=preview-needs]")
+    assert Attempt.objects.get(pk=first.pk).state == State.AWAITING_APPROVAL
+    me.shot("approvals-edit-diff")
+    me.page.click("[data-testid=edit-confirm-button]")
+    me.page.wait_for_selector("text=another person must approve it before it is sent")
+    first.refresh_from_db()
+    child = Attempt.objects.get(parent=first)
+    assert first.state == State.RECONCILED and child.state == State.AWAITING_APPROVAL
+    assert child.args == {"amount_cents": 90000, "currency": "EUR"}
+    assert me.page.url.endswith(f"/attempts/{child.attempt_id}/")
+    assert Approval.objects.get(attempt=child).comment == "customer asked for 900.00"
+    # Not in the editor's own inbox: a different person must approve.
+    me.goto("/approvals/")
+    assert me.page.locator(item(me, child)).count() == 0
+
+    other = Tab(browser, live_server.url)
+    other.login("reviewer2")
+    other.goto("/approvals/")
+    card = other.page.locator(item(other, child))
+    assert "Corrected by reviewer" in card.inner_text()
+    assert "1 of 2 approvals (reviewer)" in card.inner_text()
+    assert "90000" in card.locator("[data-testid=diff]").inner_text()
+    other.shot("approvals-second-approver")
+    card.locator("[data-testid=approve]").click()
+    other.page.wait_for_selector("text=enough approvals, it may be sent now")
+    assert Attempt.objects.get(pk=child.pk).state == State.INTENT_RECORDED
+    assert not _csp_errors(me, other)
+
+
+def test_bulk_approve_and_reject_with_a_result_each(live_server, browser):
+    world, (first, second) = held_world()
+    me = Tab(browser, live_server.url)
+    me.login("reviewer")
+    me.goto("/approvals/")
+    approve = me.page.locator("[data-testid=bulk-approve]")
+    assert approve.is_disabled()  # nothing selected yet
+    me.page.check(f"{item(me, first)} [data-testid=pick]")
+    me.page.check(f"{item(me, second)} [data-testid=pick]")
+    assert me.page.inner_text("[data-bulk-count]") == "2 selected" and approve.is_enabled()
+    me.page.fill("[data-testid=bulk-comment]", "weekly batch")
+    approve.click()
+    me.page.wait_for_selector("[data-testid=bulk-results]")
+    rows = me.page.locator("[data-testid=bulk-result]")
+    assert rows.count() == 2
+    assert {rows.nth(i).get_attribute("data-outcome") for i in range(2)} == {"recorded"}
+    assert set(Approval.objects.values_list("comment", flat=True)) == {"weekly batch"}
+    me.shot("approvals-bulk-results")
+
+    other = Tab(browser, live_server.url)
+    other.login("reviewer2")
+    other.goto("/approvals/")
+    other.page.check("[data-select-all]")
+    assert other.page.inner_text("[data-bulk-count]") == "2 selected"
+    other.page.click("[data-testid=bulk-reject]")  # no reason: refused, nothing changed
+    other.page.wait_for_selector("text=reason must not be empty")
+    assert set(Attempt.objects.values_list("state", flat=True)) == {State.AWAITING_APPROVAL}
+    other.page.check(f"{item(other, first)} [data-testid=pick]")
+    other.page.fill("[data-testid=bulk-comment]", "duplicate order")
+    other.page.click("[data-testid=bulk-reject]")
+    other.page.wait_for_selector("[data-testid=bulk-results]")
+    assert other.page.locator("[data-testid=bulk-result]").get_attribute("data-outcome") == (
+        "rejected"
+    )
+    assert Attempt.objects.get(pk=first.pk).state == State.FAILED
+    assert Attempt.objects.get(pk=second.pk).state == State.AWAITING_APPROVAL
     assert not _csp_errors(me, other)
 
 
@@ -129,4 +224,21 @@ def test_axe_finds_nothing_serious_in_the_inbox(live_server, browser, dark):
         tab.goto(path)
         if violations := tab.axe():
             found[path] = violations
+    # The editor, its invalid state, the diff before confirming, and bulk results.
+    first = Attempt.objects.filter(state=State.AWAITING_APPROVAL).order_by("id").first()
+    tab.goto(f"/approvals/{first.attempt_id}/edit/")
+    tab.page.fill("[data-testid=args-editor]", "{")
+    if violations := tab.axe():
+        found["edit (invalid)"] = violations
+    tab.page.fill("[data-testid=args-editor]", '{"amount_cents": 1}')
+    tab.page.click("[data-testid=edit-preview]")
+    tab.page.wait_for_selector("[data-testid=edit-confirm]")
+    if violations := tab.axe():
+        found["edit (diff)"] = violations
+    tab.goto("/approvals/")
+    tab.page.check("[data-select-all]")
+    tab.page.click("[data-testid=bulk-approve]")
+    tab.page.wait_for_selector("[data-testid=bulk-results]")
+    if violations := tab.axe():
+        found["bulk results"] = violations
     assert not found, found
