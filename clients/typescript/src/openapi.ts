@@ -386,6 +386,16 @@ export interface components {
                 "application/json": components["schemas"]["Error"];
             };
         };
+        /** @description The ledger's database is away or busy; carries `Retry-After` (seconds). `ledger_unavailable`: the connection was lost or refused (a server restart, a failover): the call may not have been recorded; repeat it with the same idempotency key, which is always safe (the next request opens a new connection). `ledger_busy`: a database lock was not granted in time; nothing was written; repeat the same call. */
+        LedgerUnavailable: {
+            headers: {
+                "Retry-After": string;
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": components["schemas"]["Error"];
+            };
+        };
     };
     parameters: {
         AttemptId: string;
@@ -434,6 +444,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            503: components["responses"]["LedgerUnavailable"];
         };
     };
     recordIntent: {
@@ -526,6 +537,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            503: components["responses"]["LedgerUnavailable"];
         };
     };
     getAttempt: {
@@ -571,6 +583,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            503: components["responses"]["LedgerUnavailable"];
         };
     };
     getReceipt: {
@@ -613,6 +626,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            503: components["responses"]["LedgerUnavailable"];
         };
     };
     claimDispatch: {
@@ -686,6 +700,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            503: components["responses"]["LedgerUnavailable"];
         };
     };
     attachProviderRequest: {
@@ -759,6 +774,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            503: components["responses"]["LedgerUnavailable"];
         };
     };
     confirmOutcome: {
@@ -832,6 +848,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            503: components["responses"]["LedgerUnavailable"];
         };
     };
     failAttempt: {
@@ -905,6 +922,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            503: components["responses"]["LedgerUnavailable"];
         };
     };
     markUnknown: {
@@ -978,6 +996,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            503: components["responses"]["LedgerUnavailable"];
         };
     };
 }
