@@ -10,7 +10,6 @@ import http.client
 import json
 import signal
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -290,74 +289,3 @@ def test_a_pass_does_not_wait_for_the_probe_of_a_failing_provider(
     finally:
         bad_provider.stop()
         reconciler.close()
-
-
-@pytest.mark.parametrize("bad_provider", ["blackhole"], indirect=True)
-def test_an_mcp_upstream_slow_to_connect_holds_up_no_other_upstreams_lookups(
-    world, bad_provider: BadProvider, tmp_path: Path, settings
-) -> None:
-    """The mcp adapter's pooled sessions: one upstream that never answers its handshake (a
-    streamable HTTP black hole) holds up its own lookups for their timeout, not another
-    upstream's."""
-    pytest.importorskip("mcp")
-    from reconciliation.providers.base import Call, LookupStatus
-    from reconciliation.providers.mcp import SESSIONS, McpAdapter
-
-    args = ["-m", "tests.integrations.mcp_upstream", "--db", str(tmp_path / "t.db")]
-    config = tmp_path / "gateway.toml"
-    config.write_text(
-        f"""
-[ledger]
-url = "http://127.0.0.1:9"
-tenant = "acme"
-task_id = "t"
-
-[upstreams.tickets]
-command = "{PYTHON}"
-args = {[*args, "--noun", "ticket"]!r}
-cwd = "{REPO}"
-
-[upstreams.stuck]
-url = "{bad_provider.base}/mcp"
-
-[tools.create_ticket]
-upstream = "tickets"
-ledger_tool = "open_ticket"
-key = "ticket:{{tenant}}:{{args.customer}}"
-lookup_tool = "find_ticket"
-
-[tools.update_contact]
-upstream = "stuck"
-ledger_tool = "update_crm"
-key = "crm:{{tenant}}:{{args.customer}}"
-lookup_tool = "find_contact"
-""".replace("'", '"'),
-        encoding="utf-8",
-    )
-    settings.LEDGER = {**settings.LEDGER, "MCP_GATEWAY_CONFIG": str(config)}
-    Tool.objects.filter(name="open_ticket").update(adapter="mcp", timeout_seconds=30)
-    Tool.objects.filter(name="update_crm").update(adapter="mcp", timeout_seconds=10)
-    stuck = McpAdapter(Tool.objects.get(name="update_crm"))
-    tickets = McpAdapter(Tool.objects.get(name="open_ticket"))
-    answers: dict[str, LookupStatus] = {}
-
-    def look_up_stuck() -> None:
-        call = Call("a1", "acme", "update_crm", "crm:acme:c1", {"customer": "c1"}, "0" * 64)
-        answers["stuck"] = stuck.lookup(call).status
-
-    waiting = threading.Thread(target=look_up_stuck)
-    try:
-        waiting.start()
-        deadline = time.monotonic() + 5
-        while bad_provider.hits() == 0:  # its handshake is on its way, and never answered
-            assert time.monotonic() < deadline, "the stuck upstream was never called"
-            time.sleep(0.02)
-        call = Call("a2", "acme", "open_ticket", "ticket:acme:c1", {"customer": "c1"}, "0" * 64)
-        assert tickets.lookup(call).status == LookupStatus.NOT_FOUND
-        assert waiting.is_alive(), "the other upstream's lookup waited for the stuck one"
-        waiting.join(timeout=20)
-        assert answers["stuck"] == LookupStatus.UNAVAILABLE
-    finally:
-        bad_provider.stop()
-        waiting.join(timeout=20)
-        SESSIONS.close()
