@@ -329,8 +329,9 @@ class Reconciler:
         Claimed attempts go to the pool at once, each provider's calls up to its cap (the
         rest wait their turn; a provider whose breaker is open or that asked to wait is not
         called: its attempts are deferred). Finished answers are written in groups (up to
-        ``FLUSH_SIZE`` answers, or whatever finished within ``FLUSH_AFTER`` seconds), so a slow
-        commit is paid once per group rather than once per attempt.
+        ``FLUSH_SIZE`` answers, or whatever finished within ``FLUSH_AFTER`` seconds while
+        answers keep coming: see ``FLUSH_GAP``), so a slow commit is paid once per group rather
+        than once per attempt, and a slow provider's call in flight holds no group open.
 
         With ``carry`` (the worker's loop) the pass returns as soon as nothing more is due and
         nothing finished within ``FLUSH_AFTER``: calls still in flight (a slow provider, within
