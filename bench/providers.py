@@ -12,15 +12,18 @@ to OUTCOME_CONFIRMED:
 2. the same with ``--bad`` due attempts on each misbehaving provider (their breakers opening,
    probing every second, and holding for Retry-After all along).
 
-It prints the median and 95th percentile of both and their ratio. Target: at most 1.5x.
+Each healthy attempt is made due after a pause with a random part (the same pauses in both
+phases), so both sample the whole of the worker's polling cycle (``--interval``). It prints the
+median and 95th percentile of both and their ratio. Target: at most 1.5x.
 
-Usage: .venv/bin/python bench/providers.py [--healthy 30] [--bad 40] [--timeout 2]
+Usage: .venv/bin/python bench/providers.py [--healthy 30] [--bad 40] [--timeout 2] [--interval 0.1]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -85,11 +88,18 @@ def _unknown(tool: str, key: str, args: dict, *, due: bool) -> int:
     return attempt.pk
 
 
-def _latencies(port: int, phase: str, count: int, gap: float) -> list[float]:
-    """Seconds from due to confirmed, for ``count`` healthy attempts made due one by one."""
+def _latencies(port: int, phase: str, count: int, gap: float, interval: float) -> list[float]:
+    """Seconds from due to confirmed, for ``count`` healthy attempts made due one by one.
+
+    Between two, a pause of ``gap`` plus a random part of the worker's ``interval``, the same
+    pauses in every phase: a fixed pause locks onto the worker's polling cycle (each attempt
+    made due at the same point of it) and measures one point of the cycle, not all of it.
+    """
     from django.utils import timezone
 
     from attempts.models import Attempt, State
+
+    pauses = random.Random(count)
 
     found = []
     for i in range(count):
@@ -106,7 +116,7 @@ def _latencies(port: int, phase: str, count: int, gap: float) -> list[float]:
                 raise SystemExit(f"healthy attempt {key} not confirmed within 60 s")
             time.sleep(0.005)
         found.append(time.monotonic() - due_at)
-        time.sleep(gap)
+        time.sleep(gap + pauses.uniform(0.0, interval))
     return found
 
 
@@ -122,6 +132,12 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=2.0, help="tools' timeout_seconds")
     parser.add_argument("--gap", type=float, default=0.05, help="seconds between healthy ones")
     parser.add_argument(
+        "--interval",
+        type=float,
+        default=0.1,
+        help="the worker's --interval: how often it looks for due work (default 0.1)",
+    )
+    parser.add_argument(
         "--modes",
         default=",".join(BAD_MODES),
         help=f"misbehaving providers present, comma-separated (default {','.join(BAD_MODES)})",
@@ -130,8 +146,8 @@ def main() -> None:
     modes = [m for m in options.modes.split(",") if m]
     if not modes or set(modes) - set(BAD_MODES):
         parser.error(f"--modes: choose among {', '.join(BAD_MODES)}")
-    if options.healthy < 1 or options.bad < 1 or options.timeout <= 0:
-        parser.error("--healthy, --bad and --timeout must be positive")
+    if options.healthy < 1 or options.bad < 1 or min(options.timeout, options.interval) <= 0:
+        parser.error("--healthy, --bad, --timeout and --interval must be positive")
 
     workdir = REPO / "var" / "bench" / f"providers-{os.getpid()}"
     workdir.mkdir(parents=True, exist_ok=True)
@@ -171,7 +187,8 @@ def main() -> None:
             LEDGERWEB_BACKOFF_CAP="2",
         )
         worker = subprocess.Popen(
-            [sys.executable, "manage.py", "reconcile", "--interval", "0.1", "--worker-id", "b"],
+            [sys.executable, "manage.py", "reconcile", "--interval", str(options.interval)]
+            + ["--worker-id", "b"],
             cwd=REPO,
             env=env,
             stdout=subprocess.DEVNULL,
@@ -184,13 +201,13 @@ def main() -> None:
             f"{options.timeout:g}s; database: SQLite",
             flush=True,
         )
-        _latencies(demo_port, "warmup", 3, options.gap)
-        alone = _latencies(demo_port, "alone", options.healthy, options.gap)
+        _latencies(demo_port, "warmup", 3, options.gap, options.interval)
+        alone = _latencies(demo_port, "alone", options.healthy, options.gap, options.interval)
         for mode in modes:
             for i in range(options.bad):
                 _unknown(f"bad_{mode}", f"bad:{mode}:{i}", {"mode": mode, "i": i}, due=True)
         time.sleep(0.3)  # the bad providers' first calls are in flight
-        with_bad = _latencies(demo_port, "with-bad", options.healthy, options.gap)
+        with_bad = _latencies(demo_port, "with-bad", options.healthy, options.gap, options.interval)
         if worker.poll() is not None:
             raise SystemExit("the reconcile worker exited")
         for name, values in (("alone", alone), ("with bad providers", with_bad)):

@@ -155,6 +155,12 @@ class Bulkheads:
             )
         }
 
+    def failing(self, adapter: Adapter) -> bool:
+        """Its last call failed (or its breaker is not closed): a call in flight to it is
+        expected to take its whole deadline, so nobody waits for it to group answers."""
+        state = self.of(adapter)
+        return state.failures > 0 or state.state != CLOSED
+
     def has_room(self, adapter: Adapter) -> bool:
         state = self.of(adapter)
         if state.state == HALF_OPEN:

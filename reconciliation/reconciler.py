@@ -215,9 +215,14 @@ def _traced_lookup(job: _Job) -> LookupAnswer:
 class Reconciler:
     """Claims due attempts and settles them by the decision table of protocol section 6."""
 
-    # Finished answers are written together: at most this many, or after this many seconds.
+    # Finished answers are written together: at most this many, or after this many seconds,
+    # or as soon as no other call finished within FLUSH_GAP of the last one, or at once when
+    # the only calls left in flight go to failing providers. A group stays open only while
+    # answers keep coming: a slow provider's call (a trickle, a black hole, each up to its
+    # deadline) does not hold back the answers of the others.
     FLUSH_SIZE = 100
     FLUSH_AFTER = 0.05
+    FLUSH_GAP = 0.005
 
     def __init__(
         self,
@@ -247,6 +252,7 @@ class Reconciler:
         self._in_flight: dict[Future, _Job] = {}
         self._waiting: deque[_Job] = deque()  # waiting for room under their provider's cap
         self._last_beat = time.monotonic()
+        self._claimed_at = time.monotonic()
         self._unbeaten = Summary()
         self._passes = 0
 
@@ -272,6 +278,7 @@ class Reconciler:
         PostgreSQL candidates are read ``FOR UPDATE SKIP LOCKED`` so workers do not queue on each
         other's rows.
         """
+        self._claimed_at = time.monotonic()
         now = timezone.now()
         free = Q(lease_until__isnull=True) | Q(lease_until__lt=now)
         with write_transaction():
@@ -322,8 +329,9 @@ class Reconciler:
         Claimed attempts go to the pool at once, each provider's calls up to its cap (the
         rest wait their turn; a provider whose breaker is open or that asked to wait is not
         called: its attempts are deferred). Finished answers are written in groups (up to
-        ``FLUSH_SIZE`` answers, or whatever finished within ``FLUSH_AFTER`` seconds), so a slow
-        commit is paid once per group rather than once per attempt.
+        ``FLUSH_SIZE`` answers, or whatever finished within ``FLUSH_AFTER`` seconds while
+        answers keep coming: see ``FLUSH_GAP``), so a slow commit is paid once per group rather
+        than once per attempt, and a slow provider's call in flight holds no group open.
 
         With ``carry`` (the worker's loop) the pass returns as soon as nothing more is due and
         nothing finished within ``FLUSH_AFTER``: calls still in flight (a slow provider, within
@@ -363,14 +371,15 @@ class Reconciler:
                 if self._in_flight:
                     timeout = BEAT_EVERY
                     if finished:
-                        timeout = max(
-                            0.0, self.FLUSH_AFTER - (time.monotonic() - first_finished_at)
-                        )
+                        window = self.FLUSH_AFTER - (time.monotonic() - first_finished_at)
+                        coming = self._answers_coming()
+                        timeout = max(0.0, min(self.FLUSH_GAP, window)) if coming else 0.0
                     elif carry:
                         # Never block on a slow provider: wait a moment for calls this pass
-                        # started, not at all for calls carried over from earlier passes
-                        # (the loop's wait_for_work wakes when one of those finishes).
-                        fresh = any(job.pass_id == pass_id for job in self._in_flight.values())
+                        # started to providers that answer, not at all for calls carried over
+                        # from earlier passes (the loop's wait_for_work wakes when one of those
+                        # finishes) or made to a failing provider (a probe).
+                        fresh = self._answers_coming(pass_id=pass_id)
                         timeout = self.FLUSH_AFTER if fresh else 0.0
                     done, _ = wait(
                         list(self._in_flight), timeout=timeout, return_when=FIRST_COMPLETED
@@ -380,7 +389,8 @@ class Reconciler:
                     got = bool(done)
                     finished += [self._finished(future) for future in done]
                 if finished and (
-                    not self._in_flight
+                    not got
+                    or not self._answers_coming()
                     or len(finished) >= self.FLUSH_SIZE
                     or time.monotonic() - first_finished_at >= self.FLUSH_AFTER
                 ):
@@ -396,6 +406,14 @@ class Reconciler:
             if not carry:
                 self.close()
         return summary
+
+    def _answers_coming(self, *, pass_id: int | None = None) -> bool:
+        """Whether a call in flight (started by that pass, when given) goes to a provider
+        whose last call did not fail: an answer worth waiting a moment for."""
+        return any(
+            (pass_id is None or job.pass_id == pass_id) and not self.bulkheads.failing(job.adapter)
+            for job in self._in_flight.values()
+        )
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None:
@@ -464,6 +482,10 @@ class Reconciler:
             self.close()
         finally:
             registry_close_shared()
+
+    def seconds_since_claim(self) -> float:
+        """Seconds since this worker last looked for due work (its last claim)."""
+        return time.monotonic() - self._claimed_at
 
     def wait_for_work(self, stop: threading.Event, timeout: float) -> None:
         """Sleep up to ``timeout`` seconds, waking early when a call in flight finishes or

@@ -52,12 +52,17 @@ class _SessionPool:
     loop in one thread (an anyio blocking portal), each held open by its own task (the SDK's
     client must be closed by the task that opened it); a session whose call fails is closed and
     opened again on the next lookup. At most ``MAX_SESSIONS``; ``close`` (the reconcile worker
-    calls it as it stops) closes them all and ends the thread."""
+    calls it as it stops) closes them all and ends the thread.
+
+    Each upstream connects under its own lock: one upstream slow to start or to answer its
+    handshake (up to the tool's timeout) holds up only its own lookups, never another
+    upstream's, as its bulkhead promises."""
 
     MAX_SESSIONS = 16
 
     def __init__(self) -> None:
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # the table of sessions and the portal, briefly
+        self._connecting: dict[str, threading.Lock] = {}  # one per upstream, while it connects
         self._portal_cm: Any = None
         self._portal: Any = None
         # upstream name -> (client, closing event, the keeper task's future)
@@ -91,23 +96,38 @@ class _SessionPool:
     def _session(self, upstream: Any, timeout: float) -> Any:
         import anyio
 
+        started = time.monotonic()
         with self._lock:
             found = self._sessions.get(upstream.name)
             if found is not None:
                 return found[0]
-            if len(self._sessions) >= self.MAX_SESSIONS:
-                self._drop(next(iter(self._sessions)))
-            portal = self._portal_now()
+            connecting = self._connecting.setdefault(upstream.name, threading.Lock())
+        # Lookups of this upstream wait for its one connection; others go on.
+        if not connecting.acquire(timeout=timeout):
+            raise TimeoutError(f"upstream {upstream.name!r} did not connect in {timeout:g}s")
+        try:
+            with self._lock:
+                found = self._sessions.get(upstream.name)
+                if found is not None:
+                    return found[0]
+                full = len(self._sessions) >= self.MAX_SESSIONS
+                oldest = next(iter(self._sessions)) if full else None
+                portal = self._portal_now()
+            if oldest is not None:
+                self._drop(oldest)
             holder: dict[str, Any] = {"ready": threading.Event()}
             closing = portal.call(anyio.Event)
             future = portal.start_task_soon(self._keep, upstream, timeout, holder, closing)
-            if not holder["ready"].wait(timeout):
+            if not holder["ready"].wait(max(0.0, timeout - (time.monotonic() - started))):
                 future.cancel()
                 raise TimeoutError(f"upstream {upstream.name!r} did not connect in {timeout:g}s")
             if "client" not in holder:
                 raise holder.get("error") or ConnectionError(f"upstream {upstream.name!r} closed")
-            self._sessions[upstream.name] = (holder["client"], closing, future)
+            with self._lock:
+                self._sessions[upstream.name] = (holder["client"], closing, future)
             return holder["client"]
+        finally:
+            connecting.release()
 
     def _drop(self, name: str) -> None:
         with self._lock:

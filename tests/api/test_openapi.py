@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.db import OperationalError, connection
 from django.test import override_settings
 from django.urls import URLPattern, get_resolver
 
@@ -171,6 +172,24 @@ def _receipt(api: Api) -> Answer:
             return api.get(f"attempts/{attempt_id}/receipt")
 
 
+def _database_away(method: str, path: str, body: Any = None) -> Callable[[Api], Answer]:
+    """The call while every statement fails as on a lost connection (the real PostgreSQL
+    restart is tests/test_database_away.py)."""
+
+    def lost(*args: Any) -> None:
+        raise OperationalError("terminating connection due to administrator command")
+
+    def run(api: Api) -> Answer:
+        api.client.raise_request_exception = False
+        try:
+            with connection.execute_wrapper(lost):
+                return api.call(method, path, body)
+        finally:
+            api.client.raise_request_exception = True
+
+    return run
+
+
 SCENARIOS: dict[tuple[str, str, str], Callable[[Api], Answer]] = {
     ("/attempts/{attempt_id}/receipt", "get", "200"): _receipt,
     ("/attempts/{attempt_id}/receipt", "get", "404"): lambda api: api.get(
@@ -231,6 +250,24 @@ SCENARIOS: dict[tuple[str, str, str], Callable[[Api], Answer]] = {
         "unknown", {"reason": "timeout"}, dispatched=False
     ),
     **_action_errors("unknown", {"reason": "r"}),
+    ("/attempts", "post", "503"): _database_away("POST", "attempts", intent_body("k:503")),
+    ("/attempts", "get", "503"): _database_away("GET", "attempts"),
+    ("/attempts/{attempt_id}", "get", "503"): _database_away("GET", "attempts/att_X"),
+    ("/attempts/{attempt_id}/receipt", "get", "503"): _database_away(
+        "GET", "attempts/att_X/receipt"
+    ),
+    **{
+        ("/attempts/{attempt_id}/" + action, "post", "503"): _database_away(
+            "POST", f"attempts/att_X/{action}", body
+        )
+        for action, body in (
+            ("dispatch", None),
+            ("provider-request", {"provider_request_id": "p"}),
+            ("confirm", {"result_ref": "r"}),
+            ("fail", {"reason": "r", "retryable": False}),
+            ("unknown", {"reason": "r"}),
+        )
+    },
 }
 
 
@@ -248,6 +285,9 @@ def test_documented_status_is_what_the_server_answers(api: Api, case) -> None:
         assert answer.headers["WWW-Authenticate"].startswith("Bearer")
     if status == "405":
         assert answer.headers["Allow"]
+    if status == "503":
+        assert answer.body["error"]["code"] == "ledger_unavailable"
+        assert answer.headers["Retry-After"].isdigit()
 
 
 def test_every_api_route_is_documented() -> None:

@@ -5,6 +5,8 @@ adapter looks effects up on one pooled upstream session."""
 from __future__ import annotations
 
 import sys
+import threading
+import time
 from pathlib import Path
 
 import mcp_types as types
@@ -17,6 +19,7 @@ from ledgerweb_client.mcp_gateway.schema import SchemaMissing, SchemaRefusal, co
 from reconciliation.providers.base import Call, LookupStatus
 from reconciliation.providers.mcp import SESSIONS, McpAdapter
 from tests.conftest import PYTHON, REPO
+from tests.reconciliation.test_bulkhead import BadProvider
 
 TICKET = {
     "type": "object",
@@ -141,3 +144,49 @@ def test_lookups_reuse_one_pooled_upstream_session_closed_with_the_worker(
     assert second is first
     McpAdapter.close_shared()
     assert SESSIONS.open_sessions == 0
+
+
+def test_an_upstream_slow_to_connect_holds_up_no_other_upstreams_lookups(
+    world, gateway_config: Path, tmp_path: Path
+) -> None:
+    """One upstream that never answers its handshake (a streamable HTTP black hole) holds up
+    its own lookups for their timeout, not another upstream's: each is its own bulkhead."""
+    stuck_provider = BadProvider(tmp_path, "blackhole")
+    with gateway_config.open("a", encoding="utf-8") as config:
+        config.write(
+            f"""
+[upstreams.stuck]
+url = "{stuck_provider.base}/mcp"
+
+[tools.update_contact]
+upstream = "stuck"
+ledger_tool = "update_crm"
+key = "crm:{{tenant}}:{{args.customer}}"
+lookup_tool = "find_contact"
+"""
+        )
+    Tool.objects.filter(name="open_ticket").update(adapter="mcp", timeout_seconds=30)
+    Tool.objects.filter(name="update_crm").update(adapter="mcp", timeout_seconds=10)
+    stuck = McpAdapter(Tool.objects.get(name="update_crm"))
+    tickets = McpAdapter(Tool.objects.get(name="open_ticket"))
+    answers: dict[str, LookupStatus] = {}
+
+    def look_up_stuck() -> None:
+        call = Call("a1", "acme", "update_crm", "crm:acme:c1", {"customer": "c1"}, "0" * 64)
+        answers["stuck"] = stuck.lookup(call).status
+
+    waiting = threading.Thread(target=look_up_stuck)
+    try:
+        waiting.start()
+        deadline = time.monotonic() + 5
+        while stuck_provider.hits() == 0:  # its handshake is on its way, and never answered
+            assert time.monotonic() < deadline, "the stuck upstream was never called"
+            time.sleep(0.02)
+        call = Call("a2", "acme", "open_ticket", "ticket:acme:c1", {"customer": "c1"}, "0" * 64)
+        assert tickets.lookup(call).status == LookupStatus.NOT_FOUND
+        assert waiting.is_alive(), "the other upstream's lookup waited for the stuck one"
+        waiting.join(timeout=20)
+        assert answers["stuck"] == LookupStatus.UNAVAILABLE
+    finally:
+        stuck_provider.stop()
+        waiting.join(timeout=20)

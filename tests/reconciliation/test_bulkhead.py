@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from attempts.models import Attempt, AttemptEvent, State, Tool
 from reconciliation.models import WorkerHeartbeat
+from reconciliation.providers.registry import Registry
 from reconciliation.reconciler import Reconciler
 from tests.conftest import PYTHON, REPO, child_env, make_world
 from tests.reconciliation.conftest import intent, make_due, unknown
@@ -230,3 +231,61 @@ def test_the_attempt_page_says_when_recovery_deferred_it_for_its_provider(
     looked_up = next(a for a in attempts if a not in deferred)
     quiet = client.get(f"/attempts/{looked_up.attempt_id}/").content.decode()
     assert 'data-testid="provider-degraded"' not in quiet
+
+
+def _timed_pass(reconciler: Reconciler) -> float:
+    started = time.monotonic()
+    reconciler.run_pass(carry=True)
+    return time.monotonic() - started
+
+
+@pytest.mark.parametrize("bad_provider", ["blackhole", "trickle"], indirect=True)
+def test_a_slow_providers_call_in_flight_holds_back_no_other_answer(
+    world, demo, bad_provider: BadProvider
+) -> None:
+    """Answers are written in groups, but a group stays open only while answers keep coming:
+    a call of another provider that takes its whole deadline does not hold it open."""
+    demo.configure_tools()
+    bad_provider.point(BAD_TOOL)
+    Tool.objects.filter(name=BAD_TOOL).update(timeout_seconds=30)
+    reconciler = Reconciler(worker_id="w")
+    try:
+        make_due(unknown(world, BAD_TOOL, "slow", {"n": 1}))
+        assert _timed_pass(reconciler) < 2.0  # its call carries over, within its deadline
+        # A group window long enough to tell: the healthy answer must not wait for it.
+        reconciler.FLUSH_AFTER = 5.0
+        demo.inject(HEALTHY_TOOL, "healthy", {"n": 2})
+        healthy = make_due(unknown(world, HEALTHY_TOOL, "healthy", {"n": 2}))
+        assert _timed_pass(reconciler) < 2.0
+        healthy.refresh_from_db()
+        assert healthy.state == State.OUTCOME_CONFIRMED
+    finally:
+        bad_provider.stop()  # its calls end now rather than at their deadline
+        reconciler.close()
+
+
+@pytest.mark.parametrize("bad_provider", ["blackhole"], indirect=True)
+def test_a_pass_does_not_wait_for_the_probe_of_a_failing_provider(
+    world, bad_provider: BadProvider
+) -> None:
+    """The loop's pass waits a moment for the calls it started, to write fast answers at
+    once; not for a probe of a provider whose last calls failed (it takes its deadline), so
+    the worker looks for due work again on time."""
+    bad_provider.point(BAD_TOOL)
+    Tool.objects.filter(name=BAD_TOOL).update(timeout_seconds=30)
+    reconciler = Reconciler(worker_id="w")
+    reconciler.FLUSH_AFTER = 5.0
+    try:
+        make_due(unknown(world, BAD_TOOL, "probe", {"n": 1}))
+        adapter, _ = Registry.load().usable(BAD_TOOL)
+        provider = reconciler.bulkheads.of(adapter)
+        provider.state, provider.failures, provider.open_until = "open", 3, time.monotonic() - 1
+        assert _timed_pass(reconciler) < 2.0
+        assert provider.state == "half_open" and provider.probing
+        deadline = time.monotonic() + 5
+        while bad_provider.hits() == 0:  # the probe is on its way, in its pool thread
+            assert time.monotonic() < deadline, "the probe was never made"
+            time.sleep(0.02)
+    finally:
+        bad_provider.stop()
+        reconciler.close()

@@ -388,6 +388,16 @@ export interface components {
                 "application/json": components["schemas"]["Error"];
             };
         };
+        /** @description The ledger's database is away or busy; carries `Retry-After` (seconds). `ledger_unavailable`: the connection was lost or refused (a server restart, a failover): the call may not have been recorded; repeat it with the same idempotency key, which is always safe (the next request opens a new connection). `ledger_busy`: a database lock was not granted in time; nothing was written; repeat the same call. */
+        LedgerUnavailable: {
+            headers: {
+                "Retry-After": string;
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": components["schemas"]["Error"];
+            };
+        };
     };
     parameters: {
         AttemptId: string;
@@ -436,6 +446,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            503: components["responses"]["LedgerUnavailable"];
         };
     };
     recordIntent: {
@@ -528,6 +539,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            503: components["responses"]["LedgerUnavailable"];
         };
     };
     getAttempt: {
@@ -573,6 +585,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            503: components["responses"]["LedgerUnavailable"];
         };
     };
     getReceipt: {
@@ -615,6 +628,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            503: components["responses"]["LedgerUnavailable"];
         };
     };
     claimDispatch: {
@@ -688,6 +702,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            503: components["responses"]["LedgerUnavailable"];
         };
     };
     attachProviderRequest: {
@@ -761,6 +776,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            503: components["responses"]["LedgerUnavailable"];
         };
     };
     confirmOutcome: {
@@ -834,6 +850,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            503: components["responses"]["LedgerUnavailable"];
         };
     };
     failAttempt: {
@@ -907,6 +924,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            503: components["responses"]["LedgerUnavailable"];
         };
     };
     markUnknown: {
@@ -980,6 +998,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            503: components["responses"]["LedgerUnavailable"];
         };
     };
 }

@@ -68,7 +68,7 @@ class Command(BaseCommand):
             "--interval",
             type=_positive_float,
             default=5.0,
-            help="Seconds to wait after a pass that found nothing due (default 5).",
+            help="How often, in seconds, an idle worker looks for due work (default 5).",
         )
         parser.add_argument(
             "--lease-seconds",
@@ -231,8 +231,11 @@ class Command(BaseCommand):
             if notified.get("sent") and verbosity >= 1:
                 self._say(f"notify: {notified}", event="worker.notify", **notified)
             if summary.claimed == 0:
+                # Look again ``interval`` after the last look, however long this pass took
+                # (waiting a moment on a slow provider's call, writing its answers).
+                look_again = interval - reconciler.seconds_since_claim()
                 reconciler.wait_for_work(
-                    stop, max(0.0, min(interval, next_seal - time.monotonic()))
+                    stop, max(0.0, min(look_again, next_seal - time.monotonic()))
                 )
         return total
 
