@@ -31,6 +31,31 @@ def check_owner_configured(app_configs=None, **kwargs):
 
 
 @register()
+def check_default_owner(app_configs=None, **kwargs):
+    """``LEDGERWEB_DEFAULT_OWNER`` must name an active person who may own work somewhere
+    (``owners``): otherwise attention work would be routed to nobody, or to someone who cannot
+    act on it. One query, only when the setting is set."""
+    if not settings.LEDGER["DEFAULT_OWNER"]:
+        return []
+    from attempts import owners
+
+    try:
+        problem = owners.default_owner_problem()
+    except DatabaseError:
+        return []  # not migrated yet: nothing to judge
+    if problem is None:
+        return []
+    return [
+        Error(
+            problem + ".",
+            hint="Set LEDGERWEB_DEFAULT_OWNER to the username of an operator, reviewer or admin "
+            "(manage.py ledger_config dump lists the users and their roles), or leave it unset.",
+            id="attempts.E002",
+        )
+    ]
+
+
+@register()
 def check_sqlite_durability(app_configs=None, **kwargs):
     """The embedded database must run with durable commits."""
     from django.db import connection

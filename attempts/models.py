@@ -11,6 +11,7 @@ import os
 import re
 import secrets
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -68,10 +69,43 @@ class EffectClass(models.TextChoices):
 
 
 class Role(models.TextChoices):
+    """A person's role in a tenant. The one home of how roles compare: everything else asks
+    these functions (a role of None or "" is no role at all)."""
+
     VIEWER = "viewer", "Viewer"
     OPERATOR = "operator", "Operator"
     REVIEWER = "reviewer", "Reviewer"
     ADMIN = "admin", "Admin"
+
+    @staticmethod
+    def at_least(role: str | None, minimum: str) -> bool:
+        """Whether ``role`` may do what ``minimum`` may."""
+        return role_rank(role) >= ROLE_RANK[minimum]
+
+    @staticmethod
+    def can_view(role: str | None) -> bool:
+        return Role.at_least(role, Role.VIEWER)
+
+    @staticmethod
+    def can_act(role: str | None) -> bool:
+        """Take, assign, note, mark outcomes, acknowledge: operators and above (an owner of
+        attention work must be able to act on it)."""
+        return Role.at_least(role, Role.OPERATOR)
+
+    @staticmethod
+    def can_review(role: str | None) -> bool:
+        """Approve, reject and export the audit: reviewers and above."""
+        return Role.at_least(role, Role.REVIEWER)
+
+    @staticmethod
+    def highest(roles: Iterable[str]) -> str | None:
+        """The role among ``roles`` that may do the most (None for none)."""
+        return max(roles, key=role_rank, default=None)
+
+    @staticmethod
+    def at_or_above(minimum: str) -> list[str]:
+        """Every role that may do what ``minimum`` may, for a ``role__in`` filter."""
+        return [r for r in ROLE_RANK if Role.at_least(r, minimum)]
 
 
 ROLE_RANK = {Role.VIEWER: 0, Role.OPERATOR: 1, Role.REVIEWER: 2, Role.ADMIN: 3}

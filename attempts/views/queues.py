@@ -30,7 +30,7 @@ from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
-from attempts import ledger, review
+from attempts import ledger, owners, review
 from attempts.models import (
     ATTENTION_STATES,
     MIN_PREFIX,
@@ -526,6 +526,7 @@ def queue_view(request: HttpRequest, slug: str = "unknown") -> HttpResponse:
     here = reverse("queue", args=[queue.slug])
     base_params = filters.params()
     top_role = max_role(request.user)
+    people = owners.owner_names(user_tenants(request.user))
     context = {
         "queue": queue,
         "queues": QUEUES.values(),
@@ -542,8 +543,9 @@ def queue_view(request: HttpRequest, slug: str = "unknown") -> HttpResponse:
         "prev_url": here + "?" + urlencode({**base_params, "before": page.prev_cursor}),
         "can_bulk": top_role is not None and ROLE_RANK[top_role] >= ROLE_RANK[Role.OPERATOR],
         "can_bulk_review": top_role is not None and ROLE_RANK[top_role] >= ROLE_RANK[Role.REVIEWER],
-        "assignees": _people(request.user, Role.OPERATOR),
-        "owners": _people(request.user),
+        # Whom the assign control offers, and the owner filter's choices: who may own work.
+        "assignees": people,
+        "owners": people,
         "page_sizes": PAGE_SIZES,
         "sort_url": here
         + "?"
@@ -555,24 +557,6 @@ def queue_view(request: HttpRequest, slug: str = "unknown") -> HttpResponse:
     if request.htmx:
         return render(request, "attempts/queues.html#table", context)
     return render(request, "attempts/queues.html", context)
-
-
-def _people(user: Any, minimum: str = Role.VIEWER) -> list[str]:
-    """People in the user's tenants holding at least ``minimum`` there (active), by name. An
-    assign control offers operators and above only: an owner must be able to act."""
-    return list(
-        get_user_model()
-        .objects.filter(
-            ledger_memberships__tenant_id__in=user_tenants(user),
-            ledger_memberships__role__in=[
-                r for r in ROLE_RANK if ROLE_RANK[r] >= ROLE_RANK[minimum]
-            ],
-            is_active=True,
-        )
-        .distinct()
-        .order_by("username")
-        .values_list("username", flat=True)
-    )
 
 
 BULK_ACTIONS = {
