@@ -540,6 +540,12 @@ def tenant_roles(user: Any, *, fresh: bool = False) -> dict[str, str]:
     return roles
 
 
+def highest_role(user: Any) -> str | None:
+    """The user's highest role in any tenant (None for none): which screens and controls to
+    show; each action still checks the role in the attempt's own tenant."""
+    return Role.highest(tenant_roles(user).values())
+
+
 def role_rank(role: str | None) -> int:
     """How much a role may do (-1 for no role)."""
     return ROLE_RANK.get(role, -1) if role else -1

@@ -35,7 +35,6 @@ from attempts.models import (
     ATTENTION_STATES,
     MIN_PREFIX,
     PREFIX_FIELDS,
-    ROLE_RANK,
     Attempt,
     AttemptEvent,
     Role,
@@ -541,8 +540,8 @@ def queue_view(request: HttpRequest, slug: str = "unknown") -> HttpResponse:
         "first_url": here + ("?" + urlencode(base_params) if base_params else ""),
         "next_url": here + "?" + urlencode({**base_params, "after": page.next_cursor}),
         "prev_url": here + "?" + urlencode({**base_params, "before": page.prev_cursor}),
-        "can_bulk": top_role is not None and ROLE_RANK[top_role] >= ROLE_RANK[Role.OPERATOR],
-        "can_bulk_review": top_role is not None and ROLE_RANK[top_role] >= ROLE_RANK[Role.REVIEWER],
+        "can_bulk": Role.can_act(top_role),
+        "can_bulk_review": Role.can_review(top_role),
         # Whom the assign control offers, and the owner filter's choices: who may own work.
         "assignees": people,
         "owners": people,
