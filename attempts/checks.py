@@ -30,6 +30,32 @@ def check_owner_configured(app_configs=None, **kwargs):
     ]
 
 
+@register(Tags.database)
+def check_history_guards(app_configs=None, **kwargs):
+    """The history tables must refuse UPDATE and DELETE in the database itself (the triggers
+    their migrations install, ``attempts.history_guard``)."""
+    from django.db import connection
+
+    from attempts import history_guard
+
+    try:
+        missing = history_guard.unguarded(connection)
+    except DatabaseError:
+        return []  # not migrated yet: nothing to judge
+    if not missing:
+        return []
+    return [
+        Error(
+            f"History tables without their append-only triggers: {', '.join(missing)}.",
+            hint='Something dropped them. Put them back with `manage.py shell -c "from '
+            "django.db import connection; from attempts import history_guard; "
+            'history_guard.install(connection)"`, then find out who dropped them and why '
+            "(docs/audit-chain.md).",
+            id="attempts.E003",
+        )
+    ]
+
+
 @register()
 def check_default_owner(app_configs=None, **kwargs):
     """``LEDGERWEB_DEFAULT_OWNER`` must name an active person who may own work somewhere
