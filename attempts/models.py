@@ -1234,8 +1234,9 @@ class AgentToken(models.Model):
 
         token_hash = cls.hash_token(raw)
         cutoff = timezone.now() - dt.timedelta(seconds=cls.LAST_USED_RESOLUTION)
-        # Every API call starts here: one prepared query (the ORM's M2M machinery costs a quarter
-        # of an intent's CPU) for the token, its tenants, and whether its use was recorded lately.
+        # Every API call starts here: one prepared query (the ORM's M2M machinery was a large
+        # share of an intent's CPU, docs/scaling.md) for the token, its tenants, and whether its
+        # use was recorded lately.
         table = cls._meta.db_table
         through = cls.tenants.through._meta.db_table
         sql = (
