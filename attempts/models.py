@@ -579,6 +579,9 @@ class QueuePage:
     more_matches: bool = False  # a prefix search found more than one page: narrow it
     total: int = 0
     total_exact: bool = True
+    # The screen's own encoding of the first and last rows' keys, for its links.
+    next_cursor: str = ""
+    prev_cursor: str = ""
 
 
 def exact_search(term: str) -> Q:

@@ -31,6 +31,7 @@ from attempts.models import (
     MIN_PREFIX,
     Attempt,
     AttemptEvent,
+    QueuePage,
     Role,
     SlaEscalation,
     SlaPolicy,
@@ -237,18 +238,6 @@ def parse_filters(request: HttpRequest, queue: Queue) -> Filters:
     return f
 
 
-@dataclass
-class Page:
-    rows: list[dict[str, Any]]
-    has_next: bool
-    has_prev: bool
-    next_cursor: str = ""
-    prev_cursor: str = ""
-    total: int = 0
-    total_exact: bool = True
-    more_matches: bool = False
-
-
 def fetch_page(
     *,
     user: Any,
@@ -256,7 +245,7 @@ def fetch_page(
     filters: Filters,
     now: dt.datetime,
     page_size: int | None = None,
-) -> Page:
+) -> QueuePage:
     """One page of the queue for this user (``Attempt.objects.queue_page``: tenant-scoped,
     filtered, keyset-paginated), with what its rows show."""
     states = (filters.state,) if filters.state else queue.states
@@ -264,7 +253,7 @@ def fetch_page(
         states = tuple(s for s in states if s == State.MANUAL_REVIEW)
     age = AGES[filters.age]
     stale_after = dt.timedelta(seconds=settings.LEDGER["STALE_AFTER"])
-    found = Attempt.objects.queue_page(
+    page = Attempt.objects.queue_page(
         user=user,
         # the user's own tenants (the one scoping rule), or one of them
         tenants=[filters.tenant] if filters.tenant else user_tenants(user),
@@ -282,15 +271,7 @@ def fetch_page(
         before=filters.before,
         fields=ROW_FIELDS,
     )
-    rows = found.rows
-    page = Page(
-        rows=rows,
-        has_next=found.has_next,
-        has_prev=found.has_prev,
-        total=found.total,
-        total_exact=found.total_exact,
-        more_matches=found.more_matches,
-    )
+    rows = page.rows
     if rows:
         page.next_cursor = encode_cursor(rows[-1]["created_at"], rows[-1]["id"])
         page.prev_cursor = encode_cursor(rows[0]["created_at"], rows[0]["id"])
