@@ -565,6 +565,17 @@ def tenants_where(user: Any, minimum: str = Role.VIEWER) -> list[str]:
     return sorted(t for t, r in tenant_roles(user).items() if role_rank(r) >= rank)
 
 
+# An event that changed its attempt's state: the one meaning of "a move" (approvals count from
+# the last one; a form is stale after one).
+MOVED = ~Q(from_state=F("to_state"))
+
+
+def attention_age(created_at: dt.datetime, now: dt.datetime) -> dt.timedelta:
+    """How old attention work is, for its SLA and what the screens show: counted from when the
+    attempt was recorded, whatever state it passed through since."""
+    return now - created_at
+
+
 # A queue's total is exact up to this many rows per lane; beyond it, an estimate.
 QUEUE_COUNT_CAP = 1000
 
@@ -1010,12 +1021,15 @@ class Attempt(models.Model):
     def is_terminal(self) -> bool:
         return self.state in TERMINAL_STATES
 
+    def attention_age(self, now: dt.datetime) -> dt.timedelta:
+        return attention_age(self.created_at, now)
+
     @staticmethod
     def last_move_subquery() -> Subquery:
         """The id of the attempt's latest event that changed its state (for annotations)."""
         return Subquery(
             AttemptEvent.objects.filter(attempt=OuterRef("pk"))
-            .exclude(from_state=F("to_state"))
+            .filter(MOVED)
             .order_by("-id")
             .values("id")[:1]
         )
@@ -1027,12 +1041,7 @@ class Attempt(models.Model):
     def approvers_since_last_move(self) -> list[str]:
         """The one home of "which approvals count": distinct reviewers (oldest first) who
         approved since the attempt last changed state. A move starts the count again."""
-        last_move = (
-            self.events.exclude(from_state=F("to_state"))
-            .order_by("-id")
-            .values_list("id", flat=True)
-            .first()
-        )
+        last_move = self.events.filter(MOVED).order_by("-id").values_list("id", flat=True).first()
         names: list[str] = []
         for name in (
             self.events.filter(action=APPROVAL_ACTION, id__gt=last_move or 0)
@@ -1053,7 +1062,7 @@ class Attempt(models.Model):
         acknowledgements and lease claims are not among them."""
         return list(
             self.events.filter(id__gt=event_id)
-            .filter(~Q(from_state=F("to_state")) | Q(action__in=DECISIVE_ACTIONS))
+            .filter(MOVED | Q(action__in=DECISIVE_ACTIONS))
             .order_by("id")
         )
 

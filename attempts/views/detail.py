@@ -236,7 +236,7 @@ def sla_for(attempt: Attempt, now: dt.datetime) -> dict[str, Any]:
         .first()
     )
     return {
-        "level": SlaPolicy.level(policy, attempt.state, now - attempt.created_at),
+        "level": SlaPolicy.level(policy, attempt.state, attempt.attention_age(now)),
         "warn": warn,
         "breach": breach,
         "escalation": escalation,
@@ -284,7 +284,7 @@ def live_context(request: HttpRequest, attempt: Attempt) -> dict[str, Any]:
         changed = [describe_change(e) for e in attempt.decisive_changes_since(int(since))]
     return {
         "attempt": attempt,
-        "age": now - attempt.created_at,
+        "age": attempt.attention_age(now),
         "sla": sla_for(attempt, now),
         "tool": Tool.objects.filter(name=attempt.tool_name).first(),
         "args_pretty": pretty_json(shown_args),

@@ -37,6 +37,7 @@ from attempts.models import (
     SlaPolicy,
     State,
     Tool,
+    attention_age,
 )
 from attempts.review import Seen
 from attempts.views._common import (
@@ -329,7 +330,7 @@ def _decorate(rows: list[dict[str, Any]], now: dt.datetime, user: Any) -> None:
     zone = timezone.get_current_timezone()
     detail_base = reverse("attempt-detail", args=["-"])[:-2]
     for row in rows:
-        age = now - row["created_at"]
+        age = attention_age(row["created_at"], now)
         row["owner_name"] = names.get(row["owner_id"], "")
         row["mine"] = row["owner_id"] == user.pk
         row["age_text"] = duration(age)
