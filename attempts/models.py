@@ -637,6 +637,39 @@ def _keyset(cursor: tuple[dt.datetime, int], *, forward_ascending: bool) -> Q:
     return Q(created_at__lte=when) & (Q(created_at__lt=when) | Q(id__lt=pk))
 
 
+def _queue_lanes(
+    base: Any,
+    uncursored: Any,
+    tenants: list[str],
+    states: tuple[str, ...],
+    q: str,
+    *,
+    by_owner: bool,
+    order: tuple[str, str],
+) -> tuple[list, list]:
+    """(each lane walked from the cursor, each lane whole, for the total): one lane per index
+    range (``AttemptQuerySet.queue_page``)."""
+    if not states:
+        return [], []
+    if q and len(q) >= MIN_PREFIX:
+        scope = _search_scope(tenants, states)
+        lanes = [
+            base.prefix_search(q, field).filter(scope).order_by("search_key", "id")
+            for field in PREFIX_FIELDS
+        ]
+        return lanes, lanes
+    if q:
+        specs = [exact_search(q) & _search_scope(tenants, states)]
+    elif set(states) == set(State.values) and not by_owner:
+        specs = [Q(tenant_id=t) for t in tenants]
+    else:
+        specs = [Q(tenant_id=t, state=s) for t in tenants for s in states]
+    return (
+        [base.filter(spec).order_by(*order) for spec in specs],
+        [uncursored.filter(spec) for spec in specs],
+    )
+
+
 def _estimate_total(lanes: list) -> tuple[int, bool]:
     """How many rows the lanes hold: exact up to QUEUE_COUNT_CAP per lane (ids read from the
     lane's index, no COUNT), else PostgreSQL's planner estimate (SQLite: a lower bound)."""
@@ -815,24 +848,9 @@ class AttemptQuerySet(models.QuerySet):
         want = page_size + 1
 
         prefix = bool(q) and len(q) >= MIN_PREFIX
-        if not states:
-            lanes, lanes_without_cursor = [], []
-        elif prefix:
-            scope = _search_scope(tenants, states)
-            lanes = [
-                base.prefix_search(q, field).filter(scope).order_by("search_key", "id")
-                for field in PREFIX_FIELDS
-            ]
-            lanes_without_cursor = lanes
-        else:
-            if q:
-                specs = [exact_search(q) & _search_scope(tenants, states)]
-            elif set(states) == set(State.values) and owner_id is None:
-                specs = [Q(tenant_id=t) for t in tenants]
-            else:
-                specs = [Q(tenant_id=t, state=s) for t in tenants for s in states]
-            lanes = [base.filter(spec).order_by(*order) for spec in specs]
-            lanes_without_cursor = [uncursored.filter(spec) for spec in specs]
+        lanes, lanes_without_cursor = _queue_lanes(
+            base, uncursored, tenants, states, q, by_owner=owner_id is not None, order=order
+        )
         keys = [list(lane.values_list("created_at", "id")[:want]) for lane in lanes]
         if prefix:
             merged_keys = sorted(set().union(*keys), reverse=not walk_ascending)
