@@ -23,9 +23,10 @@ from django.contrib.auth.decorators import login_not_required
 from django.core.exceptions import RequestDataTooBig
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils.html import escape
 from django.views.decorators.csrf import csrf_exempt
 
-from attempts import ledger
+from attempts import ledger, locking
 from attempts import log as tlog
 from attempts.locking import LedgerBusy
 from attempts.models import AgentIdentity, AgentToken, Attempt, State
@@ -642,9 +643,27 @@ def database_unavailable(request: HttpRequest) -> HttpResponse:
     return HttpResponse(_UNAVAILABLE_PAGE, status=503, headers=headers)
 
 
+def statement_timed_out(request: HttpRequest) -> HttpResponse:
+    """503 ``statement_timeout`` with ``Retry-After``: a statement outside the ledger's write
+    transactions (a page's or an export's query) ran out of time."""
+    message = locking.statement_timeout_message()
+    headers = {"Retry-After": DATABASE_RETRY_AFTER, "Cache-Control": "no-store"}
+    if wants_json(request):
+        return error_response(503, "statement_timeout", message, headers=headers)
+    page = (
+        '<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>Too slow</title>'
+        f"</head>\n<body><main><h1>That took too long</h1>\n<p>{escape(message)}.</p></main>"
+        "</body></html>\n"
+    )
+    return HttpResponse(page, status=503, headers=headers)
+
+
 def server_error(request: HttpRequest):
     # Django calls this handler inside the except block of the request's failure.
-    if isinstance(sys.exc_info()[1], OperationalError | InterfaceError):
+    failure = sys.exc_info()[1]
+    if failure is not None and locking.is_statement_timeout(failure):
+        return statement_timed_out(request)
+    if isinstance(failure, OperationalError | InterfaceError):
         return database_unavailable(request)
     if wants_json(request):
         return error_response(

@@ -1,13 +1,4 @@
 from django.apps import AppConfig
-from django.db.models.signals import post_migrate
-
-
-def _reinstall_history_guards(sender, using, **kwargs):
-    from django.db import connections
-
-    from attempts import history_guard
-
-    history_guard.install(connections[using])
 
 
 class AttemptsConfig(AppConfig):
@@ -22,4 +13,3 @@ class AttemptsConfig(AppConfig):
         )
 
         faults.check_environment()  # fault injection asked for in production: refuse to start
-        post_migrate.connect(_reinstall_history_guards, sender=self)

@@ -56,7 +56,6 @@ from attempts.verify_export import (
 FETCH = 5000
 QUOTE, QUOTES = '"', '""'
 FLUSH_BYTES = 256 * 1024
-EXPORT_ROLES = (Role.REVIEWER, Role.ADMIN)
 
 
 class ExportError(ValueError):

@@ -30,6 +30,57 @@ def check_owner_configured(app_configs=None, **kwargs):
     ]
 
 
+@register(Tags.database)
+def check_history_guards(app_configs=None, **kwargs):
+    """The history tables must refuse UPDATE and DELETE in the database itself (the triggers
+    their migrations install, ``attempts.history_guard``)."""
+    from django.db import connection
+
+    from attempts import history_guard
+
+    try:
+        missing = history_guard.unguarded(connection)
+    except DatabaseError:
+        return []  # not migrated yet: nothing to judge
+    if not missing:
+        return []
+    return [
+        Error(
+            f"History tables without their append-only triggers: {', '.join(missing)}.",
+            hint='Something dropped them. Put them back with `manage.py shell -c "from '
+            "django.db import connection; from attempts import history_guard; "
+            'history_guard.install(connection)"`, then find out who dropped them and why '
+            "(docs/audit-chain.md).",
+            id="attempts.E003",
+        )
+    ]
+
+
+@register()
+def check_default_owner(app_configs=None, **kwargs):
+    """``LEDGERWEB_DEFAULT_OWNER`` must name an active person who may own work somewhere
+    (``owners``): otherwise attention work would be routed to nobody, or to someone who cannot
+    act on it. One query, only when the setting is set."""
+    if not settings.LEDGER["DEFAULT_OWNER"]:
+        return []
+    from attempts import owners
+
+    try:
+        problem = owners.default_owner_problem()
+    except DatabaseError:
+        return []  # not migrated yet: nothing to judge
+    if problem is None:
+        return []
+    return [
+        Error(
+            problem + ".",
+            hint="Set LEDGERWEB_DEFAULT_OWNER to the username of an operator, reviewer or admin "
+            "(manage.py ledger_config dump lists the users and their roles), or leave it unset.",
+            id="attempts.E002",
+        )
+    ]
+
+
 @register()
 def check_sqlite_durability(app_configs=None, **kwargs):
     """The embedded database must run with durable commits."""

@@ -7,7 +7,7 @@ from typing import Any
 
 from django.http import HttpRequest
 
-from attempts.models import ROLE_RANK, Role, tenant_roles
+from attempts.models import Role, highest_role
 
 
 def navigation(request: HttpRequest) -> dict[str, Any]:
@@ -15,12 +15,11 @@ def navigation(request: HttpRequest) -> dict[str, Any]:
     user = getattr(request, "user", None)
     if user is None or not user.is_authenticated:
         return {"nav": {}}
-    ranks = [ROLE_RANK[r] for r in tenant_roles(user).values()]
-    top = max(ranks) if ranks else -1
+    top = highest_role(user)
     return {
         "nav": {
-            "queues": top >= ROLE_RANK[Role.VIEWER],
-            "audit": top >= ROLE_RANK[Role.REVIEWER] or user.is_superuser,
+            "queues": Role.can_view(top),
+            "audit": Role.can_review(top) or user.is_superuser,
             "admin": user.is_staff,
         }
     }

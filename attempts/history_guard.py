@@ -8,8 +8,12 @@ deleted; any other DELETE of an event is still refused, and the listing itself i
 And one exception for erasure (attempts/erasure.py): a format-3 event's free text may be replaced
 by the erasure marker, every column its hash covers unchanged.
 
-Installed by migration 0002 and re-installed after every ``migrate`` or ``flush`` (post_migrate),
-so a database can never be left without them by the tools we ship.
+The one home of the trigger SQL: the migrations that create or rebuild history tables install
+their guards from here (``install_in_migration``, ``install``), as do tests that drop them on
+purpose and put them back. Nothing re-installs them behind a migration's back: a check
+(``attempts.E003``, with ``check --database default`` and at the worker's start) says when one is
+missing. The events' exceptions follow the schema the guards are installed on (the archived
+list, the erasable text), so the same code is right at every migration.
 """
 
 from __future__ import annotations
@@ -128,39 +132,85 @@ def _pg_remove(table: str) -> list[str]:
     ]
 
 
+def _exceptions(connection, existing: set[str]) -> tuple[bool, bool]:
+    """(archived, redaction): whether the events' guard lets the archiver's DELETE and the
+    erasure's UPDATE through, from the schema (a schema from before archives or erasure, migrated
+    back or not yet forward, has no archived list or no text_digest column)."""
+    archived = ARCHIVED in existing
+    redaction = False
+    if EVENTS in existing:
+        with connection.cursor() as cursor:
+            columns = connection.introspection.get_table_description(cursor, EVENTS)
+        redaction = "text_digest" in {column.name for column in columns}
+    return archived, redaction
+
+
+def statements(
+    vendor: str,
+    tables: tuple[str, ...] = TABLES,
+    *,
+    install: bool = True,
+    archived: bool = False,
+    redaction: bool = False,
+) -> list[str]:
+    """The SQL that installs (or removes) the guards of ``tables`` on a database of ``vendor``,
+    with the events' exceptions (``_exceptions``); none of it takes parameters (the PostgreSQL
+    functions' ``%`` belongs to RAISE)."""
+    if vendor == "sqlite":
+        if not install:
+            return [sql for table in tables for sql in _sqlite_remove(table)]
+        return [
+            sql
+            for table in tables
+            for sql in _sqlite_install(table, archived=archived, redaction=redaction)
+        ]
+    if vendor != "postgresql":
+        return []
+    if not install:
+        return [sql for table in tables for sql in _pg_remove(table)]
+    head = [_PG_FUNCTION]
+    exceptions = archived or redaction
+    if exceptions and EVENTS in tables:
+        head.append(_pg_event_function(archived=archived, redaction=redaction))
+    return head + [sql for table in tables for sql in _pg_install(table, exceptions=exceptions)]
+
+
+def install_in_migration(tables: tuple[str, ...], *, created: bool = True):
+    """A migration operation that installs the guards of ``tables``: ones it created (removed
+    again on the way back), or, with ``created=False``, guarded tables an earlier operation of
+    the migration rebuilt (SQLite remakes a table for most changes of its columns, and the
+    new table has no triggers until they are installed again)."""
+    from django.db import migrations
+
+    def forwards(apps, schema_editor):
+        connection = schema_editor.connection
+        existing = set(connection.introspection.table_names())
+        archived, redaction = _exceptions(connection, existing)
+        sql = statements(connection.vendor, tables, archived=archived, redaction=redaction)
+        for statement in sql:
+            schema_editor.execute(statement, None)
+
+    def backwards(apps, schema_editor):
+        if not created:
+            return  # not ours to remove (check attempts.E003 tells of a table rebuilt back)
+        for statement in statements(schema_editor.connection.vendor, tables, install=False):
+            schema_editor.execute(statement, None)
+
+    return migrations.RunPython(forwards, backwards)
+
+
 def _run(connection, install: bool, *, without_archives: bool = False) -> None:
     existing = set(connection.introspection.table_names())
     if without_archives:
         existing -= {"attempts_archive", ARCHIVED}
-    archived = ARCHIVED in existing
+    tables = tuple(table for table in TABLES if table in existing)
+    archived, redaction = _exceptions(connection, existing)
+    sql = statements(
+        connection.vendor, tables, install=install, archived=archived, redaction=redaction
+    )
     with connection.cursor() as cursor:
-        # A schema from before erasure (migrated back, or not yet forward) has no text_digest.
-        redaction = EVENTS in existing and "text_digest" in {
-            column.name for column in connection.introspection.get_table_description(cursor, EVENTS)
-        }
-        if connection.vendor == "postgresql" and install:
-            cursor.execute(_PG_FUNCTION)
-            if archived or redaction:
-                cursor.execute(_pg_event_function(archived=archived, redaction=redaction))
-        for table in TABLES:
-            if table not in existing:
-                continue
-            if connection.vendor == "sqlite":
-                statements = (
-                    _sqlite_install(table, archived=archived, redaction=redaction)
-                    if install
-                    else _sqlite_remove(table)
-                )
-            elif connection.vendor == "postgresql":
-                statements = (
-                    _pg_install(table, exceptions=archived or redaction)
-                    if install
-                    else _pg_remove(table)
-                )
-            else:
-                statements = []
-            for statement in statements:
-                cursor.execute(statement)
+        for statement in sql:
+            cursor.execute(statement)
 
 
 def install(connection, *, without_archives: bool = False) -> None:
@@ -174,10 +224,14 @@ def remove(connection) -> None:
     _run(connection, install=False)
 
 
-def installed(connection) -> bool:
-    """Whether every history table has both of its guards."""
+def unguarded(connection) -> list[str]:
+    """The existing history tables that lack one of their guards."""
+    existing = set(connection.introspection.table_names())
+    missing = []
     with connection.cursor() as cursor:
         for table in TABLES:
+            if table not in existing:
+                continue
             if connection.vendor == "sqlite":
                 cursor.execute(
                     "SELECT count(*) FROM sqlite_master WHERE type='trigger' AND tbl_name=%s",
@@ -190,5 +244,10 @@ def installed(connection) -> bool:
                     [table],
                 )
             if cursor.fetchone()[0] != 2:
-                return False
-    return True
+                missing.append(table)
+    return missing
+
+
+def installed(connection) -> bool:
+    """Whether every existing history table has both of its guards."""
+    return not unguarded(connection)

@@ -1,7 +1,8 @@
 """RFC 8785 (JCS) canonical JSON bytes, fast for the values the ledger hashes on every write.
 
-The ``rfc8785`` package is the reference here, and it is pure Python: one intent spent a
-quarter of its CPU in it (the args hash and the chain hash of the first event). Most values
+The ``rfc8785`` package is the reference here, and it is pure Python: on the write path it
+was one of the largest costs of an intent (the args hash and the chain hash of the first event;
+docs/scaling.md). Most values
 are plain: objects with string keys, arrays, strings, booleans, null and integers in the
 interoperable range. For those, the standard library's C encoder with sorted keys and no
 whitespace writes exactly JCS's bytes:

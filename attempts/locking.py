@@ -30,6 +30,32 @@ class LedgerBusy(Exception):
     code = "ledger_busy"
 
 
+class StatementTimeout(LedgerBusy):
+    """PostgreSQL cancelled a statement that ran longer than ``statement_timeout``. Its
+    transaction was rolled back; the caller may try again."""
+
+    code = "statement_timeout"
+
+
+def is_statement_timeout(exc: BaseException) -> bool:
+    """Whether ``exc`` is PostgreSQL cancelling a statement for ``statement_timeout``."""
+    cause = exc.__cause__ or exc
+    return getattr(cause, "sqlstate", None) == "57014" and "statement timeout" in str(exc)
+
+
+def statement_timeout_message() -> str:
+    """What a person is told when a statement ran out of time."""
+    from ledgerweb.settings_reference import read
+
+    limit_ms = read("LEDGERWEB_PG_STATEMENT_TIMEOUT_MS")
+    return (
+        f"the database cancelled a statement that ran longer than {limit_ms} ms "
+        "(LEDGERWEB_PG_STATEMENT_TIMEOUT_MS); "
+        "what it was part of was not written: try again, and if it keeps happening, the query "
+        "or the database's load needs a look"
+    )
+
+
 def _is_lock_timeout(exc: BaseException) -> bool:
     cause = exc.__cause__ or exc
     sqlstate = getattr(cause, "sqlstate", None)
@@ -44,6 +70,8 @@ def lock_errors() -> Iterator[None]:
     try:
         yield
     except OperationalError as exc:
+        if is_statement_timeout(exc):
+            raise StatementTimeout(statement_timeout_message()) from exc
         if not _is_lock_timeout(exc):
             raise
         raise LedgerBusy(
@@ -65,7 +93,7 @@ def write_transaction() -> Iterator[None]:
 def sqlite_transaction(db: BaseDatabaseWrapper) -> Iterator[None]:
     """One ledger write's own transaction on SQLite, outside any other: ``BEGIN IMMEDIATE`` and
     ``COMMIT`` on the ``sqlite3`` connection, as ``write_transaction()`` would send them, without
-    Django's bookkeeping for nested blocks (a tenth of a tool call, bench/write_path.py).
+    Django's bookkeeping for nested blocks (docs/scaling.md says what that saves).
     Whatever fails, the transaction is rolled back before the error goes on."""
     db.ensure_connection()
     raw = db.connection
@@ -90,8 +118,8 @@ def _begin_immediate(raw: sqlite3.Connection) -> None:
     """``BEGIN IMMEDIATE``, waiting for the write lock as long as the connection's busy timeout.
 
     SQLite's own busy handler sleeps 1, 2, 5, 10, 15, 20 ms... between tries, while a ledger
-    write holds the lock for well under a millisecond: under load writers slept about twice per
-    intent and a third of the CPU stood idle (bench/api.py). The ledger's own writes try again
+    write holds the lock for well under a millisecond: under load writers slept far longer than
+    the lock was held, and the CPU stood idle (docs/scaling.md). The ledger's own writes try again
     after FIRST_PAUSE instead, doubling to LONGEST_PAUSE; every other transaction keeps SQLite's
     handler. Raises "database is locked" once the busy timeout has passed."""
     (timeout_ms,) = raw.execute("PRAGMA busy_timeout").fetchone()

@@ -51,14 +51,14 @@ class RolePermissionBackend:
         return None
 
     def get_all_permissions(self, user_obj, obj=None) -> set[str]:
-        from attempts.models import ROLE_RANK, tenant_roles
+        from attempts.models import Role, highest_role
 
         if obj is not None or not user_obj.is_active or not user_obj.is_staff:
             return set()
-        best = max((ROLE_RANK.get(r, -1) for r in tenant_roles(user_obj).values()), default=-1)
+        best = highest_role(user_obj)
         granted: set[str] = set()
         for role, perms in ADMIN_PERMISSIONS_BY_ROLE.items():
-            if best >= ROLE_RANK[role]:
+            if Role.at_least(best, role):
                 granted |= perms
         return granted
 

@@ -7,17 +7,21 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import heapq
+import json
 import os
 import re
 import secrets
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
-from django.core.exceptions import ValidationError
-from django.db import models, transaction
+from django.core.exceptions import EmptyResultSet, ValidationError
+from django.db import connection, models, transaction
 from django.db.models import Exists, F, OuterRef, Q, Subquery
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce, Collate
 
 if TYPE_CHECKING:
@@ -68,10 +72,43 @@ class EffectClass(models.TextChoices):
 
 
 class Role(models.TextChoices):
+    """A person's role in a tenant. The one home of how roles compare: everything else asks
+    these functions (a role of None or "" is no role at all)."""
+
     VIEWER = "viewer", "Viewer"
     OPERATOR = "operator", "Operator"
     REVIEWER = "reviewer", "Reviewer"
     ADMIN = "admin", "Admin"
+
+    @staticmethod
+    def at_least(role: str | None, minimum: str) -> bool:
+        """Whether ``role`` may do what ``minimum`` may."""
+        return role_rank(role) >= ROLE_RANK[minimum]
+
+    @staticmethod
+    def can_view(role: str | None) -> bool:
+        return Role.at_least(role, Role.VIEWER)
+
+    @staticmethod
+    def can_act(role: str | None) -> bool:
+        """Take, assign, note, mark outcomes, acknowledge: operators and above (an owner of
+        attention work must be able to act on it)."""
+        return Role.at_least(role, Role.OPERATOR)
+
+    @staticmethod
+    def can_review(role: str | None) -> bool:
+        """Approve, reject and export the audit: reviewers and above."""
+        return Role.at_least(role, Role.REVIEWER)
+
+    @staticmethod
+    def highest(roles: Iterable[str]) -> str | None:
+        """The role among ``roles`` that may do the most (None for none)."""
+        return max(roles, key=role_rank, default=None)
+
+    @staticmethod
+    def at_or_above(minimum: str) -> list[str]:
+        """Every role that may do what ``minimum`` may, for a ``role__in`` filter."""
+        return [r for r in ROLE_RANK if Role.at_least(r, minimum)]
 
 
 ROLE_RANK = {Role.VIEWER: 0, Role.OPERATOR: 1, Role.REVIEWER: 2, Role.ADMIN: 3}
@@ -506,6 +543,12 @@ def tenant_roles(user: Any, *, fresh: bool = False) -> dict[str, str]:
     return roles
 
 
+def highest_role(user: Any) -> str | None:
+    """The user's highest role in any tenant (None for none): which screens and controls to
+    show; each action still checks the role in the attempt's own tenant."""
+    return Role.highest(tenant_roles(user).values())
+
+
 def role_rank(role: str | None) -> int:
     """How much a role may do (-1 for no role)."""
     return ROLE_RANK.get(role, -1) if role else -1
@@ -520,6 +563,138 @@ def tenants_where(user: Any, minimum: str = Role.VIEWER) -> list[str]:
     """The tenants in which ``user`` holds at least ``minimum``, sorted."""
     rank = ROLE_RANK[minimum]
     return sorted(t for t, r in tenant_roles(user).items() if role_rank(r) >= rank)
+
+
+# An event that changed its attempt's state: the one meaning of "a move" (approvals count from
+# the last one; a form is stale after one).
+MOVED = ~Q(from_state=F("to_state"))
+
+
+def attention_age(created_at: dt.datetime, now: dt.datetime) -> dt.timedelta:
+    """How old attention work is, for its SLA and what the screens show: counted from when the
+    attempt was recorded, whatever state it passed through since."""
+    return now - created_at
+
+
+# A queue's total is exact up to this many rows per lane; beyond it, an estimate.
+QUEUE_COUNT_CAP = 1000
+
+
+@dataclass
+class QueuePage:
+    """One page of a queue (``AttemptQuerySet.queue_page``)."""
+
+    rows: list[dict[str, Any]]
+    has_next: bool
+    has_prev: bool
+    more_matches: bool = False  # a prefix search found more than one page: narrow it
+    total: int = 0
+    total_exact: bool = True
+    # The screen's own encoding of the first and last rows' keys, for its links.
+    next_cursor: str = ""
+    prev_cursor: str = ""
+
+
+def exact_search(term: str) -> Q:
+    """A term shorter than MIN_PREFIX matches identifiers exactly (a prefix would match too
+    much to be useful)."""
+    return (
+        Q(attempt_id=canonical_attempt_id(term))
+        | Q(idempotency_key=term)
+        | Q(provider_request_id=term)
+        | Q(task_id=term)
+    )
+
+
+def _search_scope(tenants: list[str], states: tuple[str, ...]) -> Q:
+    """The tenant and state limits of a search lane. On SQLite they are written so the planner
+    cannot read them from an index (``+column``): it must walk the identifier's own index in
+    order, never gather every match of a broad prefix by tenant and sort them."""
+    every_state = set(states) == set(State.values)
+    if connection.vendor != "sqlite":
+        return Q(tenant_id__in=tenants) & (Q() if every_state else Q(state__in=states))
+    table = Attempt._meta.db_table
+    scope = Q(_unindexed_in(f'"{table}"."tenant_id"', tenants))
+    if not every_state:
+        scope &= Q(_unindexed_in(f'"{table}"."state"', list(states)))
+    return scope
+
+
+def _unindexed_in(column: str, values: list[str]) -> RawSQL:
+    if not values:
+        return RawSQL("0 = 1", [], output_field=models.BooleanField())
+    marks = ", ".join(["%s"] * len(values))
+    # The column name is ours; the values are parameters.
+    return RawSQL(f"+{column} IN ({marks})", list(values), output_field=models.BooleanField())  # noqa: S611
+
+
+def _keyset(cursor: tuple[dt.datetime, int], *, forward_ascending: bool) -> Q:
+    """Rows strictly after ``cursor`` in the walking direction. The plain range term on
+    created_at is what lets the index seek; the OR only breaks ties."""
+    when, pk = cursor
+    if forward_ascending:
+        return Q(created_at__gte=when) & (Q(created_at__gt=when) | Q(id__gt=pk))
+    return Q(created_at__lte=when) & (Q(created_at__lt=when) | Q(id__lt=pk))
+
+
+def _queue_lanes(
+    base: Any,
+    uncursored: Any,
+    tenants: list[str],
+    states: tuple[str, ...],
+    q: str,
+    *,
+    by_owner: bool,
+    order: tuple[str, str],
+) -> tuple[list, list]:
+    """(each lane walked from the cursor, each lane whole, for the total): one lane per index
+    range (``AttemptQuerySet.queue_page``)."""
+    if not states:
+        return [], []
+    if q and len(q) >= MIN_PREFIX:
+        scope = _search_scope(tenants, states)
+        lanes = [
+            base.prefix_search(q, field).filter(scope).order_by("search_key", "id")
+            for field in PREFIX_FIELDS
+        ]
+        return lanes, lanes
+    if q:
+        specs = [exact_search(q) & _search_scope(tenants, states)]
+    elif set(states) == set(State.values) and not by_owner:
+        specs = [Q(tenant_id=t) for t in tenants]
+    else:
+        specs = [Q(tenant_id=t, state=s) for t in tenants for s in states]
+    return (
+        [base.filter(spec).order_by(*order) for spec in specs],
+        [uncursored.filter(spec) for spec in specs],
+    )
+
+
+def _estimate_total(lanes: list) -> tuple[int, bool]:
+    """How many rows the lanes hold: exact up to QUEUE_COUNT_CAP per lane (ids read from the
+    lane's index, no COUNT), else PostgreSQL's planner estimate (SQLite: a lower bound)."""
+    ids: set[int] = set()
+    capped = False
+    for lane in lanes:
+        found = list(lane.order_by().values_list("id", flat=True)[: QUEUE_COUNT_CAP + 1])
+        capped = capped or len(found) > QUEUE_COUNT_CAP
+        ids.update(found[:QUEUE_COUNT_CAP])
+    if not capped:
+        return len(ids), True
+    if connection.vendor == "postgresql":
+        estimate = 0
+        for lane in lanes:
+            try:
+                sql, params = lane.order_by().values("id").query.sql_with_params()
+            except EmptyResultSet:
+                continue  # a lane that can match nothing (a prefix no field of it can have)
+            with connection.cursor() as cursor:
+                cursor.execute("EXPLAIN (FORMAT JSON) " + sql, params)
+                plan = cursor.fetchone()[0]
+            plan = json.loads(plan) if isinstance(plan, str) else plan
+            estimate += int(plan[0]["Plan"]["Plan Rows"])
+        return max(estimate, len(ids)), False
+    return len(ids), False
 
 
 class AttemptQuerySet(models.QuerySet):
@@ -617,6 +792,100 @@ class AttemptQuerySet(models.QuerySet):
         seconds, read now: the setting applies to attempts recorded before it changed."""
         since = now - dt.timedelta(seconds=settings.LEDGER["STALE_AFTER"])
         return self.filter(state__in=IN_FLIGHT_STATES, updated_at__lte=since)
+
+    def queue_page(
+        self,
+        *,
+        user: Any,
+        tenants: list[str],
+        states: tuple[str, ...],
+        page_size: int,
+        tool: str = "",
+        owner_id: int | None = None,
+        unassigned: bool = False,
+        awaiting_me: bool = False,
+        created_before: dt.datetime | None = None,
+        updated_before: dt.datetime | None = None,
+        q: str = "",
+        ascending: bool = True,
+        after: tuple[dt.datetime, int] | None = None,
+        before: tuple[dt.datetime, int] | None = None,
+        fields: tuple[str, ...] = ("id",),
+    ) -> QueuePage:
+        """One page of a queue for ``user``: attempts of ``tenants`` (theirs, or one of them) in
+        ``states``, filtered, in creation order, keyset-paginated by (created_at, id) ``after``
+        or ``before`` a row, each row the ``fields`` asked for. Rows outside what ``user`` may
+        see are never returned.
+
+        How: one lane per index range, merged. Without a search a lane is one equality prefix
+        of a queue index, (tenant) for every state or (tenant, state), so each is an ordered
+        index range; a prefix search has one lane per identifier, each a range of that
+        identifier's own index (``prefix_search``), so a prefix matching most of the ledger is
+        never gathered and sorted. Phase one reads only (created_at, id) from each lane, phase
+        two loads the page's rows by key. The total is exact up to QUEUE_COUNT_CAP per lane,
+        else PostgreSQL's planner estimate (SQLite: a lower bound)."""
+        base = self.all()
+        if tool:
+            base = base.filter(tool_name=tool)
+        if owner_id is not None:
+            base = base.filter(owner_id=owner_id)
+        elif unassigned:
+            base = base.filter(owner__isnull=True)
+        if awaiting_me:
+            base = base.filter(pk__in=Attempt.objects.awaiting_approval_of(user).values("pk"))
+        if created_before is not None:
+            base = base.filter(created_at__lte=created_before)
+        if updated_before is not None:
+            base = base.filter(updated_at__lte=updated_before)
+        uncursored = base
+        backwards = before is not None
+        walk_ascending = ascending != backwards
+        if after:
+            base = base.filter(_keyset(after, forward_ascending=ascending))
+        elif before:
+            base = base.filter(_keyset(before, forward_ascending=not ascending))
+        order = ("created_at", "id") if walk_ascending else ("-created_at", "-id")
+        want = page_size + 1
+
+        prefix = bool(q) and len(q) >= MIN_PREFIX
+        lanes, lanes_without_cursor = _queue_lanes(
+            base, uncursored, tenants, states, q, by_owner=owner_id is not None, order=order
+        )
+        keys = [list(lane.values_list("created_at", "id")[:want]) for lane in lanes]
+        if prefix:
+            merged_keys = sorted(set().union(*keys), reverse=not walk_ascending)
+        else:
+            merged_keys = []
+            for key in heapq.merge(*keys, reverse=not walk_ascending):
+                if not merged_keys or merged_keys[-1] != key:  # a row found by two identifiers
+                    merged_keys.append(key)
+                if len(merged_keys) == want:
+                    break
+        by_pk = {
+            row["id"]: row
+            for row in Attempt.objects.visible_to(user)
+            .filter(pk__in=[pk for _, pk in merged_keys])
+            .values(*fields)
+        }
+        merged = [by_pk[pk] for _, pk in merged_keys if pk in by_pk]
+        more = len(merged) > page_size
+        rows = merged[:page_size]
+        if backwards:
+            rows.reverse()
+            has_prev, has_next = more, True
+        else:
+            has_next, has_prev = more, after is not None
+        if prefix:
+            has_next = has_prev = False
+        total, exact = _estimate_total(lanes_without_cursor)
+        return QueuePage(
+            rows=rows,
+            has_next=has_next and bool(rows),
+            has_prev=has_prev and bool(rows),
+            more_matches=prefix and more,
+            total=total,
+            total_exact=exact,
+        )
 
 
 class Attempt(models.Model):
@@ -775,12 +1044,15 @@ class Attempt(models.Model):
     def is_terminal(self) -> bool:
         return self.state in TERMINAL_STATES
 
+    def attention_age(self, now: dt.datetime) -> dt.timedelta:
+        return attention_age(self.created_at, now)
+
     @staticmethod
     def last_move_subquery() -> Subquery:
         """The id of the attempt's latest event that changed its state (for annotations)."""
         return Subquery(
             AttemptEvent.objects.filter(attempt=OuterRef("pk"))
-            .exclude(from_state=F("to_state"))
+            .filter(MOVED)
             .order_by("-id")
             .values("id")[:1]
         )
@@ -792,12 +1064,7 @@ class Attempt(models.Model):
     def approvers_since_last_move(self) -> list[str]:
         """The one home of "which approvals count": distinct reviewers (oldest first) who
         approved since the attempt last changed state. A move starts the count again."""
-        last_move = (
-            self.events.exclude(from_state=F("to_state"))
-            .order_by("-id")
-            .values_list("id", flat=True)
-            .first()
-        )
+        last_move = self.events.filter(MOVED).order_by("-id").values_list("id", flat=True).first()
         names: list[str] = []
         for name in (
             self.events.filter(action=APPROVAL_ACTION, id__gt=last_move or 0)
@@ -818,7 +1085,7 @@ class Attempt(models.Model):
         acknowledgements and lease claims are not among them."""
         return list(
             self.events.filter(id__gt=event_id)
-            .filter(~Q(from_state=F("to_state")) | Q(action__in=DECISIVE_ACTIONS))
+            .filter(MOVED | Q(action__in=DECISIVE_ACTIONS))
             .order_by("id")
         )
 
@@ -1248,8 +1515,9 @@ class AgentToken(models.Model):
 
         token_hash = cls.hash_token(raw)
         cutoff = timezone.now() - dt.timedelta(seconds=cls.LAST_USED_RESOLUTION)
-        # Every API call starts here: one prepared query (the ORM's M2M machinery costs a quarter
-        # of an intent's CPU) for the token, its tenants, and whether its use was recorded lately.
+        # Every API call starts here: one prepared query (the ORM's M2M machinery was a large
+        # share of an intent's CPU, docs/scaling.md) for the token, its tenants, and whether its
+        # use was recorded lately.
         table = cls._meta.db_table
         through = cls.tenants.through._meta.db_table
         sql = (

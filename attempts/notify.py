@@ -371,7 +371,7 @@ def escalate_slas(now: dt.datetime | None = None, limit: int = 500) -> int:
     with transaction.atomic():
         for attempt in candidates:
             policy = SlaPolicy.pick(table, attempt.tool_name, attempt.tenant_id)
-            if SlaPolicy.level(policy, attempt.state, now - attempt.created_at) != "breach":
+            if SlaPolicy.level(policy, attempt.state, attempt.attention_age(now)) != "breach":
                 continue
             people = owners.told_of_breach(attempt, policy.escalate_to)
             row, created = SlaEscalation.objects.get_or_create(

@@ -19,7 +19,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from attempts import authority, states
+from attempts import authority, owners, states
 from attempts.canonical import CanonicalArgs, InvalidArguments, normalize_args
 from attempts.ledger import (
     InvalidIntent,
@@ -36,7 +36,6 @@ from attempts.locking import write_transaction
 from attempts.models import (
     APPROVAL_ACTION,
     ATTENTION_STATES,
-    ROLE_RANK,
     Approval,
     ApprovalPolicy,
     Attempt,
@@ -46,7 +45,6 @@ from attempts.models import (
     State,
     has_role,
     new_attempt_id,
-    tenant_roles,
 )
 from attempts.states import Actor
 
@@ -132,15 +130,6 @@ def require_role(user: Any, attempt: Attempt, minimum: str) -> None:
         raise NotAllowed(f"this needs the {minimum} role in tenant {attempt.tenant_id}")
 
 
-def may_own(user: Any, tenant: str) -> bool:
-    """Whether ``user`` may own attention work in ``tenant``: an owner must be able to act on
-    it, so viewers may not."""
-    return (
-        ROLE_RANK.get(tenant_roles(user, fresh=True).get(tenant, ""), -1)
-        >= ROLE_RANK[Role.OPERATOR]
-    )
-
-
 @_refreshes_caller
 def assign(
     attempt: Attempt | str,
@@ -159,11 +148,8 @@ def assign(
         if current.owner_id == new_id:
             return current
         check_seen(current, _seen(expected_version, seen), user=user)
-        if owner is not None and not may_own(owner, current.tenant_id):
-            raise NotAllowed(
-                f"{owner.get_username()} cannot act on attempts in {current.tenant_id} "
-                "(an owner needs the operator role or higher there)"
-            )
+        if owner is not None and not owners.may_own(owner, current.tenant_id):
+            raise NotAllowed(owners.why_not(owner, current.tenant_id))
         if owner is None and current.state == State.MANUAL_REVIEW:
             raise StateConflict("an attempt in MANUAL_REVIEW must always have an owner")
         return states.move(

@@ -2,8 +2,8 @@
 
 An intent inserts an attempt and its first event; every later move is a compare-and-set
 ``UPDATE`` of the attempt plus one event ``INSERT``; intents and claims read the grant's terms.
-Building these statements with the ORM cost most of a tool call (bench/pg_peers.py,
-bench/write_path.py), so they are written here once as parameterized SQL, with columns and
+Building these statements with the ORM was the largest cost of a tool call (docs/scaling.md, "Why the write path is shaped so"), so
+they are written here once as parameterized SQL, with columns and
 values taken from the models' own fields, and nothing else writes attempts or events. On
 PostgreSQL an attempt's row and its event go in one statement (a data-modifying ``WITH``): a
 single statement is atomic on its own, so a move made alone needs no transaction around it. On
@@ -44,8 +44,8 @@ def _marks(count: int) -> str:
 class _Cursor:
     """This module's statements straight on the driver's connection (``sqlite3`` or psycopg).
     Django's cursor wrapper (a wrapper object per statement, the execute-wrapper chain, and on
-    SQLite rewriting ``%s`` to ``?`` on every call) cost about a quarter of a tool call
-    (bench/write_path.py, bench/pg_peers.py). What it guards is kept: errors are still Django's
+    SQLite rewriting ``%s`` to ``?`` on every call) is work repeated on every statement of every
+    tool call (docs/scaling.md). What it guards is kept: errors are still Django's
     (``IntegrityError`` for a key already recorded), a broken transaction is still refused, and a
     connection that failed its health check is replaced."""
 
@@ -91,8 +91,8 @@ def _cursor(db: BaseDatabaseWrapper) -> Any:
 class _Column:
     """A model field this module writes, and how its values reach the database.
 
-    Django's field preparation (``get_db_prep_save``) cost a fifth of a tool call on SQLite
-    (bench/write_path.py) while handing most values back unchanged: a ``str`` for a text
+    Django's field preparation (``get_db_prep_save``) runs for every value of every write
+    (docs/scaling.md) while handing most values back unchanged: a ``str`` for a text
     column, an ``int`` or ``bool`` of exactly that type for a number or flag column, ``None``.
     Those go as they are; every other value (dates, JSON, lazy strings, a bool for a number
     column) still goes through Django."""

@@ -33,7 +33,7 @@ from mozilla_django_oidc.utils import import_from_settings
 from attempts import memberships
 from attempts.config_history import acting
 from attempts.locking import write_transaction
-from attempts.models import ROLE_RANK, ActorKind, SsoGroupRole, SsoIdentity
+from attempts.models import ActorKind, Role, SsoGroupRole, SsoIdentity
 from attempts.states import Actor
 
 log = logging.getLogger("ledgerweb.sso")
@@ -153,8 +153,8 @@ def roles_for_groups(groups: list[str]) -> dict[str, str]:
     for tenant, role in SsoGroupRole.objects.filter(group__in=groups).values_list(
         "tenant_id", "role"
     ):
-        if tenant not in roles or ROLE_RANK[role] > ROLE_RANK[roles[tenant]]:
-            roles[tenant] = role
+        held = roles.get(tenant)
+        roles[tenant] = Role.highest([role, held] if held else [role])
     return dict(sorted(roles.items()))
 
 

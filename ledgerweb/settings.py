@@ -109,10 +109,14 @@ def _databases() -> dict:
                 "LEDGERWEB_DATA_DIR instead)"
             )
         # Durability is the product: never run the ledger with synchronous_commit off. Every lock
-        # wait is bounded (attempts/locking.py turns a timeout into LedgerBusy).
+        # wait, every statement and every idle open transaction is bounded (attempts/locking.py
+        # turns a lock or statement timeout into LedgerBusy; the server ends an idle session).
         lock_ms = read("LEDGERWEB_LOCK_TIMEOUT_MS")
+        statement_ms = read("LEDGERWEB_PG_STATEMENT_TIMEOUT_MS")
+        idle_ms = read("LEDGERWEB_PG_IDLE_IN_TRANSACTION_TIMEOUT_MS")
         config.setdefault("OPTIONS", {})["options"] = (
-            f"-c synchronous_commit=on -c lock_timeout={lock_ms}"
+            f"-c synchronous_commit=on -c lock_timeout={lock_ms} -c statement_timeout="
+            f"{statement_ms} -c idle_in_transaction_session_timeout={idle_ms}"
         )
         # Parameters travel apart from the SQL, and a statement a connection has run a few times
         # is prepared once and then only executed: the server stops re-planning the same few
@@ -129,8 +133,8 @@ def _databases() -> dict:
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": read("LEDGERWEB_SQLITE_PATH", str(DATA_DIR / "ledger.sqlite3")),
             # Keep each thread's connection between requests: closing the last connection to a
-            # WAL database checkpoints it, and opening one re-runs the pragmas (together more
-            # than a whole intent's work).
+            # WAL database checkpoints it, and opening one re-runs the pragmas (docs/scaling.md
+            # says what that costs).
             "CONN_MAX_AGE": read("LEDGERWEB_DB_CONN_MAX_AGE"),
             "CONN_HEALTH_CHECKS": True,
             "OPTIONS": {

@@ -267,6 +267,26 @@ declare(
     minimum=0,
 )
 declare(
+    "LEDGERWEB_PG_STATEMENT_TIMEOUT_MS",
+    "int",
+    60000,
+    "PostgreSQL: longest a single statement may run before the server cancels it "
+    "(`statement_timeout`; the call fails cleanly with `statement_timeout`); 0 for no limit, "
+    "e.g. for a migration the changelog says rewrites a large table.",
+    group=_DB,
+    minimum=0,
+)
+declare(
+    "LEDGERWEB_PG_IDLE_IN_TRANSACTION_TIMEOUT_MS",
+    "int",
+    60000,
+    "PostgreSQL: longest a connection may sit idle inside an open transaction before the server "
+    "ends its session (`idle_in_transaction_session_timeout`), so a stuck process cannot hold "
+    "locks for ever; 0 for no limit.",
+    group=_DB,
+    minimum=0,
+)
+declare(
     "LEDGERWEB_SQLITE_BUSY_TIMEOUT_MS",
     "int",
     30000,

@@ -16,6 +16,7 @@ from unittest import mock
 import pytest
 from django.contrib.auth.models import User
 from django.db import connection
+from django.db.models.signals import post_migrate
 
 from attempts.models import EffectClass, Grant, Membership, OwnershipRule, Role, Tenant, Tool
 from attempts.states import Actor
@@ -54,11 +55,25 @@ def _user(name: str, **extra) -> User:
     return User.objects.create_user(name, f"{name}@example.test", PASSWORD, **extra)
 
 
+def _guards_back_after_flush(sender, using, plan=None, **kwargs):
+    if sender.label != "attempts" or plan is not None:
+        return  # a migrate (it carries a plan) installs its own guards
+    from django.db import connections
+
+    from attempts import history_guard
+
+    history_guard.install(connections[using])
+
+
+post_migrate.connect(_guards_back_after_flush, dispatch_uid="tests-history-guards-after-flush")
+
+
 @pytest.fixture(autouse=True)
 def _history_guards_allow_flush(request):
     """Tests that commit (transactional_db, live_server) end with a flush, which the append-only
     triggers would refuse: drop them just before the flush; post_migrate (sent by flush)
-    installs them again for the next test."""
+    installs them again for the next test (the receiver above: the product itself never
+    re-installs them behind a migration's back)."""
     marker = request.node.get_closest_marker("django_db")
     transactional = (
         "transactional_db" in request.fixturenames

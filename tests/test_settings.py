@@ -120,6 +120,33 @@ def test_missing_owner_configuration_is_reported_where_it_matters(tmp_path):
     assert "attempts.W001" not in result.stdout + result.stderr
 
 
+def test_a_default_owner_who_cannot_own_work_fails_the_check(tmp_path):
+    assert run_manage(tmp_path, "migrate", "-v0").returncode == 0
+    made = run_manage(
+        tmp_path,
+        "shell",
+        "-c",
+        "from django.contrib.auth.models import User\n"
+        "from attempts.models import Membership, Tenant\n"
+        "acme = Tenant.objects.create(slug='acme', name='Acme')\n"
+        "for name, role in (('vic', 'viewer'), ('opal', 'operator')):\n"
+        "    Membership.objects.create(user=User.objects.create(username=name), tenant=acme,"
+        " role=role)\n"
+        "User.objects.create(username='gone', is_active=False)\n",
+    )
+    assert made.returncode == 0, made.stderr
+    for name, why in (
+        ("nosuchuser", "'nosuchuser', and no such user exists"),
+        ("vic", "'vic', who cannot act on attempts in any tenant"),
+        ("gone", "'gone', who is not active"),
+    ):
+        result = run_manage(tmp_path, "check", LEDGERWEB_DEFAULT_OWNER=name)
+        assert result.returncode != 0, name
+        assert "attempts.E002" in result.stderr and why in result.stderr, result.stderr
+    result = run_manage(tmp_path, "check", LEDGERWEB_DEFAULT_OWNER="opal")
+    assert result.returncode == 0, result.stderr
+
+
 def test_log_records_skip_only_fields_no_format_prints_in_server_processes():
     from django.conf import settings
 

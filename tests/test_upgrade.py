@@ -152,6 +152,9 @@ def test_a_ledger_of_the_previous_release_migrates_and_verifies(previous_tree, d
     manage = [sys.executable, str(REPO / "manage.py")]
     run([*manage, "migrate", "--no-input"], REPO, database)
     run([*manage, "migrate", "--check"], REPO, database)  # nothing left unapplied
+    # Every history table still refuses changes (the migrations alone guard them).
+    checked = run([*manage, "check", "--database", "default"], REPO, database)
+    assert "attempts.E003" not in checked.stdout + checked.stderr
     verified = run([*manage, "verify_audit", "--expect-head", made["checkpoint"]], REPO, database)
     assert made["checkpoint"] in verified.stdout, verified.stdout
 

@@ -1,18 +1,22 @@
-"""The ledger's schema in one migration: every model, the append-only triggers on the history
-tables, and PostgreSQL's byte-order prefix indexes for the dashboard's search.
+"""The ledger's schema up to release 0.1.0 in one migration: every model, the append-only
+triggers on the history tables (``attempts.history_guard``) and PostgreSQL's byte-order prefix
+indexes for the dashboard's search.
 
-It replaces 0001-0008, which stay only so that a ledger created before this squash can upgrade
-(Django applies the rest of those to it, then counts this one as applied). Remove them and
-``replaces`` once every ledger has migrated past 0008.
+A ledger of release 0.1.0 has it recorded as applied, together with the names of the
+migrations it once replaced (0001_initial to 0008, removed since: Django passes over records
+of migrations it does not know). A ledger older than 0.1.0 must first migrate with 0.1.0; the
+first operation here refuses it with a message saying so, instead of failing half way.
 """
 
 import datetime
 
 import django.db.models.deletion
 from django.conf import settings
+from django.core.management import CommandError
 from django.db import migrations, models
 
 import attempts.models
+from attempts import history_guard
 
 HISTORY_TABLES = (
     "attempts_attemptevent",
@@ -29,49 +33,15 @@ PREFIX_INDEXES = {
 }
 
 
-def _short(table):
-    return table.removeprefix("attempts_")
-
-
-def install_guards(apps, schema_editor):
-    """UPDATE, DELETE (and TRUNCATE on PostgreSQL) of history rows are refused by the database."""
-    vendor = schema_editor.connection.vendor
-    if vendor == "postgresql":
-        schema_editor.execute(
-            "CREATE OR REPLACE FUNCTION ledger_refuse_history_change() RETURNS trigger AS $$ "
-            "BEGIN RAISE EXCEPTION 'audit history is append-only: % refused', TG_OP "
-            "USING ERRCODE = 'insufficient_privilege'; END; $$ LANGUAGE plpgsql",
-            None,  # no parameters: the % belongs to RAISE
+def refuse_a_ledger_older_than_0_1_0(apps, schema_editor):
+    """Tables already here while this migration is not recorded: a ledger from before release
+    0.1.0, whose migrations are gone."""
+    if "attempts_attempt" in schema_editor.connection.introspection.table_names():
+        raise CommandError(
+            "this ledger was created before release 0.1.0 and cannot be migrated by this "
+            "version: migrate it with release 0.1.0 first (its `manage.py migrate`), then "
+            "with this one"
         )
-    for table in HISTORY_TABLES:
-        name = _short(table)
-        if vendor == "sqlite":
-            for verb in ("UPDATE", "DELETE"):
-                schema_editor.execute(
-                    f"CREATE TRIGGER IF NOT EXISTS {name}_no_{verb.lower()} BEFORE {verb} ON {table} "
-                    f"BEGIN SELECT RAISE(ABORT, 'audit history is append-only: {verb} refused'); END"
-                )
-        elif vendor == "postgresql":
-            schema_editor.execute(
-                f"CREATE OR REPLACE TRIGGER {name}_append_only BEFORE UPDATE OR DELETE ON {table} "
-                "FOR EACH ROW EXECUTE FUNCTION ledger_refuse_history_change()"
-            )
-            schema_editor.execute(
-                f"CREATE OR REPLACE TRIGGER {name}_no_truncate BEFORE TRUNCATE ON {table} "
-                "FOR EACH STATEMENT EXECUTE FUNCTION ledger_refuse_history_change()"
-            )
-
-
-def remove_guards(apps, schema_editor):
-    vendor = schema_editor.connection.vendor
-    for table in HISTORY_TABLES:
-        name = _short(table)
-        if vendor == "sqlite":
-            schema_editor.execute(f"DROP TRIGGER IF EXISTS {name}_no_update")
-            schema_editor.execute(f"DROP TRIGGER IF EXISTS {name}_no_delete")
-        elif vendor == "postgresql":
-            schema_editor.execute(f"DROP TRIGGER IF EXISTS {name}_append_only ON {table}")
-            schema_editor.execute(f"DROP TRIGGER IF EXISTS {name}_no_truncate ON {table}")
 
 
 def add_prefix_indexes(apps, schema_editor):
@@ -95,22 +65,12 @@ def drop_prefix_indexes(apps, schema_editor):
 class Migration(migrations.Migration):
     initial = True
 
-    replaces = [
-        ("attempts", "0001_initial"),
-        ("attempts", "0002_event_append_only"),
-        ("attempts", "0003_issue5_dashboard"),
-        ("attempts", "0004_fewer_index_writes_per_intent"),
-        ("attempts", "0005_chain_per_attempt"),
-        ("attempts", "0006_sso"),
-        ("attempts", "0007_operator_shift"),
-        ("attempts", "0008_tool_adapter_name"),
-    ]
-
     dependencies = [
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
+        migrations.RunPython(refuse_a_ledger_older_than_0_1_0, migrations.RunPython.noop),
         migrations.CreateModel(
             name="Checkpoint",
             fields=[
@@ -923,6 +883,6 @@ class Migration(migrations.Migration):
                 fields=("tenant", "tool"), name="grant_unique_tenant_tool"
             ),
         ),
-        migrations.RunPython(install_guards, remove_guards),
+        history_guard.install_in_migration(HISTORY_TABLES),
         migrations.RunPython(add_prefix_indexes, drop_prefix_indexes),
     ]

@@ -10,6 +10,8 @@ log first, in the order they were sealed."""
 import django.db.models.deletion
 from django.db import migrations, models
 
+from attempts import history_guard
+
 
 class Migration(migrations.Migration):
     dependencies = [
@@ -136,4 +138,9 @@ class Migration(migrations.Migration):
                 ],
             },
         ),
+        # The log's tables are history too; SQLite rebuilt the checkpoint table above.
+        history_guard.install_in_migration(
+            ("attempts_logentry", "attempts_lognode", "attempts_checkpointsignature")
+        ),
+        history_guard.install_in_migration(("attempts_checkpoint",), created=False),
     ]

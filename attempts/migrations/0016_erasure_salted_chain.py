@@ -5,12 +5,20 @@ from django.conf import settings
 from django.db import migrations, models
 
 
-def _drop_sqlite_update_guard(apps, schema_editor):
-    # The event UPDATE guard now lets an erasure through; post_migrate installs the new one
-    # (attempts/history_guard.py), and going back, the one from before. PostgreSQL's CREATE OR
-    # REPLACE needs no drop; its event guard function reads OLD.text_digest only when it exists.
+def _guards(apps, schema_editor):
+    # The events' guard follows the schema (attempts/history_guard.py): with text_digest, it
+    # lets an erasure's UPDATE through; migrating back, the one from before is put back last.
+    from attempts import history_guard
+
+    history_guard.install(schema_editor.connection)
+
+
+def _drop_sqlite_event_guards(apps, schema_editor):
+    # Migrating back: SQLite's event triggers read text_digest, which is about to go; the
+    # guards come back at the end (_guards, the first operation's reverse).
     if schema_editor.connection.vendor == "sqlite":
         schema_editor.execute("DROP TRIGGER IF EXISTS attemptevent_no_update")
+        schema_editor.execute("DROP TRIGGER IF EXISTS attemptevent_no_delete")
 
 
 class Migration(migrations.Migration):
@@ -20,6 +28,7 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        migrations.RunPython(migrations.RunPython.noop, _guards),
         migrations.AddField(
             model_name="attempt",
             name="args_salt",
@@ -96,5 +105,5 @@ class Migration(migrations.Migration):
                 ],
             },
         ),
-        migrations.RunPython(_drop_sqlite_update_guard, _drop_sqlite_update_guard),
+        migrations.RunPython(_guards, _drop_sqlite_event_guards),
     ]

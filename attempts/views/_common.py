@@ -15,7 +15,7 @@ from django.shortcuts import render
 from django_htmx.http import HttpResponseClientRedirect, reswap, retarget
 
 from attempts.ledger import LedgerError
-from attempts.models import ROLE_RANK, Attempt, has_role, tenant_roles, tenants_where
+from attempts.models import Attempt, has_role, highest_role, tenant_roles, tenants_where
 
 __all__ = ["has_role", "tenant_roles"]
 
@@ -29,8 +29,7 @@ def user_tenants(user: Any) -> list[str]:
 
 def max_role(user: Any) -> str | None:
     """The user's highest role in any tenant (decides which controls and links to show)."""
-    roles = tenant_roles(user).values()
-    return max(roles, key=lambda r: ROLE_RANK[r]) if roles else None
+    return highest_role(user)
 
 
 def get_attempt_for_user(user: Any, attempt_id: str) -> Attempt:

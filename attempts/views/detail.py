@@ -19,10 +19,9 @@ from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from attempts import authority, ledger, tracing
+from attempts import authority, ledger, owners, tracing
 from attempts.canonical import canonical_bytes
 from attempts.models import (
-    ROLE_RANK,
     ApprovalPolicy,
     Attempt,
     ConfigEvent,
@@ -226,20 +225,6 @@ def name_owners(events: list[Any]) -> None:
 LOOKUP_Q = Q(action="attempt.lookup") | Q(details__has_key="lookup")
 
 
-def _assignees(attempt: Attempt, user: Any) -> list[str]:
-    """People who may own this attempt: operators or above in its tenant, active."""
-    return list(
-        get_user_model()
-        .objects.filter(
-            ledger_memberships__tenant_id=attempt.tenant_id,
-            ledger_memberships__role__in=[r for r in ROLE_RANK if ROLE_RANK[r] >= 1],
-            is_active=True,
-        )
-        .order_by("username")
-        .values_list("username", flat=True)
-    )
-
-
 def sla_for(attempt: Attempt, now: dt.datetime) -> dict[str, Any]:
     """The attempt's SLA level, thresholds and acknowledgement (empty when none applies)."""
     if attempt.state not in (State.UNKNOWN, State.MANUAL_REVIEW):
@@ -254,7 +239,7 @@ def sla_for(attempt: Attempt, now: dt.datetime) -> dict[str, Any]:
         .first()
     )
     return {
-        "level": SlaPolicy.level(policy, attempt.state, now - attempt.created_at),
+        "level": SlaPolicy.level(policy, attempt.state, attempt.attention_age(now)),
         "warn": warn,
         "breach": breach,
         "escalation": escalation,
@@ -302,7 +287,7 @@ def live_context(request: HttpRequest, attempt: Attempt) -> dict[str, Any]:
         changed = [describe_change(e) for e in attempt.decisive_changes_since(int(since))]
     return {
         "attempt": attempt,
-        "age": now - attempt.created_at,
+        "age": attempt.attention_age(now),
         "sla": sla_for(attempt, now),
         "tool": Tool.objects.filter(name=attempt.tool_name).first(),
         "args_pretty": pretty_json(shown_args),
@@ -360,7 +345,7 @@ def detail_context(request: HttpRequest, attempt: Attempt) -> dict[str, Any]:
             "approvals": approvals,
             "approvals_needed": attempt.approvals_needed(),
             "already_approved": user.get_username() in approvals,
-            "assignees": _assignees(attempt, user),
+            "assignees": owners.owner_names([attempt.tenant_id]),
             "diff": args_diff_for(user, attempt),
             "typed": {},
             # Who changed what decides this attempt's authority or review (tool, grant, rules).

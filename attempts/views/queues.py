@@ -10,8 +10,6 @@ poll shows the same place.
 from __future__ import annotations
 
 import datetime as dt
-import heapq
-import json
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
@@ -19,10 +17,7 @@ from urllib.parse import urlencode
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import get_user_model
-from django.core.exceptions import EmptyResultSet
-from django.db import connection
-from django.db.models import BooleanField, Max, Q
-from django.db.models.expressions import RawSQL
+from django.db.models import Max
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
@@ -30,21 +25,20 @@ from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
-from attempts import ledger, review
+from attempts import ledger, owners, review
 from attempts.models import (
     ATTENTION_STATES,
     MIN_PREFIX,
-    PREFIX_FIELDS,
-    ROLE_RANK,
     ArchivedAttempt,
     Attempt,
     AttemptEvent,
+    QueuePage,
     Role,
     SlaEscalation,
     SlaPolicy,
     State,
     Tool,
-    canonical_attempt_id,
+    attention_age,
 )
 from attempts.review import Seen
 from attempts.views._common import (
@@ -138,8 +132,6 @@ class BadFilter(ValueError):
 
 
 PAGE_SIZES = (25, 50, 100, 200)
-# Totals are exact up to this many rows per lane; beyond it they are estimates.
-COUNT_CAP = 1000
 
 
 @dataclass
@@ -248,60 +240,6 @@ def parse_filters(request: HttpRequest, queue: Queue) -> Filters:
     return f
 
 
-def exact_search(term: str) -> Q:
-    """A term shorter than MIN_PREFIX matches identifiers exactly (a prefix would match too
-    much to be useful)."""
-    return (
-        Q(attempt_id=canonical_attempt_id(term))
-        | Q(idempotency_key=term)
-        | Q(provider_request_id=term)
-        | Q(task_id=term)
-    )
-
-
-def _search_scope(tenants: list[str], states: tuple[str, ...]) -> Q:
-    """The tenant and state limits of a search lane. On SQLite they are written so the planner
-    cannot read them from an index (``+column``): it must walk the identifier's own index in
-    order, never gather every match of a broad prefix by tenant and sort them."""
-    every_state = set(states) == set(State.values)
-    if connection.vendor != "sqlite":
-        return Q(tenant_id__in=tenants) & (Q() if every_state else Q(state__in=states))
-    table = Attempt._meta.db_table
-    scope = Q(_unindexed_in(f'"{table}"."tenant_id"', tenants))
-    if not every_state:
-        scope &= Q(_unindexed_in(f'"{table}"."state"', list(states)))
-    return scope
-
-
-def _unindexed_in(column: str, values: list[str]) -> RawSQL:
-    if not values:
-        return RawSQL("0 = 1", [], output_field=BooleanField())
-    marks = ", ".join(["%s"] * len(values))
-    # The column name is ours; the values are parameters.
-    return RawSQL(f"+{column} IN ({marks})", list(values), output_field=BooleanField())  # noqa: S611
-
-
-def _keyset(cursor: tuple[dt.datetime, int], *, forward_ascending: bool) -> Q:
-    """Rows strictly after ``cursor`` in the walking direction. The plain range term on
-    created_at is what lets the index seek; the OR only breaks ties."""
-    when, pk = cursor
-    if forward_ascending:
-        return Q(created_at__gte=when) & (Q(created_at__gt=when) | Q(id__gt=pk))
-    return Q(created_at__lte=when) & (Q(created_at__lt=when) | Q(id__lt=pk))
-
-
-@dataclass
-class Page:
-    rows: list[dict[str, Any]]
-    has_next: bool
-    has_prev: bool
-    next_cursor: str = ""
-    prev_cursor: str = ""
-    total: int = 0
-    total_exact: bool = True
-    more_matches: bool = False
-
-
 def fetch_page(
     *,
     user: Any,
@@ -309,135 +247,38 @@ def fetch_page(
     filters: Filters,
     now: dt.datetime,
     page_size: int | None = None,
-) -> Page:
-    """One page of the queue for this user: tenant-scoped, filtered, keyset-paginated."""
-    page_size = page_size or filters.size or PAGE_SIZE
-    tenants = [filters.tenant] if filters.tenant else user_tenants(user)
-    chosen_states = (filters.state,) if filters.state else queue.states
+) -> QueuePage:
+    """One page of the queue for this user (``Attempt.objects.queue_page``: tenant-scoped,
+    filtered, keyset-paginated), with what its rows show."""
+    states = (filters.state,) if filters.state else queue.states
     if filters.awaiting:
-        chosen_states = tuple(s for s in chosen_states if s == State.MANUAL_REVIEW)
-    # ``tenants`` are the user's own (``user_tenants``, the one scoping rule) or one of them;
-    # every lane below is limited to them.
-    base = Attempt.objects.all()
-    if filters.tool:
-        base = base.filter(tool_name=filters.tool)
-    owner_id = user.pk if filters.owner == "me" else filters.owner_id
-    if owner_id is not None:
-        base = base.filter(owner_id=owner_id)
-    elif filters.owner == "unassigned":
-        base = base.filter(owner__isnull=True)
-    if filters.awaiting:
-        base = base.filter(pk__in=Attempt.objects.awaiting_approval_of(user).values("pk"))
+        states = tuple(s for s in states if s == State.MANUAL_REVIEW)
     age = AGES[filters.age]
-    if age is not None:
-        base = base.filter(created_at__lte=now - age)
-    if queue.stale_only:
-        base = base.filter(
-            updated_at__lte=now - dt.timedelta(seconds=settings.LEDGER["STALE_AFTER"])
-        )
-
-    uncursored = base
-    ascending = filters.sort == "oldest"
-    backwards = filters.before is not None
-    walk_ascending = ascending != backwards
-    if filters.after:
-        base = base.filter(_keyset(filters.after, forward_ascending=ascending))
-    elif filters.before:
-        base = base.filter(_keyset(filters.before, forward_ascending=not ascending))
-    order = ("created_at", "id") if walk_ascending else ("-created_at", "-id")
-    want = page_size + 1
-
-    prefix_search = bool(filters.q) and len(filters.q) >= MIN_PREFIX
-    if not chosen_states:
-        lanes, lanes_without_cursor = [], []
-    elif prefix_search:
-        # One lane per identifier, each a range of that identifier's own index walked in
-        # order (``Attempt.objects.prefix_search``); a prefix may match most of the ledger
-        # ("acme:"), so no lane gathers and sorts all its matches. The page shows the first
-        # matches by identifier; a longer prefix narrows it (no further pages).
-        scope = _search_scope(tenants, chosen_states)
-        lanes = [
-            base.prefix_search(filters.q, field).filter(scope).order_by("search_key", "id")
-            for field in PREFIX_FIELDS
-        ]
-        lanes_without_cursor = lanes
-    else:
-        if filters.q:
-            specs = [exact_search(filters.q) & _search_scope(tenants, chosen_states)]
-        else:
-            # One equality prefix per lane, so each lane is an ordered index range: (tenant)
-            # when every state is wanted, (tenant, state) otherwise; (owner, tenant, state)
-            # for an owner.
-            every_state = set(chosen_states) == set(State.values)
-            if every_state and owner_id is None:
-                specs = [Q(tenant_id=t) for t in tenants]
-            else:
-                specs = [Q(tenant_id=t, state=s) for t in tenants for s in chosen_states]
-        lanes = [base.filter(spec).order_by(*order) for spec in specs]
-        lanes_without_cursor = [uncursored.filter(spec) for spec in specs]
-    # Phase one reads only (created_at, id) from each lane (for the queues, both are in every
-    # queue index, so each lane is an index-only range); phase two loads the rows by key.
-    keys = [list(lane.values_list("created_at", "id")[:want]) for lane in lanes]
-    if prefix_search:
-        merged_keys = sorted(set().union(*keys), reverse=not walk_ascending)
-    else:
-        merged_keys = []
-        for key in heapq.merge(*keys, reverse=not walk_ascending):
-            if not merged_keys or merged_keys[-1] != key:  # a row found by two identifiers
-                merged_keys.append(key)
-            if len(merged_keys) == want:
-                break
-    by_pk = {
-        row["id"]: row
-        for row in Attempt.objects.visible_to(user)
-        .filter(pk__in=[pk for _, pk in merged_keys])
-        .values(*ROW_FIELDS)
-    }
-    merged = [by_pk[pk] for _, pk in merged_keys if pk in by_pk]
-    more = len(merged) > page_size
-    rows = merged[:page_size]
-    if backwards:
-        rows.reverse()
-        has_prev, has_next = more, True
-    else:
-        has_next, has_prev = more, filters.after is not None
-    if prefix_search:
-        has_next = has_prev = False
-    page = Page(rows=rows, has_next=has_next and bool(rows), has_prev=has_prev and bool(rows))
-    page.more_matches = prefix_search and more
+    stale_after = dt.timedelta(seconds=settings.LEDGER["STALE_AFTER"])
+    page = Attempt.objects.queue_page(
+        user=user,
+        # the user's own tenants (the one scoping rule), or one of them
+        tenants=[filters.tenant] if filters.tenant else user_tenants(user),
+        states=states,
+        page_size=page_size or filters.size or PAGE_SIZE,
+        tool=filters.tool,
+        owner_id=user.pk if filters.owner == "me" else filters.owner_id,
+        unassigned=filters.owner == "unassigned",
+        awaiting_me=bool(filters.awaiting),
+        created_before=now - age if age is not None else None,
+        updated_before=now - stale_after if queue.stale_only else None,
+        q=filters.q,
+        ascending=filters.sort == "oldest",
+        after=filters.after,
+        before=filters.before,
+        fields=ROW_FIELDS,
+    )
+    rows = page.rows
     if rows:
         page.next_cursor = encode_cursor(rows[-1]["created_at"], rows[-1]["id"])
         page.prev_cursor = encode_cursor(rows[0]["created_at"], rows[0]["id"])
-    page.total, page.total_exact = _estimate_total(lanes_without_cursor, filters.q != "")
     _decorate(rows, now, user)
     return page
-
-
-def _estimate_total(lanes: list, search: bool) -> tuple[int, bool]:
-    """How many rows the queue holds: exact up to COUNT_CAP per lane (ids read from the lane's
-    index, no COUNT), else PostgreSQL's planner estimate (SQLite: a lower bound)."""
-    ids: set[int] = set()
-    capped = False
-    for lane in lanes:
-        found = list(lane.order_by().values_list("id", flat=True)[: COUNT_CAP + 1])
-        capped = capped or len(found) > COUNT_CAP
-        ids.update(found[:COUNT_CAP])
-    if not capped:
-        return len(ids), True
-    if connection.vendor == "postgresql":
-        estimate = 0
-        for lane in lanes:
-            try:
-                sql, params = lane.order_by().values("id").query.sql_with_params()
-            except EmptyResultSet:
-                continue  # a lane that can match nothing (a prefix no field of it can have)
-            with connection.cursor() as cursor:
-                cursor.execute("EXPLAIN (FORMAT JSON) " + sql, params)
-                plan = cursor.fetchone()[0]
-            plan = json.loads(plan) if isinstance(plan, str) else plan
-            estimate += int(plan[0]["Plan"]["Plan Rows"])
-        return max(estimate, len(ids)), False
-    return len(ids), False
 
 
 def _short(text: str, limit: int) -> str:
@@ -490,7 +331,7 @@ def _decorate(rows: list[dict[str, Any]], now: dt.datetime, user: Any) -> None:
     zone = timezone.get_current_timezone()
     detail_base = reverse("attempt-detail", args=["-"])[:-2]
     for row in rows:
-        age = now - row["created_at"]
+        age = attention_age(row["created_at"], now)
         row["owner_name"] = names.get(row["owner_id"], "")
         row["mine"] = row["owner_id"] == user.pk
         row["age_text"] = duration(age)
@@ -527,6 +368,7 @@ def queue_view(request: HttpRequest, slug: str = "unknown") -> HttpResponse:
     here = reverse("queue", args=[queue.slug])
     base_params = filters.params()
     top_role = max_role(request.user)
+    people = owners.owner_names(user_tenants(request.user))
     context = {
         "queue": queue,
         "queues": QUEUES.values(),
@@ -541,10 +383,11 @@ def queue_view(request: HttpRequest, slug: str = "unknown") -> HttpResponse:
         "first_url": here + ("?" + urlencode(base_params) if base_params else ""),
         "next_url": here + "?" + urlencode({**base_params, "after": page.next_cursor}),
         "prev_url": here + "?" + urlencode({**base_params, "before": page.prev_cursor}),
-        "can_bulk": top_role is not None and ROLE_RANK[top_role] >= ROLE_RANK[Role.OPERATOR],
-        "can_bulk_review": top_role is not None and ROLE_RANK[top_role] >= ROLE_RANK[Role.REVIEWER],
-        "assignees": _people(request.user, Role.OPERATOR),
-        "owners": _people(request.user),
+        "can_bulk": Role.can_act(top_role),
+        "can_bulk_review": Role.can_review(top_role),
+        # Whom the assign control offers, and the owner filter's choices: who may own work.
+        "assignees": people,
+        "owners": people,
         "page_sizes": PAGE_SIZES,
         "sort_url": here
         + "?"
@@ -562,24 +405,6 @@ def queue_view(request: HttpRequest, slug: str = "unknown") -> HttpResponse:
     if request.htmx:
         return render(request, "attempts/queues.html#table", context)
     return render(request, "attempts/queues.html", context)
-
-
-def _people(user: Any, minimum: str = Role.VIEWER) -> list[str]:
-    """People in the user's tenants holding at least ``minimum`` there (active), by name. An
-    assign control offers operators and above only: an owner must be able to act."""
-    return list(
-        get_user_model()
-        .objects.filter(
-            ledger_memberships__tenant_id__in=user_tenants(user),
-            ledger_memberships__role__in=[
-                r for r in ROLE_RANK if ROLE_RANK[r] >= ROLE_RANK[minimum]
-            ],
-            is_active=True,
-        )
-        .distinct()
-        .order_by("username")
-        .values_list("username", flat=True)
-    )
 
 
 BULK_ACTIONS = {

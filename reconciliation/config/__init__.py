@@ -68,10 +68,13 @@ def plan(document: Document) -> Plan:
     problems: list[tuple[int | None, str]] = []
     # Keys each section will have once the file is applied, for reference checks.
     final: dict[str, set[str]] = {}
+    # Each section's entries once the file is applied, for checks across sections.
+    state: dict[str, dict[str, dict[str, Any]]] = {}
     entries: dict[str, list[tuple[int, dict[str, Any]]]] = {}
     for section in SECTIONS:
         current = section.current()
         keys = set(current)
+        state[section.name] = dict(current)
         seen: dict[str, int] = {}
         for index, entry in enumerate(document.entries(section.name)):
             where = (section.name, index)
@@ -90,6 +93,7 @@ def plan(document: Document) -> Plan:
                 if key in current:
                     result.changes.append(Change(section, key, REMOVE, current[key], None, where))
                     keys.discard(key)
+                    state[section.name].pop(key, None)
                 continue
             normal = section.normalize(entry)
             for name, message in section.problems(normal):
@@ -102,6 +106,7 @@ def plan(document: Document) -> Plan:
                 f"{section.noun} {key}: {text}" for text in section.warnings(normal)
             ]
             entries.setdefault(section.name, []).append((index, normal))
+            state[section.name][key] = normal
             result.notes += getattr(section, "notes", lambda _: [])(normal)
             before = current.get(key)
             if before is None:
@@ -115,6 +120,11 @@ def plan(document: Document) -> Plan:
     for section in SECTIONS:
         for index, normal in entries.get(section.name, []):
             problems += _reference_problems(document, section, index, normal, final)
+            for name, message in section.final_problems(normal, state):
+                where = (section.name, index) + ((name,) if name else ())
+                problems.append(
+                    document.error(where, f"{section.noun} {section.key(normal)}: {message}")
+                )
     if problems:
         raise ConfigError(document.path, problems)
     return result

@@ -18,7 +18,7 @@ from django.core.exceptions import ValidationError
 from django.db.models import ProtectedError
 from django.utils import timezone
 
-from attempts import memberships
+from attempts import memberships, owners
 from attempts.models import (
     TERMINAL_STATES,
     ApprovalCondition,
@@ -111,6 +111,13 @@ class Section:
         return []
 
     def warnings(self, entry: dict[str, Any]) -> list[str]:
+        return []
+
+    def final_problems(
+        self, entry: dict[str, Any], state: dict[str, dict[str, dict[str, Any]]]
+    ) -> list[tuple[str | None, str]]:
+        """Checks against every section's entries once the file is applied (``state``:
+        section name -> key -> entry)."""
         return []
 
     def current(self) -> dict[str, dict[str, Any]]:
@@ -374,6 +381,18 @@ class Grants(Section):
         return self.subject(key)
 
 
+def routing_problem(
+    person: str | None, tenant_pattern: str, state: dict[str, dict[str, dict[str, Any]]]
+) -> str | None:
+    """Why an entry that routes work of ``tenant_pattern`` to ``person`` must be refused, judged
+    on the file's final state (``owners`` holds the rule)."""
+    if person is None:
+        return None
+    return owners.pattern_problem(
+        person, tenant_pattern, state["tenants"], state["users"].get(person)
+    )
+
+
 class OwnershipRules(Section):
     """One rule per (tenant pattern, tool pattern); its history subject is its database id."""
 
@@ -381,6 +400,10 @@ class OwnershipRules(Section):
     key_fields = ("tenant", "tool")
     defaults: ClassVar[dict[str, Any]] = {"owner": None, "priority": 100}
     references: ClassVar[dict[str, str]] = {"owner": "users"}
+
+    def final_problems(self, entry, state):
+        problem = routing_problem(entry["owner"], entry["tenant"], state)
+        return [("owner", problem)] if problem else []
 
     def current(self) -> dict[str, dict[str, Any]]:
         found: dict[str, dict[str, Any]] = {}
@@ -536,6 +559,10 @@ class SlaPolicies(Section):
             except ValueError:
                 pass  # reported by problems() with the field's line
         return normal
+
+    def final_problems(self, entry, state):
+        problem = routing_problem(entry["escalate_to"], entry["tenant"], state)
+        return [("escalate_to", problem)] if problem else []
 
     def problems(self, entry: dict[str, Any]) -> list[tuple[str | None, str]]:
         found: list[tuple[str | None, str]] = []

@@ -1,17 +1,11 @@
-"""The worker heartbeat table in one migration. It replaces 0001-0002, which stay only so that a
-ledger created before this squash can upgrade; remove them and ``replaces`` once every ledger has
-migrated past 0002."""
+"""The worker heartbeat table up to release 0.1.0. A ledger of that release has it recorded as
+applied, with the names of the two migrations it once replaced (removed since)."""
 
 from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
     initial = True
-
-    replaces = [
-        ("reconciliation", "0001_initial"),
-        ("reconciliation", "0002_worker_restarts"),
-    ]
 
     dependencies = []
 

@@ -2,7 +2,7 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-    dependencies = [("reconciliation", "0002_worker_restarts")]
+    dependencies = [("reconciliation", "0001_squashed_schema")]
 
     operations = [
         migrations.AddField(

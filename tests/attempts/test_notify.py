@@ -189,6 +189,21 @@ def test_breaches_escalate_to_the_default_owner_when_nobody_is_named(world, chan
     assert {n for _, n, _ in pending(kind=NoticeKind.SLA_BREACH)} == {"reviewer2", "triage"}
 
 
+@pytest.mark.parametrize("named", ["viewer", "outsider"])
+def test_a_breach_is_never_escalated_to_someone_who_cannot_act_on_it(world, channels, named):
+    """An SLA policy (or the default owner) naming a viewer, or someone outside the tenant:
+    the breach goes to the owner, and is escalated to them, not to the one named."""
+    person = getattr(world, named)
+    SlaPolicy.objects.create(
+        tool_id="open_ticket", unknown_breach_after=dt.timedelta(0), escalate_to=person
+    )
+    channels.LEDGER = {**channels.LEDGER, "DEFAULT_OWNER": named}
+    attempt = make_unknown(world)  # triage owns it
+    assert notify.escalate_slas() == 1
+    assert {n for _, n, _ in pending(kind=NoticeKind.SLA_BREACH)} == {"triage"}
+    assert SlaEscalation.objects.get(attempt=attempt).escalated_to == world.triage
+
+
 def test_the_digest_comes_once_a_day_at_the_local_hour(world, channels):
     make_review(world)  # triage owns one
     PersonSettings.objects.create(user=world.triage, time_zone="Asia/Tokyo", digest_hour=9)

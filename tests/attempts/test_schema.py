@@ -51,3 +51,29 @@ def test_postgresql_has_only_the_declared_indexes(model):
     assert declared <= {name for name, *_ in found}
     uniques = [name for name, unique, primary, _ in found if unique and not primary]
     assert len(uniques) == len(unique_columns - {model._meta.pk.column}), uniques
+
+
+@pytest.mark.django_db
+def test_every_history_table_is_guarded_by_the_migrations_alone():
+    """The migrations install every append-only trigger (nothing re-installs them after a
+    migrate): a migration that rebuilds a history table must guard it again."""
+    from attempts import history_guard
+
+    assert history_guard.unguarded(connection) == []
+    assert history_guard.installed(connection)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_missing_guard_fails_the_database_check():
+    from django.core.checks import run_checks
+
+    from attempts import history_guard
+
+    assert "attempts.E003" not in {e.id for e in run_checks(databases=["default"])}
+    history_guard.remove(connection)
+    try:
+        errors = [e for e in run_checks(databases=["default"]) if e.id == "attempts.E003"]
+        assert len(errors) == 1 and "attempts_attemptevent" in errors[0].msg
+        assert "attempts.E003" not in {e.id for e in run_checks()}  # only where it matters
+    finally:
+        history_guard.install(connection)

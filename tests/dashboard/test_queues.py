@@ -10,6 +10,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from attempts import models
 from attempts.models import Attempt, State
 from attempts.views import queues
 from tests.dashboard.conftest import make_attempt, make_review, make_unknown
@@ -342,7 +343,7 @@ def test_a_broad_prefix_with_more_matches_than_counted_exactly_is_estimated(
 ):
     # Past COUNT_CAP matches PostgreSQL estimates the total from each lane's plan; a lane no
     # field can match (a key prefix is never an args hash) has no plan and is left out.
-    monkeypatch.setattr(queues, "COUNT_CAP", 2)
+    monkeypatch.setattr(models, "QUEUE_COUNT_CAP", 2)
     for _ in range(4):
         make_attempt(world, tool="charge_card")
     response = clients.viewer.get("/queues/all/", {"q": "acme:charge"})

@@ -119,3 +119,32 @@ def test_manual_review_from_recovery_always_has_an_owner(world, demo, settings) 
     attempt.refresh_from_db()
     assert attempt.state == State.MANUAL_REVIEW
     assert attempt.owner == world.reviewer2
+
+
+def test_an_ownership_rule_never_routes_work_to_someone_who_cannot_act(world) -> None:
+    """A rule naming a viewer, or someone outside the tenant, is passed over (its owner lost
+    the role after the rule was made): the next rule that names someone who may own it wins."""
+    OwnershipRule.objects.create(owner=world.viewer, tenant_pattern="acme", priority=1)
+    OwnershipRule.objects.create(owner=world.outsider, tenant_pattern="*", priority=2)
+    assert unknown(world, "update_crm", "c:viewer-rule").owner == world.triage
+
+
+def test_the_default_owner_gets_work_only_where_they_may_own_it(world, settings) -> None:
+    OwnershipRule.objects.all().delete()
+    settings.LEDGER = {**settings.LEDGER, "DEFAULT_OWNER": "viewer"}
+    assert unknown(world, "update_crm", "c:viewer-default").owner is None
+    settings.LEDGER = {**settings.LEDGER, "DEFAULT_OWNER": "outsider"}  # admin of globex only
+    assert unknown(world, "update_crm", "c:outsider-default").owner is None
+
+
+def test_who_may_own_is_one_rule_for_assign_and_the_offered_people(world) -> None:
+    from attempts import owners, review
+
+    offered = owners.owner_names(["acme"])
+    assert "viewer" not in offered and "outsider" not in offered
+    assert {"operator", "triage", "reviewer", "reviewer2", "admin"} <= set(offered)
+    attempt = unknown(world, "update_crm", "c:assign")
+    for person in (world.viewer, world.outsider):
+        assert not owners.may_own(person, "acme")
+        with pytest.raises(review.NotAllowed, match="an owner needs the operator role"):
+            review.assign(attempt, user=world.admin, owner=person)

@@ -222,6 +222,22 @@ def test_a_bad_file_changes_nothing_and_the_error_names_the_line(world, tmp_path
             "unknown tenant 'nowhere'",
         ),
         (('owner = "rita"', 'owner = "nobody"'), 'owner = "nobody"', "unknown user 'nobody'"),
+        # An ownership rule may only route work to someone who can act on it there.
+        (
+            ('roles = { initech = "reviewer", acme', 'roles = { initech = "viewer", acme'),
+            'owner = "rita"',
+            "rita cannot act on attempts in tenant initech (an owner needs the operator role",
+        ),
+        (
+            ('tenant = "initech"\ntool = "*"', 'tenant = "acme"\ntool = "*"'),
+            'owner = "rita"',
+            "rita cannot act on attempts in tenant acme",
+        ),
+        (
+            ('email = "rita@initech.example"', 'email = "rita@initech.example"\nactive = false'),
+            'owner = "rita"',
+            "rita is not active",
+        ),
         (('slug = "initech"\nname', 'slug = "acme"\nname'), "[[tenants]]", None),
     ],
 )

@@ -1,71 +1,34 @@
-# ruff: noqa: S608 -- raw SQL against constant table names
-"""A ledger written before per-attempt chains (one chain over the whole ledger, format 1) migrates
-without losing its proof: after migration 0005 it verifies as it did, a head hash kept from
-before still anchors it, new events continue each attempt's history, the first checkpoint seals
-it, and tampering with the old history is still detected."""
+"""A ledger whose early history was written before per-attempt chains (one chain over the whole
+ledger, format 1: a ledger of release 0.1.0 that was made before its chain migration keeps such
+events) verifies as it did, a head hash kept from then still anchors it, new events continue
+each attempt's history, the first checkpoint seals it, and tampering with the old history is
+still detected. The history is written as that migration left it: format-1 events, and each
+attempt's chain head and length where its history stood."""
 
 from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import json
 
 import pytest
 import rfc8785
-from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
-from django.db.migrations.loader import MigrationLoader
 
 from attempts import audit_verify, chain, ledger
-from attempts.models import Attempt, AttemptEvent
+from attempts.models import Attempt, AttemptEvent, Grant, Tenant, Tool
 from attempts.states import Actor
 from attempts.verify_export import GENESIS, LEGACY_FORMAT, event_hash
 from tests.attempts.audit_helpers import drop_triggers, sql
 
-BEFORE = [("attempts", "0004_fewer_index_writes_per_intent")]
-
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def _old_path() -> MigrationExecutor:
-    """An executor over the migrations a ledger created before the squash went through (the
-    squashed schema migration taken out of the graph)."""
-    executor = MigrationExecutor(connection)
-    loader = MigrationLoader(connection, replace_migrations=False)
-    for key, migration in loader.replacements.items():
-        loader.graph.remove_replacement_node(key, migration.replaces)
-    executor.loader = loader
-    return executor
-
-
-def _migrate(targets) -> None:
-    _old_path().migrate(targets)
-
-
-def _latest() -> list[tuple[str, str]]:
-    return [key for key in _old_path().loader.graph.leaf_nodes() if key[0] == "attempts"]
 
 
 def _legacy_ledger() -> tuple[list[str], str]:
     """Three attempts with five events in one ledger-wide chain, written as the old code did.
     Returns the attempts' ids and the head hash an auditor kept."""
     now = dt.datetime(2026, 11, 1, 9, 0, tzinfo=dt.UTC)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO attempts_tenant (slug, name, created_at) VALUES ('acme', 'Acme', %s)",
-            [now],
-        )
-        cursor.execute(
-            "INSERT INTO attempts_tool (name, description, effect_class, critical, adapter, "
-            "dispatch_url, lookup_url, timeout_seconds, active, updated_at) "
-            "VALUES ('update_crm', '', 'idempotent', false, 'http', '', '', 10, true, %s)",
-            [now],
-        )
-        cursor.execute(
-            "INSERT INTO attempts_grant (tenant_id, tool_id, policy_version, allowed_scopes, "
-            "active, updated_at) VALUES ('acme', 'update_crm', 'v1', '[]', true, %s)",
-            [now],
-        )
+    acme = Tenant.objects.create(slug="acme", name="Acme")
+    tool = Tool.objects.create(name="update_crm", effect_class="idempotent", adapter="http")
+    Grant.objects.create(tenant=acme, tool=tool, policy_version="v1")
     prev = GENESIS
     ids = []
     moves = {
@@ -80,27 +43,20 @@ def _legacy_ledger() -> tuple[list[str], str]:
         args = {"n": n}
         args_hash = hashlib.sha256(rfc8785.dumps(args)).hexdigest()
         state = moves[n][-1]
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "INSERT INTO attempts_attempt (attempt_id, tenant_id, task_id, tool_name, args, "
-                "args_hash, idempotency_key, state, version, provider_request_id, result_ref, "
-                "policy_version, credential_scope, review_reason, awaiting_approval, send_count, "
-                "lookup_count, lease_owner, created_at, updated_at) VALUES "
-                "(%s, 'acme', 't', 'update_crm', %s, %s, %s, %s, %s, '', '', 'v1', '[]', '', "
-                "false, 0, 0, '', %s, %s)",
-                [
-                    attempt_id,
-                    json.dumps(args),
-                    args_hash,
-                    f"legacy:{n}",
-                    state,
-                    len(moves[n]),
-                    now,
-                    now,
-                ],
-            )
-            cursor.execute("SELECT id FROM attempts_attempt WHERE attempt_id = %s", [attempt_id])
-            pks[attempt_id] = cursor.fetchone()[0]
+        pks[attempt_id] = Attempt.objects.create(
+            attempt_id=attempt_id,
+            tenant=acme,
+            task_id="t",
+            tool_name="update_crm",
+            args=args,
+            args_hash=args_hash,
+            idempotency_key=f"legacy:{n}",
+            state=state,
+            version=len(moves[n]),
+            policy_version="v1",
+            created_at=now,
+            updated_at=now,
+        ).pk
         ids.append(attempt_id)
         created = {
             "tenant": "acme",
@@ -132,30 +88,35 @@ def _legacy_ledger() -> tuple[list[str], str]:
             "prev_hash": prev,
         }
         digest = event_hash(row)
-        sql(
-            "INSERT INTO attempts_attemptevent (attempt_id, action, actor_kind, actor, from_state, "
-            "to_state, reason, details, created_at, prev_hash, hash) "
-            "VALUES (%s, %s, 'agent', 'old-agent', %s, %s, '', %s, %s, %s, %s)",
-            [pks[attempt_id], action, frm, to, json.dumps(details), moment, prev, digest],
+        AttemptEvent.objects.create(
+            attempt_id=pks[attempt_id],
+            action=action,
+            actor_kind="agent",
+            actor="old-agent",
+            from_state=frm,
+            to_state=to,
+            details=details,
+            created_at=moment,
+            prev_hash=prev,
+            hash=digest,
+            chain_format=LEGACY_FORMAT,
         )
         prev = digest
+    # Where the chain migration left each attempt: its newest event and its event count.
+    for attempt in Attempt.objects.all():
+        newest = attempt.events.order_by("-id").first()
+        Attempt.objects.filter(pk=attempt.pk).update(
+            chain_head=newest.hash, chain_length=attempt.events.count()
+        )
     return ids, prev
 
 
 @pytest.fixture
 def legacy():
-    _migrate(BEFORE)
-    try:
-        ids, head = _legacy_ledger()
-    finally:
-        _migrate(_latest())
-    from attempts import history_guard
-
-    history_guard.install(connection)
-    return ids, head
+    return _legacy_ledger()
 
 
-def test_a_legacy_ledger_verifies_after_migrating_and_keeps_its_anchor(legacy):
+def test_a_legacy_ledger_verifies_and_keeps_its_anchor(legacy):
     ids, head = legacy
     assert set(AttemptEvent.objects.values_list("chain_format", flat=True)) == {LEGACY_FORMAT}
     for attempt in Attempt.objects.all():
