@@ -99,6 +99,10 @@ def test_fuzz_reports_its_seed_and_zero_violations() -> None:
     assert fuzz["unsettled_outside_manual_review"] == 0
 
 
+@pytest.mark.skipif(
+    os.environ.get("LEDGERWEB_CRASH_GATE") == "1",
+    reason="the crash gate scripts/test runs after the suite runs these cases on this database",
+)
 @pytest.mark.parametrize("case", ["G", "H", "I"])
 def test_approval_cases_pass_every_invariant(case: str) -> None:
     """Agents killed while waiting for approval, the worker killed mid-send of approved work, an
