@@ -340,6 +340,16 @@ def _record_intent(request: HttpRequest, token: AgentIdentity) -> JsonResponse:
         raise ApiError(
             403, "tenant_not_granted", f"this token is not allowed tenant {tenant.strip()!r}"
         )
+    traceparent = request.META.get("HTTP_TRACEPARENT")
+    if traceparent is not None and not traceparent.strip():
+        # Sent but empty is malformed like any other value the pattern refuses; no header at
+        # all is the only way to say "no trace".
+        raise ApiError(
+            422,
+            "invalid_traceparent",
+            "traceparent is empty: send W3C Trace Context "
+            "(version-trace_id-parent_id-flags) or leave the header out",
+        )
     try:
         attempt, created = ledger.record_intent(
             tenant=tenant,
@@ -352,7 +362,7 @@ def _record_intent(request: HttpRequest, token: AgentIdentity) -> JsonResponse:
             credential_scope=scope,
             # W3C Trace Context from the agent's tracer: malformed is refused (422), not
             # dropped, so a trace never silently loses its attempt.
-            traceparent=request.META.get("HTTP_TRACEPARENT", ""),
+            traceparent=traceparent or "",
         )
     except ledger.IdempotencyConflict as exc:
         extra = {}

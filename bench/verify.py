@@ -10,7 +10,8 @@ written by a loader that builds each row with the write path's own functions
 (``chain.attempt_event`` links and hashes each event, the creation event carries what
 ``states.create`` records) and inserts attempts and events in bulk, then sealed by the real
 sealer (``chain.seal``). Attempts have four events each (created, dispatched, provider request
-attached, confirmed) over two tenants.
+attached, confirmed) over two tenants, in the chain format the write path writes (format 3:
+salted digests of the arguments and of each event's free text).
 
 Prints, each in its own process (so its peak memory is its own): ``verify_audit`` with one job
 and with ``--jobs`` jobs (events/s, wall time, peak RSS), the write path's rate (events/s of
@@ -126,6 +127,7 @@ def load(events: int) -> None:
                         prev_hash=ev.prev_hash,
                         hash=ev.hash,
                         chain_format=ev.chain_format,
+                        text_digest=ev.text_digest,
                     )
                 )
         AttemptEvent.objects.bulk_create(rows, batch_size=4000)
@@ -150,6 +152,9 @@ def load(events: int) -> None:
             created_at=moment,
             updated_at=moment,
             chain_length=0,
+            # Chain format 3, as states.create writes today: a salt per attempt, free text and
+            # arguments committed by salted digests.
+            args_salt=chain.new_salt(),
         )
         created = {
             "tenant": tenant,
@@ -160,6 +165,7 @@ def load(events: int) -> None:
             "policy_version": "v1",
             "credential_scope": [],
             "parent_attempt_id": None,
+            "args_digest": chain.args_digest(attempt.args_salt, args),
         }
         steps = (
             ("attempt.created", "", State.INTENT_RECORDED, created),

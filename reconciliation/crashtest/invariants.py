@@ -136,7 +136,8 @@ def check_visible(scene: Scene, check: Check, effects: list[dict[str, Any]]) -> 
                 f"without one, a receipt carrying it ({attempt.result_ref!r})"
             )
     # The one verifier of the history (attempts/audit_verify.py), on this scene's database.
-    report = audit_verify.verify_database(connections[scene.alias].chunked_cursor)
+    connection = connections[scene.alias]
+    report = audit_verify.verify_database(connection.chunked_cursor, vendor=connection.vendor)
     for problem in report.problems:
         check.fail(f"history does not verify: {problem}")
     moves: dict[str, list[str]] = defaultdict(list)

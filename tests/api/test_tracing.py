@@ -65,6 +65,8 @@ def test_an_intent_without_a_traceparent_has_none(api, world):
         f"00-{TRACE}-{'0' * 16}-01",  # all-zero parent id
         f"00-{TRACE}-{SPAN}-01-extra",  # version 00 has four fields
         f"00-{TRACE[:-1]}-{SPAN}-01",
+        "",  # sent but empty (only no header at all means no trace)
+        "  ",
     ],
 )
 def test_a_malformed_traceparent_is_refused_and_nothing_is_recorded(api, world, bad):
