@@ -41,6 +41,7 @@ from attempts.verify_export import (
     GENESIS,
     LEGACY_FORMAT,
     LOG_FORMAT,
+    PUBLIC_DETAILS,
     SALTED_FORMAT,
     ChainChecker,
     MerkleTree,
@@ -250,6 +251,8 @@ class _Verifier:
         self.unsealed_attempts = 0
         self.oldest_unsealed: dt.datetime | None = None
         self.checkpoint: tuple[int, str] | None = None
+        # The salted digest of "no free text" for the attempt being checked (format 3).
+        self.no_text_digests: dict[bytes, str] = {}
 
     def bad(self, kind: str, message: str, event_id: int | None = None, attempt_id=None) -> None:
         self.checker.problem(Problem(kind, message, event_id, attempt_id))
@@ -428,13 +431,23 @@ class _Verifier:
         """Format 3: the event's hash (covering its salted text digest, not the text), after
         checking its free text against that digest with the attempt's salt (``key``). The fast
         encoder first; the reference has the last word before a problem is reported."""
-        public, private = split_details(details)
+        if type(details) is dict and details.keys() <= PUBLIC_DETAILS:
+            public, private = details, {}  # the common case: no free text in the details
+        else:
+            public, private = split_details(details)
         reason, text = event[7], event[13] or ""
         if salt and not (reason == ERASED_TEXT and not private):
-            covered = {"details": private, "reason": reason}
             try:
-                committed = jcs.encode_plain(covered) if plain else jcs.dumps(covered)
-                fast = hmac.digest(key, committed, "sha256").hex() if key is not None else None
+                if not private and not reason and key is not None:
+                    # No free text at all: one digest per attempt, whichever events have none.
+                    fast = self.no_text_digests.get(key)
+                    if fast is None:
+                        fast = hmac.digest(key, NO_TEXT, "sha256").hex()
+                        self.no_text_digests = {key: fast}
+                else:
+                    covered = {"details": private, "reason": reason}
+                    committed = jcs.encode_plain(covered) if plain else jcs.dumps(covered)
+                    fast = hmac.digest(key, committed, "sha256").hex() if key is not None else None
             except (TypeError, ValueError, UnicodeEncodeError, rfc8785.CanonicalizationError):
                 fast = None
             if fast != text:
@@ -444,13 +457,15 @@ class _Verifier:
                     self.bad("content", problem, event[1], attempt_id)
         return _event_digest(attempt_id, event, public, plain, text=text)
 
-    def salted_row(self, row: tuple, events: list[tuple], created: dict[str, Any]) -> bool:
+    def salted_row(
+        self, row: tuple, events: list[tuple], created: dict[str, Any], args: _Args
+    ) -> bool:
         """Format 3: the attempt's args are what its creation event's salted digest committed
         to, or were erased by an erasure its history records. Returns whether they were erased
         (then they hash to nothing, and the unsalted args_hash is no longer in the history)."""
         attempt_id = row[1]
         erasures = [event[1] for event in events if event[2] == ERASURE_ACTION]
-        value = load_json(row[7])
+        value = args.value()
         if value == ERASED_ARGS:
             if not erasures:
                 self.bad(
@@ -470,10 +485,14 @@ class _Verifier:
             return False
         salt = row[SALT]
         recorded = created.get("args_digest")
-        if not salt or (
-            args_commitment(salt, value, dumps=jcs.dumps) != recorded
-            and args_commitment(salt, value) != recorded  # the reference has the last word
-        ):
+        try:
+            matches = bool(salt) and (
+                args.commitment(salt) == recorded
+                or args_commitment(salt, value) == recorded  # the reference has the last word
+            )
+        except (TypeError, ValueError, rfc8785.CanonicalizationError):
+            matches = False  # a salt that is not hex, or args JCS cannot carry
+        if not matches:
             self.bad(
                 "attempt",
                 "its args (with its salt) are not what its creation event committed to: the "
@@ -501,6 +520,7 @@ class _Verifier:
             result_ref,
         ) = row[:14]
         first_event_id, first_action = (events[0][1], events[0][2]) if events else (None, None)
+        parsed = _Args(args)
 
         def bad(message: str, event_id: int | None = None) -> None:
             self.bad("attempt", message, event_id, attempt_id)
@@ -534,7 +554,7 @@ class _Verifier:
                 bad(f"unreadable JSON in the attempt or its creation event: {exc}")
                 return
             salted = events[0][12] is not None and int(events[0][12]) >= SALTED_FORMAT
-            erased = salted and self.salted_row(row, events, created)
+            erased = salted and self.salted_row(row, events, created, parsed)
             for name in KEY_FIELDS:
                 if erased and name == "args_hash":
                     continue  # committed as free text, erased with it
@@ -546,8 +566,8 @@ class _Verifier:
                     )
         if not erased:  # erased args hash to nothing: the history's erasure event says so
             try:
-                value = load_json(args)
-                if args_digest(value) != args_hash and _reference_digest(value) != args_hash:
+                value = parsed.value()
+                if parsed.digest() != args_hash and _reference_digest(value) != args_hash:
                     bad("its args no longer hash to its args_hash: the args were edited")
             except (ValueError, TypeError, rfc8785.CanonicalizationError) as exc:
                 bad(f"its args cannot be hashed: {exc}")
@@ -976,6 +996,8 @@ def _parallel(
 
 
 _string = jcs.encode_string
+# What a format-3 event with no reason and no private details commits to (salted per attempt).
+NO_TEXT = jcs.dumps({"details": {}, "reason": ""})
 
 
 class _NotPlain(Exception):
@@ -1088,6 +1110,34 @@ def _leaf_digest(attempt_id: Any, length: Any, head: Any) -> bytes:
 
 def _reference_digest(args: Any) -> str:
     return hashlib.sha256(rfc8785.dumps(args)).hexdigest()
+
+
+class _Args:
+    """An attempt's args column, read and encoded once for the checks that hash it (the
+    unsalted args_hash and format 3's salted commitment, ``{"args": ...}`` around the same
+    canonical bytes); each raises what reading or encoding raises."""
+
+    def __init__(self, column: Any) -> None:
+        self.column = column
+        self._value: Any = _Args
+        self._encoded: bytes | None = None
+
+    def value(self) -> Any:
+        if self._value is _Args:
+            self._value = load_json(self.column)
+        return self._value
+
+    def encoded(self) -> bytes:
+        if self._encoded is None:
+            self._encoded = jcs.dumps(self.value())
+        return self._encoded
+
+    def digest(self) -> str:
+        return hashlib.sha256(self.encoded()).hexdigest()
+
+    def commitment(self, salt: str) -> str:
+        message = b'{"args":' + self.encoded() + b"}"
+        return hmac.digest(bytes.fromhex(salt), message, "sha256").hex()
 
 
 def args_digest(args: Any) -> str:
