@@ -1141,11 +1141,6 @@ class _Args:
         return hmac.digest(bytes.fromhex(salt), message, "sha256").hex()
 
 
-def args_digest(args: Any) -> str:
-    digest = hashlib.sha256(jcs.dumps(args)).hexdigest()
-    return digest
-
-
 def verify_django_database(
     *,
     anchors: Iterable[str] = (),
