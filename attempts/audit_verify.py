@@ -127,6 +127,11 @@ ORPHAN_SQL = f"""
 SELECT e.id FROM {EVENTS} e LEFT JOIN {ATTEMPTS} a ON a.id = e.attempt_id WHERE a.id IS NULL
 ORDER BY e.id
 """  # noqa: S608
+# The orphans outside the attempts' id range (lo, hi]: those inside it are found by the batch
+# merge, which reads every event of the range anyway.
+OUTSIDE_SQL = f"""
+SELECT e.id FROM {EVENTS} e WHERE e.attempt_id <= {{lo}} OR e.attempt_id > {{hi}} ORDER BY e.id
+"""  # noqa: S608 -- constant table names and integers only
 MISSING_SQL = f"""
 SELECT DISTINCT l.attempt_id FROM {LEAVES} l LEFT JOIN {ATTEMPTS} a ON a.attempt_id = l.attempt_id
 WHERE a.id IS NULL ORDER BY l.attempt_id
@@ -303,19 +308,28 @@ class _Verifier:
             pending = next(events, None)
             for row in self.stream(self.attempt_sql.format(**bounds, since=since), batch=True):
                 pk = row[0]
-                # Events of attempts that are gone are orphans, reported on their own.
                 while pending is not None and pending[0] < pk:
+                    self.orphan(pending[1])  # its attempt is gone
                     pending = next(events, None)
                 group = []
                 while pending is not None and pending[0] == pk:
                     group.append(pending)
                     pending = next(events, None)
                 self.attempt(row, group)
-            events.close()
+            while pending is not None:
+                self.orphan(pending[1])
+                pending = next(events, None)
 
-    def orphans_and_missing(self) -> None:
-        for (event_id,) in self.stream(ORPHAN_SQL):
-            self.bad("orphan", "the event's attempt no longer exists: it was deleted", event_id)
+    def orphan(self, event_id: int) -> None:
+        self.bad("orphan", "the event's attempt no longer exists: it was deleted", event_id)
+
+    def orphans_and_missing(self, lo: int, hi: int) -> None:
+        """[orphan] events whose attempt is gone, and [missing] sealed attempts that are gone.
+        A whole run's batch merge has found the orphans among the attempts' ids (lo, hi]; an
+        incremental one (``since``) reads only changed attempts' events, so looks at all."""
+        sql = ORPHAN_SQL if self.since else OUTSIDE_SQL.format(lo=int(lo), hi=int(hi))
+        for (event_id,) in self.stream(sql):
+            self.orphan(event_id)
         for (attempt_id,) in self.stream(
             MISSING_SQL if not self.has_archives() else UNARCHIVED_SQL
         ):
@@ -793,17 +807,21 @@ def verify_database(
         vendor=vendor,
     )
     report = Report(what=what, problems=verifier.checker.problems)
-    verifier.legacy()
     lo, hi = verifier.id_range()
+
+    def rest() -> None:  # everything but the attempts' chains, in the order it is reported
+        verifier.orphans_and_missing(lo, hi)
+        verifier.checkpoints()
+        log_checks(verifier, log_keys=log_keys, witness_keys=witness_keys)
+
     if jobs > 1 and connect is not None and hi - lo > BATCH:
         if before_fork is not None:
             before_fork()
-        _parallel(verifier, lo, hi, jobs=jobs, connect=connect)
+        _parallel(verifier, lo, hi, jobs=jobs, connect=connect, rest=rest)
     else:
+        verifier.legacy()
         verifier.attempts_and_events(lo, hi)
-        verifier.orphans_and_missing()
-        verifier.checkpoints()
-    log_checks(verifier, log_keys=log_keys, witness_keys=witness_keys)
+        rest()
     if verifier.has_archives():
         archive_checks(verifier, report, archive_dir=archive_dir, log_keys=log_keys)
     verifier.finish(report)
@@ -955,9 +973,17 @@ def _range_worker(task: tuple[int, int]) -> tuple:
 
 
 def _parallel(
-    verifier: _Verifier, lo: int, hi: int, *, jobs: int, connect: Callable[[], Any]
+    verifier: _Verifier,
+    lo: int,
+    hi: int,
+    *,
+    jobs: int,
+    connect: Callable[[], Any],
+    rest: Callable[[], None],
 ) -> None:
-    """Verify attempts (lo, hi] in ``jobs`` processes, merging their results in id order."""
+    """Verify attempts (lo, hi] in ``jobs`` processes, merging their results in id order, while
+    this process checks the format-1 chain and then the ``rest``. Problems are listed in the
+    order one process finds them: format 1, the attempts, the rest."""
     import multiprocessing
 
     pieces = jobs * 8
@@ -974,13 +1000,14 @@ def _parallel(
     # fork: the workers start at once with the code loaded; each opens its own connection.
     with multiprocessing.get_context("fork").Pool(jobs) as pool:
         results = pool.imap(_range_worker, tasks)
-        # Meanwhile this process checks the rest; its problems are listed after the attempts'
-        # (the order one process reports them in).
         checker = verifier.checker
         earlier, checker.problems = checker.problems, []
-        verifier.orphans_and_missing()
-        verifier.checkpoints()
+        verifier.legacy()
+        first, checker.problems = checker.problems, []
+        rest()
         later, checker.problems = checker.problems, earlier
+        for problem in first:
+            checker.problem(problem)
         for events, attempts, unsealed, oldest, problems, truncated in results:
             verifier.events += events
             verifier.attempts += attempts

@@ -107,3 +107,36 @@ def test_the_command_takes_jobs_and_since(world, small_batches) -> None:
     for bad in (["--jobs", "0"], ["--since", "12"], ["--since", "x:abc"]):
         with pytest.raises(CommandError):
             call_command("verify_audit", *bad, stdout=io.StringIO())
+
+
+def delete_attempt_rows(pks: list[int]) -> None:
+    """An attacker who deletes attempts but leaves their events, past the foreign key."""
+    from django.db import connection
+
+    if connection.vendor == "postgresql":
+        sql("SET session_replication_role = replica")  # foreign keys are triggers there
+        sql(f"DELETE FROM {ATTEMPTS} WHERE id = ANY(%s)", [pks])
+        sql("SET session_replication_role = DEFAULT")
+    else:
+        sql("PRAGMA foreign_keys = OFF")
+        for pk in pks:
+            sql(f"DELETE FROM {ATTEMPTS} WHERE id = %s", [pk])
+        sql("PRAGMA foreign_keys = ON")
+
+
+@pytest.mark.parametrize("jobs", [1, 3])
+def test_events_whose_attempt_is_gone_are_orphans_wherever_the_attempt_was(
+    world, small_batches, jobs
+) -> None:
+    made = build_history(world, 12)
+    # The first and the last attempt (outside the remaining ids), and two in the middle (one
+    # alone in its batch of two, one beside a survivor).
+    victims = [made[0], made[4], made[5], made[8], made[11]]
+    orphans = sorted(AttemptEvent.objects.filter(attempt__in=victims).values_list("id", flat=True))
+    drop_triggers()
+    delete_attempt_rows([a.pk for a in victims])
+    report = audit_verify.verify_django_database(jobs=jobs)
+    found = [p.event_id for p in report.problems if p.kind == "orphan"]
+    assert sorted(found) == orphans and len(found) == len(set(found))
+    assert {p.kind for p in report.problems} == {"orphan"}, report.render()
+    assert lines(report) == lines(audit_verify.verify_django_database(jobs=1))
