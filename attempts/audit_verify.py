@@ -1131,8 +1131,8 @@ def _created_text(text: Any) -> Any:
 def _leaf_digest(attempt_id: Any, length: Any, head: Any) -> bytes:
     """``leaf_hash`` with the fast encoder (text and a small integer, as JCS writes them)."""
     if type(attempt_id) is str and type(head) is str and attempt_id.isascii() and head.isascii():
-        leaf = jcs.encode_plain({"attempt_id": attempt_id, "head": head, "length": int(length)})
-        return hashlib.sha256(b"\x00" + leaf).digest()
+        leaf = f'\x00{{"attempt_id":{_string(attempt_id)},"head":{_string(head)},"length":{int(length)}}}'
+        return hashlib.sha256(leaf.encode()).digest()
     return leaf_hash(attempt_id, length, head)
 
 

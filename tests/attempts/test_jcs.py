@@ -218,3 +218,15 @@ def test_the_verifiers_format_3_digest_is_the_references(details, reason, actor,
     for plain in (None, True):
         fast = outcome(lambda _: _event_digest("att_1", event, public, plain, text=text), 0)  # noqa: B023
         assert fast == outcome(reference, 0)
+
+
+@given(
+    st.one_of(interesting_text.filter(str.isascii), st.text(max_size=30)),
+    st.integers(min_value=0, max_value=2**40),
+    st.one_of(interesting_text.filter(str.isascii), st.text(max_size=64)),
+)
+def test_the_verifiers_leaf_digest_is_the_references(attempt_id, length, head):
+    from attempts.audit_verify import _leaf_digest
+    from attempts.verify_export import leaf_hash
+
+    assert _leaf_digest(attempt_id, length, head) == leaf_hash(attempt_id, length, head)
