@@ -18,6 +18,7 @@ Only ``attempts.states`` (and the grant read in ``attempts.authority``) call thi
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import functools
 from collections.abc import Mapping
 from typing import Any
@@ -58,8 +59,10 @@ class _Column:
     Django's field preparation (``get_db_prep_save``) runs for every value of every write
     (docs/scaling.md) while handing most values back unchanged: a ``str`` for a text
     column, an ``int`` or ``bool`` of exactly that type for a number or flag column, ``None``.
-    Those go as they are; every other value (dates, JSON, lazy strings, a bool for a number
-    column) still goes through Django."""
+    Those go as they are, and so does an aware ``datetime`` on PostgreSQL (Django's
+    preparation hands it back as it is there; SQLite's turns it into text). Every other value
+    (naive datetimes, dates, JSON, lazy strings, a bool for a number column) still goes through
+    Django."""
 
     # Internal field types (of the field, or of the field a foreign key points at) whose
     # prepared value is the Python value itself.
@@ -79,6 +82,9 @@ class _Column:
         self.name = _q(field.column)
         target = field.target_field if field.is_relation else field
         self.plain = self.PLAIN.get(target.get_internal_type())
+        self.aware_datetime_as_is = (
+            target.get_internal_type() == "DateTimeField" and _db().vendor == "postgresql"
+        )
 
     def prep(self, value: Any, db: BaseDatabaseWrapper) -> Any:
         plain = self.plain
@@ -87,6 +93,12 @@ class _Column:
         if plain is str and isinstance(value, str):  # Django hands str subclasses back too
             return value
         if plain is not None and type(value) is plain:
+            return value
+        if (
+            self.aware_datetime_as_is
+            and type(value) is dt.datetime
+            and value.utcoffset() is not None
+        ):
             return value
         return self.field.get_db_prep_save(value, db)
 
