@@ -23,6 +23,8 @@ from collections.abc import Iterator
 from django.db import OperationalError, connection, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from attempts import dbadapter
+
 
 class LedgerBusy(Exception):
     """A lock was not had in time. Nothing was written; the caller may try again."""
@@ -95,18 +97,8 @@ def sqlite_transaction(db: BaseDatabaseWrapper) -> Iterator[None]:
     ``COMMIT`` on the ``sqlite3`` connection, as ``write_transaction()`` would send them, without
     Django's bookkeeping for nested blocks (docs/scaling.md says what that saves).
     Whatever fails, the transaction is rolled back before the error goes on."""
-    db.ensure_connection()
-    raw = db.connection
-    try:
-        with lock_errors(), db.wrap_database_errors:
-            _begin_immediate(raw)
+    with dbadapter.sqlite_own_transaction(db, _begin_immediate, lock_errors):
         yield
-        with lock_errors(), db.wrap_database_errors:
-            raw.execute("COMMIT")
-    except BaseException:
-        if raw.in_transaction:
-            raw.rollback()
-        raise
 
 
 # How long a ledger writer pauses between tries for SQLite's write lock: from the first pause,

@@ -2,9 +2,11 @@
 
 An intent inserts an attempt and its first event; every later move is a compare-and-set
 ``UPDATE`` of the attempt plus one event ``INSERT``; intents and claims read the grant's terms.
-Building these statements with the ORM was the largest cost of a tool call (docs/scaling.md, "Why the write path is shaped so"), so
-they are written here once as parameterized SQL, with columns and
-values taken from the models' own fields, and nothing else writes attempts or events. On
+Building these statements with the ORM was the largest cost of a tool call (docs/scaling.md,
+"Why the write path is shaped so"), so they are written here once as parameterized SQL, with
+columns and values taken from the models' own fields, and nothing else writes attempts or
+events. They run on the driver's cursor through ``attempts.dbadapter``, the one module that
+touches Django's private database API. On
 PostgreSQL an attempt's row and its event go in one statement (a data-modifying ``WITH``): a
 single statement is atomic on its own, so a move made alone needs no transaction around it. On
 SQLite the two statements run in a transaction of their own. Inside a caller's
@@ -16,6 +18,7 @@ Only ``attempts.states`` (and the grant read in ``attempts.authority``) call thi
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import functools
 from collections.abc import Mapping
 from typing import Any
@@ -24,6 +27,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field
 
+from attempts import dbadapter
 from attempts.chain import EventRow
 from attempts.locking import lock_errors, sqlite_transaction, write_transaction
 from attempts.models import ApprovalPolicy, Attempt, AttemptEvent, Grant, Tool
@@ -41,47 +45,8 @@ def _marks(count: int) -> str:
     return ", ".join(["%s"] * count)
 
 
-class _Cursor:
-    """This module's statements straight on the driver's connection (``sqlite3`` or psycopg).
-    Django's cursor wrapper (a wrapper object per statement, the execute-wrapper chain, and on
-    SQLite rewriting ``%s`` to ``?`` on every call) is work repeated on every statement of every
-    tool call (docs/scaling.md). What it guards is kept: errors are still Django's
-    (``IntegrityError`` for a key already recorded), a broken transaction is still refused, and a
-    connection that failed its health check is replaced."""
-
-    def __init__(self, db: BaseDatabaseWrapper) -> None:
-        db.close_if_health_check_failed()  # CONN_HEALTH_CHECKS, as Django's cursor does
-        db.ensure_connection()
-        self.db, self.cursor = db, db.connection.cursor()
-        self.sqlite = db.vendor == "sqlite"
-
-    def execute(self, sql: str, params: list[Any]) -> None:
-        self.db.validate_no_broken_transaction()
-        with self.db.wrap_database_errors:
-            self.cursor.execute(_qmark(sql) if self.sqlite else sql, params)
-
-    def fetchone(self) -> tuple | None:
-        return self.cursor.fetchone()
-
-    @property
-    def rowcount(self) -> int:
-        return self.cursor.rowcount
-
-    def __enter__(self) -> _Cursor:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.cursor.close()
-
-
-@functools.cache
-def _qmark(sql: str) -> str:
-    return sql.replace("%s", "?")
-
-
 def _cursor(db: BaseDatabaseWrapper) -> Any:
-    # Whoever watches the queries (DEBUG, CaptureQueriesContext) sees these too.
-    return db.cursor() if db.queries_logged else _Cursor(db)
+    return dbadapter.cursor(db)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -94,8 +59,10 @@ class _Column:
     Django's field preparation (``get_db_prep_save``) runs for every value of every write
     (docs/scaling.md) while handing most values back unchanged: a ``str`` for a text
     column, an ``int`` or ``bool`` of exactly that type for a number or flag column, ``None``.
-    Those go as they are; every other value (dates, JSON, lazy strings, a bool for a number
-    column) still goes through Django."""
+    Those go as they are, and so does an aware ``datetime`` on PostgreSQL (Django's
+    preparation hands it back as it is there; SQLite's turns it into text). Every other value
+    (naive datetimes, dates, JSON, lazy strings, a bool for a number column) still goes through
+    Django."""
 
     # Internal field types (of the field, or of the field a foreign key points at) whose
     # prepared value is the Python value itself.
@@ -115,6 +82,9 @@ class _Column:
         self.name = _q(field.column)
         target = field.target_field if field.is_relation else field
         self.plain = self.PLAIN.get(target.get_internal_type())
+        self.aware_datetime_as_is = (
+            target.get_internal_type() == "DateTimeField" and _db().vendor == "postgresql"
+        )
 
     def prep(self, value: Any, db: BaseDatabaseWrapper) -> Any:
         plain = self.plain
@@ -123,6 +93,12 @@ class _Column:
         if plain is str and isinstance(value, str):  # Django hands str subclasses back too
             return value
         if plain is not None and type(value) is plain:
+            return value
+        if (
+            self.aware_datetime_as_is
+            and type(value) is dt.datetime
+            and value.utcoffset() is not None
+        ):
             return value
         return self.field.get_db_prep_save(value, db)
 

@@ -182,31 +182,18 @@ def run_raw(prefix: str, start_at: float, seconds: float, *, one_statement: bool
     import rfc8785
     from psycopg.types.json import Jsonb
 
-    from attempts.verify_export import GENESIS, args_commitment, event_hash, text_digest
+    from attempts.verify_export import GENESIS, args_commitment
+    from bench.raw_rows import format3_event
 
     conn = psycopg.connect(os.environ["DATABASE_URL"], autocommit=one_statement)
     salts: dict[str, str] = {}
 
-    def event_row(attempt_id: str, prev: str, frm: str, to: str, details: dict, now) -> dict:
-        # Chain format 3, as the ledger writes: free text by its salted digest.
-        return {
-            "v": 3,
-            "attempt_id": attempt_id,
-            "action": f"attempt.{to.lower()}" if frm else "attempt.created",
-            "actor_kind": "agent",
-            "actor": "bench",
-            "from_state": frm,
-            "to_state": to,
-            "reason": "",
-            "details": details,
-            "created_at": now,
-            "prev_hash": prev,
-            "text_digest": text_digest(salts[attempt_id], "", details),
-        }
+    def event_row(attempt_id: str, prev: str, frm: str, to: str, details: dict, now):
+        action = f"attempt.{to.lower()}" if frm else "attempt.created"
+        return format3_event(attempt_id, action, frm, to, details, now, prev, salts[attempt_id])
 
     def event(pk: int, attempt_id: str, prev: str, frm: str, to: str, details: dict, now):
-        row = event_row(attempt_id, prev, frm, to, details, now)
-        digest = event_hash(row)
+        row, digest = event_row(attempt_id, prev, frm, to, details, now)
         conn.execute(
             RAW_EVENT,
             (pk, row["action"], frm, to, Jsonb(details), now, prev, digest, row["text_digest"]),
@@ -232,8 +219,7 @@ def run_raw(prefix: str, start_at: float, seconds: float, *, one_statement: bool
             "parent_attempt_id": None,
             "args_digest": args_commitment(salt, args),
         }
-        first = event_row(attempt_id, GENESIS, "", "INTENT_RECORDED", details, now)
-        head = event_hash(first)
+        first, head = event_row(attempt_id, GENESIS, "", "INTENT_RECORDED", details, now)
         later = now + dt.timedelta(seconds=120)
         attempt_values = (
             attempt_id, f"task-{i}", Jsonb(args), args_hash, salt, key, Jsonb(["crm"])
@@ -255,8 +241,7 @@ def run_raw(prefix: str, start_at: float, seconds: float, *, one_statement: bool
             now = dt.datetime.now(dt.UTC)
             extra = {"result_ref": result, "review_reason": ""} if result else {}
             if one_statement:
-                row = event_row(attempt_id, head, frm, to, extra, now)
-                digest = event_hash(row)
+                row, digest = event_row(attempt_id, head, frm, to, extra, now)
                 moved = (to, digest, later if not result else None, result, sends, now)
                 changed = conn.execute(
                     RAW1_MOVE,

@@ -82,14 +82,8 @@ def raw_calls(db_path: Path, n: int, prefix: str) -> float:
 
     from attempts import jcs
     from attempts.models import new_attempt_id
-    from attempts.verify_export import (
-        GENESIS,
-        SALTED_FORMAT,
-        args_commitment,
-        chain_time,
-        event_hash,
-        text_digest,
-    )
+    from attempts.verify_export import GENESIS, SALTED_FORMAT, args_commitment, chain_time
+    from bench.raw_rows import format3_event
 
     stale_after = dt.timedelta(seconds=settings.LEDGER["STALE_AFTER"])
 
@@ -105,29 +99,11 @@ def raw_calls(db_path: Path, n: int, prefix: str) -> float:
 
     def link(attempt_id, action, frm, to, details, now) -> tuple[str, str, str]:
         prev = heads.get(attempt_id, GENESIS)
-        # Chain format 3, as the ledger writes: free text by its salted digest.
-        text = text_digest(salts[attempt_id], "", details, dumps=jcs.dumps)
-        return (
-            prev,
-            text,
-            event_hash(
-                {
-                    "v": SALTED_FORMAT,
-                    "attempt_id": attempt_id,
-                    "action": action,
-                    "actor_kind": "agent",
-                    "actor": "bench",
-                    "from_state": frm,
-                    "to_state": to,
-                    "reason": "",
-                    "details": details,
-                    "created_at": now,
-                    "prev_hash": prev,
-                    "text_digest": text,
-                },
-                dumps=jcs.dumps,
-            ),
+        salt = salts[attempt_id]
+        row, digest = format3_event(
+            attempt_id, action, frm, to, details, now, prev, salt, dumps=jcs.dumps
         )
+        return prev, row["text_digest"], digest
 
     def event(pk, attempt_id, action, frm, to, details, now, linked=None) -> str:
         prev, text, digest = linked or link(attempt_id, action, frm, to, details, now)

@@ -1,0 +1,153 @@
+"""The one place the ledger touches Django's database internals (private, unversioned names).
+
+The write path's statements go straight to the driver's cursor (``sqlite3`` or psycopg), and an
+intent or move made alone on SQLite opens its own ``BEGIN IMMEDIATE`` on the driver's connection:
+Django's cursor wrapper and its nested-atomic bookkeeping were a large share of a tool call's
+CPU (docs/scaling.md, "Why the write path is shaped so"). What Django's own cursor guards is kept
+here, through these names of ``BaseDatabaseWrapper``, none of them documented:
+
+- ``close_if_health_check_failed()``: ``CONN_HEALTH_CHECKS``, as Django's ``cursor()`` does;
+- ``validate_no_broken_transaction()``: no statement inside a transaction that must roll back;
+- ``wrap_database_errors``: driver errors raised as Django's (``IntegrityError`` and the rest);
+- ``queries_logged``: whoever watches the queries (DEBUG, ``CaptureQueriesContext``) gets
+  Django's own cursor, so they see these statements too;
+- ``connection``: the driver's connection.
+
+``PRIVATE_API`` lists them with the shape relied on; ``tests/attempts/test_dbadapter.py`` checks
+it against the Django version pinned in ``pyproject.toml``, so an upgrade that renames or
+reshapes one fails there, loudly, before it fails in a tool call. Everything else uses the
+public API: ``connection.cursor()`` and ``transaction.atomic()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import django
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.utils.functional import cached_property
+
+# The Django release this module was written and tested against (pyproject.toml pins it).
+PINNED_DJANGO = (6, 1)
+
+# Each private name of BaseDatabaseWrapper used here: "method" with its parameters (self
+# excluded), "property", or "attribute" (set on every instance).
+PRIVATE_API: dict[str, tuple[str, tuple[str, ...]]] = {
+    "close_if_health_check_failed": ("method", ()),
+    "validate_no_broken_transaction": ("method", ()),
+    "wrap_database_errors": ("property", ()),
+    "queries_logged": ("property", ()),
+    "connection": ("attribute", ()),
+}
+
+
+def private_api_problems(db: BaseDatabaseWrapper) -> list[str]:
+    """What in ``PRIVATE_API`` no longer holds for this Django and this connection (empty when
+    all is as relied on)."""
+    problems = []
+    if django.VERSION[:2] != PINNED_DJANGO:
+        problems.append(
+            f"Django {django.get_version()} is not the pinned "
+            f"{'.'.join(map(str, PINNED_DJANGO))}: re-check attempts/dbadapter.py"
+        )
+    cls = type(db)
+    for name, (kind, params) in PRIVATE_API.items():
+        if kind == "attribute":
+            if name not in vars(db):
+                problems.append(f"{cls.__name__}.{name} is no longer an instance attribute")
+            continue
+        found = inspect.getattr_static(cls, name, None)
+        if kind == "property":
+            if not isinstance(found, property | functools.cached_property | cached_property):
+                problems.append(f"{cls.__name__}.{name} is no longer a property")
+            continue
+        if not callable(found):
+            problems.append(f"{cls.__name__}.{name}() is gone")
+            continue
+        got = tuple(inspect.signature(found).parameters)[1:]
+        if got != params:
+            problems.append(f"{cls.__name__}.{name}{got} is not {name}{params}")
+    return problems
+
+
+class DriverCursor:
+    """A statement straight on the driver's cursor, with what Django's cursor guards kept:
+    errors are Django's (``IntegrityError`` for a key already recorded), a broken transaction
+    is refused, and a connection that failed its health check is replaced."""
+
+    def __init__(self, db: BaseDatabaseWrapper) -> None:
+        db.close_if_health_check_failed()
+        db.ensure_connection()
+        self.db, self.cursor = db, db.connection.cursor()
+        self.qmark = db.vendor == "sqlite"
+
+    def execute(self, sql: str, params: list[Any]) -> None:
+        self.db.validate_no_broken_transaction()
+        with self.db.wrap_database_errors:
+            self.cursor.execute(_qmark(sql) if self.qmark else sql, params)
+
+    def fetchone(self) -> tuple | None:
+        return self.cursor.fetchone()
+
+    @property
+    def rowcount(self) -> int:
+        return self.cursor.rowcount
+
+    def __enter__(self) -> DriverCursor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.cursor.close()
+
+
+@functools.cache
+def _qmark(sql: str) -> str:
+    # sqlite3 takes ?, the write path's statements are written with %s (and contain no other %).
+    return sql.replace("%s", "?")
+
+
+def cursor(db: BaseDatabaseWrapper) -> Any:
+    """A cursor for the write path's statements: Django's own while queries are being logged,
+    else the driver's (``DriverCursor``)."""
+    return db.cursor() if db.queries_logged else DriverCursor(db)
+
+
+def driver_connection(db: BaseDatabaseWrapper) -> Any:
+    """The driver's connection under ``db``, connected."""
+    db.ensure_connection()
+    return db.connection
+
+
+def database_errors(db: BaseDatabaseWrapper) -> contextlib.AbstractContextManager:
+    """Driver errors inside this block are raised as Django's."""
+    return db.wrap_database_errors
+
+
+@contextlib.contextmanager
+def sqlite_own_transaction(
+    db: BaseDatabaseWrapper,
+    begin: Callable[[Any], None],
+    errors: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+) -> Iterator[None]:
+    """One write's own transaction on SQLite's driver connection, outside any Django block:
+    ``begin(raw)`` opens it (``BEGIN IMMEDIATE``), ``COMMIT`` ends it, each inside ``errors()``
+    (how the caller names a lock not had); whatever fails, it is rolled back before the error
+    goes on. Django is not told (it stays in autocommit), so only
+    ``DriverCursor`` statements may run inside, and never inside ``atomic()``."""
+    if db.in_atomic_block:
+        raise RuntimeError("sqlite_own_transaction() inside atomic(): join the caller's instead")
+    raw = driver_connection(db)
+    try:
+        with errors(), database_errors(db):
+            begin(raw)
+        yield
+        with errors(), database_errors(db):
+            raw.execute("COMMIT")
+    except BaseException:
+        if raw.in_transaction:
+            raw.rollback()
+        raise

@@ -1,0 +1,56 @@
+"""attempts.dbadapter: the private Django names the write path relies on still hold, and what
+Django's own cursor guards is still guarded on the driver's cursor."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, transaction
+from django.db.transaction import TransactionManagementError
+
+from attempts import dbadapter
+from attempts.models import Tenant
+
+
+def test_the_private_names_relied_on_hold_for_the_pinned_django() -> None:
+    assert dbadapter.private_api_problems(connections[DEFAULT_DB_ALIAS]) == []
+
+
+def test_a_renamed_or_reshaped_private_name_is_reported(monkeypatch) -> None:
+    db = connections[DEFAULT_DB_ALIAS]
+    monkeypatch.setitem(
+        dbadapter.PRIVATE_API, "validate_no_broken_transaction", ("method", ("force",))
+    )
+    monkeypatch.setitem(dbadapter.PRIVATE_API, "no_such_helper", ("method", ()))
+    problems = dbadapter.private_api_problems(db)
+    assert any("validate_no_broken_transaction" in p for p in problems)
+    assert any("no_such_helper() is gone" in p for p in problems)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_driver_cursor_raises_djangos_integrity_error() -> None:
+    Tenant.objects.create(slug="acme", name="Acme")
+    db = connections[DEFAULT_DB_ALIAS]
+    table = Tenant._meta.db_table
+    with pytest.raises(IntegrityError), dbadapter.DriverCursor(db) as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} (slug, name, created_at) VALUES (%s, %s, CURRENT_TIMESTAMP)",  # noqa: S608
+            ["acme", "Again"],
+        )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_driver_cursor_refuses_a_broken_transaction() -> None:
+    db = connections[DEFAULT_DB_ALIAS]
+    with transaction.atomic():
+        transaction.set_rollback(True)
+        db.needs_rollback = True
+        with pytest.raises(TransactionManagementError), dbadapter.DriverCursor(db) as cursor:
+            cursor.execute("SELECT 1", [])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sqlite_own_transaction_is_refused_inside_atomic() -> None:
+    db = connections[DEFAULT_DB_ALIAS]
+    with transaction.atomic(), pytest.raises(RuntimeError, match="inside atomic"):
+        with dbadapter.sqlite_own_transaction(db, lambda raw: None):
+            pass
