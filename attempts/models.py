@@ -24,6 +24,8 @@ from django.db.models import Exists, F, OuterRef, Q, Subquery
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce, Collate
 
+from attempts import verify_export
+
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
 
@@ -1133,25 +1135,15 @@ class AttemptEvent(models.Model):
     def __str__(self) -> str:
         return f"{self.attempt_id} {self.action} {self.from_state}->{self.to_state}"
 
-    # What an exported event carries between its ids and its chain format, in this order.
-    EXPORTED_FIELDS = (
-        "action",
-        "actor_kind",
-        "actor",
-        "from_state",
-        "to_state",
-        "reason",
-        "details",
-        "created_at",
-        "prev_hash",
-        "hash",
-    )
-
     def export_row(self, attempt_id: str) -> dict[str, Any]:
         """The event as the JSON Lines export writes it (``attempt_id``: its attempt's public
         id), before any rendering of its details: what ``verify_export`` hashes again."""
         row: dict[str, Any] = {"id": self.id, "attempt_id": attempt_id}
-        row.update((name, getattr(self, name)) for name in self.EXPORTED_FIELDS)
+        row.update(
+            (name, getattr(self, name))
+            for name in (*verify_export.HASHED_FIELDS, "prev_hash", "hash")
+            if name != "attempt_id"
+        )
         row["v"] = self.chain_format
         row["text_digest"] = self.text_digest
         return row
