@@ -11,6 +11,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.admin import UserAdmin
 from django.http import HttpRequest
 
+from attempts import config_history
 from attempts.models import (
     AgentToken,
     Approval,
@@ -191,18 +192,7 @@ class ToolForm(forms.ModelForm):
 
     class Meta:
         model = Tool
-        fields = (
-            "name",
-            "description",
-            "effect_class",
-            "critical",
-            "active",
-            "adapter",
-            "dispatch_url",
-            "lookup_url",
-            "timeout_seconds",
-            "max_sends",
-        )
+        fields = ("name", "description", *config_history.TOOL_FIELDS)
 
 
 @admin.register(Tool)

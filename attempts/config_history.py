@@ -73,6 +73,20 @@ from attempts.verify_export import (
 Value = str | Callable[[Any], Any]
 
 
+# What the history records of a tool (its name is the row's key; its description is not
+# authority): the admin's tool form edits these.
+TOOL_FIELDS = (
+    "effect_class",
+    "critical",
+    "active",
+    "adapter",
+    "dispatch_url",
+    "lookup_url",
+    "timeout_seconds",
+    "max_sends",
+)
+
+
 @dataclass(frozen=True)
 class Authority:
     """One model whose rows decide who may do what, and what of each row is recorded.
@@ -198,19 +212,7 @@ AUTHORITIES: list[Authority] = [
         Tool,
         "tool",
         lambda t: t.name,
-        {
-            name: name
-            for name in (
-                "effect_class",
-                "critical",
-                "active",
-                "adapter",
-                "dispatch_url",
-                "lookup_url",
-                "timeout_seconds",
-                "max_sends",
-            )
-        },
+        {name: name for name in TOOL_FIELDS},
     ),
     Authority(
         Grant,

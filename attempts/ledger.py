@@ -796,6 +796,26 @@ def _next_link_key(original: Attempt) -> str:
     return key
 
 
+def _preview(
+    attempt: Attempt, *, idempotency_key: str, policy_version: str, credential_scope: list[str]
+) -> dict[str, Any]:
+    """What an approval of ``attempt``'s call records and sends, under the given key and
+    authority: the one shape of a preview, and what its fingerprint covers."""
+    critical = Tool.objects.filter(name=attempt.tool_name, critical=True).exists()
+    return {
+        "tenant": attempt.tenant_id,
+        "tool_name": attempt.tool_name,
+        "task_id": attempt.task_id,
+        "idempotency_key": idempotency_key,
+        "args": attempt.args,
+        "args_hash": attempt.args_hash,
+        "policy_version": policy_version,
+        "credential_scope": credential_scope,
+        "critical": critical,
+        "approvals_needed": Tool(critical=critical).approvals_needed,
+    }
+
+
 def linked_preview(original: Attempt) -> dict[str, Any]:
     """Exactly what a linked attempt for ``original`` would record and send, under today's
     authority: shown to a reviewer before approval."""
@@ -803,19 +823,23 @@ def linked_preview(original: Attempt) -> dict[str, Any]:
         auth = authority.linked_authority(original)
     except authority.NotGranted as exc:
         raise NotGranted(str(exc), code=exc.code) from None
-    tool = Tool.objects.filter(name=original.tool_name).first()
-    return {
-        "tenant": original.tenant_id,
-        "tool_name": original.tool_name,
-        "task_id": original.task_id,
-        "idempotency_key": _next_link_key(original),
-        "args": original.args,
-        "args_hash": original.args_hash,
-        "policy_version": auth.policy_version,
-        "credential_scope": auth.scopes,
-        "critical": bool(tool and tool.critical),
-        "approvals_needed": original.approvals_needed(),
-    }
+    return _preview(
+        original,
+        idempotency_key=_next_link_key(original),
+        policy_version=auth.policy_version,
+        credential_scope=auth.scopes,
+    )
+
+
+def recorded_preview(attempt: Attempt) -> dict[str, Any]:
+    """What approving a prepared linked attempt sends: the attempt as it was recorded (its own
+    key and authority), in ``linked_preview``'s shape."""
+    return _preview(
+        attempt,
+        idempotency_key=attempt.idempotency_key,
+        policy_version=attempt.policy_version,
+        credential_scope=attempt.credential_scope,
+    )
 
 
 def linked_fields(original: Attempt, preview: dict[str, Any]) -> dict[str, Any]:

@@ -24,6 +24,8 @@ from django.db.models import Exists, F, OuterRef, Q, Subquery
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce, Collate
 
+from attempts import verify_export
+
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
 
@@ -1132,6 +1134,19 @@ class AttemptEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.attempt_id} {self.action} {self.from_state}->{self.to_state}"
+
+    def export_row(self, attempt_id: str) -> dict[str, Any]:
+        """The event as the JSON Lines export writes it (``attempt_id``: its attempt's public
+        id), before any rendering of its details: what ``verify_export`` hashes again."""
+        row: dict[str, Any] = {"id": self.id, "attempt_id": attempt_id}
+        row.update(
+            (name, getattr(self, name))
+            for name in (*verify_export.HASHED_FIELDS, "prev_hash", "hash")
+            if name != "attempt_id"
+        )
+        row["v"] = self.chain_format
+        row["text_digest"] = self.text_digest
+        return row
 
 
 class ErasureRequest(models.Model):

@@ -166,26 +166,12 @@ def approval_preview(attempt: Attempt) -> dict[str, Any]:
     """Exactly what approving would record and send, and a fingerprint of it, so the approval
     is refused if any of it changed between the preview and the click."""
     kind = approval_kind(attempt)
-    tool = Tool.objects.filter(name=attempt.tool_name).first()
-    critical = bool(tool and tool.critical)
-    needed = tool.approvals_needed if tool else 1
     if kind == "linked_retry":
         preview = ledger.linked_preview(attempt)
         holds, why = True, ""
     else:
         holds, why = authority.authority_holds(attempt)
-        preview = {
-            "tenant": attempt.tenant_id,
-            "tool_name": attempt.tool_name,
-            "task_id": attempt.task_id,
-            "idempotency_key": attempt.idempotency_key,
-            "args": attempt.args,
-            "args_hash": attempt.args_hash,
-            "policy_version": attempt.policy_version,
-            "credential_scope": attempt.credential_scope,
-            "critical": critical,
-            "approvals_needed": needed,
-        }
+        preview = ledger.recorded_preview(attempt)
     fingerprint = hashlib.sha256(canonical_bytes(preview)).hexdigest()
     shown_args, redacted = redact(preview["args"])
     return {

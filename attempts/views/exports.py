@@ -166,22 +166,7 @@ def _event_rows(
     name_owners(events)  # people by name, as the attempt page shows them
     rows = []
     for event in events:
-        row = {
-            "id": event.id,
-            "attempt_id": attempt_ids[event.attempt_id],
-            "action": event.action,
-            "actor_kind": event.actor_kind,
-            "actor": event.actor,
-            "from_state": event.from_state,
-            "to_state": event.to_state,
-            "reason": event.reason,
-            "details": event.details,
-            "created_at": event.created_at,
-            "prev_hash": event.prev_hash,
-            "hash": event.hash,
-            "v": event.chain_format,
-            "text_digest": event.text_digest,
-        }
+        row = event.export_row(attempt_ids[event.attempt_id])
         if event.chain_format == verify_export.LEGACY_FORMAT:
             expected_prev = (
                 AttemptEvent.objects.filter(id__lt=event.id)

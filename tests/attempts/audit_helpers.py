@@ -67,20 +67,7 @@ def sql(statement: str, params: list | tuple = ()) -> None:
 def event_row(event_id: int) -> dict:
     event = AttemptEvent.objects.select_related("attempt").get(id=event_id)
     return {
-        "id": event.id,
-        "attempt_id": event.attempt.attempt_id,
-        "action": event.action,
-        "actor_kind": event.actor_kind,
-        "actor": event.actor,
-        "from_state": event.from_state,
-        "to_state": event.to_state,
-        "reason": event.reason,
-        "details": event.details,
-        "created_at": event.created_at,
-        "prev_hash": event.prev_hash,
-        "hash": event.hash,
-        "v": event.chain_format,
-        "text_digest": event.text_digest,
+        **event.export_row(event.attempt.attempt_id),
         "salt": event.attempt.args_salt,
         "attempt_pk": event.attempt_id,
     }

@@ -77,3 +77,28 @@ def test_a_missing_guard_fails_the_database_check():
         assert "attempts.E003" not in {e.id for e in run_checks()}  # only where it matters
     finally:
         history_guard.install(connection)
+
+
+@pytest.mark.django_db
+def test_the_unreleased_migrations_are_one_that_a_development_ledger_at_0017_counts_as_applied():
+    """Release 0.2's schema is one migration after 0.1.0's 0009; it replaces the unreleased
+    0010-0017, so a ledger that applied all eight has applied it (and one at 0009 applies it)."""
+    from django.db.migrations.loader import MigrationLoader
+
+    loader = MigrationLoader(connection)
+    key = ("attempts", "0010_release_0_2_schema")
+    assert loader.graph.leaf_nodes("attempts") == [key]
+    parents = {parent.key for parent in loader.graph.node_map[key].parents}
+    assert ("attempts", "0009_drop_pattern_ops_copies") in parents
+    replaced = [name for _, name in loader.disk_migrations[key].replaces]
+    assert replaced == [
+        "0010_notification_routes",
+        "0011_traceparent",
+        "0012_transparency_log",
+        "0013_approval_policies",
+        "0014_terminal_counts",
+        "0015_archive_retention",
+        "0016_erasure_salted_chain",
+        "0017_approval_append_only",
+    ]
+    assert key in loader.applied_migrations  # the test database migrated through it
