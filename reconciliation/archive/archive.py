@@ -58,6 +58,7 @@ from attempts.verify_export import (
     chain_time,
     check_archive,
 )
+from reconciliation.archive.record import ATTEMPT_COLUMNS, EVENT_COLUMNS, to_line
 from reconciliation.archive.retention import eligible_for
 from reconciliation.archive.store import Store, StoreError
 
@@ -118,23 +119,7 @@ def records(
         leaves[attempt_id] = (length, head, index)  # the newest checkpoint's last
     events: dict[int, list[dict[str, Any]]] = {pk: [] for pk in pks}
     for event in AttemptEvent.objects.filter(attempt_id__in=pks).order_by("attempt_id", "id"):
-        events[event.attempt_id].append(
-            {
-                "id": event.id,
-                "action": event.action,
-                "actor_kind": event.actor_kind,
-                "actor": event.actor,
-                "from_state": event.from_state,
-                "to_state": event.to_state,
-                "reason": event.reason,
-                "details": event.details,
-                "created_at": chain_time(event.created_at),
-                "v": event.chain_format,
-                "prev_hash": event.prev_hash,
-                "hash": event.hash,
-                "text_digest": event.text_digest,
-            }
-        )
+        events[event.attempt_id].append(to_line(EVENT_COLUMNS, event, {"id": event.id}))
     approvals: dict[int, list[dict[str, Any]]] = {pk: [] for pk in pks}
     for approval in Approval.objects.filter(attempt_id__in=pks).select_related(
         "approver", "policy"
@@ -178,34 +163,17 @@ def _line(
     proof: list[bytes],
 ) -> dict[str, Any]:
     return {
-        "attempt": {
-            "attempt_id": attempt.attempt_id,
-            "tenant": attempt.tenant_id,
-            "task_id": attempt.task_id,
-            "tool_name": attempt.tool_name,
-            "args": attempt.args,
-            "args_hash": attempt.args_hash,
-            "args_salt": attempt.args_salt,
-            "idempotency_key": attempt.idempotency_key,
-            "state": attempt.state,
-            "version": attempt.version,
-            "provider_request_id": attempt.provider_request_id,
-            "result_ref": attempt.result_ref,
-            "policy_version": attempt.policy_version,
-            "credential_scope": attempt.credential_scope,
-            "parent_attempt_id": attempt.parent.attempt_id if attempt.parent_id else None,
-            "owner": attempt.owner.get_username() if attempt.owner_id else None,
-            "review_reason": attempt.review_reason,
-            "approval_policy": attempt.approval_policy.name if attempt.approval_policy_id else None,
-            "send_count": attempt.send_count,
-            "lookup_count": attempt.lookup_count,
-            "chain_head": attempt.chain_head,
-            "chain_length": attempt.chain_length,
-            "traceparent": attempt.traceparent,
-            "trace_id": attempt.trace_id,
-            "created_at": _when(attempt.created_at),
-            "updated_at": _when(attempt.updated_at),
-        },
+        "attempt": to_line(
+            ATTEMPT_COLUMNS,
+            attempt,
+            {
+                "parent_attempt_id": attempt.parent.attempt_id if attempt.parent_id else None,
+                "owner": attempt.owner.get_username() if attempt.owner_id else None,
+                "approval_policy": (
+                    attempt.approval_policy.name if attempt.approval_policy_id else None
+                ),
+            },
+        ),
         "events": events,
         "approvals": approvals,
         "receipt": {

@@ -16,7 +16,6 @@ approvals stay in the archive file.
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from django.db import connection, transaction
 
 from attempts.models import Attempt, AttemptEvent, Checkpoint, Tenant
 from attempts.verify_export import LogTrust, VerifierKey, check_archive
+from reconciliation.archive.record import ATTEMPT_COLUMNS, EVENT_COLUMNS, from_line
 from reconciliation.archive.store import Store
 
 REPO = Path(__file__).resolve().parents[2]
@@ -107,12 +107,6 @@ def restore(
     )
 
 
-def _moment(text: str | None) -> dt.datetime | None:
-    if text is None:
-        return None
-    return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-
-
 def load(
     *,
     store: Store,
@@ -163,49 +157,10 @@ def load(
         for record in fresh:
             a = record["attempt"]
             row = Attempt.objects.create(
-                attempt_id=a["attempt_id"],
-                tenant_id=a["tenant"],
-                task_id=a["task_id"],
-                tool_name=a["tool_name"],
-                args=a["args"],
-                args_hash=a["args_hash"],
-                args_salt=a.get("args_salt", ""),
-                idempotency_key=a["idempotency_key"],
-                state=a["state"],
-                version=a["version"],
-                provider_request_id=a["provider_request_id"],
-                result_ref=a["result_ref"],
-                policy_version=a["policy_version"],
-                credential_scope=a["credential_scope"],
-                owner_id=owner_pk.get(a["owner"]),
-                review_reason=a["review_reason"],
-                send_count=a["send_count"],
-                lookup_count=a["lookup_count"],
-                chain_head=a["chain_head"],
-                chain_length=a["chain_length"],
-                sealed=False,
-                traceparent=a["traceparent"],
-                trace_id=a["trace_id"],
-                created_at=_moment(a["created_at"]),
-                updated_at=_moment(a["updated_at"]),
+                **from_line(ATTEMPT_COLUMNS, a), owner_id=owner_pk.get(a["owner"]), sealed=False
             )
             AttemptEvent.objects.bulk_create(
-                AttemptEvent(
-                    attempt=row,
-                    action=e["action"],
-                    actor_kind=e["actor_kind"],
-                    actor=e["actor"],
-                    from_state=e["from_state"],
-                    to_state=e["to_state"],
-                    reason=e["reason"],
-                    details=e["details"],
-                    created_at=_moment(e["created_at"]),
-                    prev_hash=e["prev_hash"],
-                    hash=e["hash"],
-                    chain_format=e["v"],
-                    text_digest=e.get("text_digest", ""),
-                )
-                for e in record["events"]
+                AttemptEvent(attempt=row, **from_line(EVENT_COLUMNS, e)) for e in record["events"]
             )
             loaded += 1
         by_id = dict(

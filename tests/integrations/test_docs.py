@@ -50,9 +50,11 @@ def page_policies() -> None:
 
 
 def run_approving(
-    script: Path, cwd: Path, env: dict[str, str], reviewer
+    script: Path, cwd: Path, env: dict[str, str], reviewer, *, holds: bool
 ) -> subprocess.CompletedProcess:
-    """Run an approval example; approve every call it holds while it runs."""
+    """Run an approval example; approve every call it holds while it runs. ``holds``: whether
+    it must hold something (a first run), or must not (a run the ledger answers from its
+    record)."""
     process = subprocess.Popen(
         [sys.executable, str(script)],
         cwd=cwd,
@@ -73,8 +75,39 @@ def run_approving(
                 approve(attempt_id, reviewer)
         time.sleep(0.2)
     stdout, stderr = process.communicate(timeout=10)
-    assert approved, "the example held nothing"
+    if holds:
+        assert approved, "the example held nothing"
+    else:
+        assert not approved, f"a second run was held again: {approved}"
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def run_page(folder: Path, env: dict[str, str], reviewer, *, first: bool) -> list[str]:
+    """Run every example of the page in order in ``folder``; each one's output."""
+    outputs = []
+    for index, (language, name, code) in enumerate(blocks()):
+        if name is not None:
+            (folder / name).write_text(code, encoding="utf-8")
+        elif language.startswith("python"):
+            script = folder / f"example_{index}.py"
+            script.write_text(code, encoding="utf-8")
+            if language.endswith("approver"):
+                done = run_approving(script, folder, env, reviewer, holds=first)
+            else:
+                done = subprocess.run(
+                    [sys.executable, str(script)],
+                    cwd=folder,
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
+                )
+            run = "first" if first else "second"
+            assert done.returncode == 0, (
+                f"example {index}, {run} run:\n{done.stdout}\n{done.stderr}"
+            )
+            outputs.append(done.stdout)
+    return outputs
 
 
 def test_the_page_has_an_example_for_each_integration() -> None:
@@ -93,7 +126,7 @@ def test_the_page_has_an_example_for_each_integration() -> None:
         assert needle in code, needle
 
 
-def test_every_example_runs_against_a_live_ledger(
+def test_every_example_runs_twice_against_one_ledger(
     live_server, tokens: Tokens, world: World, tmp_path
 ) -> None:
     page_policies()
@@ -105,27 +138,9 @@ def test_every_example_runs_against_a_live_ledger(
         # "python" in the gateway's configuration is this interpreter.
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     }
-    outputs = []
-    for index, (language, name, code) in enumerate(blocks()):
-        if name is not None:
-            (tmp_path / name).write_text(code, encoding="utf-8")
-        elif language.startswith("python"):
-            script = tmp_path / f"example_{index}.py"
-            script.write_text(code, encoding="utf-8")
-            if language.endswith("approver"):
-                done = run_approving(script, tmp_path, env, world.reviewer)
-            else:
-                done = subprocess.run(
-                    [sys.executable, str(script)],
-                    cwd=tmp_path,
-                    env=env,
-                    capture_output=True,
-                    text=True,
-                    timeout=120,
-                )
-            assert done.returncode == 0, f"example {index}:\n{done.stdout}\n{done.stderr}"
-            outputs.append(done.stdout)
+    outputs = run_page(tmp_path, env, world.reviewer, first=True)
     assert "refused: idempotency_conflict" in outputs[0]
+    assert "sent by this run: ['INV-7']" in outputs[0]
     assert "acme-co is now won" in outputs[2]
     assert "'replayed': True" in outputs[3]
     # The approval examples: held, approved by a person, then sent once.
@@ -147,4 +162,18 @@ def test_every_example_runs_against_a_live_ledger(
     held = Attempt.objects.exclude(approval_policy=None)
     assert held.count() == 3 and set(held.values_list("send_count", flat=True)) == {1}
     # The MCP example's upstream acted once for its two calls, and once for the held one.
+    assert (tmp_path / "tickets.json").read_text().count('"id"') == 2
+    # Run again as written, against the same ledger and the same ticket system: an agent that
+    # runs its task again. The ledger answers every call from its record: nothing is held or
+    # sent again, and nothing new is recorded.
+    before = sorted(Attempt.objects.values_list("attempt_id", "state", "send_count", "version"))
+    again = run_page(tmp_path, env, world.reviewer, first=False)
+    assert "refused: idempotency_conflict" in again[0] and "sent by this run: []" in again[0]
+    assert "acme-co is now won" in again[2]
+    assert again[3].count("'replayed': True") == 2
+    assert "success" in again[4] and "held for approval" not in again[4]
+    assert "Closed acme-co." in again[5] and "held for approval" not in again[5]
+    assert "pending approval:" not in again[6] and "False {'id': 'T-2'}" in again[6]
+    after = sorted(Attempt.objects.values_list("attempt_id", "state", "send_count", "version"))
+    assert after == before
     assert (tmp_path / "tickets.json").read_text().count('"id"') == 2
