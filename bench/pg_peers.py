@@ -179,9 +179,9 @@ def run_raw(prefix: str, start_at: float, seconds: float, *, one_statement: bool
     import hashlib
 
     import psycopg
-    import rfc8785
     from psycopg.types.json import Jsonb
 
+    from attempts import jcs  # the encoder the ledger hashes with: the floor pays what it pays
     from attempts.verify_export import GENESIS, args_commitment
     from bench.raw_rows import format3_event
 
@@ -190,7 +190,9 @@ def run_raw(prefix: str, start_at: float, seconds: float, *, one_statement: bool
 
     def event_row(attempt_id: str, prev: str, frm: str, to: str, details: dict, now):
         action = f"attempt.{to.lower()}" if frm else "attempt.created"
-        return format3_event(attempt_id, action, frm, to, details, now, prev, salts[attempt_id])
+        return format3_event(
+            attempt_id, action, frm, to, details, now, prev, salts[attempt_id], dumps=jcs.dumps
+        )
 
     def event(pk: int, attempt_id: str, prev: str, frm: str, to: str, details: dict, now):
         row, digest = event_row(attempt_id, prev, frm, to, details, now)
@@ -202,7 +204,7 @@ def run_raw(prefix: str, start_at: float, seconds: float, *, one_statement: bool
 
     def call(i: int) -> None:
         args = {"customer": i, "note": "benchmark"}
-        args_hash = hashlib.sha256(rfc8785.dumps(args)).hexdigest()
+        args_hash = hashlib.sha256(jcs.dumps(args)).hexdigest()
         attempt_id = "att_" + uuid.uuid4().hex[:26].upper()
         salts[attempt_id] = salt = uuid.uuid4().hex + uuid.uuid4().hex
         key = f"{prefix}:{i}"
@@ -217,7 +219,7 @@ def run_raw(prefix: str, start_at: float, seconds: float, *, one_statement: bool
             "policy_version": "v1",
             "credential_scope": ["crm"],
             "parent_attempt_id": None,
-            "args_digest": args_commitment(salt, args),
+            "args_digest": args_commitment(salt, args, dumps=jcs.dumps),
         }
         first, head = event_row(attempt_id, GENESIS, "", "INTENT_RECORDED", details, now)
         later = now + dt.timedelta(seconds=120)
