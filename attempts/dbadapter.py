@@ -1,4 +1,6 @@
-"""The one place the ledger touches Django's database internals (private, unversioned names).
+"""The one place the write path touches Django's database internals (private, unversioned
+names). Outside the write path two more are read in place: ``chunked_cursor()`` (the exports'
+and the verifier's streaming reads) and ``connection`` (the verifier's "is it open yet").
 
 The write path's statements go straight to the driver's cursor (``sqlite3`` or psycopg), and an
 intent or move made alone on SQLite opens its own ``BEGIN IMMEDIATE`` on the driver's connection:
