@@ -360,25 +360,38 @@ class _Verifier:
             key = bytes.fromhex(salt) if salt else None
         except ValueError:
             key = None  # an edited salt: the args check says so, the text checks use the reference
+        # The attempt id and the previous event's hash go into every event's payload: the id is
+        # encoded once per attempt, and a prev_hash equal to a digest this verifier computed is
+        # hex, which JSON writes as it is (``prev_known``).
+        quoted_id = _string(attempt_id) if type(attempt_id) is str else None
+        prev_known = True  # GENESIS
         for event in events:
             (_, event_id, _, _, _, _, _, _, text, created_at, prev_hash, stored, v, _) = event
+            quoted_prev = f'"{prev}"' if prev_known and prev_hash == prev else None
+            unhashable = None
             try:
                 details, plain = _load_details(text)
                 if v is not None and v >= SALTED_FORMAT:
-                    recomputed = self.salted_event(attempt_id, event, details, plain, salt, key)
+                    recomputed = self.salted_event(
+                        attempt_id, event, details, plain, salt, key, (quoted_id, quoted_prev)
+                    )
                 else:
-                    recomputed = _event_digest(attempt_id, event, details, plain)
+                    recomputed = _event_digest(
+                        attempt_id, event, details, plain, quoted=(quoted_id, quoted_prev)
+                    )
                 if recomputed != stored:  # the reference encoder has the last word
                     recomputed = hashlib.sha256(
                         rfc8785.dumps(_event_payload(attempt_id, event, details))
                     ).hexdigest()
             except (TypeError, ValueError, KeyError, rfc8785.CanonicalizationError) as exc:
-                recomputed = f"unhashable ({exc})"
+                recomputed, unhashable = None, exc
                 details = None
-            if recomputed != stored:
+            prev_known = recomputed is not None and recomputed == stored
+            if not prev_known:
                 self.bad(
                     "content",
-                    f"the event's fields do not match its hash {str(stored)[:16]}…: it was edited",
+                    f"the event's fields do not match its hash {str(stored)[:16]}…: it was edited"
+                    + (f" (they cannot be hashed: {unhashable})" if unhashable else ""),
                     event_id,
                     attempt_id,
                 )
@@ -441,6 +454,7 @@ class _Verifier:
         plain: bool | None,
         salt: str | None,
         key: bytes | None,
+        quoted: tuple[str | None, str | None] = (None, None),
     ) -> str:
         """Format 3: the event's hash (covering its salted text digest, not the text), after
         checking its free text against that digest with the attempt's salt (``key``). The fast
@@ -469,7 +483,7 @@ class _Verifier:
                 problem = text_problem(row, salt)
                 if problem:
                     self.bad("content", problem, event[1], attempt_id)
-        return _event_digest(attempt_id, event, public, plain, text=text)
+        return _event_digest(attempt_id, event, public, plain, text=text, quoted=quoted)
 
     def salted_row(
         self, row: tuple, events: list[tuple], created: dict[str, Any], args: _Args
@@ -636,13 +650,17 @@ class _Verifier:
                 )
             )
             where = f"config change {row['seq']} ({row['subject']})"
+            unhashable = ""
             try:
                 row["before"], row["after"] = load_json(row["before"]), load_json(row["after"])
                 recomputed = config_event_hash(row)
             except (TypeError, ValueError, rfc8785.CanonicalizationError) as exc:
-                recomputed = f"unhashable ({exc})"
-            if recomputed != row["hash"]:
-                self.bad("config", f"{where}: its fields do not match its hash: it was edited")
+                recomputed, unhashable = None, f" (they cannot be hashed: {exc})"
+            if recomputed is None or recomputed != row["hash"]:
+                self.bad(
+                    "config",
+                    f"{where}: its fields do not match its hash: it was edited{unhashable}",
+                )
             if row["seq"] != len(config_hashes) + 1:
                 self.bad(
                     "config",
@@ -1085,32 +1103,41 @@ def _event_payload(attempt_id: Any, event: tuple, details: Any) -> dict[str, Any
 
 
 def _event_digest(
-    attempt_id: Any, event: tuple, details: Any, plain: bool | None, *, text: str | None = None
+    attempt_id: Any,
+    event: tuple,
+    details: Any,
+    plain: bool | None,
+    *,
+    text: str | None = None,
+    quoted: tuple[str | None, str | None] = (None, None),
 ) -> str:
     """The event's hash with the fast encoder: the payload's keys are fixed, so its canonical
     text is written in their sorted order here (the bytes ``jcs.encode_plain`` gives for
     ``_event_payload``, held to the reference by the tests) rather than sorting the keys of
     every event again. ``text``: a format-3 event's salted text digest (``details`` are then
-    its public details). Every field but ``details`` is text (or the format number) as read from
+    its public details; ``quoted``: the attempt id and the prev_hash already written as JSON
+    strings, or None). Every field but ``details`` is text (or the format number) as read from
     the database, which the C encoder writes as RFC 8785 does, so only ``details`` needs
     checking (``plain``: known from its text, None: ask ``jcs.plain``); anything else, and a
     field that is not text, goes through ``jcs.dumps``. A mismatch is always recomputed with
     the reference encoder before it is reported."""
     if plain or (plain is None and jcs.plain(details)):
         try:
+            quoted_id, quoted_prev = quoted
+            prev = quoted_prev or _string(event[10])
             if text is not None:  # format 3: public details and the text digest, no reason
                 body = (
-                    f'"from_state":{_string(event[5])},"prev_hash":{_string(event[10])},'
+                    f'"from_state":{_string(event[5])},"prev_hash":{prev},'
                     f'"text":{_string(text)},"to_state":{_string(event[6])},'
                 )
             else:
                 body = (
-                    f'"from_state":{_string(event[5])},"prev_hash":{_string(event[10])},'
+                    f'"from_state":{_string(event[5])},"prev_hash":{prev},'
                     f'"reason":{_string(event[7])},"to_state":{_string(event[6])},'
                 )
             payload = (
                 f'{{"action":{_string(event[2])},"actor":{_string(event[4])},'
-                f'"actor_kind":{_string(event[3])},"attempt_id":{_string(attempt_id)},'
+                f'"actor_kind":{_string(event[3])},"attempt_id":{quoted_id or _string(attempt_id)},'
                 f'"created_at":{_string(chain_time(event[9]))},'
                 f'"details":{jcs.encode_plain_text(details)},{body}"v":{int(event[12])}}}'
             )

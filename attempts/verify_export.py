@@ -1110,15 +1110,17 @@ class ExportChecker:
                 )
             )
         self.last_id = event_id
+        unhashable = None
         try:
             recomputed = event_hash(row)
         except (TypeError, ValueError, KeyError, rfc8785.CanonicalizationError) as exc:
-            recomputed = f"unhashable ({exc})"
-        if recomputed != row["hash"]:
+            recomputed, unhashable = None, exc  # no stored hash can match it
+        if recomputed is None or recomputed != row["hash"]:
             self.problem(
                 Problem(
                     "content",
-                    f"the event's fields do not match its hash {str(row['hash'])[:16]}…: it was edited",
+                    f"the event's fields do not match its hash {str(row['hash'])[:16]}…: it was edited"
+                    + (f" (they cannot be hashed: {unhashable})" if unhashable else ""),
                     event_id,
                     attempt_id,
                     line,

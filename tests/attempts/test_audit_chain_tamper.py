@@ -12,8 +12,9 @@ import io
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import connection
 
-from attempts import audit_verify, chain, review, verify_export
+from attempts import audit_verify, chain, jcs, review, verify_export
 from attempts.locking import write_transaction
 from attempts.models import Attempt, AttemptEvent, Checkpoint
 from attempts.states import Actor
@@ -115,6 +116,27 @@ def test_editing_and_rehashing_an_event_names_the_next_one(history):
     )
     link = problems("link")
     assert link and link[0].event_id == events[2]
+
+
+def test_an_event_that_cannot_be_hashed_is_reported_whatever_its_hash_says(history):
+    """An event whose details no encoder can hash (a number JSON cannot carry exactly) is edited
+    history, even when its hash column was set to the verifier's own words for such an event."""
+    victim = history[1]
+    last = ids_of(victim)[-1]
+    drop_triggers()
+    sql(f"UPDATE {EVENTS} SET details = %s WHERE id = %s", ['{"count": 1e400}', last])
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT details FROM {EVENTS} WHERE id = %s", [last])
+        (text,) = cursor.fetchone()
+    with pytest.raises(jcs.CanonicalizationError) as error:
+        jcs.dumps(audit_verify.load_json(text))
+    forged = f"unhashable ({error.value})"
+    if len(forged) <= 64:  # on PostgreSQL the hash column holds 64 characters, not these words
+        sql(f"UPDATE {EVENTS} SET hash = %s WHERE id = %s", [forged, last])
+        sql(f"UPDATE {ATTEMPTS} SET chain_head = %s WHERE id = %s", [forged, victim.pk])
+    found = problems()
+    assert [(p.kind, p.event_id) for p in found] == [("content", last)]
+    assert "cannot be hashed" in found[0].message
 
 
 def _rewrite_tail(attempt: Attempt, position: int, *, actor: str) -> None:
@@ -332,6 +354,28 @@ def test_config_changes_are_chained_sealed_and_verified(history):
     drop_triggers()
     sql(f"UPDATE {CONFIG} SET after = %s WHERE id = %s", ['{"critical": true}', first.pk])
     assert any(f"config change {first.seq}" in p.message for p in problems("config"))
+
+
+def test_a_config_change_that_cannot_be_hashed_is_reported_whatever_its_hash_says(history):
+    with write_transaction():
+        change = chain.record_config_change(
+            subject="tool:update_crm",
+            action="config.tool.changed",
+            actor=Actor.system("test"),
+            before={"critical": True},
+            after={"critical": False},
+        )
+    drop_triggers()
+    sql(f"UPDATE {CONFIG} SET after = %s WHERE id = %s", ['{"n": 1e400}', change.pk])
+    with pytest.raises(jcs.CanonicalizationError) as error:
+        jcs.dumps(audit_verify.load_json('{"n": 1e400}'))
+    if connection.vendor == "sqlite":  # PostgreSQL's numeric keeps 1e400 exact, and its hash
+        # column holds 64 characters, not the verifier's words
+        forged = f"unhashable ({error.value})"
+        sql(f"UPDATE {CONFIG} SET hash = %s WHERE id = %s", [forged, change.pk])
+    found = problems("config")
+    assert found and f"config change {change.seq}" in found[0].message
+    assert "cannot be hashed" in found[0].message
 
 
 def test_editing_an_attempt_row_is_seen(history):

@@ -127,6 +127,28 @@ def test_editing_an_exported_event_names_it(history, tmp_path):
     assert f"event {record['id']}" in result.stdout.splitlines()[0]
 
 
+def test_an_exported_event_that_cannot_be_hashed_is_reported_whatever_its_hash_says(
+    history, tmp_path
+):
+    """Details no encoder can hash (a number beyond the float range) are edited history, even
+    with the hash set to the verifier's own words for such an event."""
+    path = export(tmp_path)
+    content = lines(path)
+    events = [(i, json.loads(content[i])) for i in _event_lines(path)]
+    # The last event of the first attempt: no later event of the attempt links to its hash.
+    index, record = [(i, r) for i, r in events if r["attempt_id"] == events[0][1]["attempt_id"]][-1]
+    record["details"] = {**record["details"], "count": "INFINITE"}  # a public detail
+    edited = json.dumps(record).replace('"INFINITE"', "1e400")
+    with pytest.raises(verify_export.rfc8785.CanonicalizationError) as error:
+        verify_export.event_hash(json.loads(edited))
+    record = json.loads(edited)
+    record["hash"] = f"unhashable ({error.value})"
+    content[index] = json.dumps(record).replace("Infinity", "1e400") + "\n"
+    problem = first_problem(write(path, content))
+    assert problem.kind == "content" and problem.event_id == record["id"]
+    assert "cannot be hashed" in problem.message
+
+
 def _same_attempt_pair(path: Path) -> tuple[int, int]:
     """Line indexes of two consecutive exported events of one attempt."""
     content = lines(path)
