@@ -28,7 +28,7 @@ from django.db import connection
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from attempts import log
+from attempts import dbadapter, log
 from attempts.models import (
     Attempt,
     AttemptEvent,
@@ -464,7 +464,7 @@ _FROM = "FROM attempts_attemptevent e JOIN attempts_attempt a ON a.id = e.attemp
 
 def _stream_rows(sql: str, params: list[Any]) -> Iterator[list[tuple]]:
     """Rows in chunks, through a streaming cursor (server-side on PostgreSQL)."""
-    with connection.chunked_cursor() as cursor:
+    with dbadapter.streaming_cursor(connection) as cursor:
         cursor.execute(sql, params)
         while rows := cursor.fetchmany(FETCH):
             yield rows

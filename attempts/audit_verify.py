@@ -24,6 +24,7 @@ an export. Checks, each naming the first event, attempt or checkpoint where it f
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import hmac
 import json
@@ -803,7 +804,7 @@ def verify_database(
     archive_dir: Path | None = None,
 ) -> Report:
     """Verify the history and every attempt row. ``cursor_factory`` returns a fresh DB-API
-    cursor (``django.db.connection.chunked_cursor`` streams on PostgreSQL), or is a
+    cursor (``dbadapter.streaming_cursor`` streams on PostgreSQL), or is a
     ``Cursors`` pair that also says how to read one bounded batch.
     ``before_fork`` closes this process's connection before workers start: a connection must
     never be shared with a forked process. ``vendor`` ("sqlite", "postgresql") picks the form
@@ -1213,6 +1214,8 @@ def verify_django_database(
     from django.db import connections
     from django.db.backends.signals import connection_created
 
+    from attempts import dbadapter
+
     connection = connections[using]
     name = connection.settings_dict.get("NAME")
     notes = []
@@ -1224,7 +1227,8 @@ def verify_django_database(
 
     def cursors() -> Cursors:
         # Whole tables stream through a server-side cursor; a batch is read in one go.
-        return Cursors(connections[using].chunked_cursor, connections[using].cursor)
+        db = connections[using]
+        return Cursors(functools.partial(dbadapter.streaming_cursor, db), db.cursor)
 
     serial = connection.vendor == "postgresql" and not connection.in_atomic_block
     if serial:
@@ -1233,7 +1237,7 @@ def verify_django_database(
         # workers, gathering, sorting again) than it saves. For this process's connection and
         # those its workers open.
         connection_created.connect(_serial_plans)
-        if connection.connection is not None:
+        if dbadapter.is_connected(connection):
             _serial_plans(connection=connection)
     try:
         report = verify_database(
@@ -1255,7 +1259,7 @@ def verify_django_database(
     finally:
         if serial:
             connection_created.disconnect(_serial_plans)
-            if connection.connection is not None:
+            if dbadapter.is_connected(connection):
                 with connection.cursor() as cursor:
                     cursor.execute("RESET max_parallel_workers_per_gather")
     report.notes.extend(notes)

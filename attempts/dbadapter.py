@@ -1,6 +1,6 @@
-"""The one place the write path touches Django's database internals (private, unversioned
-names). Outside the write path two more are read in place: ``chunked_cursor()`` (the exports'
-and the verifier's streaming reads) and ``connection`` (the verifier's "is it open yet").
+"""The one place the ledger touches Django's database internals (private, unversioned names):
+the write path's, and the streaming reads of the exports and the verifier (``streaming_cursor``,
+``is_connected``).
 
 The write path's statements go straight to the driver's cursor (``sqlite3`` or psycopg), and an
 intent or move made alone on SQLite opens its own ``BEGIN IMMEDIATE`` on the driver's connection:
@@ -13,7 +13,9 @@ here, through these names of ``BaseDatabaseWrapper``, none of them documented:
 - ``wrap_database_errors``: driver errors raised as Django's (``IntegrityError`` and the rest);
 - ``queries_logged``: whoever watches the queries (DEBUG, ``CaptureQueriesContext``) gets
   Django's own cursor, so they see these statements too;
-- ``connection``: the driver's connection.
+- ``connection``: the driver's connection (None until connected);
+- ``chunked_cursor()``: a cursor that streams a large result (server-side on PostgreSQL), which
+  ``QuerySet.iterator()`` uses; the exports and the verifier read whole tables through it.
 
 ``PRIVATE_API`` lists them with the shape relied on; ``tests/attempts/test_dbadapter.py`` checks
 it against the Django version pinned in ``pyproject.toml``, so an upgrade that renames or
@@ -44,6 +46,7 @@ PRIVATE_API: dict[str, tuple[str, tuple[str, ...]]] = {
     "wrap_database_errors": ("property", ()),
     "queries_logged": ("property", ()),
     "connection": ("attribute", ()),
+    "chunked_cursor": ("method", ()),
 }
 
 
@@ -122,6 +125,17 @@ def driver_connection(db: BaseDatabaseWrapper) -> Any:
     """The driver's connection under ``db``, connected."""
     db.ensure_connection()
     return db.connection
+
+
+def is_connected(db: BaseDatabaseWrapper) -> bool:
+    """Whether ``db`` has a driver connection open now (without opening one)."""
+    return db.connection is not None
+
+
+def streaming_cursor(db: BaseDatabaseWrapper) -> Any:
+    """A cursor for reading a whole table in chunks: server-side on PostgreSQL, so memory stays
+    flat (Django's, as ``QuerySet.iterator()`` gets it)."""
+    return db.chunked_cursor()
 
 
 def database_errors(db: BaseDatabaseWrapper) -> contextlib.AbstractContextManager:

@@ -3,13 +3,14 @@ the provider's own record of effects; every failure carries its evidence."""
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.db import connections
 
-from attempts import audit_verify
+from attempts import audit_verify, dbadapter
 from attempts.models import (
     ATTENTION_STATES,
     Approval,
@@ -137,7 +138,9 @@ def check_visible(scene: Scene, check: Check, effects: list[dict[str, Any]]) -> 
             )
     # The one verifier of the history (attempts/audit_verify.py), on this scene's database.
     connection = connections[scene.alias]
-    report = audit_verify.verify_database(connection.chunked_cursor, vendor=connection.vendor)
+    report = audit_verify.verify_database(
+        functools.partial(dbadapter.streaming_cursor, connection), vendor=connection.vendor
+    )
     for problem in report.problems:
         check.fail(f"history does not verify: {problem}")
     moves: dict[str, list[str]] = defaultdict(list)
