@@ -1,7 +1,8 @@
 """How the state machine's rows reach the database: the statements every tool call sends.
 
 An intent inserts an attempt and its first event; every later move is a compare-and-set
-``UPDATE`` of the attempt plus one event ``INSERT``; intents and claims read the grant's terms.
+``UPDATE`` of the attempt plus one event ``INSERT``; intents read the grant's terms, and a
+claim checks them inside its compare-and-set.
 Building these statements with the ORM was the largest cost of a tool call (docs/scaling.md,
 "Why the write path is shaped so"), so they are written here once as parameterized SQL, with
 columns and values taken from the models' own fields, and nothing else writes attempts or
@@ -144,7 +145,7 @@ def _attempt_field(name: str) -> _Column:
 
 
 @functools.cache
-def _update(names: tuple[str, ...], increments: tuple[str, ...]) -> str:
+def _update(names: tuple[str, ...], increments: tuple[str, ...], granted: bool) -> str:
     sets = [f"{_attempt_field(name).name} = %s" for name in names]
     for name in increments:
         column = _attempt_field(name).name
@@ -152,6 +153,7 @@ def _update(names: tuple[str, ...], increments: tuple[str, ...]) -> str:
     return (
         f"UPDATE {_q(Attempt._meta.db_table)} SET {', '.join(sets)} "
         f"WHERE {_q('id')} = %s AND {_q('state')} = %s AND {_q('version')} = %s"
+        + (f" AND {_grant_covers()}" if granted else "")
     )
 
 
@@ -204,12 +206,14 @@ def compare_and_set(
     values: Mapping[str, Any],
     increments: Mapping[str, int],
     event: EventRow,
+    granted: bool = False,
 ) -> bool:
     """Set ``values`` and add ``increments`` on attempt ``pk`` and append ``event``, if the
-    attempt is still in ``state`` at ``version``. Returns whether it was (False: someone else
-    changed it first, and nothing was written)."""
+    attempt is still in ``state`` at ``version`` (and, with ``granted``, its grant still
+    covers it: ``_grant_covers``). Returns whether it was (False: someone else changed it
+    first, or the grant no longer covers it, and nothing was written)."""
     db = _db()
-    update = _update(tuple(values), tuple(increments))
+    update = _update(tuple(values), tuple(increments), granted)
     params = [_attempt_field(name).prep(value, db) for name, value in values.items()]
     params += [int(amount) for amount in increments.values()]
     params += [pk, state, version]
@@ -254,6 +258,34 @@ def _terms_select(tool_active: bool) -> str:
     return sql + (
         f"WHERE g.{_q(tenant_col)} = %s AND g.{_q(tool_col)} = %s AND g.{_q('active')} "
         f"ORDER BY g.{_q(grant.pk.column)} LIMIT 1"
+    )
+
+
+@functools.cache
+def _grant_covers() -> str:
+    """The claim's grant check inside its compare-and-set, the SQL form of
+    ``authority.authority_holds``: the tenant's grant for the attempt's tool is active, at the
+    attempt's policy version, and allows every scope the attempt was recorded with. (One grant
+    per tenant and tool: ``grant_unique_tenant_tool``.)"""
+    attempt, grant = Attempt._meta, Grant._meta
+    a = _q(attempt.db_table)
+    scopes = f"{a}.{_q(attempt.get_field('credential_scope').column)}"
+    allowed = f"g.{_q(grant.get_field('allowed_scopes').column)}"
+    if _db().vendor == "postgresql":
+        covered = f"{scopes} <@ {allowed}"  # jsonb containment: every element is in allowed
+    else:
+        covered = (
+            f"NOT EXISTS (SELECT 1 FROM json_each({scopes}) s "
+            f"WHERE s.value NOT IN (SELECT value FROM json_each({allowed})))"
+        )
+    return (
+        f"EXISTS (SELECT 1 FROM {_q(grant.db_table)} g "
+        f"WHERE g.{_q(grant.get_field('tenant').column)} = "
+        f"{a}.{_q(attempt.get_field('tenant').column)} "
+        f"AND g.{_q(grant.get_field('tool').column)} = "
+        f"{a}.{_q(attempt.get_field('tool_name').column)} "
+        f"AND g.{_q('active')} "
+        f"AND g.{_q('policy_version')} = {a}.{_q('policy_version')} AND {covered})"
     )
 
 
