@@ -86,6 +86,9 @@ class _Column:
         self.aware_datetime_as_is = (
             target.get_internal_type() == "DateTimeField" and _db().vendor == "postgresql"
         )
+        # Field.pre_save returns the attribute; a field that overrides it (a date with
+        # auto_now) is asked.
+        self.attname = field.attname if type(field).pre_save is Field.pre_save else ""
 
     def prep(self, value: Any, db: BaseDatabaseWrapper) -> Any:
         plain = self.plain
@@ -145,6 +148,11 @@ def _attempt_field(name: str) -> _Column:
 
 
 @functools.cache
+def _set_columns(names: tuple[str, ...]) -> tuple[_Column, ...]:
+    return tuple(_attempt_field(name) for name in names)
+
+
+@functools.cache
 def _update(names: tuple[str, ...], increments: tuple[str, ...], granted: bool) -> str:
     sets = [f"{_attempt_field(name).name} = %s" for name in names]
     for name in increments:
@@ -157,8 +165,17 @@ def _update(names: tuple[str, ...], increments: tuple[str, ...], granted: bool) 
     )
 
 
+def _prepared(columns: tuple[_Column, ...], values: Any, db: BaseDatabaseWrapper) -> list[Any]:
+    """``values`` prepared for ``columns``: a value of exactly its column's plain type goes as
+    it is without a call per value (most of them), the rest through ``_Column.prep``."""
+    return [
+        value if type(value) is column.plain else column.prep(value, db)
+        for column, value in zip(columns, values, strict=True)
+    ]
+
+
 def _event_values(event: EventRow, db: BaseDatabaseWrapper) -> list[Any]:
-    return [c.prep(value, db) for c, value in zip(_event_fields(), event, strict=True)]
+    return _prepared(_event_fields(), event, db)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,7 +196,12 @@ def insert_attempt(attempt: Attempt, event: EventRow) -> None:
     """Insert a new attempt with its first event and set the attempt's primary key. The
     idempotency key's unique index raises IntegrityError for a key already recorded."""
     db = _db()
-    values = [c.prep(c.field.pre_save(attempt, True), db) for c in _attempt_fields()]
+    columns = _attempt_fields()
+    saved = [
+        getattr(attempt, c.attname) if c.attname else c.field.pre_save(attempt, True)
+        for c in columns
+    ]
+    values = _prepared(columns, saved, db)
     event_values = _event_values(event, db)
     if db.vendor == "postgresql":
         sql = f"WITH new AS ({_attempt_insert()}) {_event_insert('new')} RETURNING attempt_id"
@@ -213,8 +235,9 @@ def compare_and_set(
     covers it: ``_grant_covers``). Returns whether it was (False: someone else changed it
     first, or the grant no longer covers it, and nothing was written)."""
     db = _db()
-    update = _update(tuple(values), tuple(increments), granted)
-    params = [_attempt_field(name).prep(value, db) for name, value in values.items()]
+    names = tuple(values)
+    update = _update(names, tuple(increments), granted)
+    params = _prepared(_set_columns(names), values.values(), db)
     params += [int(amount) for amount in increments.values()]
     params += [pk, state, version]
     event_values = _event_values(event, db)
