@@ -60,6 +60,8 @@ def text_problem(value: str, *, multiline: bool = False) -> str:
     Multi-line text may keep line breaks and tabs. Every other Unicode character is kept and
     carried faithfully (see the generic HTTP provider's key encoding).
     """
+    if value.isascii() and value.isprintable():
+        return ""  # printable ASCII: no control character, no surrogate (the common case)
     for position, char in enumerate(value):
         if multiline and char in LINE_BREAKS:
             continue

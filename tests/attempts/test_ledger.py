@@ -364,3 +364,21 @@ def test_a_stale_copy_in_hand_is_decided_again_on_the_truth(world):
     with pytest.raises(StateConflict):
         ledger.fail(stale, reason="refused", retryable=False, actor=world.agent)
     assert Attempt.objects.get(pk=attempt.pk).state == State.UNKNOWN
+
+
+def test_text_checks_refuse_every_ascii_control_character_and_nothing_else():
+    """Printable ASCII takes a shortcut past the per-character check: it must judge the same."""
+    from attempts.ledger import text_problem
+
+    for code in range(128):
+        text = f"ab{chr(code)}c"
+        problem = text_problem(text)
+        if code < 0x20 or code == 0x7F:
+            assert problem == f"contains the control character U+{code:04X} at position 2"
+        else:
+            assert problem == ""
+    assert text_problem("line\nbreak\ttab", multiline=True) == ""
+    assert text_problem("caf\u00e9 \u00a0") == "" and text_problem("x\u0085").startswith(
+        "contains the control character U+0085"
+    )
+    assert text_problem("x\ud800") == "contains a lone surrogate U+D800 at position 1"
