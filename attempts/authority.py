@@ -69,7 +69,10 @@ def active_terms(tenant: str, tool_name: str, *, tool_active: bool = False) -> G
 
 
 def authority_holds(attempt: Attempt, grant: Grant | GrantTerms | None = None) -> tuple[bool, str]:
-    """Whether the attempt may still be sent under today's authority, and if not, why."""
+    """Whether the attempt may still be sent under today's authority, and if not, why.
+
+    A claim checks the same rule inside its compare-and-set (``rows._grant_covers``, the SQL
+    form of this function); a change to one is a change to both."""
     grant = grant if grant is not None else active_terms(attempt.tenant_id, attempt.tool_name)
     if grant is None:
         return False, "grant revoked or inactive"

@@ -82,13 +82,18 @@ def private_api_problems(db: BaseDatabaseWrapper) -> list[str]:
 class DriverCursor:
     """A statement straight on the driver's cursor, with what Django's cursor guards kept:
     errors are Django's (``IntegrityError`` for a key already recorded), a broken transaction
-    is refused, and a connection that failed its health check is replaced."""
+    is refused, and a connection that failed its health check is replaced. On PostgreSQL the
+    connection's one driver cursor is reused (``_kept_cursor``): read a statement's result
+    inside its ``with`` block, before the next statement."""
 
     def __init__(self, db: BaseDatabaseWrapper) -> None:
         db.close_if_health_check_failed()
         db.ensure_connection()
-        self.db, self.cursor = db, db.connection.cursor()
         self.qmark = db.vendor == "sqlite"
+        # sqlite3 keeps a statement open until its cursor is reset, so there each statement
+        # has a cursor of its own, closed after it; psycopg has read the whole result already.
+        self.kept = not self.qmark
+        self.db, self.cursor = db, _kept_cursor(db) if self.kept else db.connection.cursor()
 
     def execute(self, sql: str, params: list[Any]) -> None:
         self.db.validate_no_broken_transaction()
@@ -106,7 +111,25 @@ class DriverCursor:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.cursor.close()
+        if not self.kept:
+            self.cursor.close()
+
+
+def _kept_cursor(db: BaseDatabaseWrapper) -> Any:
+    """One psycopg cursor per driver connection, reused statement after statement (a Django
+    connection belongs to one thread): a cursor opened per statement, with the driver's
+    per-cursor adaptation state built again each time, was a visible share of a tool call.
+    A new driver connection (after a close or a failed health check) gets a new cursor."""
+    raw = db.connection
+    kept = db.__dict__.get(_KEPT)
+    if kept is None or kept[0] is not raw:
+        kept = (raw, raw.cursor())
+        db.__dict__[_KEPT] = kept
+    return kept[1]
+
+
+# Where the kept cursor lives on the connection wrapper (a name of this module's own).
+_KEPT = "_ledger_driver_cursor"
 
 
 @functools.cache

@@ -60,6 +60,8 @@ def text_problem(value: str, *, multiline: bool = False) -> str:
     Multi-line text may keep line breaks and tabs. Every other Unicode character is kept and
     carried faithfully (see the generic HTTP provider's key encoding).
     """
+    if value.isascii() and value.isprintable():
+        return ""  # printable ASCII: no control character, no surrogate (the common case)
     for position, char in enumerate(value):
         if multiline and char in LINE_BREAKS:
             continue
@@ -444,20 +446,31 @@ def claim_dispatch(attempt: Attempt | str, *, actor: Actor, tenants: set[str] | 
     if current.state not in (State.INTENT_RECORDED, State.FAILED_RETRYABLE):
         return current, False
     with tracing.span("ledger.claim", current) as s:
-        holds, why = authority.authority_holds(current)
-        if not holds:
-            raise StateConflict(
-                f"authority changed since the intent was recorded: {why}",
-                code="authority_changed",
-                attempt=current,
-            )
         if current.approval_policy_id is not None and current.state == State.INTENT_RECORDED:
+            # Authority first, then the approvals (which may void them and wait again).
+            holds, why = authority.authority_holds(current)
+            if not holds:
+                raise _authority_changed(current, why)
             claimed = _claim_approved(current, actor)
             tracing.describe(s, claimed)
             return claimed, current.state == State.DISPATCHED
-        states.move(current, State.DISPATCHED, actor=actor, increments={"send_count": 1})
+        try:
+            # The grant is checked by the claim's compare-and-set itself.
+            states.move(
+                current, State.DISPATCHED, actor=actor, increments={"send_count": 1}, granted=True
+            )
+        except states.AuthorityChanged as exc:
+            raise _authority_changed(current, exc.why) from None
         tracing.describe(s, current)
     return current, True
+
+
+def _authority_changed(current: Attempt, why: str) -> StateConflict:
+    return StateConflict(
+        f"authority changed since the intent was recorded: {why}",
+        code="authority_changed",
+        attempt=current,
+    )
 
 
 def _claim_approved(current: Attempt, actor: Actor) -> Attempt:

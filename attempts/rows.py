@@ -1,7 +1,8 @@
 """How the state machine's rows reach the database: the statements every tool call sends.
 
 An intent inserts an attempt and its first event; every later move is a compare-and-set
-``UPDATE`` of the attempt plus one event ``INSERT``; intents and claims read the grant's terms.
+``UPDATE`` of the attempt plus one event ``INSERT``; intents read the grant's terms, and a
+claim checks them inside its compare-and-set.
 Building these statements with the ORM was the largest cost of a tool call (docs/scaling.md,
 "Why the write path is shaped so"), so they are written here once as parameterized SQL, with
 columns and values taken from the models' own fields, and nothing else writes attempts or
@@ -85,6 +86,9 @@ class _Column:
         self.aware_datetime_as_is = (
             target.get_internal_type() == "DateTimeField" and _db().vendor == "postgresql"
         )
+        # Field.pre_save returns the attribute; a field that overrides it (a date with
+        # auto_now) is asked.
+        self.attname = field.attname if type(field).pre_save is Field.pre_save else ""
 
     def prep(self, value: Any, db: BaseDatabaseWrapper) -> Any:
         plain = self.plain
@@ -144,7 +148,12 @@ def _attempt_field(name: str) -> _Column:
 
 
 @functools.cache
-def _update(names: tuple[str, ...], increments: tuple[str, ...]) -> str:
+def _set_columns(names: tuple[str, ...]) -> tuple[_Column, ...]:
+    return tuple(_attempt_field(name) for name in names)
+
+
+@functools.cache
+def _update(names: tuple[str, ...], increments: tuple[str, ...], granted: bool) -> str:
     sets = [f"{_attempt_field(name).name} = %s" for name in names]
     for name in increments:
         column = _attempt_field(name).name
@@ -152,11 +161,21 @@ def _update(names: tuple[str, ...], increments: tuple[str, ...]) -> str:
     return (
         f"UPDATE {_q(Attempt._meta.db_table)} SET {', '.join(sets)} "
         f"WHERE {_q('id')} = %s AND {_q('state')} = %s AND {_q('version')} = %s"
+        + (f" AND {_grant_covers()}" if granted else "")
     )
 
 
+def _prepared(columns: tuple[_Column, ...], values: Any, db: BaseDatabaseWrapper) -> list[Any]:
+    """``values`` prepared for ``columns``: a value of exactly its column's plain type goes as
+    it is without a call per value (most of them), the rest through ``_Column.prep``."""
+    return [
+        value if type(value) is column.plain else column.prep(value, db)
+        for column, value in zip(columns, values, strict=True)
+    ]
+
+
 def _event_values(event: EventRow, db: BaseDatabaseWrapper) -> list[Any]:
-    return [c.prep(value, db) for c, value in zip(_event_fields(), event, strict=True)]
+    return _prepared(_event_fields(), event, db)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -177,7 +196,12 @@ def insert_attempt(attempt: Attempt, event: EventRow) -> None:
     """Insert a new attempt with its first event and set the attempt's primary key. The
     idempotency key's unique index raises IntegrityError for a key already recorded."""
     db = _db()
-    values = [c.prep(c.field.pre_save(attempt, True), db) for c in _attempt_fields()]
+    columns = _attempt_fields()
+    saved = [
+        getattr(attempt, c.attname) if c.attname else c.field.pre_save(attempt, True)
+        for c in columns
+    ]
+    values = _prepared(columns, saved, db)
     event_values = _event_values(event, db)
     if db.vendor == "postgresql":
         sql = f"WITH new AS ({_attempt_insert()}) {_event_insert('new')} RETURNING attempt_id"
@@ -204,13 +228,16 @@ def compare_and_set(
     values: Mapping[str, Any],
     increments: Mapping[str, int],
     event: EventRow,
+    granted: bool = False,
 ) -> bool:
     """Set ``values`` and add ``increments`` on attempt ``pk`` and append ``event``, if the
-    attempt is still in ``state`` at ``version``. Returns whether it was (False: someone else
-    changed it first, and nothing was written)."""
+    attempt is still in ``state`` at ``version`` (and, with ``granted``, its grant still
+    covers it: ``_grant_covers``). Returns whether it was (False: someone else changed it
+    first, or the grant no longer covers it, and nothing was written)."""
     db = _db()
-    update = _update(tuple(values), tuple(increments))
-    params = [_attempt_field(name).prep(value, db) for name, value in values.items()]
+    names = tuple(values)
+    update = _update(names, tuple(increments), granted)
+    params = _prepared(_set_columns(names), values.values(), db)
     params += [int(amount) for amount in increments.values()]
     params += [pk, state, version]
     event_values = _event_values(event, db)
@@ -254,6 +281,34 @@ def _terms_select(tool_active: bool) -> str:
     return sql + (
         f"WHERE g.{_q(tenant_col)} = %s AND g.{_q(tool_col)} = %s AND g.{_q('active')} "
         f"ORDER BY g.{_q(grant.pk.column)} LIMIT 1"
+    )
+
+
+@functools.cache
+def _grant_covers() -> str:
+    """The claim's grant check inside its compare-and-set, the SQL form of
+    ``authority.authority_holds``: the tenant's grant for the attempt's tool is active, at the
+    attempt's policy version, and allows every scope the attempt was recorded with. (One grant
+    per tenant and tool: ``grant_unique_tenant_tool``.)"""
+    attempt, grant = Attempt._meta, Grant._meta
+    a = _q(attempt.db_table)
+    scopes = f"{a}.{_q(attempt.get_field('credential_scope').column)}"
+    allowed = f"g.{_q(grant.get_field('allowed_scopes').column)}"
+    if _db().vendor == "postgresql":
+        covered = f"{scopes} <@ {allowed}"  # jsonb containment: every element is in allowed
+    else:
+        covered = (
+            f"NOT EXISTS (SELECT 1 FROM json_each({scopes}) s "
+            f"WHERE s.value NOT IN (SELECT value FROM json_each({allowed})))"
+        )
+    return (
+        f"EXISTS (SELECT 1 FROM {_q(grant.db_table)} g "
+        f"WHERE g.{_q(grant.get_field('tenant').column)} = "
+        f"{a}.{_q(attempt.get_field('tenant').column)} "
+        f"AND g.{_q(grant.get_field('tool').column)} = "
+        f"{a}.{_q(attempt.get_field('tool_name').column)} "
+        f"AND g.{_q('active')} "
+        f"AND g.{_q('policy_version')} = {a}.{_q('policy_version')} AND {covered})"
     )
 
 

@@ -19,7 +19,7 @@ from django.db import connection
 from django.db.models import F, Q
 from django.utils import timezone
 
-from attempts import chain, rows
+from attempts import authority, chain, rows
 from attempts.actors import Actor
 from attempts.models import ATTENTION_STATES, Approval, ApprovalVerdict, Attempt, State
 
@@ -78,6 +78,19 @@ class StaleAttempt(TransitionError):
             f"(expected {attempt.state} at version {attempt.version}); reload and retry"
         )
         self.attempt = attempt
+
+
+class AuthorityChanged(TransitionError):
+    """A move made only under the attempt's grant (a claim) found that the grant no longer
+    covers it: revoked, at another policy version, or without a scope the attempt holds.
+    Nothing was changed; ``why`` says which (``authority.authority_holds``)."""
+
+    code = "authority_changed"
+
+    def __init__(self, attempt: Attempt, why: str) -> None:
+        super().__init__(f"attempt {attempt.attempt_id} is no longer granted: {why}")
+        self.attempt = attempt
+        self.why = why
 
 
 class ApprovalsNotValid(TransitionError):
@@ -206,6 +219,7 @@ def move(
     increments: dict[str, int] | None = None,
     next_check_at: dt.datetime | None | type[Ellipsis] = ...,
     now: dt.datetime | None = None,
+    granted: bool = False,
 ) -> Attempt:
     """Apply one change to ``attempt`` as a compare-and-set on its (state, version), with its
     event linked into the attempt's chain.
@@ -214,6 +228,9 @@ def move(
     an approval, an owner, a provider id). Raises IllegalMove for a move not in LEGAL_MOVES and
     StaleAttempt when another process got there first; in both cases nothing is written. On
     success ``attempt`` is updated in place.
+
+    ``granted``: the move is made only while the attempt's grant still covers it, checked by
+    the compare-and-set itself (no read before it); AuthorityChanged when it does not.
     """
     now = now or timezone.now()
     from_state = attempt.state
@@ -271,7 +288,14 @@ def move(
         values=values,
         increments=added,
         event=event,
+        granted=granted,
     ):
+        if granted:
+            # The compare-and-set does not say which condition failed: a read does, and only
+            # on this rare path.
+            holds, why = authority.authority_holds(attempt)
+            if not holds:
+                raise AuthorityChanged(attempt, why)
         raise StaleAttempt(attempt)
     # Mirror the update in memory without another query (after everything that could fail).
     for name, value in values.items():

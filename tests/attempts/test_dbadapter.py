@@ -54,3 +54,22 @@ def test_sqlite_own_transaction_is_refused_inside_atomic() -> None:
     with transaction.atomic(), pytest.raises(RuntimeError, match="inside atomic"):
         with dbadapter.sqlite_own_transaction(db, lambda raw: None):
             pass
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_driver_cursor_is_kept_per_connection_on_postgresql() -> None:
+    """On PostgreSQL one driver cursor serves a connection's statements; a new connection (after
+    a close) gets its own. SQLite closes each statement's cursor after it."""
+    db = connections[DEFAULT_DB_ALIAS]
+    with dbadapter.DriverCursor(db) as first:
+        first.execute("SELECT 1", [])
+        assert first.fetchone() == (1,)
+    with dbadapter.DriverCursor(db) as second:
+        second.execute("SELECT 2", [])
+        assert second.fetchone() == (2,)
+    assert (first.cursor is second.cursor) is (db.vendor == "postgresql")
+    db.close()
+    with dbadapter.DriverCursor(db) as third:
+        third.execute("SELECT 3", [])
+        assert third.fetchone() == (3,)
+    assert third.cursor is not first.cursor

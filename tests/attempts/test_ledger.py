@@ -146,13 +146,55 @@ def test_unknown_is_not_claimable_by_an_agent(world):
     assert not claimed and current.state == State.UNKNOWN
 
 
-def test_claim_refuses_when_authority_changed(world):
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"policy_version": "v2"}, "policy version changed from 'v1' to 'v2'"),
+        (
+            {"allowed_scopes": ["send_invoice_email:read"]},
+            "scopes no longer granted: send_invoice_email:write",
+        ),
+        ({"active": False}, "grant revoked or inactive"),
+    ],
+)
+def test_claim_refuses_when_authority_changed(world, change, why):
     attempt, _ = record(world)
-    Grant.objects.filter(tenant="acme", tool="send_invoice_email").update(policy_version="v2")
+    Grant.objects.filter(tenant="acme", tool="send_invoice_email").update(**change)
+    before = snapshot()
     with pytest.raises(StateConflict) as exc:
         ledger.claim_dispatch(attempt, actor=world.agent)
     assert exc.value.code == "authority_changed"
-    assert Attempt.objects.get(pk=attempt.pk).state == State.INTENT_RECORDED
+    assert str(exc.value) == f"authority changed since the intent was recorded: {why}"
+    assert snapshot() == before
+
+
+@pytest.mark.parametrize(
+    "scopes",
+    [
+        ["send_invoice_email:read", "send_invoice_email:write"],
+        ["send_invoice_email:write", "send_invoice_email:read", "send_invoice_email:delete"],
+    ],
+)
+def test_claim_goes_ahead_while_the_grant_covers_the_attempt(world, scopes):
+    """The claim's compare-and-set checks the grant itself: a wider grant still covers it."""
+    attempt, _ = record(world)
+    Grant.objects.filter(tenant="acme", tool="send_invoice_email").update(allowed_scopes=scopes)
+    current, claimed = ledger.claim_dispatch(attempt, actor=world.agent)
+    assert claimed and Attempt.objects.get(pk=attempt.pk).state == State.DISPATCHED
+
+
+def test_a_claim_is_one_statement_on_postgresql(world):
+    """The grant check is part of the compare-and-set: no read of the grant before it."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    attempt, _ = record(world)
+    with CaptureQueriesContext(connection) as queries:
+        ledger.claim_dispatch(attempt, actor=world.agent)
+    writes = [q["sql"] for q in queries.captured_queries]
+    assert not [sql for sql in writes if sql.lstrip().upper().startswith("SELECT")]
+    if connection.vendor == "postgresql":
+        assert len(writes) == 1
 
 
 def test_provider_request_id_is_kept_and_never_replaced(world):
@@ -322,3 +364,21 @@ def test_a_stale_copy_in_hand_is_decided_again_on_the_truth(world):
     with pytest.raises(StateConflict):
         ledger.fail(stale, reason="refused", retryable=False, actor=world.agent)
     assert Attempt.objects.get(pk=attempt.pk).state == State.UNKNOWN
+
+
+def test_text_checks_refuse_every_ascii_control_character_and_nothing_else():
+    """Printable ASCII takes a shortcut past the per-character check: it must judge the same."""
+    from attempts.ledger import text_problem
+
+    for code in range(128):
+        text = f"ab{chr(code)}c"
+        problem = text_problem(text)
+        if code < 0x20 or code == 0x7F:
+            assert problem == f"contains the control character U+{code:04X} at position 2"
+        else:
+            assert problem == ""
+    assert text_problem("line\nbreak\ttab", multiline=True) == ""
+    assert text_problem("caf\u00e9 \u00a0") == "" and text_problem("x\u0085").startswith(
+        "contains the control character U+0085"
+    )
+    assert text_problem("x\ud800") == "contains a lone surrogate U+D800 at position 1"
