@@ -27,7 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.scratch import one_tool_agent, scratch_ledger  # noqa: E402
+from bench.scratch import one_tool_agent, record, scratch_ledger  # noqa: E402
 
 
 def main() -> None:
@@ -64,14 +64,7 @@ def run(args: argparse.Namespace) -> None:
                 began = time.perf_counter()
                 for _ in range(per_round):
                     counter += 1
-                    attempt, _ = ledger.record_intent(
-                        tenant="acme",
-                        task_id="bench",
-                        tool_name="update_crm",
-                        idempotency_key=f"bench:{counter}",
-                        args={"n": counter},
-                        actor=agent,
-                    )
+                    attempt, _ = record(agent, f"bench:{counter}", counter)
                     attempt, _ = ledger.claim_dispatch(attempt, actor=agent)
                     ledger.confirm(attempt, result_ref=f"r{counter}", actor=agent)
                 timings[name].append((time.perf_counter() - began) / per_round)

@@ -70,3 +70,18 @@ def one_tool_agent() -> Any:
     tool = Tool.objects.create(name="update_crm", effect_class=EffectClass.IDEMPOTENT)
     Grant.objects.create(tenant=tenant, tool=tool, policy_version="v1", allowed_scopes=[])
     return Actor.agent("bench")
+
+
+def record(agent: Any, key: str, n: int) -> Any:
+    """The bench's tool call recorded: an update_crm intent of tenant acme, arguments ``{"n": n}``;
+    returns ``(attempt, created)`` as ``ledger.record_intent`` does."""
+    from attempts import ledger
+
+    return ledger.record_intent(
+        tenant="acme",
+        task_id="bench",
+        tool_name="update_crm",
+        idempotency_key=key,
+        args={"n": n},
+        actor=agent,
+    )

@@ -29,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.scratch import one_tool_agent, scratch_ledger  # noqa: E402
+from bench.scratch import one_tool_agent, record, scratch_ledger  # noqa: E402
 
 
 def main() -> None:
@@ -54,18 +54,11 @@ def run(args: argparse.Namespace) -> None:
     agent = one_tool_agent()
     from django.db import connection
 
-    from attempts import chain, ledger, log
+    from attempts import chain, log
 
     began = time.perf_counter()
     for n in range(args.attempts):
-        ledger.record_intent(
-            tenant="acme",
-            task_id="bench",
-            tool_name="update_crm",
-            idempotency_key=f"seal:{n}",
-            args={"n": n},
-            actor=agent,
-        )
+        record(agent, f"seal:{n}", n)
     writes = args.attempts / (time.perf_counter() - began)
 
     began = time.perf_counter()
