@@ -11,6 +11,7 @@ import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
 import pytest
@@ -18,6 +19,7 @@ from django.contrib.auth.models import User
 from django.db import connection
 from django.db.models.signals import post_migrate
 
+from attempts import ledger
 from attempts.models import EffectClass, Grant, Membership, OwnershipRule, Role, Tenant, Tool
 from attempts.states import Actor
 
@@ -139,6 +141,27 @@ def _make_world() -> World:
     OwnershipRule.objects.create(owner=users["triage"], tenant_pattern="acme", priority=10)
     OwnershipRule.objects.create(owner=users["outsider"], tenant_pattern="globex", priority=10)
     return World(acme=acme, globex=globex, agent=Actor.agent("test-agent"), **users)
+
+
+def agent_intent(
+    world: World,
+    key: str,
+    *,
+    tool: str,
+    args: dict[str, Any],
+    task: str = "t",
+    tenant: str = "acme",
+):
+    """The world's agent records an intent (``ledger.record_intent``); returns what that returns,
+    ``(attempt, created)``."""
+    return ledger.record_intent(
+        tenant=tenant,
+        task_id=task,
+        tool_name=tool,
+        idempotency_key=key,
+        args=args,
+        actor=world.agent,
+    )
 
 
 def no_digests() -> None:

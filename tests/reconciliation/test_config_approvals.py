@@ -10,11 +10,11 @@ import textwrap
 import pytest
 from django.test import Client
 
-from attempts import ledger
 from attempts.config_history import save_with_history
 from attempts.models import ActorKind, ApprovalPolicy, ConfigEvent, State
 from attempts.states import Actor
 from reconciliation import config
+from tests.conftest import agent_intent
 
 pytestmark = pytest.mark.django_db
 
@@ -37,14 +37,7 @@ def _apply(text: str):
 
 
 def _charge(world, key, amount):
-    attempt, _ = ledger.record_intent(
-        tenant="acme",
-        task_id="t",
-        tool_name="charge_card",
-        idempotency_key=key,
-        args={"amount_cents": amount},
-        actor=world.agent,
-    )
+    attempt, _ = agent_intent(world, key, tool="charge_card", args={"amount_cents": amount})
     return attempt
 
 

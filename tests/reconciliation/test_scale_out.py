@@ -28,7 +28,7 @@ from attempts.actors import Actor
 from attempts.locking import LedgerBusy, write_transaction
 from attempts.models import AgentToken, Attempt, State
 from ledgerweb_client import LedgerClient, LedgerError, SendResult
-from tests.conftest import PYTHON, REPO, child_env, make_world
+from tests.conftest import PYTHON, REPO, agent_intent, child_env, make_world
 
 SETTLED = {State.OUTCOME_CONFIRMED, State.FAILED, State.MANUAL_REVIEW, State.RECONCILED}
 
@@ -265,24 +265,12 @@ def test_two_web_nodes_and_two_workers_survive_a_kill_9_of_each(transactional_db
 def test_a_write_transaction_held_open_on_one_attempt_holds_up_no_other(transactional_db):
     postgresql_only()
     world = make_world()
-    held, _ = ledger.record_intent(
-        tenant="acme",
-        task_id="held",
-        tool_name="update_crm",
-        idempotency_key="held:1",
-        args={"n": 1},
-        actor=world.agent,
-    )
+    held, _ = agent_intent(world, "held:1", tool="update_crm", args={"n": 1}, task="held")
     with held_by_a_writer(held, world.agent):
         started = time.monotonic()
         for i in range(20):
-            attempt, created = ledger.record_intent(
-                tenant="acme",
-                task_id="other",
-                tool_name="update_crm",
-                idempotency_key=f"other:{i}",
-                args={"i": i},
-                actor=world.agent,
+            attempt, created = agent_intent(
+                world, f"other:{i}", tool="update_crm", args={"i": i}, task="other"
             )
             assert created
             ledger.claim_dispatch(attempt, actor=world.agent)
@@ -355,14 +343,7 @@ def test_the_sealer_never_waits_for_a_writer(transactional_db):
 
     world = make_world()
     made = [
-        ledger.record_intent(
-            tenant="acme",
-            task_id="seal",
-            tool_name="update_crm",
-            idempotency_key=f"seal:{i}",
-            args={"i": i},
-            actor=world.agent,
-        )[0]
+        agent_intent(world, f"seal:{i}", tool="update_crm", args={"i": i}, task="seal")[0]
         for i in range(3)
     ]
     with held_by_a_writer(made[1], world.agent):
