@@ -8,6 +8,7 @@ import contextlib
 import datetime as dt
 import os
 import socket
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -193,6 +194,21 @@ def child_env(**extra: str) -> dict[str, str]:
 
 
 PYTHON = sys.executable
+
+
+def manage(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """``manage.py`` with ``args`` in a child process (``env``: its environment, else this
+    one's), its output captured as text."""
+    return subprocess.run(
+        [PYTHON, "manage.py", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def free_port() -> int:

@@ -23,7 +23,7 @@ from attempts.models import Attempt, EffectClass, Grant, State, Tool
 from reconciliation.providers.base import Call, LookupStatus, SendStatus
 from reconciliation.providers.registry import adapter_for
 from reconciliation.providers.stripe import StripePaymentIntentAdapter
-from tests.conftest import PYTHON, REPO, agent_intent, child_env
+from tests.conftest import PYTHON, REPO, agent_intent, child_env, manage
 from tests.reconciliation.conftest import make_due
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -112,28 +112,14 @@ def run_agent(tmp_path: Path, key: str, args: dict[str, Any], crash_at: str | No
     if crash_at:
         env["LEDGERWEB_CRASH_AT"] = crash_at
         env["LEDGERWEB_FAULTS_ALLOWED"] = "1"
-    return subprocess.run(
-        [PYTHON, "manage.py", "crashtest_agent", str(plan)],
-        cwd=REPO,
-        env=child_env(**env),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return manage("crashtest_agent", str(plan), env=child_env(**env))
 
 
 def reconcile() -> dict[str, Any]:
     """One pass of the real worker over everything, made due first."""
     for attempt in Attempt.objects.exclude(state__in=[State.OUTCOME_CONFIRMED, State.FAILED]):
         make_due(attempt)
-    done = subprocess.run(
-        [PYTHON, "manage.py", "reconcile", "--once", "--json"],
-        cwd=REPO,
-        env=child_env(LEDGERWEB_STRIPE_API_KEY=API_KEY),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = manage("reconcile", "--once", "--json", env=child_env(LEDGERWEB_STRIPE_API_KEY=API_KEY))
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
