@@ -35,6 +35,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.reconcile import _post, _setup_django, _start_provider, _unknown_attempt  # noqa: E402
+from bench.soak import stop_processes  # noqa: E402
 
 BAD_MODES = ("trickle", "blackhole", "ratelimit", "huge")
 
@@ -202,13 +203,7 @@ def main() -> None:
             f"ratio with/alone: median {median_ratio:.2f}x, p95 {p95_ratio:.2f}x (target <= 1.5x)"
         )
     finally:
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop_processes(processes)
         shutil.rmtree(workdir, ignore_errors=True)
 
 
