@@ -12,10 +12,11 @@ single statement is atomic on its own, so a move made alone needs no transaction
 SQLite the two statements run in a transaction of their own. Inside a caller's
 ``write_transaction()`` both simply join it.
 
-Only ``attempts.states`` (and the grant read in ``attempts.authority``) call its writes. It
-also holds the ledger's other hand-written SQL, two reads on Django's public cursor: the agent
-token lookup every API call starts with (``AgentToken.authenticate``) and the planner's row
-estimate for a long queue (``AttemptQuerySet.queue_page``).
+Only ``attempts.states`` (and the grant read in ``attempts.authority``) call the write path's
+statements. The module also holds the ledger's two other hand-written reads, on Django's public
+cursor: the agent token lookup every API call starts with (``live_token_rows``, for
+``AgentToken.authenticate``) and the planner's row estimate for a long queue (``planned_rows``,
+for ``AttemptQuerySet.queue_page``).
 """
 
 from __future__ import annotations
