@@ -8,7 +8,6 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import heapq
-import json
 import os
 import re
 import secrets
@@ -18,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
-from django.core.exceptions import EmptyResultSet, ValidationError
+from django.core.exceptions import ValidationError
 from django.db import connection, models, transaction
 from django.db.models import Exists, F, OuterRef, Q, Subquery
 from django.db.models.expressions import RawSQL
@@ -684,17 +683,9 @@ def _estimate_total(lanes: list) -> tuple[int, bool]:
     if not capped:
         return len(ids), True
     if connection.vendor == "postgresql":
-        estimate = 0
-        for lane in lanes:
-            try:
-                sql, params = lane.order_by().values("id").query.sql_with_params()
-            except EmptyResultSet:
-                continue  # a lane that can match nothing (a prefix no field of it can have)
-            with connection.cursor() as cursor:
-                cursor.execute("EXPLAIN (FORMAT JSON) " + sql, params)
-                plan = cursor.fetchone()[0]
-            plan = json.loads(plan) if isinstance(plan, str) else plan
-            estimate += int(plan[0]["Plan"]["Plan Rows"])
+        from attempts import rows  # rows builds its statements from these models
+
+        estimate = sum(rows.planned_rows(lane.order_by().values("id")) for lane in lanes)
         return max(estimate, len(ids)), False
     return len(ids), False
 
@@ -1525,35 +1516,25 @@ class AgentToken(models.Model):
         """The live (not revoked) token whose secret is ``raw``, with ``tenant_slugs`` loaded."""
         if not raw or len(raw) > 200:
             return None
-        from django.db import connection
         from django.utils import timezone
+
+        from attempts import rows  # rows builds its statements from these models
 
         token_hash = cls.hash_token(raw)
         cutoff = timezone.now() - dt.timedelta(seconds=cls.LAST_USED_RESOLUTION)
-        # Every API call starts here: one prepared query (the ORM's M2M machinery was a large
-        # share of an intent's CPU, docs/scaling.md) for the token, its tenants, and whether its
-        # use was recorded lately.
-        table = cls._meta.db_table
-        through = cls.tenants.through._meta.db_table
-        sql = (
-            f"SELECT t.id, t.name, m.tenant_id, "  # noqa: S608 (table names, not input)
-            f"CASE WHEN t.last_used_at IS NOT NULL AND t.last_used_at > %s THEN 1 ELSE 0 END "
-            f"FROM {table} t LEFT JOIN {through} m ON m.agenttoken_id = t.id "
-            f"WHERE t.token_hash = %s AND t.revoked_at IS NULL"
-        )
-        with connection.cursor() as cursor:
-            cursor.execute(sql, [connection.ops.adapt_datetimefield_value(cutoff), token_hash])
-            rows = cursor.fetchall()
-        if not rows:
+        # Every API call starts here: one query for the token, its tenants, and whether its use
+        # was recorded lately.
+        found = rows.live_token_rows(token_hash, used_after=cutoff)
+        if not found:
             return None
-        token_id, name, _, recent = rows[0]
+        token_id, name, _, recent = found[0]
         if not recent:
             cls(id=token_id, name=name, token_hash=token_hash).touch()
         # A live token without tenants authenticates, and is refused by every tenant check.
         return AgentIdentity(
             id=token_id,
             name=name,
-            tenant_slugs=frozenset(row[2] for row in rows if row[2] is not None),
+            tenant_slugs=frozenset(row[2] for row in found if row[2] is not None),
         )
 
     def touch(self) -> None:

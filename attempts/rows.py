@@ -13,7 +13,11 @@ single statement is atomic on its own, so a move made alone needs no transaction
 SQLite the two statements run in a transaction of their own. Inside a caller's
 ``write_transaction()`` both simply join it.
 
-Only ``attempts.states`` (and the grant read in ``attempts.authority``) call this module.
+Only ``attempts.states`` (and the grant read in ``attempts.authority``) call the write path's
+statements. The module also holds the ledger's two other hand-written reads, on Django's public
+cursor: the agent token lookup every API call starts with (``live_token_rows``, for
+``AgentToken.authenticate``) and the planner's row estimate for a long queue (``planned_rows``,
+for ``AttemptQuerySet.queue_page``).
 """
 
 from __future__ import annotations
@@ -21,9 +25,11 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import functools
+import json
 from collections.abc import Mapping
 from typing import Any
 
+from django.core.exceptions import EmptyResultSet
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field
@@ -31,7 +37,7 @@ from django.db.models import Field
 from attempts import dbadapter
 from attempts.chain import EventRow
 from attempts.locking import lock_errors, sqlite_transaction, write_transaction
-from attempts.models import ApprovalPolicy, Attempt, AttemptEvent, Grant, Tool
+from attempts.models import AgentToken, ApprovalPolicy, Attempt, AttemptEvent, Grant, Tool
 
 
 def _db() -> BaseDatabaseWrapper:
@@ -326,3 +332,49 @@ def grant_terms(
         return None
     scopes = Grant._meta.get_field("allowed_scopes").from_db_value(row[1], None, db)
     return row[0], scopes, bool(row[2]) if tool_active else False
+
+
+# ---------------------------------------------------------------------------------------------
+# The token lookup
+
+
+@functools.cache
+def _token_select() -> str:
+    # One statement rather than the ORM's many-to-many machinery, which was a large share of an
+    # intent's CPU (docs/scaling.md).
+    token = AgentToken._meta
+    through = AgentToken.tenants.through._meta
+    return (
+        f"SELECT t.id, t.name, m.tenant_id, "  # noqa: S608 (table names, not input)
+        f"CASE WHEN t.last_used_at IS NOT NULL AND t.last_used_at > %s THEN 1 ELSE 0 END "
+        f"FROM {token.db_table} t LEFT JOIN {through.db_table} m ON m.agenttoken_id = t.id "
+        f"WHERE t.token_hash = %s AND t.revoked_at IS NULL"
+    )
+
+
+def live_token_rows(token_hash: str, *, used_after: dt.datetime) -> list[tuple[Any, ...]]:
+    """(token id, name, tenant slug or None, whether its use was recorded after ``used_after``)
+    for the live (not revoked) token whose hash is ``token_hash``: one row per tenant (one row
+    with no tenant when it has none), no row for no such token."""
+    db = _db()
+    with db.cursor() as cursor:
+        cursor.execute(_token_select(), [db.ops.adapt_datetimefield_value(used_after), token_hash])
+        return cursor.fetchall()
+
+
+# ---------------------------------------------------------------------------------------------
+# The planner's row estimate
+
+
+def planned_rows(queryset: Any) -> int:
+    """PostgreSQL's planner estimate of how many rows ``queryset`` returns (``EXPLAIN``, which
+    reads no rows); 0 for a queryset that can match nothing."""
+    try:
+        sql, params = queryset.query.sql_with_params()
+    except EmptyResultSet:
+        return 0
+    with _db().cursor() as cursor:
+        cursor.execute("EXPLAIN (FORMAT JSON) " + sql, params)
+        plan = cursor.fetchone()[0]
+    plan = json.loads(plan) if isinstance(plan, str) else plan
+    return int(plan[0]["Plan"]["Plan Rows"])

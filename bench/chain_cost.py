@@ -18,37 +18,16 @@ dropped afterwards) and prints operations per second, the cost per event and the
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PG_ADMIN = "postgres://postgres@127.0.0.1:5432/postgres"
+sys.path.insert(0, str(REPO))
 
-
-def _setup_env(postgres: bool) -> str | None:
-    os.environ["DJANGO_SETTINGS_MODULE"] = "ledgerweb.settings"
-    os.environ.setdefault("LEDGERWEB_DATA_DIR", str(REPO / "var"))
-    sys.path.insert(0, str(REPO))
-    if postgres:
-        import psycopg
-
-        name = f"lw_bench_chain_{os.getpid()}"
-        with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-            admin.execute(f'CREATE DATABASE "{name}"')
-        os.environ["DATABASE_URL"] = PG_ADMIN.rsplit("/", 1)[0] + "/" + name
-        return name
-    os.environ.pop("DATABASE_URL", None)
-    path = REPO / "var" / "bench" / "chain.sqlite3"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for suffix in ("", "-wal", "-shm"):
-        Path(str(path) + suffix).unlink(missing_ok=True)
-    os.environ["LEDGERWEB_SQLITE_PATH"] = str(path)
-    return None
+from bench.scratch import one_tool_agent, record, scratch_ledger  # noqa: E402
 
 
 def main() -> None:
@@ -57,45 +36,21 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--postgres", action="store_true", help="run on a scratch PostgreSQL DB")
     args = parser.parse_args()
-    scratch = _setup_env(args.postgres)
-    try:
-        subprocess.run(
-            [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
-            cwd=REPO,
-            check=True,
-        )
+    with scratch_ledger("chain", postgres=args.postgres):
         run(args)
-    finally:
-        if scratch:
-            from django.db import connections
-
-            connections.close_all()
-            import psycopg
-
-            with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-                admin.execute(f'DROP DATABASE IF EXISTS "{scratch}" WITH (FORCE)')
 
 
 def run(args: argparse.Namespace) -> None:
-    import django
-
-    django.setup()
+    agent = one_tool_agent()
     from django.db import connection
     from django.utils import timezone
 
     from attempts import chain, ledger
-    from attempts.models import EffectClass, Grant, Tenant, Tool
-    from attempts.states import Actor
-
-    tenant = Tenant.objects.create(slug="acme", name="Acme")
-    tool = Tool.objects.create(name="update_crm", effect_class=EffectClass.IDEMPOTENT)
-    Grant.objects.create(tenant=tenant, tool=tool, policy_version="v1", allowed_scopes=[])
-    agent = Actor.agent("bench")
 
     hashed = chain.event_hash
 
-    def unhashed(row):
-        """The chain step removed: no canonical encoding, no SHA-256."""
+    def unhashed(row, *, dumps=None):
+        """The chain step removed: no canonical encoding (``dumps`` unused), no SHA-256."""
         return uuid.uuid4().hex * 2
 
     variants = {"chain": hashed, "no-chain": unhashed}
@@ -109,14 +64,7 @@ def run(args: argparse.Namespace) -> None:
                 began = time.perf_counter()
                 for _ in range(per_round):
                     counter += 1
-                    attempt, _ = ledger.record_intent(
-                        tenant="acme",
-                        task_id="bench",
-                        tool_name="update_crm",
-                        idempotency_key=f"bench:{counter}",
-                        args={"n": counter},
-                        actor=agent,
-                    )
+                    attempt, _ = record(agent, f"bench:{counter}", counter)
                     attempt, _ = ledger.claim_dispatch(attempt, actor=agent)
                     ledger.confirm(attempt, result_ref=f"r{counter}", actor=agent)
                 timings[name].append((time.perf_counter() - began) / per_round)

@@ -34,7 +34,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.reconcile import _post, _setup_django, _start_provider  # noqa: E402
+from bench.reconcile import _post, _setup_django, _start_provider, _unknown_attempt  # noqa: E402
+from bench.soak import stop_processes  # noqa: E402
 
 BAD_MODES = ("trickle", "blackhole", "ratelimit", "huge")
 
@@ -62,30 +63,11 @@ def _unknown(tool: str, key: str, args: dict, *, due: bool) -> int:
 
     from django.utils import timezone
 
-    from attempts import states
-    from attempts.canonical import normalize_args
     from attempts.locking import write_transaction
-    from attempts.models import State
 
-    agent = states.Actor.agent("bench-agent")
-    normalized = normalize_args(args)
     when = timezone.now() - dt.timedelta(seconds=1) if due else timezone.now() + dt.timedelta(1)
     with write_transaction():
-        attempt = states.create(
-            state=State.INTENT_RECORDED,
-            actor=agent,
-            tenant_id="bench",
-            task_id="bench",
-            tool_name=tool,
-            idempotency_key=key,
-            args=normalized.value,
-            args_hash=normalized.args_hash,
-            policy_version="v1",
-            credential_scope=["bench:write"],
-        )
-        states.move(attempt, State.DISPATCHED, actor=agent, increments={"send_count": 1})
-        states.move(attempt, State.UNKNOWN, actor=agent, reason="agent killed", next_check_at=when)
-    return attempt.pk
+        return _unknown_attempt(tool, "bench", key, args, next_check_at=when).pk
 
 
 def _latencies(port: int, phase: str, count: int, gap: float, interval: float) -> list[float]:
@@ -221,13 +203,7 @@ def main() -> None:
             f"ratio with/alone: median {median_ratio:.2f}x, p95 {p95_ratio:.2f}x (target <= 1.5x)"
         )
     finally:
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop_processes(processes)
         shutil.rmtree(workdir, ignore_errors=True)
 
 

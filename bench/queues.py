@@ -31,8 +31,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-TENANTS = ["north", "south", "east", "west", "central"]
-TOOLS = ["send_invoice_email", "open_ticket", "charge_card", "deploy_service", "update_crm"]
+from bench.world import TENANTS, TOOLS, seed_world  # noqa: E402
+
 # Share of each state in the data (the attention states are fixed counts, see fill()).
 TERMINAL_MIX = [("OUTCOME_CONFIRMED", 0.90), ("FAILED", 0.07), ("RECONCILED", 0.03)]
 SPAN_DAYS = 60
@@ -80,7 +80,7 @@ from django.test.utils import override_settings  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from attempts import ledger  # noqa: E402
-from attempts.models import Attempt, EffectClass, Grant, Membership, Role, Tenant, Tool  # noqa: E402
+from attempts.models import Attempt, Membership, Role  # noqa: E402
 from attempts.states import Actor  # noqa: E402
 
 
@@ -90,25 +90,7 @@ def attention_counts(total: int) -> tuple[int, int]:
 
 
 def setup_world() -> User:
-    if not Tenant.objects.exists():
-        for slug in TENANTS:
-            Tenant.objects.create(slug=slug, name=slug.title())
-        for name in TOOLS:
-            Tool.objects.create(
-                name=name,
-                effect_class=EffectClass.RECONCILABLE,
-                critical=name in ("charge_card", "deploy_service"),
-            )
-        for slug in TENANTS:
-            for name in TOOLS:
-                Grant.objects.create(
-                    tenant_id=slug, tool_id=name, policy_version="v1", allowed_scopes=["write"]
-                )
-    user = User.objects.filter(username="bench").first()
-    if user is None:
-        user = User.objects.create_superuser("bench", "bench@example.test", "bench-password-123")
-        for slug in TENANTS:
-            Membership.objects.create(user=user, tenant_id=slug, role=Role.ADMIN)
+    user = seed_world()
     for name in ("alice", "bob", "carol"):
         if not User.objects.filter(username=name).exists():
             person = User.objects.create_user(name, f"{name}@example.test", "pw-not-used-123456")

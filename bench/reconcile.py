@@ -25,6 +25,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -77,6 +78,35 @@ def _post(port: int, path: str, body: dict) -> None:
         connection.close()
 
 
+def _unknown_attempt(tool: str, task: str, key: str, args: dict, *, next_check_at) -> Any:
+    """An attempt a crashed agent left UNKNOWN (recorded, sent once, then lost), written
+    through the state machine in the caller's write transaction; looked at from
+    ``next_check_at`` on."""
+    from attempts import states
+    from attempts.canonical import normalize_args
+    from attempts.models import State
+
+    agent = states.Actor.agent("bench-agent")
+    normalized = normalize_args(args)
+    attempt = states.create(
+        state=State.INTENT_RECORDED,
+        actor=agent,
+        tenant_id="bench",
+        task_id=task,
+        tool_name=tool,
+        idempotency_key=key,
+        args=normalized.value,
+        args_hash=normalized.args_hash,
+        policy_version="v1",
+        credential_scope=["bench:write"],
+    )
+    states.move(attempt, State.DISPATCHED, actor=agent, increments={"send_count": 1})
+    states.move(
+        attempt, State.UNKNOWN, actor=agent, reason="agent killed", next_check_at=next_check_at
+    )
+    return attempt
+
+
 def _create_unknown_attempts(group: str, count: int, port: int) -> list[int]:
     """``count`` attempts left UNKNOWN by a crashed agent, whose effects the provider holds.
     Written through the state machine, in one transaction; not due until the group runs."""
@@ -84,37 +114,23 @@ def _create_unknown_attempts(group: str, count: int, port: int) -> list[int]:
 
     from django.utils import timezone
 
-    from attempts import states
-    from attempts.canonical import normalize_args
     from attempts.locking import write_transaction
-    from attempts.models import State
 
-    agent = states.Actor.agent("bench-agent")
     later = timezone.now() + dt.timedelta(days=1)
     ids = []
     keys_and_args = []
     with write_transaction():
         for i in range(count):
-            args = normalize_args({"group": group, "i": i, "note": "benchmark effect"})
             key = f"bench:{group}:{i}"
-            attempt = states.create(
-                state=State.INTENT_RECORDED,
-                actor=agent,
-                tenant_id="bench",
-                task_id=f"bench-{group}",
-                tool_name="bench_lookup",
-                idempotency_key=key,
-                args=args.value,
-                args_hash=args.args_hash,
-                policy_version="v1",
-                credential_scope=["bench:write"],
-            )
-            states.move(attempt, State.DISPATCHED, actor=agent, increments={"send_count": 1})
-            states.move(
-                attempt, State.UNKNOWN, actor=agent, reason="agent killed", next_check_at=later
+            attempt = _unknown_attempt(
+                "bench_lookup",
+                f"bench-{group}",
+                key,
+                {"group": group, "i": i, "note": "benchmark effect"},
+                next_check_at=later,
             )
             ids.append(attempt.pk)
-            keys_and_args.append((key, args.value))
+            keys_and_args.append((key, attempt.args))
     with ThreadPoolExecutor(8) as pool:
         list(
             pool.map(

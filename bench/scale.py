@@ -42,8 +42,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-TENANTS = ["north", "south", "east", "west", "central"]
-TOOLS = ["send_invoice_email", "open_ticket", "charge_card", "deploy_service", "update_crm"]
+from bench.world import TENANTS, TOOLS, seed_world  # noqa: E402
+
 # Template shape and its share of the attempts (1 in 100 MANUAL_REVIEW, 5 UNKNOWN, 4 FAILED).
 SHAPES = ("OUTCOME_CONFIRMED", "FAILED", "UNKNOWN", "MANUAL_REVIEW")
 SPAN_DAYS = 60
@@ -166,13 +166,7 @@ from attempts.models import (  # noqa: E402
     Attempt,
     AttemptEvent,
     CheckpointLeaf,
-    EffectClass,
-    Grant,
-    Membership,
-    Role,
     State,
-    Tenant,
-    Tool,
 )
 from attempts.verify_export import (  # noqa: E402
     GENESIS,
@@ -198,26 +192,7 @@ def use_database(name: str) -> None:
 
 def setup_world() -> User:
     call_command("migrate", verbosity=0)
-    if not Tenant.objects.exists():
-        for slug in TENANTS:
-            Tenant.objects.create(slug=slug, name=slug.title())
-        for name in TOOLS:
-            Tool.objects.create(
-                name=name,
-                effect_class=EffectClass.RECONCILABLE,
-                critical=name in ("charge_card", "deploy_service"),
-            )
-        for slug in TENANTS:
-            for name in TOOLS:
-                Grant.objects.create(
-                    tenant_id=slug, tool_id=name, policy_version="v1", allowed_scopes=["write"]
-                )
-    user = User.objects.filter(username="bench").first()
-    if user is None:
-        user = User.objects.create_superuser("bench", "bench@example.test", "bench-password-123")
-        for slug in TENANTS:
-            Membership.objects.create(user=user, tenant_id=slug, role=Role.ADMIN)
-    return user
+    return seed_world()
 
 
 # ---------------------------------------------------------------------------------------------

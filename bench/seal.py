@@ -27,28 +27,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PG_ADMIN = "postgres://postgres@127.0.0.1:5432/postgres"
+sys.path.insert(0, str(REPO))
 
-
-def _setup_env(postgres: bool) -> str | None:
-    os.environ["DJANGO_SETTINGS_MODULE"] = "ledgerweb.settings"
-    os.environ.setdefault("LEDGERWEB_DATA_DIR", str(REPO / "var"))
-    sys.path.insert(0, str(REPO))
-    if postgres:
-        import psycopg
-
-        name = f"lw_bench_seal_{os.getpid()}"
-        with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-            admin.execute(f'CREATE DATABASE "{name}"')
-        os.environ["DATABASE_URL"] = PG_ADMIN.rsplit("/", 1)[0] + "/" + name
-        return name
-    os.environ.pop("DATABASE_URL", None)
-    path = REPO / "var" / "bench" / "seal.sqlite3"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for suffix in ("", "-wal", "-shm"):
-        Path(str(path) + suffix).unlink(missing_ok=True)
-    os.environ["LEDGERWEB_SQLITE_PATH"] = str(path)
-    return None
+from bench.scratch import one_tool_agent, record, scratch_ledger  # noqa: E402
 
 
 def main() -> None:
@@ -59,11 +40,7 @@ def main() -> None:
     folder = tempfile.mkdtemp(prefix="lw-bench-seal-")
     key = Path(folder) / "log.key"
     os.environ["LEDGERWEB_TLOG_KEY_FILE"] = str(key)
-    scratch = _setup_env(args.postgres)
-    try:
-        subprocess.run(
-            [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=REPO, check=True
-        )
+    with scratch_ledger("seal", postgres=args.postgres):
         subprocess.run(
             [sys.executable, "manage.py", "ledger_log", "genkey", "--out", str(key)],
             cwd=REPO,
@@ -71,42 +48,17 @@ def main() -> None:
             capture_output=True,
         )
         run(args)
-    finally:
-        if scratch:
-            from django.db import connections
-
-            connections.close_all()
-            import psycopg
-
-            with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-                admin.execute(f'DROP DATABASE IF EXISTS "{scratch}" WITH (FORCE)')
 
 
 def run(args: argparse.Namespace) -> None:
-    import django
-
-    django.setup()
+    agent = one_tool_agent()
     from django.db import connection
 
-    from attempts import chain, ledger, log
-    from attempts.models import EffectClass, Grant, Tenant, Tool
-    from attempts.states import Actor
-
-    tenant = Tenant.objects.create(slug="acme", name="Acme")
-    tool = Tool.objects.create(name="update_crm", effect_class=EffectClass.IDEMPOTENT)
-    Grant.objects.create(tenant=tenant, tool=tool, policy_version="v1", allowed_scopes=[])
-    agent = Actor.agent("bench")
+    from attempts import chain, log
 
     began = time.perf_counter()
     for n in range(args.attempts):
-        ledger.record_intent(
-            tenant="acme",
-            task_id="bench",
-            tool_name="update_crm",
-            idempotency_key=f"seal:{n}",
-            args={"n": n},
-            actor=agent,
-        )
+        record(agent, f"seal:{n}", n)
     writes = args.attempts / (time.perf_counter() - began)
 
     began = time.perf_counter()

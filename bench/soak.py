@@ -75,6 +75,18 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def stop_processes(processes: list[subprocess.Popen], timeout: float = 15) -> None:
+    """Terminate every one of ``processes``, then wait for each; one that outlives ``timeout``
+    is killed."""
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
 def say(message: str) -> None:
     print(f"soak: {message}", flush=True)
 

@@ -15,6 +15,7 @@ Standard library only, no Django. Typical use::
 See ``docs/client.md`` and ``LedgerClient.call`` / ``LedgerClient.attempt``.
 """
 
+from . import errors
 from .client import (
     DISPATCHABLE_STATES,
     TERMINAL_STATES,
@@ -26,22 +27,7 @@ from .client import (
     State,
     __version__,
 )
-from .errors import (
-    IdempotencyConflict,
-    InvalidRequest,
-    LedgerError,
-    LedgerUnavailable,
-    NotDispatchable,
-    NotFound,
-    ProviderError,
-    ProviderLostResponse,
-    ProviderOutcomeUnknown,
-    ProviderRefused,
-    ProviderTimeout,
-    Refused,
-    StateConflict,
-    Unauthorized,
-)
+from .errors import *  # noqa: F403 (every exception: errors.__all__, listed once there)
 from .receipts import LogView, ReceiptError, verify_receipt
 
 __all__ = [
@@ -53,22 +39,9 @@ __all__ = [
     "Attempt",
     "AttemptCall",
     "CallResult",
-    "IdempotencyConflict",
-    "InvalidRequest",
     "LedgerClient",
-    "LedgerError",
-    "LedgerUnavailable",
-    "NotDispatchable",
-    "NotFound",
-    "ProviderError",
-    "ProviderLostResponse",
-    "ProviderOutcomeUnknown",
-    "ProviderRefused",
-    "ProviderTimeout",
-    "Refused",
     "SendResult",
     "State",
-    "StateConflict",
-    "Unauthorized",
     "__version__",
 ]
+__all__ += errors.__all__

@@ -8,9 +8,11 @@ import contextlib
 import datetime as dt
 import os
 import socket
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
 import pytest
@@ -18,6 +20,7 @@ from django.contrib.auth.models import User
 from django.db import connection
 from django.db.models.signals import post_migrate
 
+from attempts import ledger
 from attempts.models import EffectClass, Grant, Membership, OwnershipRule, Role, Tenant, Tool
 from attempts.states import Actor
 
@@ -141,6 +144,27 @@ def _make_world() -> World:
     return World(acme=acme, globex=globex, agent=Actor.agent("test-agent"), **users)
 
 
+def agent_intent(
+    world: World,
+    key: str,
+    *,
+    tool: str,
+    args: dict[str, Any],
+    task: str = "t",
+    tenant: str = "acme",
+):
+    """The world's agent records an intent (``ledger.record_intent``); returns what that returns,
+    ``(attempt, created)``."""
+    return ledger.record_intent(
+        tenant=tenant,
+        task_id=task,
+        tool_name=tool,
+        idempotency_key=key,
+        args=args,
+        actor=world.agent,
+    )
+
+
 def no_digests() -> None:
     """Turn the daily digest off for everyone. It goes out from the person's local hour (08:00
     UTC by default) on: a test that counts what a real worker delivers would otherwise pass or
@@ -170,6 +194,21 @@ def child_env(**extra: str) -> dict[str, str]:
 
 
 PYTHON = sys.executable
+
+
+def manage(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """``manage.py`` with ``args`` in a child process (``env``: its environment, else this
+    one's), its output captured as text."""
+    return subprocess.run(
+        [PYTHON, "manage.py", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def free_port() -> int:

@@ -70,7 +70,7 @@ def test_a_postgresql_restart_under_load_answers_503_and_everything_resumes(
     if not (PG_BIN / "initdb").exists():
         pytest.skip(f"PostgreSQL server binaries are not installed ({PG_BIN})")
     sys.path.insert(0, str(REPO))
-    from bench.soak import BIN, Postgres, free_port
+    from bench.soak import BIN, Postgres, free_port, stop_processes
 
     # Its own folder outside pytest's (the postgres user must be able to reach it).
     root = Path(tempfile.mkdtemp(prefix="ledgerweb-pg-"))
@@ -201,12 +201,6 @@ def test_a_postgresql_restart_under_load_answers_503_and_everything_resumes(
             assert time.monotonic() < deadline, answer
             time.sleep(0.3)
     finally:
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop_processes(processes)
         postgres.stop()
         shutil.rmtree(root, ignore_errors=True)

@@ -15,7 +15,7 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from tests.conftest import PYTHON, REPO, child_env
+from tests.conftest import PYTHON, REPO, agent_intent, child_env, manage
 
 DEPLOY = REPO / "deploy"
 UNITS = sorted((DEPLOY / "systemd").iterdir())
@@ -98,14 +98,7 @@ def test_the_example_environment_passes_the_deploy_check(tmp_path: Path) -> None
         cwd=REPO, env=env, check=True, capture_output=True, timeout=120,
     )  # fmt: skip
     env["LEDGERWEB_TLOG_KEY_FILE"] = str(tmp_path / "log.key")
-    done = subprocess.run(
-        [PYTHON, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = manage("check", "--deploy", "--fail-level", "WARNING", env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "no issues" in done.stdout
 
@@ -117,16 +110,7 @@ def test_the_restore_drill_restores_a_dump_and_verifies_it(world, tmp_path: Path
         pytest.skip("the drill restores pg_dump files: PostgreSQL only")
     if not shutil.which("pg_dump"):
         pytest.skip("pg_dump not installed")
-    from attempts import ledger
-
-    ledger.record_intent(
-        tenant="acme",
-        task_id="t",
-        tool_name="open_ticket",
-        idempotency_key="drill-1",
-        args={"title": "restore me"},
-        actor=world.agent,
-    )
+    agent_intent(world, "drill-1", tool="open_ticket", args={"title": "restore me"})
     settings = connection.settings_dict
     server = f"postgres://{settings['USER'] or 'postgres'}@{settings['HOST'] or '127.0.0.1'}:{settings['PORT'] or 5432}"
     backups = tmp_path / "backups"

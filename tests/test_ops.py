@@ -11,6 +11,7 @@ from attempts import ledger
 from attempts.models import State
 from attempts.states import Actor
 from reconciliation.models import WorkerHeartbeat
+from tests.conftest import agent_intent
 
 pytestmark = pytest.mark.django_db
 
@@ -81,26 +82,12 @@ def parse(text: str) -> dict[str, float]:
 
 
 def test_metrics_counts_attempts_by_state_tenant_and_tool(client, world, open_metrics) -> None:
-    agent = Actor.agent("a")
+    agent = world.agent
     for n in range(3):
-        attempt, _ = ledger.record_intent(
-            tenant="acme",
-            task_id="t",
-            tool_name="open_ticket",
-            idempotency_key=f"k{n}",
-            args={"n": n},
-            actor=agent,
-        )
+        attempt, _ = agent_intent(world, f"k{n}", tool="open_ticket", args={"n": n})
     ledger.claim_dispatch(attempt, actor=agent)
     ledger.mark_unknown(attempt, reason="timeout", actor=agent)
-    confirmed, _ = ledger.record_intent(
-        tenant="acme",
-        task_id="t",
-        tool_name="open_ticket",
-        idempotency_key="done",
-        args={},
-        actor=agent,
-    )
+    confirmed, _ = agent_intent(world, "done", tool="open_ticket", args={})
     ledger.claim_dispatch(confirmed, actor=agent)
     ledger.confirm(confirmed, result_ref="r", actor=agent)
     beat(2)
@@ -126,14 +113,7 @@ def test_metrics_counts_attempts_by_state_tenant_and_tool(client, world, open_me
 
 
 def test_reconcile_lag_reports_overdue_work(client, world, open_metrics) -> None:
-    attempt, _ = ledger.record_intent(
-        tenant="acme",
-        task_id="t",
-        tool_name="open_ticket",
-        idempotency_key="k",
-        args={},
-        actor=Actor.agent("a"),
-    )
+    attempt, _ = agent_intent(world, "k", tool="open_ticket", args={})
     type(attempt).objects.filter(pk=attempt.pk).update(
         next_check_at=timezone.now() - dt.timedelta(seconds=90)
     )
@@ -167,14 +147,7 @@ def test_metrics_count_recent_lookup_answers_by_kind(client, world, open_metrics
     from attempts.locking import write_transaction
     from attempts.states import move
 
-    attempt, _ = ledger.record_intent(
-        tenant="acme",
-        task_id="t",
-        tool_name="open_ticket",
-        idempotency_key="k",
-        args={},
-        actor=Actor.agent("a"),
-    )
+    attempt, _ = agent_intent(world, "k", tool="open_ticket", args={})
     worker = Actor.worker("w1")
     with write_transaction():
         for answer in ("found", "unavailable", "unavailable", "not_found"):

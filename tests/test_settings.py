@@ -7,7 +7,7 @@ import sys
 import pytest
 from django.db import connection
 
-from tests.conftest import PYTHON, REPO, child_env
+from tests.conftest import REPO, child_env, manage
 
 
 @pytest.mark.django_db
@@ -43,14 +43,7 @@ def run_manage(tmp_path, *args, **env):
     base = child_env(LEDGERWEB_DATA_DIR=str(tmp_path), LEDGERWEB_SQLITE_PATH=str(tmp_path / "l.db"))
     base.pop("DATABASE_URL", None)
     base.update(env)
-    return subprocess.run(
-        [PYTHON, "manage.py", *args],
-        cwd=REPO,
-        env=base,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return manage(*args, env=base)
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,6 @@ documents are generated from the declarations, code reads nothing undeclared, an
 gate refuses the placeholder secrets an example file carries."""
 
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -11,7 +10,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
 
 from ledgerweb import settings_reference as reference
-from tests.conftest import PYTHON, REPO, child_env
+from tests.conftest import REPO, child_env, manage
 
 SERVER_PACKAGES = ("ledgerweb", "attempts", "reconciliation")
 NAME = re.compile(r"\bLEDGERWEB_[A-Z0-9_]*[A-Z0-9]\b")
@@ -92,14 +91,7 @@ def check_deploy(tmp_path, **env):
     base = child_env(LEDGERWEB_DATA_DIR=str(tmp_path), LEDGERWEB_SQLITE_PATH=str(tmp_path / "l.db"))
     base.pop("DATABASE_URL", None)
     base.update(env)
-    return subprocess.run(
-        [PYTHON, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
-        cwd=REPO,
-        env=base,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return manage("check", "--deploy", "--fail-level", "WARNING", env=base)
 
 
 GOOD_KEY = "Vt3o_q9ZkP0r7LxW2mYc8HfN5aJdE1sGbU4iKlR6nTzQwX-yAvBgMhOe"
@@ -160,13 +152,8 @@ def test_the_deploy_check_refuses_short_or_uniform_secrets(tmp_path, name, value
 
 def test_random_secrets_pass_the_deploy_check(tmp_path):
     key = tmp_path / "log.key"
-    made = subprocess.run(
-        [PYTHON, "manage.py", "ledger_log", "genkey", "--out", str(key)],
-        cwd=REPO,
-        env=child_env(LEDGERWEB_DATA_DIR=str(tmp_path)),
-        capture_output=True,
-        text=True,
-        timeout=120,
+    made = manage(
+        "ledger_log", "genkey", "--out", str(key), env=child_env(LEDGERWEB_DATA_DIR=str(tmp_path))
     )
     assert made.returncode == 0, made.stderr
     result = check_deploy(tmp_path, **production(LEDGERWEB_TLOG_KEY_FILE=str(key)))

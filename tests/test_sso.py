@@ -26,7 +26,7 @@ from django.contrib.auth.models import User
 from django.core.management import call_command
 
 from attempts.models import ConfigEvent, Membership, SsoIdentity
-from tests.conftest import PYTHON, REPO, child_env, free_port
+from tests.conftest import PYTHON, REPO, child_env, free_port, manage
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -315,13 +315,8 @@ def test_an_unreachable_discovery_url_is_a_clear_message_not_an_error_page(tmp_p
     assert "the identity provider could not be reached" in page and closed in page
     assert "Log in with a password" in page
     # The deployment gate reads the document too, and says what is wrong.
-    done = subprocess.run(
-        [PYTHON, "manage.py", "check", "--deploy"],
-        cwd=REPO,
-        env=sso_env(tmp_path, 1, LEDGERWEB_OIDC_DISCOVERY_URL=closed),
-        capture_output=True,
-        text=True,
-        timeout=120,
+    done = manage(
+        "check", "--deploy", env=sso_env(tmp_path, 1, LEDGERWEB_OIDC_DISCOVERY_URL=closed)
     )
     assert done.returncode != 0
     assert "attempts.E011" in done.stderr and "could not be read within 3" in done.stderr

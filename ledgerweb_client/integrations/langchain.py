@@ -102,6 +102,14 @@ def pause_for_approval(held: ToolCallAwaitingApproval) -> float:
         raise LedgerToolException(held) from exc
 
 
+def _wait_or_raise(exc: ToolCallError) -> float:
+    """After a pass that ended in ``exc``: for a held call, the graph pauses and the seconds to
+    wait on resume are returned; any other refusal is the framework's ``LedgerToolException``."""
+    if isinstance(exc, ToolCallAwaitingApproval):
+        return pause_for_approval(exc)
+    raise LedgerToolException(exc) from exc
+
+
 def _guarded_tool(
     *,
     spec: ToolSpec,
@@ -115,42 +123,41 @@ def _guarded_tool(
     def call_args(kwargs: dict[str, Any]) -> dict[str, Any]:
         return bound_arguments(signature, (), kwargs) if signature is not None else dict(kwargs)
 
+    def guarded(
+        run_spec: Callable[..., Any],
+        sender: Callable[[dict[str, Any], RunnableConfig], Any],
+        config: RunnableConfig,
+        kwargs: dict[str, Any],
+        wait: float | None,
+    ) -> Any:
+        """One pass of the guarded call (``spec.run`` or ``spec.arun``) through ``sender``."""
+        return run_spec(
+            context_from_config(config),
+            call_args(kwargs),
+            lambda: sender(kwargs, config),
+            _replay,
+            send_args=(lambda args: sender(args, config)) if corrected else None,
+            wait_for_approval=wait,
+        )
+
+    # Each pass that finds the call still held pauses the graph again (the next interrupt).
     def run(config: RunnableConfig, **kwargs: Any) -> Any:
         assert send is not None
         wait: float | None = None
         while True:
             try:
-                return spec.run(
-                    context_from_config(config),
-                    call_args(kwargs),
-                    lambda: send(kwargs, config),
-                    _replay,
-                    send_args=(lambda args: send(args, config)) if corrected else None,
-                    wait_for_approval=wait,
-                )
-            except ToolCallAwaitingApproval as held:
-                # Each pass that finds the call still held pauses again (the next interrupt).
-                wait = pause_for_approval(held)
+                return guarded(spec.run, send, config, kwargs, wait)
             except ToolCallError as exc:
-                raise LedgerToolException(exc) from exc
+                wait = _wait_or_raise(exc)
 
     async def arun(config: RunnableConfig, **kwargs: Any) -> Any:
         assert asend is not None
         wait: float | None = None
         while True:
             try:
-                return await spec.arun(
-                    context_from_config(config),
-                    call_args(kwargs),
-                    lambda: asend(kwargs, config),
-                    _replay,
-                    send_args=(lambda args: asend(args, config)) if corrected else None,
-                    wait_for_approval=wait,
-                )
-            except ToolCallAwaitingApproval as held:
-                wait = pause_for_approval(held)
+                return await guarded(spec.arun, asend, config, kwargs, wait)
             except ToolCallError as exc:
-                raise LedgerToolException(exc) from exc
+                wait = _wait_or_raise(exc)
 
     return StructuredTool(
         name=template.name,

@@ -142,17 +142,19 @@ class Section:
         return {field: value for field, value in entry.items() if value is not None}
 
 
-def _protected(what: str, hint: str):
-    def wrap(function):
-        def run(*args, **kwargs):
-            try:
-                return function(*args, **kwargs)
-            except ProtectedError:
-                raise Refused(f"{what} is still referred to; {hint}") from None
+def _refuse_unsettled(attempts: Any, message: str) -> None:
+    """Refuse with ``message`` while any of ``attempts`` (a queryset) is not settled."""
+    if attempts.exclude(state__in=TERMINAL_STATES).exists():
+        raise Refused(message)
 
-        return run
 
-    return wrap
+def _delete(what: str, hint: str, target: Any) -> None:
+    """Delete ``target`` (an object or a queryset); refused, with ``hint``, while a protected
+    row still refers to it."""
+    try:
+        target.delete()
+    except ProtectedError:
+        raise Refused(f"{what} is still referred to; {hint}") from None
 
 
 class Tenants(Section):
@@ -240,12 +242,11 @@ class Tools(Section):
         return self.subject(key)
 
     def remove(self, key: str, before: dict[str, Any], by: By) -> str:
-        open_work = Attempt.objects.filter(tool_name=key).exclude(state__in=TERMINAL_STATES)
-        if open_work.exists():
-            raise Refused(f"tool {key} has unsettled attempts; set active = false instead")
-        _protected(f"tool {key}", "remove its grants in the same file")(
-            Tool.objects.filter(name=key).delete
-        )()
+        _refuse_unsettled(
+            Attempt.objects.filter(tool_name=key),
+            f"tool {key} has unsettled attempts; set active = false instead",
+        )
+        _delete(f"tool {key}", "remove its grants in the same file", Tool.objects.filter(name=key))
         return self.subject(key)
 
 
@@ -328,10 +329,9 @@ class Users(Section):
     def remove(self, key: str, before: dict[str, Any], by: By) -> str:
         user = get_user_model().objects.get(username=key)
         memberships.set_roles(user, {}, actor=by.actor, reason=by.reason)
-        _protected(
-            f"user {key}",
-            "they own attempts or ownership rules: set active = false instead",
-        )(user.delete)()
+        _delete(
+            f"user {key}", "they own attempts or ownership rules: set active = false instead", user
+        )
         return self.subject(key)
 
     def tenants_named(self, entry: dict[str, Any]) -> list[str]:
@@ -780,12 +780,15 @@ class ApprovalPolicies(Section):
         return self.subject(key)
 
     def remove(self, key: str, before: dict[str, Any], by: By) -> str:
-        waiting = Attempt.objects.filter(approval_policy_id=key).exclude(state__in=TERMINAL_STATES)
-        if waiting.exists():
-            raise Refused(f"approval policy {key} holds unsettled attempts; set active = false")
-        _protected(f"approval policy {key}", "it held attempts: set active = false instead")(
-            ApprovalPolicy.objects.filter(name=key).delete
-        )()
+        _refuse_unsettled(
+            Attempt.objects.filter(approval_policy_id=key),
+            f"approval policy {key} holds unsettled attempts; set active = false",
+        )
+        _delete(
+            f"approval policy {key}",
+            "it held attempts: set active = false instead",
+            ApprovalPolicy.objects.filter(name=key),
+        )
         return self.subject(key)
 
     def tenants_named(self, entry: dict[str, Any]) -> list[str]:

@@ -24,7 +24,7 @@ from attempts.models import (
     State,
 )
 from attempts.states import Actor
-from tests.conftest import PASSWORD, clock_ahead
+from tests.conftest import PASSWORD, agent_intent, clock_ahead
 
 S = State
 LOAD = 'SELECT "attempts_approvalpolicy".'
@@ -45,13 +45,13 @@ def policy(**extra):
 
 
 def charge(world, amount=250000, key="charge:acme:1", tenant="acme", tool="charge_card"):
-    attempt, created = ledger.record_intent(
-        tenant=tenant,
-        task_id="t-1",
-        tool_name=tool,
-        idempotency_key=key,
+    attempt, created = agent_intent(
+        world,
+        key,
+        tool=tool,
         args={"amount_cents": amount, "currency": "eur"},
-        actor=world.agent,
+        task="t-1",
+        tenant=tenant,
     )
     return attempt
 
@@ -69,13 +69,12 @@ def test_a_matching_policy_holds_the_intent_with_an_owner_and_what_held_it(world
     assert held["values"] == {"amount_cents": 250000}
     assert held["approvals_needed"] == 2
     # The same key and arguments again: the same held attempt.
-    again, created = ledger.record_intent(
-        tenant="acme",
-        task_id="t-1",
-        tool_name="charge_card",
-        idempotency_key="charge:acme:1",
+    again, created = agent_intent(
+        world,
+        "charge:acme:1",
+        tool="charge_card",
         args={"amount_cents": 250000, "currency": "eur"},
-        actor=world.agent,
+        task="t-1",
     )
     assert (again.pk, created) == (attempt.pk, False)
 

@@ -34,7 +34,7 @@ from attempts.verify_export import ERASED_ARGS, ERASED_TEXT
 from ledgerweb_client.receipts import verify_receipt
 from tests.attempts.audit_helpers import seal_all, sql
 from tests.attempts.test_audit_export import export, offline
-from tests.conftest import _user
+from tests.conftest import _user, agent_intent
 from tests.dashboard.conftest import login
 
 SECRET = "Zelda-Quixote-7731@private.example"
@@ -45,13 +45,8 @@ REFUSAL = "card declined for Zelda Quixote"
 def settled_attempt(world, *, key: str = "erase:acme:1", tool: str = "update_crm") -> Attempt:
     """An attempt with personal data in its args, a note, a provider refusal and a reviewer's
     reason: FAILED, so settled."""
-    attempt, _ = ledger.record_intent(
-        tenant="acme",
-        task_id="task-erase",
-        tool_name=tool,
-        idempotency_key=key,
-        args={"to": SECRET, "amount": 12},
-        actor=world.agent,
+    attempt, _ = agent_intent(
+        world, key, tool=tool, args={"to": SECRET, "amount": 12}, task="task-erase"
     )
     attempt, _ = ledger.claim_dispatch(attempt, actor=world.agent)
     attempt = ledger.attach_provider_request(attempt, "req-erase-1", actor=world.agent)
@@ -146,13 +141,12 @@ def test_erasure_removes_the_plaintext_and_everything_still_verifies(world, key_
     result = offline(csv_path)
     assert result.returncode == 0, result.stdout + result.stderr
     # The same key with the same args is still the same intent (idempotency).
-    again, created = ledger.record_intent(
-        tenant="acme",
-        task_id="task-erase",
-        tool_name="update_crm",
-        idempotency_key="erase:acme:1",
+    again, created = agent_intent(
+        world,
+        "erase:acme:1",
+        tool="update_crm",
         args={"to": SECRET, "amount": 12},
-        actor=world.agent,
+        task="task-erase",
     )
     assert not created and again.pk == attempt.pk
 
@@ -212,14 +206,7 @@ def test_bad_input_is_refused_clearly_and_changes_nothing(world):
 
 
 def test_live_attempts_and_older_chain_formats_are_refused_with_the_reason(world, monkeypatch):
-    live, _ = ledger.record_intent(
-        tenant="acme",
-        task_id="t",
-        tool_name="update_crm",
-        idempotency_key="erase:live",
-        args={"to": SECRET},
-        actor=world.agent,
-    )
+    live, _ = agent_intent(world, "erase:live", tool="update_crm", args={"to": SECRET})
     with pytest.raises(erasure.NotErasable, match="only a settled attempt"):
         erasure.request_erasure(live, user=world.admin, reason="DSR")
     # An attempt recorded before format 3 (no salt): its chain hashes its free text itself.
@@ -234,14 +221,7 @@ def test_live_attempts_and_older_chain_formats_are_refused_with_the_reason(world
 
 def test_a_lineage_is_erased_together(world):
     # A linked attempt carries its original's arguments.
-    parent, _ = ledger.record_intent(
-        tenant="acme",
-        task_id="t",
-        tool_name="open_ticket",
-        idempotency_key="erase:lineage:parent",
-        args={"to": SECRET},
-        actor=world.agent,
-    )
+    parent, _ = agent_intent(world, "erase:lineage:parent", tool="open_ticket", args={"to": SECRET})
     parent, _ = ledger.claim_dispatch(parent, actor=world.agent)
     ledger.mark_unknown(parent, reason="timeout", actor=world.agent)
     child = ledger.create_linked_attempt(

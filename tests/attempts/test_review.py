@@ -7,17 +7,11 @@ from attempts import ledger, review
 from attempts.locking import write_transaction
 from attempts.models import Attempt, Grant, State
 from attempts.states import Actor, move
+from tests.conftest import agent_intent
 
 
 def manual_review(world, tool="open_ticket", key="ticket:acme:1"):
-    attempt, _ = ledger.record_intent(
-        tenant="acme",
-        task_id="t-1",
-        tool_name=tool,
-        idempotency_key=key,
-        args={"title": "Printer on fire"},
-        actor=world.agent,
-    )
+    attempt, _ = agent_intent(world, key, tool=tool, args={"title": "Printer on fire"}, task="t-1")
     ledger.claim_dispatch(attempt, actor=world.agent)
     ledger.mark_unknown(attempt, reason="timeout", actor=world.agent)
     with write_transaction():

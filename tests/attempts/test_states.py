@@ -12,6 +12,7 @@ from attempts import ledger, states
 from attempts.locking import write_transaction
 from attempts.models import Approval, ApprovalPolicy, Attempt, AttemptEvent, State
 from attempts.states import LEGAL_MOVES, IllegalMove, StaleAttempt
+from tests.conftest import agent_intent
 
 S = State
 PROTOCOL_MOVES = {
@@ -60,13 +61,8 @@ def _intent(world, key="k-1", *, held=False):
         ApprovalPolicy.objects.get_or_create(
             name="big-crm-updates", tool_id="update_crm", defaults={"condition": "args.id > 90"}
         )
-    attempt, _ = ledger.record_intent(
-        tenant="acme",
-        task_id="task-1",
-        tool_name="update_crm",
-        idempotency_key=key,
-        args={"id": 99 if held else 7},
-        actor=world.agent,
+    attempt, _ = agent_intent(
+        world, key, tool="update_crm", args={"id": 99 if held else 7}, task="task-1"
     )
     if held:
         assert attempt.state == S.AWAITING_APPROVAL
@@ -325,14 +321,7 @@ def test_history_refuses_update_and_delete_in_the_database(world):
 
 def test_each_attempt_has_its_own_chain(world):
     first = _intent(world)
-    second = ledger.record_intent(
-        tenant="acme",
-        task_id="t-2",
-        tool_name="open_ticket",
-        idempotency_key="chain:second",
-        args={"n": 2},
-        actor=world.agent,
-    )[0]
+    second = agent_intent(world, "chain:second", tool="open_ticket", args={"n": 2}, task="t-2")[0]
     _force_state(first, S.UNKNOWN)  # interleaved with the second attempt's events
     ledger.claim_dispatch(second, actor=world.agent)
     for attempt in (first, second):

@@ -8,8 +8,8 @@ from typing import Any
 
 from django.test import Client
 
-from attempts import ledger
 from attempts.models import ApprovalPolicy, Attempt, State
+from tests.conftest import agent_intent
 
 
 def hold_big_charges(**extra: Any) -> ApprovalPolicy:
@@ -29,14 +29,7 @@ def held_intent(
     world, key: str, args: dict[str, Any], *, tool: str = "charge_card", tenant: str = "acme"
 ) -> Attempt:
     """An intent recorded by the world's agent that a policy holds."""
-    attempt, _ = ledger.record_intent(
-        tenant=tenant,
-        task_id=f"task-{key}",
-        tool_name=tool,
-        idempotency_key=key,
-        args=args,
-        actor=world.agent,
-    )
+    attempt, _ = agent_intent(world, key, tool=tool, args=args, task=f"task-{key}", tenant=tenant)
     assert attempt.state == State.AWAITING_APPROVAL
     return attempt
 

@@ -13,7 +13,7 @@ from attempts import ledger, states
 from attempts.locking import write_transaction
 from attempts.models import Attempt, State
 from attempts.states import Actor
-from tests.conftest import PASSWORD, REPO
+from tests.conftest import PASSWORD, REPO, agent_intent
 
 _seq = itertools.count(1)
 
@@ -40,13 +40,13 @@ def make_attempt(
     args: dict | None = None,
 ) -> Attempt:
     n = next(_seq)
-    attempt, _ = ledger.record_intent(
-        tenant=tenant,
-        task_id=f"task-{n}",
-        tool_name=tool,
-        idempotency_key=key or f"{tenant}:{tool}:{n}",
+    attempt, _ = agent_intent(
+        world,
+        key or f"{tenant}:{tool}:{n}",
+        tool=tool,
         args=args if args is not None else {"to": f"customer-{n}@example.test", "amount": n},
-        actor=world.agent,
+        task=f"task-{n}",
+        tenant=tenant,
     )
     return attempt
 

@@ -12,7 +12,7 @@ from django.utils import timezone
 from attempts import ledger
 from attempts.models import Approval, ApprovalPolicy, Attempt, State
 from attempts.states import Actor
-from tests.conftest import clock_ahead, make_world
+from tests.conftest import agent_intent, clock_ahead, make_world
 from tests.dashboard.test_browser_shift import AXE, Tab, _csp_errors
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -28,13 +28,12 @@ def held_world():
     )
     held = []
     for n in (1, 2):
-        attempt, _ = ledger.record_intent(
-            tenant="acme",
-            task_id=f"order-{n}",
-            tool_name="charge_card",
-            idempotency_key=f"charge:acme:order-{n}",
+        attempt, _ = agent_intent(
+            world,
+            f"charge:acme:order-{n}",
+            tool="charge_card",
             args={"amount_cents": 150000 * n, "currency": "EUR"},
-            actor=world.agent,
+            task=f"order-{n}",
         )
         assert attempt.state == State.AWAITING_APPROVAL
         held.append(attempt)

@@ -6,7 +6,6 @@ with what the person's roles allow."""
 from __future__ import annotations
 
 import ipaddress
-import subprocess
 
 import pytest
 from django.conf import settings
@@ -14,7 +13,7 @@ from django.test import Client
 
 from attempts.models import LoginThrottle
 from reconciliation import config
-from tests.conftest import PASSWORD, PYTHON, REPO, child_env
+from tests.conftest import PASSWORD, child_env, manage
 from tests.dashboard.conftest import make_unknown
 
 PROXY = "10.1.2.3"
@@ -124,14 +123,7 @@ def test_one_account_guessed_from_many_addresses_is_locked(world, behind_proxy):
 def test_a_bad_trusted_proxy_setting_stops_start_up_with_a_sentence(tmp_path):
     env = child_env(LEDGERWEB_DATA_DIR=str(tmp_path), LEDGERWEB_TRUSTED_PROXIES="10.0.0.0/33")
     env.pop("DATABASE_URL", None)
-    done = subprocess.run(
-        [PYTHON, "manage.py", "check"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = manage("check", env=env)
     assert done.returncode != 0
     assert "LEDGERWEB_TRUSTED_PROXIES" in done.stderr
 

@@ -25,7 +25,7 @@ from mcp import Client, StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
 from attempts.models import Attempt, State, Tool
-from tests.conftest import PYTHON, REPO, child_env
+from tests.conftest import PYTHON, REPO, child_env, manage
 from tests.integrations.conftest import Tokens, sqlite_only
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -302,13 +302,13 @@ def test_gateway_lists_unchanged_records_replays_and_refuses(
 
 
 def _reconcile(config: Path) -> dict[str, Any]:
-    done = subprocess.run(
-        [PYTHON, "manage.py", "reconcile", "--once", "--json", "--worker-id", "mcp-test"],
-        cwd=REPO,
+    done = manage(
+        "reconcile",
+        "--once",
+        "--json",
+        "--worker-id",
+        "mcp-test",
         env=child_env(LEDGERWEB_MCP_GATEWAY_CONFIG=str(config)),
-        capture_output=True,
-        text=True,
-        timeout=120,
     )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from attempts import ledger
 from attempts.models import Attempt, Tool
-from tests.conftest import PYTHON, REPO
+from tests.conftest import PYTHON, REPO, agent_intent
 
 START_TIMEOUT = 15.0
 
@@ -115,13 +115,13 @@ def make_due(attempt: Attempt) -> Attempt:
 
 
 def intent(world, tool: str, key: str, args: dict[str, Any] | None = None, tenant: str = "acme"):
-    attempt, created = ledger.record_intent(
-        tenant=tenant,
-        task_id="task-1",
-        tool_name=tool,
-        idempotency_key=key,
+    attempt, created = agent_intent(
+        world,
+        key,
+        tool=tool,
         args=args if args is not None else {"n": 1, "to": "a@example.test"},
-        actor=world.agent,
+        task="task-1",
+        tenant=tenant,
     )
     assert created
     return attempt

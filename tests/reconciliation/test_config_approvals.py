@@ -10,11 +10,11 @@ import textwrap
 import pytest
 from django.test import Client
 
-from attempts import ledger
 from attempts.config_history import save_with_history
 from attempts.models import ActorKind, ApprovalPolicy, ConfigEvent, State
 from attempts.states import Actor
 from reconciliation import config
+from tests.conftest import agent_intent
 
 pytestmark = pytest.mark.django_db
 
@@ -37,14 +37,7 @@ def _apply(text: str):
 
 
 def _charge(world, key, amount):
-    attempt, _ = ledger.record_intent(
-        tenant="acme",
-        task_id="t",
-        tool_name="charge_card",
-        idempotency_key=key,
-        args={"amount_cents": amount},
-        actor=world.agent,
-    )
+    attempt, _ = agent_intent(world, key, tool="charge_card", args={"amount_cents": amount})
     return attempt
 
 
@@ -141,37 +134,24 @@ def test_the_admin_lists_and_edits_policies(world):
     world.admin.save()
     client = Client()
     client.force_login(world.admin)
+    form = {
+        "name": "crm",
+        "tool": "update_crm",
+        "tenants": "[]",
+        "approvals_needed": "1",
+        "approver_role": "reviewer",
+        "approver_group": "",
+        "approval_ttl": "01:00:00",
+        "max_wait": "1 00:00:00",
+        "active": "on",
+    }
     response = client.post(
-        "/admin/attempts/approvalpolicy/add/",
-        {
-            "name": "crm",
-            "tool": "update_crm",
-            "tenants": "[]",
-            "condition": "args.id >",
-            "approvals_needed": "1",
-            "approver_role": "reviewer",
-            "approver_group": "",
-            "approval_ttl": "01:00:00",
-            "max_wait": "1 00:00:00",
-            "active": "on",
-        },
+        "/admin/attempts/approvalpolicy/add/", {**form, "condition": "args.id >"}
     )
     assert response.status_code == 200 and b"not valid CEL" in response.content
     assert not ApprovalPolicy.objects.exists()
     response = client.post(
-        "/admin/attempts/approvalpolicy/add/",
-        {
-            "name": "crm",
-            "tool": "update_crm",
-            "tenants": "[]",
-            "condition": "args.id > 3",
-            "approvals_needed": "1",
-            "approver_role": "reviewer",
-            "approver_group": "",
-            "approval_ttl": "01:00:00",
-            "max_wait": "1 00:00:00",
-            "active": "on",
-        },
+        "/admin/attempts/approvalpolicy/add/", {**form, "condition": "args.id > 3"}
     )
     assert response.status_code == 302
     assert ConfigEvent.objects.filter(subject="approval_policy:crm", action="created").exists()

@@ -26,7 +26,7 @@ from attempts.models import (
     Tool,
 )
 from reconciliation import config
-from tests.conftest import PASSWORD, PYTHON, REPO, child_env
+from tests.conftest import PASSWORD, PYTHON, REPO, agent_intent, child_env
 
 pytestmark = pytest.mark.django_db
 
@@ -264,16 +264,7 @@ def test_each_kind_of_error_names_its_line(world, tmp_path, mutation, at, expect
 
 def test_a_refusal_half_way_rolls_back_every_earlier_change(world, tmp_path) -> None:
     """The file is valid, but the database refuses one change after others were made."""
-    from attempts import ledger
-
-    ledger.record_intent(
-        tenant="acme",
-        task_id="t",
-        tool_name="open_ticket",
-        idempotency_key="k-open",
-        args={"title": "x"},
-        actor=world.agent,
-    )
+    agent_intent(world, "k-open", tool="open_ticket", args={"title": "x"})
     text = FILE + textwrap.dedent(
         """
         [[tools]]
@@ -326,19 +317,10 @@ def test_every_change_is_in_the_verified_history_with_who_applied_it(world, tmp_
         "2027-01",
     )
     # The history of an attempt's authority shows it (ConfigEvent.objects.affecting).
-    from attempts import ledger
-
     tool = Tool.objects.get(name="send_fax")
     tool.dispatch_url = "https://fax.example/send"
     tool.save()
-    attempt, _ = ledger.record_intent(
-        tenant="initech",
-        task_id="t",
-        tool_name="send_fax",
-        idempotency_key="fax-1",
-        args={"to": "+1"},
-        actor=world.agent,
-    )
+    attempt, _ = agent_intent(world, "fax-1", tool="send_fax", args={"to": "+1"}, tenant="initech")
     assert update in ConfigEvent.objects.affecting(attempt)
 
     seal_all()

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from typing import Any
 
 import pytest
 
-from tests.conftest import PYTHON, REPO
+from tests.conftest import REPO, manage
 
 pytestmark = pytest.mark.slow
 
@@ -28,14 +27,7 @@ def crashtest(*args: str, **env: str | None) -> tuple[int, Any, str]:
         **env,
     }
     environment = {name: value for name, value in environment.items() if value is not None}
-    done = subprocess.run(
-        [PYTHON, "manage.py", "crashtest", "--quiet", *args],
-        cwd=REPO,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    done = manage("crashtest", "--quiet", *args, env=environment, timeout=600)
     try:
         report = json.loads(done.stdout) if "--json" in args else done.stdout
     except ValueError:

@@ -12,7 +12,7 @@ import pytest
 
 from attempts import faults
 from attempts.models import Attempt, State
-from tests.conftest import PYTHON, REPO, child_env
+from tests.conftest import REPO, child_env, manage
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -34,13 +34,8 @@ def plan(tmp_path: Path, *keys: str, tool: str = "open_ticket") -> Path:
 
 
 def agent(plan_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [PYTHON, "manage.py", "crashtest_agent", str(plan_path)],
-        cwd=REPO,
-        env=child_env(LEDGERWEB_FAULTS_ALLOWED="1", **env),
-        capture_output=True,
-        text=True,
-        timeout=120,
+    return manage(
+        "crashtest_agent", str(plan_path), env=child_env(LEDGERWEB_FAULTS_ALLOWED="1", **env)
     )
 
 
@@ -132,14 +127,7 @@ def test_without_faults_the_agent_completes_in_the_safe_order(wired, demo, tmp_p
     ],
 )
 def test_fault_injection_in_production_refuses_to_start(env: dict[str, str], message: str) -> None:
-    done = subprocess.run(
-        [PYTHON, "manage.py", "check"],
-        cwd=REPO,
-        env=child_env(**env),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = manage("check", env=child_env(**env), timeout=60)
     assert done.returncode != 0
     assert message in done.stderr
 

@@ -8,7 +8,6 @@ itself survives it."""
 from __future__ import annotations
 
 import json
-import subprocess
 from typing import Any
 
 import pytest
@@ -25,7 +24,7 @@ from reconciliation.providers.base import (
 )
 from reconciliation.providers.http import wire_key
 from reconciliation.reconciler import Reconciler
-from tests.conftest import PYTHON, REPO, child_env
+from tests.conftest import child_env, manage
 from tests.reconciliation.conftest import dispatched, intent, make_due, unknown
 
 ARGS = {"n": 1, "to": "a@example.test"}
@@ -276,13 +275,11 @@ def test_the_worker_process_survives_and_exits_zero(wired, demo) -> None:
     neighbour = make_due(unknown(wired, "open_ticket", "t:fine", ARGS))
     demo.inject("open_ticket", "t:fine", ARGS)
 
-    done = subprocess.run(
-        [PYTHON, "manage.py", "reconcile", "--once", "--json"],
-        cwd=REPO,
+    done = manage(
+        "reconcile",
+        "--once",
+        "--json",
         env=child_env(LEDGERWEB_ADAPTERS=f"exploding={HERE}.ExplodingAdapter"),
-        capture_output=True,
-        text=True,
-        timeout=120,
     )
 
     assert done.returncode == 0, done.stderr

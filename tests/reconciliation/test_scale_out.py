@@ -5,6 +5,7 @@ leaves no process behind on reload and stop."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -16,16 +17,18 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from django.db import connection
 
 from attempts import audit_verify, ledger, states
+from attempts.actors import Actor
 from attempts.locking import LedgerBusy, write_transaction
 from attempts.models import AgentToken, Attempt, State
 from ledgerweb_client import LedgerClient, LedgerError, SendResult
-from tests.conftest import PYTHON, REPO, child_env, make_world
+from tests.conftest import PYTHON, REPO, agent_intent, child_env, make_world
 
 SETTLED = {State.OUTCOME_CONFIRMED, State.FAILED, State.MANUAL_REVIEW, State.RECONCILED}
 
@@ -54,6 +57,32 @@ def wait_http(port: int, process: subprocess.Popen, timeout: float = 60) -> None
         except OSError:
             time.sleep(0.2)
     raise AssertionError(f"server on {port} did not answer")
+
+
+@contextlib.contextmanager
+def held_by_a_writer(held: Attempt, actor: Actor) -> Iterator[None]:
+    """For the body of the ``with``, another connection holds a write transaction that has
+    moved ``held`` (a note) and not committed."""
+    inside, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with write_transaction():
+                attempt = Attempt.objects.get(pk=held.pk)
+                states.move(attempt, None, action="attempt.note", actor=actor, reason="hold")
+                inside.set()
+                release.wait(30)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert inside.wait(10)
+        yield
+    finally:
+        release.set()
+        holder.join(timeout=30)
 
 
 def processes_with(marker: str) -> list[int]:
@@ -236,40 +265,12 @@ def test_two_web_nodes_and_two_workers_survive_a_kill_9_of_each(transactional_db
 def test_a_write_transaction_held_open_on_one_attempt_holds_up_no_other(transactional_db):
     postgresql_only()
     world = make_world()
-    held, _ = ledger.record_intent(
-        tenant="acme",
-        task_id="held",
-        tool_name="update_crm",
-        idempotency_key="held:1",
-        args={"n": 1},
-        actor=world.agent,
-    )
-    inside = threading.Event()
-    release = threading.Event()
-
-    def hold() -> None:
-        try:
-            with write_transaction():
-                attempt = Attempt.objects.get(pk=held.pk)
-                states.move(attempt, None, action="attempt.note", actor=world.agent, reason="hold")
-                inside.set()
-                release.wait(30)
-        finally:
-            connection.close()
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    try:
-        assert inside.wait(10)
+    held, _ = agent_intent(world, "held:1", tool="update_crm", args={"n": 1}, task="held")
+    with held_by_a_writer(held, world.agent):
         started = time.monotonic()
         for i in range(20):
-            attempt, created = ledger.record_intent(
-                tenant="acme",
-                task_id="other",
-                tool_name="update_crm",
-                idempotency_key=f"other:{i}",
-                args={"i": i},
-                actor=world.agent,
+            attempt, created = agent_intent(
+                world, f"other:{i}", tool="update_crm", args={"i": i}, task="other"
             )
             assert created
             ledger.claim_dispatch(attempt, actor=world.agent)
@@ -286,9 +287,6 @@ def test_a_write_transaction_held_open_on_one_attempt_holds_up_no_other(transact
         finally:
             with connection.cursor() as cursor:
                 cursor.execute("RESET lock_timeout")
-    finally:
-        release.set()
-        holder.join(timeout=30)
     ledger.claim_dispatch(held.attempt_id, actor=world.agent)  # free again
 
 
@@ -345,45 +343,22 @@ def test_the_sealer_never_waits_for_a_writer(transactional_db):
 
     world = make_world()
     made = [
-        ledger.record_intent(
-            tenant="acme",
-            task_id="seal",
-            tool_name="update_crm",
-            idempotency_key=f"seal:{i}",
-            args={"i": i},
-            actor=world.agent,
-        )[0]
+        agent_intent(world, f"seal:{i}", tool="update_crm", args={"i": i}, task="seal")[0]
         for i in range(3)
     ]
-    inside, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        try:
-            with write_transaction():
-                attempt = Attempt.objects.get(pk=made[1].pk)
-                states.move(attempt, None, action="attempt.note", actor=world.agent, reason="hold")
-                inside.set()
-                release.wait(30)
-        finally:
-            connection.close()
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    try:
-        assert inside.wait(10)
+    with held_by_a_writer(made[1], world.agent):
         with connection.cursor() as cursor:
             cursor.execute("SET lock_timeout = '2s'")
-        started = time.monotonic()
-        checkpoint = chain.seal()
-        assert time.monotonic() - started < 1.5, "the sealer waited for a writer's row"
-        assert checkpoint is not None and checkpoint.size == 2
-        sealed = set(Attempt.objects.filter(sealed=True).values_list("pk", flat=True))
-        assert sealed == {made[0].pk, made[2].pk}
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute("RESET lock_timeout")
-        release.set()
-        holder.join(timeout=30)
+        try:
+            started = time.monotonic()
+            checkpoint = chain.seal()
+            assert time.monotonic() - started < 1.5, "the sealer waited for a writer's row"
+            assert checkpoint is not None and checkpoint.size == 2
+            sealed = set(Attempt.objects.filter(sealed=True).values_list("pk", flat=True))
+            assert sealed == {made[0].pk, made[2].pk}
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute("RESET lock_timeout")
     assert chain.seal() is not None  # the held attempt, in the next checkpoint
     assert not Attempt.objects.filter(sealed=False).exists()
     assert audit_verify.verify_django_database().ok

@@ -23,7 +23,7 @@ from attempts.models import Attempt, EffectClass, Grant, State, Tool
 from reconciliation.providers.base import Call, LookupStatus, SendStatus
 from reconciliation.providers.registry import adapter_for
 from reconciliation.providers.stripe import StripePaymentIntentAdapter
-from tests.conftest import PYTHON, REPO, child_env
+from tests.conftest import PYTHON, REPO, agent_intent, child_env, manage
 from tests.reconciliation.conftest import make_due
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -112,28 +112,14 @@ def run_agent(tmp_path: Path, key: str, args: dict[str, Any], crash_at: str | No
     if crash_at:
         env["LEDGERWEB_CRASH_AT"] = crash_at
         env["LEDGERWEB_FAULTS_ALLOWED"] = "1"
-    return subprocess.run(
-        [PYTHON, "manage.py", "crashtest_agent", str(plan)],
-        cwd=REPO,
-        env=child_env(**env),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return manage("crashtest_agent", str(plan), env=child_env(**env))
 
 
 def reconcile() -> dict[str, Any]:
     """One pass of the real worker over everything, made due first."""
     for attempt in Attempt.objects.exclude(state__in=[State.OUTCOME_CONFIRMED, State.FAILED]):
         make_due(attempt)
-    done = subprocess.run(
-        [PYTHON, "manage.py", "reconcile", "--once", "--json"],
-        cwd=REPO,
-        env=child_env(LEDGERWEB_STRIPE_API_KEY=API_KEY),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = manage("reconcile", "--once", "--json", env=child_env(LEDGERWEB_STRIPE_API_KEY=API_KEY))
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -219,13 +205,8 @@ def test_an_amount_mismatch_goes_to_manual_review(
     world, charge_tool, localstripe: LocalStripe, customer: str
 ) -> None:
     """Stripe holds a payment under this attempt's key, for another amount than was recorded."""
-    attempt, _ = ledger.record_intent(
-        tenant="acme",
-        task_id="task-mismatch",
-        tool_name=TOOL,
-        idempotency_key="pay:mismatch",
-        args=payment(customer),
-        actor=world.agent,
+    attempt, _ = agent_intent(
+        world, "pay:mismatch", tool=TOOL, args=payment(customer), task="task-mismatch"
     )
     attempt, claimed = ledger.claim_dispatch(attempt, actor=world.agent)
     assert claimed
@@ -259,13 +240,8 @@ def test_localstripe_ignores_idempotency_keys_and_the_adapter_does_not_rely_on_t
     """Sending twice with one key makes two payments at localstripe (live Stripe would answer
     the second with the first). The adapter counts every payment under the key, so recovery
     hands the duplicate to a person instead of confirming one of them."""
-    attempt, _ = ledger.record_intent(
-        tenant="acme",
-        task_id="task-twice",
-        tool_name=TOOL,
-        idempotency_key="pay:twice",
-        args=payment(customer),
-        actor=world.agent,
+    attempt, _ = agent_intent(
+        world, "pay:twice", tool=TOOL, args=payment(customer), task="task-twice"
     )
     attempt, _ = ledger.claim_dispatch(attempt, actor=world.agent)
     adapter = adapter_for(charge_tool)

@@ -7,6 +7,7 @@ import logging
 import signal
 import threading
 import time
+from types import UnionType
 from typing import Any
 
 from django.conf import settings
@@ -219,14 +220,13 @@ class Command(BaseCommand):
             try:
                 notified = self._notify()
             except Exception as exc:  # notifications must not stop recovery either
-                if not isinstance(exc, DatabaseError):
-                    log.exception("notification step failed")
-                self._say(
-                    f"notification step failed, retrying: {exc}",
+                self._step_failed(
+                    exc,
+                    "notification step",
                     event="worker.notify_failed",
-                    level=logging.ERROR,
+                    expected=DatabaseError,
+                    retry="retrying",
                 )
-                close_old_connections()
                 notified = {}
             if notified.get("sent") and verbosity >= 1:
                 self._say(f"notify: {notified}", event="worker.notify", **notified)
@@ -274,6 +274,23 @@ class Command(BaseCommand):
         else:
             out.write(text)
 
+    def _step_failed(
+        self,
+        exc: Exception,
+        what: str,
+        *,
+        event: str,
+        expected: type[Exception] | UnionType,
+        retry: str = "retrying later",
+    ) -> None:
+        """Report a step of the worker that failed and is tried again: its traceback in the log
+        unless the failure is of an ``expected`` kind (the database away, the ledger busy), one
+        line of the worker's own, and fresh database connections for the next try."""
+        if not isinstance(exc, expected):
+            log.exception(f"{what} failed")
+        self._say(f"{what} failed, {retry}: {exc}", event=event, level=logging.ERROR)
+        close_old_connections()
+
     def _notify(self) -> dict[str, int]:
         """One notification step (SLA escalation, enqueue, delivery) unless --no-notify."""
         return self.notify.run() if self.notify is not None else {}
@@ -284,14 +301,12 @@ class Command(BaseCommand):
         try:
             counts.refresh()
         except Exception as exc:
-            if not isinstance(exc, DatabaseError | LedgerBusy):
-                log.exception("counting terminal work failed")
-            self._say(
-                f"counting terminal work failed, retrying later: {exc}",
+            self._step_failed(
+                exc,
+                "counting terminal work",
                 event="worker.count_failed",
-                level=logging.ERROR,
+                expected=DatabaseError | LedgerBusy,
             )
-            close_old_connections()
 
     def _seal(self) -> None:
         """Seal everything written so far into checkpoints (attempts/chain.py). A failure is
@@ -301,14 +316,12 @@ class Command(BaseCommand):
             while chain.seal() is not None:
                 pass
         except Exception as exc:
-            if not isinstance(exc, DatabaseError | LedgerBusy):
-                log.exception("sealing failed")
-            self._say(
-                f"sealing the audit history failed, retrying later: {exc}",
+            self._step_failed(
+                exc,
+                "sealing the audit history",
                 event="worker.seal_failed",
-                level=logging.ERROR,
+                expected=DatabaseError | LedgerBusy,
             )
-            close_old_connections()
         self._publish()
 
     def _publish(self) -> None:
