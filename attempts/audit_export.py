@@ -54,6 +54,8 @@ from attempts.verify_export import (
 )
 
 FETCH = 5000
+# Heads whose inclusion proofs are read together (one query of the stored hashes per batch).
+PROOF_BATCH = 500
 QUOTE, QUOTES = '"', '""'
 FLUSH_BYTES = 256 * 1024
 
@@ -554,36 +556,51 @@ def _seal_lines(plan: ExportPlan) -> tuple[list[dict[str, Any]], int | None]:
     ).iterator(chunk_size=FETCH):
         if attempt_id not in newest or newest[attempt_id][0] < checkpoint_pk:
             newest[attempt_id] = (checkpoint_pk, position)
-    wanted: dict[int, list[int]] = {}
+    wanted: dict[int, set[int]] = {}  # checkpoint pk -> positions of the heads to prove
     for checkpoint_pk, position in newest.values():
-        wanted.setdefault(checkpoint_pk, []).append(position)
+        wanted.setdefault(checkpoint_pk, set()).add(position)
     records: list[dict[str, Any]] = []
     oldest = None
     pinned = Checkpoint.objects.get(seq=plan.checkpoint[0])
     if pinned.format >= LOG_FORMAT:
         # The transparency log: every logged head is proved into the pinned checkpoint, the
         # receipt an agent gets from the API.
-        logged = dict(
-            LogEntry.objects.filter(
-                leaf__checkpoint_id__in=list(wanted), index__lt=pinned.size
-            ).values_list("leaf_id", "index")
+        logged = (
+            LogEntry.objects.filter(leaf__checkpoint_id__in=list(wanted), index__lt=pinned.size)
+            .order_by("leaf__attempt_id")
+            .values_list(
+                "leaf__attempt_id",
+                "leaf__length",
+                "leaf__head",
+                "leaf__checkpoint_id",
+                "leaf__position",
+                "index",
+            )
+            .iterator(chunk_size=FETCH)
         )
-        for leaf in CheckpointLeaf.objects.filter(pk__in=list(logged)).order_by("attempt_id"):
-            if leaf.position not in wanted[leaf.checkpoint_id]:
+        heads = []
+        for attempt_id, length, head, checkpoint_pk, position, index in logged:
+            if position not in wanted[checkpoint_pk]:
                 continue  # an older head of an attempt a later checkpoint sealed again
-            records.append(
+            heads.append((attempt_id, length, head, index))
+            wanted[checkpoint_pk].remove(position)
+        # The proofs of a batch of heads read the stored hashes they need in one query.
+        for start in range(0, len(heads), PROOF_BATCH):
+            batch = heads[start : start + PROOF_BATCH]
+            proofs = log.inclusion_proofs([index for *_, index in batch], pinned.size)
+            records.extend(
                 {
                     "type": "seal",
-                    "attempt_id": leaf.attempt_id,
-                    "length": leaf.length,
-                    "head": leaf.head,
+                    "attempt_id": attempt_id,
+                    "length": length,
+                    "head": head,
                     "checkpoint": pinned.seq,
-                    "index": logged[leaf.pk],
+                    "index": index,
                     "size": pinned.size,
-                    "proof": [h.hex() for h in log.inclusion_proof(logged[leaf.pk], pinned.size)],
+                    "proof": [h.hex() for h in proofs[index]],
                 }
+                for attempt_id, length, head, index in batch
             )
-            wanted[leaf.checkpoint_id].remove(leaf.position)
         oldest = pinned.seq
     for checkpoint_pk in sorted(pk for pk, positions in wanted.items() if positions):
         checkpoint = Checkpoint.objects.get(pk=checkpoint_pk)

@@ -223,6 +223,19 @@ def test_a_sealed_export_carries_proofs_that_verify(history, tmp_path):
     assert newest.hash in result.stdout
 
 
+def test_an_attempt_sealed_again_is_proved_once_at_its_newest_head(history, world, tmp_path):
+    seal_all()
+    review.add_note(history[0], user=world.operator, text="after the first seal")
+    seal_all()
+    path = export(tmp_path)
+    seals = [r for r in records(path) if r["type"] == "seal"]
+    assert len(seals) == len({r["attempt_id"] for r in seals}) == 6
+    (mine,) = [r for r in seals if r["attempt_id"] == history[0].attempt_id]
+    history[0].refresh_from_db()
+    assert (mine["length"], mine["head"]) == (history[0].chain_length, history[0].chain_head)
+    assert offline(path).returncode == 0
+
+
 def test_cutting_sealed_events_from_an_export_is_seen_even_with_the_manifest_fixed(
     history, tmp_path
 ):
