@@ -701,15 +701,24 @@ class AttemptQuerySet(models.QuerySet):
         attempt, or a linked retry one reviewer approved already (critical tools need two), and
         that this person has not approved since the attempt last moved."""
         since = Attempt.last_move_subquery()
-        approvals = AttemptEvent.objects.filter(
-            attempt=OuterRef("pk"), action=APPROVAL_ACTION, id__gt=OuterRef("_last_move")
-        )
+        # Most attempts in review have no approval at all: the few that have one are read from
+        # the approvals' own index (event_approval_idx) once, and only their last move is
+        # looked up.
+        me = user.get_username()
+        every = AttemptEvent.objects.filter(action=APPROVAL_ACTION)
+        approvals = every.filter(attempt=OuterRef("pk"), id__gt=OuterRef("_last_move"))
         return (
             self.visible_to(user, Role.REVIEWER)
             .filter(state=State.MANUAL_REVIEW)
-            .annotate(_last_move=Coalesce(since, 0))
-            .filter(Q(awaiting_approval=True) | Exists(approvals))
-            .exclude(Exists(approvals.filter(actor=user.get_username())))
+            .alias(_last_move=Coalesce(since, 0))
+            .filter(
+                Q(awaiting_approval=True)
+                | (Q(pk__in=every.values("attempt_id")) & Q(Exists(approvals)))
+            )
+            .exclude(
+                Q(pk__in=every.filter(actor=me).values("attempt_id"))
+                & Q(Exists(approvals.filter(actor=me)))
+            )
         )
 
     def held_for(self, user: Any, which: str = "me", now: Any = None) -> AttemptQuerySet:
@@ -1121,7 +1130,15 @@ class AttemptEvent(models.Model):
 
     class Meta:
         ordering = ["id"]
-        indexes = [models.Index(fields=["attempt", "id"], name="event_attempt_idx")]
+        indexes = [
+            models.Index(fields=["attempt", "id"], name="event_attempt_idx"),
+            # The approvals alone (a few of the events): who waits for a reviewer's approval.
+            models.Index(
+                fields=["attempt", "id"],
+                name="event_approval_idx",
+                condition=Q(action=APPROVAL_ACTION),
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.attempt_id} {self.action} {self.from_state}->{self.to_state}"

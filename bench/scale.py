@@ -448,11 +448,11 @@ def build(target: int, templates: dict[str, Template]) -> None:
 def settle_build() -> None:
     """The sealer, statistics (and on PostgreSQL the vacuum autovacuum would run after the
     sealer's updates) and a full count pass, as after a restore (each resumes too)."""
-    sealed = 0
+    logged = 0
     began = time.perf_counter()
     while (checkpoint := chain.seal()) is not None:
-        sealed += checkpoint.size
-    print(f"  sealed {sealed:,} heads in {time.perf_counter() - began:.1f} s")
+        logged = checkpoint.size  # the log's size: every head sealed so far, not just this one's
+    print(f"  sealed in {time.perf_counter() - began:.1f} s (the log holds {logged:,} heads)")
     with connection.cursor() as cursor:
         cursor.execute("VACUUM ANALYZE" if ARGS.database == "postgres" else "ANALYZE")
     # Rows loaded with old times, behind the write path's back: count every day once.
