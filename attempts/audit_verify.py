@@ -50,6 +50,7 @@ from attempts.verify_export import (
     Report,
     args_commitment,
     authority_digest_of,
+    cannot_hash,
     chain_time,
     checkpoint_hash,
     config_event_hash,
@@ -369,7 +370,7 @@ class _Verifier:
         for event in events:
             (_, event_id, _, _, _, _, _, _, text, created_at, prev_hash, stored, v, _) = event
             quoted_prev = f'"{prev}"' if prev_known and prev_hash == prev else None
-            unhashable = None
+            unhashable = ""
             try:
                 details, plain = _load_details(text)
                 if v is not None and v >= SALTED_FORMAT:
@@ -385,14 +386,14 @@ class _Verifier:
                         rfc8785.dumps(_event_payload(attempt_id, event, details))
                     ).hexdigest()
             except (TypeError, ValueError, KeyError, rfc8785.CanonicalizationError) as exc:
-                recomputed, unhashable = None, exc
+                recomputed, unhashable = None, cannot_hash(exc)
                 details = None
             prev_known = recomputed is not None and recomputed == stored
             if not prev_known:
                 self.bad(
                     "content",
-                    f"the event's fields do not match its hash {str(stored)[:16]}…: it was edited"
-                    + (f" (they cannot be hashed: {unhashable})" if unhashable else ""),
+                    f"the event's fields do not match its hash {str(stored)[:16]}…: it was "
+                    f"edited{unhashable}",
                     event_id,
                     attempt_id,
                 )
@@ -656,7 +657,7 @@ class _Verifier:
                 row["before"], row["after"] = load_json(row["before"]), load_json(row["after"])
                 recomputed = config_event_hash(row)
             except (TypeError, ValueError, rfc8785.CanonicalizationError) as exc:
-                recomputed, unhashable = None, f" (they cannot be hashed: {exc})"
+                recomputed, unhashable = None, cannot_hash(exc)
             if recomputed is None or recomputed != row["hash"]:
                 self.bad(
                     "config",

@@ -181,6 +181,12 @@ def split_details(details: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     return public, private
 
 
+def cannot_hash(exc: Exception) -> str:
+    """What a problem's message adds when a row could not be hashed at all: no stored hash
+    matches such a row, whatever it says."""
+    return f" (they cannot be hashed: {exc})"
+
+
 def salted_digest(salt: str, value: Any, *, dumps: Callable[[Any], bytes] = rfc8785.dumps) -> str:
     """HMAC-SHA256 keyed by the attempt's salt (hex) over the RFC 8785 JSON of ``value``."""
     return hmac.new(bytes.fromhex(salt), dumps(value), hashlib.sha256).hexdigest()
@@ -1110,17 +1116,17 @@ class ExportChecker:
                 )
             )
         self.last_id = event_id
-        unhashable = None
+        unhashable = ""
         try:
             recomputed = event_hash(row)
         except (TypeError, ValueError, KeyError, rfc8785.CanonicalizationError) as exc:
-            recomputed, unhashable = None, exc  # no stored hash can match it
+            recomputed, unhashable = None, cannot_hash(exc)
         if recomputed is None or recomputed != row["hash"]:
             self.problem(
                 Problem(
                     "content",
-                    f"the event's fields do not match its hash {str(row['hash'])[:16]}…: it was edited"
-                    + (f" (they cannot be hashed: {unhashable})" if unhashable else ""),
+                    f"the event's fields do not match its hash {str(row['hash'])[:16]}…: it was "
+                    f"edited{unhashable}",
                     event_id,
                     attempt_id,
                     line,
