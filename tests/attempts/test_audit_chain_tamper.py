@@ -332,15 +332,20 @@ def test_marking_an_attempt_sealed_to_hide_it_from_the_sealer_is_seen(sealed, wo
     assert any(p.kind == "seal" and p.attempt_id == victim.attempt_id for p in problems())
 
 
+def _tool_made_uncritical():
+    """A configuration change, recorded as the config paths record one (inside a write)."""
+    return chain.record_config_change(
+        subject="tool:update_crm",
+        action="config.tool.changed",
+        actor=Actor.system("test"),
+        before={"critical": True},
+        after={"critical": False},
+    )
+
+
 def test_config_changes_are_chained_sealed_and_verified(history):
     with write_transaction():
-        first = chain.record_config_change(
-            subject="tool:update_crm",
-            action="config.tool.changed",
-            actor=Actor.system("test"),
-            before={"critical": True},
-            after={"critical": False},
-        )
+        first = _tool_made_uncritical()
         chain.record_config_change(
             subject="tenant:acme",
             action="config.tenant.created",
@@ -358,13 +363,7 @@ def test_config_changes_are_chained_sealed_and_verified(history):
 
 def test_a_config_change_that_cannot_be_hashed_is_reported_whatever_its_hash_says(history):
     with write_transaction():
-        change = chain.record_config_change(
-            subject="tool:update_crm",
-            action="config.tool.changed",
-            actor=Actor.system("test"),
-            before={"critical": True},
-            after={"critical": False},
-        )
+        change = _tool_made_uncritical()
     drop_triggers()
     sql(f"UPDATE {CONFIG} SET after = %s WHERE id = %s", ['{"n": 1e400}', change.pk])
     with pytest.raises(jcs.CanonicalizationError) as error:
