@@ -25,7 +25,7 @@ from typing import Any
 
 from django.core.exceptions import EmptyResultSet
 from django.db import connection
-from django.db.models import QuerySet
+from django.db.models import Exists, OuterRef, QuerySet
 from django.utils import timezone
 
 from attempts import dbadapter, log
@@ -541,80 +541,56 @@ def _checkpoint_ref(plan: ExportPlan) -> dict[str, Any] | None:
     return {"seq": plan.checkpoint[0], "hash": plan.checkpoint[1]} if plan.checkpoint else None
 
 
-def _seal_lines(plan: ExportPlan) -> tuple[list[dict[str, Any]], int | None]:
-    """A ``seal`` record for every exported attempt that a checkpoint (up to the pinned one)
-    sealed: its newest sealed head and the Merkle proof into that checkpoint's root. Returns the
-    records and the oldest checkpoint they need."""
-    if plan.checkpoint is None:
-        return [], None
-    leaves = CheckpointLeaf.objects.filter(checkpoint__seq__lte=plan.checkpoint[0])
-    if plan.scoped:
-        leaves = leaves.filter(attempt_id__in=plan.attempts.values("attempt_id"))
-    newest: dict[str, tuple[int, int]] = {}  # attempt id -> (checkpoint pk, position)
-    for attempt_id, checkpoint_pk, position in leaves.values_list(
-        "attempt_id", "checkpoint_id", "position"
-    ).iterator(chunk_size=FETCH):
-        if attempt_id not in newest or newest[attempt_id][0] < checkpoint_pk:
-            newest[attempt_id] = (checkpoint_pk, position)
-    wanted: dict[int, set[int]] = {}  # checkpoint pk -> positions of the heads to prove
-    for checkpoint_pk, position in newest.values():
-        wanted.setdefault(checkpoint_pk, set()).add(position)
-    records: list[dict[str, Any]] = []
-    oldest = None
-    pinned = Checkpoint.objects.get(seq=plan.checkpoint[0])
-    if pinned.format >= LOG_FORMAT:
-        # The transparency log: every logged head is proved into the pinned checkpoint, the
-        # receipt an agent gets from the API.
-        logged = (
-            LogEntry.objects.filter(leaf__checkpoint_id__in=list(wanted), index__lt=pinned.size)
-            .order_by("leaf__attempt_id")
-            .values_list(
-                "leaf__attempt_id",
-                "leaf__length",
-                "leaf__head",
-                "leaf__checkpoint_id",
-                "leaf__position",
-                "index",
+@dataclass
+class _Seals:
+    """The export's ``seal`` records: an iterator (memory stays flat whatever the size of the
+    ledger), the oldest checkpoint they need (known before the first is read) and, once they
+    have been read, how many there were."""
+
+    pinned: Checkpoint | None
+    leaves: QuerySet[CheckpointLeaf] | None
+    legacy: dict[int, set[int]]  # checkpoint pk -> positions proved from that checkpoint's tree
+    oldest: int | None
+    count: int = 0
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        if self.pinned is None or self.leaves is None:
+            return
+        for record in self._logged():
+            self.count += 1
+            yield record
+        for record in self._from_trees():
+            self.count += 1
+            yield record
+
+    def _logged(self) -> Iterator[dict[str, Any]]:
+        """Every logged newest head, proved into the pinned checkpoint (the receipt an agent
+        gets from the API), in attempt id order, PROOF_BATCH heads per read of the hashes."""
+        pinned = self.pinned
+        if pinned is None or self.leaves is None or pinned.format < LOG_FORMAT:
+            return
+        batch: list[tuple[str, int, str, int]] = []
+        for attempt_id, length, head, _, _, index in _newest(self.leaves):
+            if index is None or index >= pinned.size:
+                continue  # a head sealed before the log, not yet in it: proved from its tree
+            batch.append((attempt_id, length, head, index))
+            if len(batch) == PROOF_BATCH:
+                yield from _log_seals(batch, pinned)
+                batch = []
+        yield from _log_seals(batch, pinned)
+
+    def _from_trees(self) -> Iterator[dict[str, Any]]:
+        for checkpoint_pk in sorted(self.legacy):
+            checkpoint = Checkpoint.objects.get(pk=checkpoint_pk)
+            rows = list(
+                CheckpointLeaf.objects.filter(checkpoint_id=checkpoint_pk)
+                .order_by("position")
+                .values_list("attempt_id", "length", "head")
             )
-            .iterator(chunk_size=FETCH)
-        )
-        heads = []
-        for attempt_id, length, head, checkpoint_pk, position, index in logged:
-            if position not in wanted[checkpoint_pk]:
-                continue  # an older head of an attempt a later checkpoint sealed again
-            heads.append((attempt_id, length, head, index))
-            wanted[checkpoint_pk].remove(position)
-        # The proofs of a batch of heads read the stored hashes they need in one query.
-        for start in range(0, len(heads), PROOF_BATCH):
-            batch = heads[start : start + PROOF_BATCH]
-            proofs = log.inclusion_proofs([index for *_, index in batch], pinned.size)
-            records.extend(
-                {
-                    "type": "seal",
-                    "attempt_id": attempt_id,
-                    "length": length,
-                    "head": head,
-                    "checkpoint": pinned.seq,
-                    "index": index,
-                    "size": pinned.size,
-                    "proof": [h.hex() for h in proofs[index]],
-                }
-                for attempt_id, length, head, index in batch
-            )
-        oldest = pinned.seq
-    for checkpoint_pk in sorted(pk for pk, positions in wanted.items() if positions):
-        checkpoint = Checkpoint.objects.get(pk=checkpoint_pk)
-        oldest = checkpoint.seq if oldest is None else min(oldest, checkpoint.seq)
-        rows = list(
-            CheckpointLeaf.objects.filter(checkpoint_id=checkpoint_pk)
-            .order_by("position")
-            .values_list("attempt_id", "length", "head")
-        )
-        tree = MerkleTree([leaf_hash(*row) for row in rows])
-        for position in sorted(wanted[checkpoint_pk]):
-            attempt_id, length, head = rows[position]
-            records.append(
-                {
+            tree = MerkleTree([leaf_hash(*row) for row in rows])
+            for position in sorted(self.legacy[checkpoint_pk]):
+                attempt_id, length, head = rows[position]
+                yield {
                     "type": "seal",
                     "attempt_id": attempt_id,
                     "length": length,
@@ -624,8 +600,75 @@ def _seal_lines(plan: ExportPlan) -> tuple[list[dict[str, Any]], int | None]:
                     "size": len(rows),
                     "proof": tree.proof(position),
                 }
-            )
-    return records, oldest
+
+
+def _newest(leaves: QuerySet[CheckpointLeaf]) -> Iterator[tuple]:
+    """Each attempt's newest leaf among ``leaves`` (attempt id, length, head, checkpoint pk,
+    position, log index or None), in attempt id order, streamed."""
+    rows = (
+        leaves.order_by("attempt_id", "checkpoint_id")
+        .values_list(
+            "attempt_id", "length", "head", "checkpoint_id", "position", "log_entry__index"
+        )
+        .iterator(chunk_size=FETCH)
+    )
+    last = None
+    for row in rows:
+        if last is not None and row[0] != last[0]:
+            yield last
+        last = row
+    if last is not None:
+        yield last
+
+
+def _log_seals(batch: list[tuple[str, int, str, int]], pinned: Checkpoint) -> list[dict[str, Any]]:
+    if not batch:
+        return []
+    proofs = log.inclusion_proofs([index for *_, index in batch], pinned.size)
+    return [
+        {
+            "type": "seal",
+            "attempt_id": attempt_id,
+            "length": length,
+            "head": head,
+            "checkpoint": pinned.seq,
+            "index": index,
+            "size": pinned.size,
+            "proof": [h.hex() for h in proofs[index]],
+        }
+        for attempt_id, length, head, index in batch
+    ]
+
+
+def _seals(plan: ExportPlan) -> _Seals:
+    """A ``seal`` record for every exported attempt that a checkpoint (up to the pinned one)
+    sealed: its newest sealed head and the Merkle proof into a checkpoint's root. Heads in the
+    transparency log are proved into the pinned checkpoint; heads sealed before the log existed
+    and not yet in it (format-1 checkpoints) into their own checkpoint's tree. Those few are
+    found first, so the oldest checkpoint the file needs is known before any seal is read."""
+    if plan.checkpoint is None:
+        return _Seals(None, None, {}, None)
+    pinned = Checkpoint.objects.get(seq=plan.checkpoint[0])
+    leaves = CheckpointLeaf.objects.filter(checkpoint__seq__lte=pinned.seq)
+    if plan.scoped:
+        leaves = leaves.filter(attempt_id__in=plan.attempts.values("attempt_id"))
+    newer = CheckpointLeaf.objects.filter(
+        attempt_id=OuterRef("attempt_id"),
+        checkpoint_id__gt=OuterRef("checkpoint_id"),
+        checkpoint__seq__lte=pinned.seq,
+    )
+    from_trees = leaves.exclude(Exists(newer))
+    if pinned.format >= LOG_FORMAT:
+        before_log = Checkpoint.objects.filter(seq__lte=pinned.seq, format__lt=LOG_FORMAT)
+        from_trees = from_trees.filter(
+            checkpoint_id__in=list(before_log.values_list("pk", flat=True))
+        ).exclude(log_entry__index__lt=pinned.size)
+    legacy: dict[int, set[int]] = {}
+    for checkpoint_pk, position in from_trees.values_list("checkpoint_id", "position").order_by():
+        legacy.setdefault(checkpoint_pk, set()).add(position)
+    seqs = Checkpoint.objects.filter(pk__in=list(legacy)).values_list("seq", flat=True)
+    oldest = min([*seqs, *([pinned.seq] if pinned.format >= LOG_FORMAT else [])], default=None)
+    return _Seals(pinned, leaves, legacy, oldest)
 
 
 def _checkpoint_lines(plan: ExportPlan, oldest: int | None) -> list[dict[str, Any]]:
@@ -783,11 +826,17 @@ def stream_jsonl(plan: ExportPlan) -> Iterator[bytes]:
         "covers text_digest (HMAC-SHA256 with the attempt's salt of reason and private details) "
         "and only the public details, instead of reason and details",
     }
-    seals, oldest = _seal_lines(plan)
-    checkpoints = _checkpoint_lines(plan, oldest)
+    seals = _seals(plan)
+    checkpoints = _checkpoint_lines(plan, seals.oldest)
     config = _config_lines(plan)
-    lines = [header, *checkpoints, *seals, *config]
-    yield ("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)).encode("utf-8")
+    yield _json_lines([header, *checkpoints])
+    batch: list[dict[str, Any]] = []
+    for seal in seals:
+        batch.append(seal)
+        if len(batch) >= PROOF_BATCH:
+            yield _json_lines(batch)
+            batch = []
+    yield _json_lines([*batch, *config])
     batch: list[str] = []
     for line in _log_leaf_lines(plan):
         batch.append(json.dumps(line) + "\n")
@@ -819,12 +868,16 @@ def stream_jsonl(plan: ExportPlan) -> Iterator[bytes]:
         rows=rows,
         first=first,
         last=last,
-        seals=len(seals),
+        seals=seals.count,
         checkpoints=len(checkpoints),
         config=config,
     )
     parts.append(json.dumps(manifest, ensure_ascii=False) + "\n")
     yield "".join(parts).encode("utf-8")
+
+
+def _json_lines(records: list[dict[str, Any]]) -> bytes:
+    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode("utf-8")
 
 
 def file_name(plan: ExportPlan, extension: str) -> str:

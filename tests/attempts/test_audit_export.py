@@ -374,3 +374,67 @@ def test_plan_is_pinned_to_the_head(history, world, tmp_path):
     build_history(world, 1, prefix="late")
     assert plan.count() == before
     assert audit_export.csv_manifest(plan)["row_count"] == before
+
+
+def _seal_before_the_log() -> Checkpoint:
+    """A format-1 checkpoint over every attempt's head, as a ledger sealed before the log has."""
+    import datetime as dt
+
+    from django.utils import timezone
+
+    from attempts import chain
+    from attempts.models import Attempt, CheckpointLeaf
+    from attempts.verify_export import GENESIS, MerkleTree, checkpoint_hash, leaf_hash
+
+    rows = sorted(Attempt.objects.values_list("attempt_id", "chain_length", "chain_head"))
+    config_length, config_head = chain.config_head_now()
+    fields = {
+        "seq": 1,
+        "prev_hash": GENESIS,
+        "root": MerkleTree([leaf_hash(*row) for row in rows]).root(),
+        "size": len(rows),
+        "config_length": config_length,
+        "config_head": config_head,
+        "sealed_at": timezone.now() - dt.timedelta(days=1),
+    }
+    old = Checkpoint.objects.create(**fields, hash=checkpoint_hash(fields))
+    for position, row in enumerate(rows):
+        CheckpointLeaf.objects.create(
+            checkpoint=old, position=position, attempt_id=row[0], length=row[1], head=row[2]
+        )
+    Attempt.objects.update(sealed=True)
+    return old
+
+
+def test_heads_sealed_before_the_log_are_proved_from_their_own_checkpoint(history, world, tmp_path):
+    from attempts import chain
+
+    old = _seal_before_the_log()
+    recs = records(export(tmp_path))
+    assert [r["checkpoint"] for r in recs if r["type"] == "seal"] == [old.seq] * 6
+    assert offline(tmp_path / "audit.jsonl").returncode == 0
+    # The next seal takes one of them into the log: it is proved into the new checkpoint, and
+    # the others still from the old one's tree, which the file now carries as well.
+    new = chain.seal(limit=1)
+    assert new is not None and new.size == 1
+    recs = records(export(tmp_path, name="after.jsonl"))
+    seals = [r for r in recs if r["type"] == "seal"]
+    assert sorted(r["checkpoint"] for r in seals) == [old.seq] * 5 + [new.seq]
+    assert [r["seq"] for r in recs if r["type"] == "checkpoint"] == [old.seq, new.seq]
+    assert recs[-1]["seal_count"] == 6
+    result = offline(tmp_path / "after.jsonl")
+    assert result.returncode == 0, result.stdout
+    # An attempt written to since is proved once, at its new head, never at its old one; logged
+    # heads are proved into the newest checkpoint.
+    (logged,) = [r["attempt_id"] for r in seals if r["checkpoint"] == new.seq]
+    moved = next(a for a in history if a.attempt_id != logged)
+    review.add_note(moved, user=world.operator, text="after the old seal")
+    newest = chain.seal(limit=1)
+    recs = records(export(tmp_path, name="moved.jsonl"))
+    seals = {r["attempt_id"]: r for r in recs if r["type"] == "seal"}
+    moved.refresh_from_db()
+    assert len(seals) == recs[-1]["seal_count"] == 6
+    assert seals[moved.attempt_id]["checkpoint"] == newest.seq
+    assert seals[moved.attempt_id]["head"] == moved.chain_head
+    assert sorted(r["checkpoint"] for r in seals.values()) == [old.seq] * 4 + [newest.seq] * 2
+    assert offline(tmp_path / "moved.jsonl").returncode == 0
