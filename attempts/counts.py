@@ -1,4 +1,5 @@
-"""The overview's terminal counts, kept by the reconcile worker instead of counted per request.
+"""The overview's counts, kept by the reconcile worker where counting per request would read
+too much.
 
 Terminal states (OUTCOME_CONFIRMED, FAILED, RECONCILED) are final and hold almost every row of a
 busy ledger. Counting them on each request (even once a minute) reads the whole ledger, so the
@@ -15,16 +16,24 @@ changed since the pass before, and every day since the day before that pass (new
 writes that committed late). Nothing is written on the agents' write path and no writer waits
 for the pass. A ledger loaded behind the write path's back (a restore, an import with old
 times) needs ``refresh(full=True)``.
+
+Live work is counted per request while it is small. A backlog of more than ``LIVE_EXACT`` live
+attempts in a person's tenants (a provider down for a day, say) is read from what the same pass
+keeps (``LiveDayCount``: per day, tenant, tool, state and whether anyone owns it), and the
+overview says how old those counts are. Deciding costs one index range of at most
+``LIVE_EXACT`` entries.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import time
+from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Count, Q, Sum
+from django.db.models import Case, Count, Q, Sum, When
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
@@ -32,6 +41,7 @@ from attempts.locking import named_lock, write_transaction
 from attempts.models import (
     TERMINAL_STATES,
     Attempt,
+    LiveDayCount,
     State,
     TerminalCount,
     TerminalCountPass,
@@ -42,21 +52,30 @@ LIVE_STATES = tuple(s for s in State.values if s not in TERMINAL_STATES)
 # Seconds between the worker's count passes (the overview says how old its counts are).
 COUNT_EVERY = 60
 _LOCK = "attempts.terminal_counts"
+# The most live attempts (in a person's tenants) the overview counts per request.
+LIVE_EXACT = 10_000
 
 
 def _day_start(day: dt.date) -> dt.datetime:
     return dt.datetime.combine(day, dt.time(), tzinfo=dt.UTC)
 
 
-def _live_by_day() -> dict[str, int]:
-    return {
-        day.isoformat(): n
-        for day, n in Attempt.objects.filter(state__in=LIVE_STATES)
-        .annotate(day=TruncDate("created_at", tzinfo=dt.UTC))
-        .values_list("day")
+LiveRow = tuple[dt.date, str, str, str, bool, int]  # day, tenant, tool, state, unowned, n
+
+
+def _live_rows(attempts: Any) -> list[LiveRow]:
+    """Live attempts counted per day of recording, tenant, tool, state and owned or not."""
+    return [
+        (day if isinstance(day, dt.date) else dt.date.fromisoformat(day), *rest)
+        for day, *rest in attempts.filter(state__in=LIVE_STATES)
+        .annotate(
+            day=TruncDate("created_at", tzinfo=dt.UTC),
+            unowned=Case(When(owner__isnull=True, then=True), default=False),
+        )
+        .values_list("day", "tenant_id", "tool_name", "state", "unowned")
         .annotate(n=Count("id"))
         .order_by()
-    }
+    ]
 
 
 def _terminal_rows(where: Q) -> Iterable[tuple[dt.date, str, str, str, int]]:
@@ -94,7 +113,15 @@ def refresh(*, full: bool = False, now: dt.datetime | None = None) -> TerminalCo
         now = now or timezone.now()
         previous = None if full else TerminalCountPass.objects.order_by("pk").first()
         # Read first: work that settles after this read is counted by the next pass.
-        live_now = _live_by_day()
+        live = _live_rows(Attempt.objects.all())
+        live_now: dict[str, int] = defaultdict(int)
+        for day, *_, n in live:
+            live_now[day.isoformat()] += n
+        LiveDayCount.objects.all().delete()
+        LiveDayCount.objects.bulk_create(
+            LiveDayCount(day=d, tenant_id=t, tool_name=tool, state=st, unowned=u, n=n)
+            for d, t, tool, st, u, n in live
+        )
         plan = days_to_count(previous, live_now)
         if plan is None:
             TerminalDayCount.objects.all().delete()
@@ -127,7 +154,7 @@ def refresh(*, full: bool = False, now: dt.datetime | None = None) -> TerminalCo
         TerminalCountPass.objects.all().delete()
         return TerminalCountPass.objects.create(
             counted_at=now,
-            live_by_day=live_now,
+            live_by_day=dict(live_now),
             seconds=time.monotonic() - began,
             days_counted=counted,
         )
@@ -146,3 +173,27 @@ def terminal_counts(tenants: list[str]) -> tuple[dict[str, int], dt.datetime] | 
         .order_by()
     )
     return {state: int(counts.get(state, 0)) for state in sorted(TERMINAL_STATES)}, taken
+
+
+@dataclass(frozen=True)
+class Live:
+    """Live attempts per day, tenant, tool, state and owned or not; ``at`` is when the count
+    pass took them, or None when they were counted for this request."""
+
+    rows: list[LiveRow]
+    at: dt.datetime | None
+
+
+def live_counts(tenants: list[str]) -> Live:
+    """The live counts of these tenants: exact while they hold at most LIVE_EXACT live
+    attempts (or before the first count pass), else as the last count pass kept them."""
+    live = Attempt.objects.for_tenants(tenants)
+    if live.filter(state__in=LIVE_STATES).values("id")[: LIVE_EXACT + 1].count() > LIVE_EXACT:
+        taken = TerminalCountPass.objects.values_list("counted_at", flat=True).first()
+        kept = LiveDayCount.objects.filter(tenant_id__in=tenants)
+        if taken is not None and kept.exists():
+            return Live(
+                list(kept.values_list("day", "tenant_id", "tool_name", "state", "unowned", "n")),
+                taken,
+            )
+    return Live(_live_rows(live), None)

@@ -701,15 +701,20 @@ class AttemptQuerySet(models.QuerySet):
         attempt, or a linked retry one reviewer approved already (critical tools need two), and
         that this person has not approved since the attempt last moved."""
         since = Attempt.last_move_subquery()
-        # Most attempts in review have no approval at all: the few that have one are read from
-        # the approvals' own index (event_approval_idx) once, and only their last move is
-        # looked up.
+        # Most attempts in review wait for no one: the few that may are read from two small
+        # indexes (attempt_awaiting_idx, event_approval_idx), and only their last move is looked
+        # up, so the cost follows the approvals, not the review backlog.
         me = user.get_username()
         every = AttemptEvent.objects.filter(action=APPROVAL_ACTION)
         approvals = every.filter(attempt=OuterRef("pk"), id__gt=OuterRef("_last_move"))
+        candidates = (
+            Attempt.objects.filter(awaiting_approval=True, state=State.MANUAL_REVIEW)
+            .values("pk")
+            .union(every.values("attempt_id"))
+        )
         return (
             self.visible_to(user, Role.REVIEWER)
-            .filter(state=State.MANUAL_REVIEW)
+            .filter(state=State.MANUAL_REVIEW, pk__in=candidates)
             .alias(_last_move=Coalesce(since, 0))
             .filter(
                 Q(awaiting_approval=True)
@@ -1022,6 +1027,13 @@ class Attempt(models.Model):
             models.Index(fields=["id"], name="attempt_unsealed_idx", condition=Q(sealed=False)),
             # Attempts of one trace; only intents that came with a traceparent are in it.
             models.Index(fields=["trace_id"], name="attempt_trace_idx", condition=~Q(trace_id="")),
+            # Attempts in review that wait for reviewers' approval of a prepared linked attempt
+            # (a few): the start of "awaiting my approval".
+            models.Index(
+                fields=["state"],
+                name="attempt_awaiting_idx",
+                condition=Q(awaiting_approval=True),
+            ),
             # Attempts an approval policy held (the inbox; a policy's removal check).
             models.Index(
                 fields=["approval_policy", "state"],
@@ -1883,6 +1895,23 @@ class TerminalCount(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant_id}/{self.tool_name} {self.state}: {self.n}"
+
+
+class LiveDayCount(models.Model):
+    """How many live (not terminal) attempts recorded on ``day`` (UTC) are in ``state``, per
+    tenant, tool and whether anyone owns them, as the count pass last found them. The overview
+    reads these instead of counting a live backlog too large to count per request
+    (``attempts.counts.LIVE_EXACT``); below that size it counts live work itself."""
+
+    day = models.DateField()
+    tenant_id = models.CharField(max_length=64)
+    tool_name = models.CharField(max_length=100)
+    state = models.CharField(max_length=20)
+    unowned = models.BooleanField()
+    n = models.PositiveBigIntegerField()
+
+    def __str__(self) -> str:
+        return f"{self.day} {self.tenant_id}/{self.tool_name} {self.state}: {self.n}"
 
 
 class TerminalCountPass(models.Model):

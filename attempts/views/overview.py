@@ -1,10 +1,11 @@
 """The overview screen (the dashboard's home): what needs attention, where, and since when.
 
 Counts of the states that need people (UNKNOWN, MANUAL_REVIEW) and of in-flight work are exact
-and live: each is a range count on the (tenant, state, ...) index. Terminal states hold almost
-every row of a busy ledger, so their counts are read from the summary the reconcile worker keeps
-(attempts/counts.py; before its first pass, counted here at most once a minute per tenant set),
-and shown with the time they were taken.
+and live while the live backlog is small (up to ``counts.LIVE_EXACT`` attempts): a range count on
+the (state, tenant, tool, owner) index. A larger backlog, and the terminal states, which hold
+almost every row of a busy ledger, are read from what the reconcile worker's count pass keeps
+(attempts/counts.py; terminal counts before its first pass are counted here at most once a
+minute per tenant set), and shown with the time they were taken.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections import defaultdict
 from typing import Any
 
 from django.core.cache import cache
-from django.db.models import Count, Min, Q
+from django.db.models import Count, Min
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
@@ -27,17 +28,6 @@ from attempts.views._common import user_tenants
 LIVE_STATES = tuple(s for s in State.values if s not in TERMINAL_STATES)
 TERMINAL_TTL = 60
 CHART_DAYS = 14
-
-
-def _live_counts(tenants: list[str]) -> list[tuple[str, str, str, int]]:
-    """(tenant, state, tool, n) for the non-terminal states, exact."""
-    return list(
-        Attempt.objects.for_tenants(tenants)
-        .filter(state__in=LIVE_STATES)
-        .values_list("tenant_id", "state", "tool_name")
-        .annotate(n=Count("id"))
-        .order_by()
-    )
 
 
 def _terminal_counts(tenants: list[str], now: dt.datetime) -> tuple[dict[str, int], dt.datetime]:
@@ -67,31 +57,16 @@ def _terminal_counts_kept(
     return *_terminal_counts(tenants, now), False
 
 
-def _chart(tenants: list[str], now: dt.datetime) -> dict[str, Any]:
+def _chart(live: counts.Live, now: dt.datetime) -> dict[str, Any]:
     """Open UNKNOWN and MANUAL_REVIEW work by the day it was recorded, last CHART_DAYS days,
     as a small server-rendered SVG bar chart (no script)."""
     today = now.astimezone(dt.UTC).date()
     start_day = today - dt.timedelta(days=CHART_DAYS - 1)
-    start = dt.datetime.combine(start_day, dt.time(), tzinfo=dt.UTC)
-    per_day: dict[str, list[int]] = {}
-    for state in ATTENTION_STATES:
-        # One index range per state, counted per day by conditional aggregation in the database.
-        buckets = {
-            f"d{i}": Count(
-                "id",
-                filter=Q(
-                    created_at__gte=start + dt.timedelta(days=i),
-                    created_at__lt=start + dt.timedelta(days=i + 1),
-                ),
-            )
-            for i in range(CHART_DAYS)
-        }
-        row = (
-            Attempt.objects.for_tenants(tenants)
-            .filter(state=state, created_at__gte=start)
-            .aggregate(**buckets)
-        )
-        per_day[state] = [row[f"d{i}"] or 0 for i in range(CHART_DAYS)]
+    per_day: dict[str, list[int]] = {state: [0] * CHART_DAYS for state in ATTENTION_STATES}
+    for day, _, _, state, _, n in live.rows:
+        i = (day - start_day).days
+        if state in per_day and 0 <= i < CHART_DAYS:
+            per_day[state][i] += n
     width, height, gap = 560, 150, 4
     bar_w = (width - gap * (CHART_DAYS - 1)) / CHART_DAYS
     top = max(
@@ -135,14 +110,17 @@ def _my_open_work(user: Any, tenants: list[str]) -> list[dict[str, Any]]:
 
 def overview_context(user: Any, now: dt.datetime) -> dict[str, Any]:
     tenants = user_tenants(user)
-    live = _live_counts(tenants)
+    live = counts.live_counts(tenants)
     by_state: dict[str, int] = defaultdict(int)
     by_tenant: dict[str, dict[str, int]] = {t: defaultdict(int) for t in tenants}
     by_tool: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for tenant, state, tool, n in live:
+    unassigned = 0
+    for _, tenant, tool, state, unowned, n in live.rows:
         by_state[state] += n
         by_tenant[tenant][state] += n
         by_tool[tool][state] += n
+        if state == State.UNKNOWN and unowned:
+            unassigned += n
     terminal, terminal_at, terminal_kept = _terminal_counts_kept(tenants, now)
     oldest = (
         Attempt.objects.visible_to(user)
@@ -155,9 +133,6 @@ def overview_context(user: Any, now: dt.datetime) -> dict[str, Any]:
         .values_list("state")
         .annotate(n=Count("id"))
         .order_by()
-    )
-    unassigned = (
-        Attempt.objects.visible_to(user).filter(state=State.UNKNOWN, owner__isnull=True).count()
     )
     awaiting_me = Attempt.objects.awaiting_approval_of(user).count()
     tool_rows = sorted(
@@ -200,7 +175,9 @@ def overview_context(user: Any, now: dt.datetime) -> dict[str, Any]:
         "my_work": _my_open_work(user, tenants),
         "unassigned_unknown": unassigned,
         "awaiting_me": awaiting_me,
-        "chart": _chart(tenants, now),
+        "chart": _chart(live, now),
+        "live_at": live.at,
+        "live_exact": counts.LIVE_EXACT,
         "now": now,
         "unknown_total": by_state.get(State.UNKNOWN, 0),
         "review_total": by_state.get(State.MANUAL_REVIEW, 0),

@@ -83,13 +83,18 @@ def test_a_missing_guard_fails_the_database_check():
 def test_the_unreleased_migrations_are_one_that_a_development_ledger_at_0017_counts_as_applied():
     """Release 0.2's schema is one migration after 0.1.0's 0009; it replaces the unreleased
     0010-0017, so a ledger that applied all eight has applied it (and one at 0009 applies it).
-    Only migrations made after it follow it (0011: an index, for ledgers already at 0010)."""
+    Only migrations made after it follow it (0011: an index, for ledgers already at 0010; 0012:
+    the kept live counts and an index)."""
     from django.db.migrations.loader import MigrationLoader
 
     loader = MigrationLoader(connection)
     key = ("attempts", "0010_release_0_2_schema")
     after = ("attempts", "0011_event_approval_idx")
-    assert loader.graph.leaf_nodes("attempts") == [after]
+    newest = ("attempts", "0012_live_counts")
+    assert loader.graph.leaf_nodes("attempts") == [newest]
+    assert ("attempts", "0011_event_approval_idx") in {
+        parent.key for parent in loader.graph.node_map[newest].parents
+    }
     assert {parent.key for parent in loader.graph.node_map[after].parents} == {key}
     parents = {parent.key for parent in loader.graph.node_map[key].parents}
     assert ("attempts", "0009_drop_pattern_ops_copies") in parents

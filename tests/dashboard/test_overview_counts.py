@@ -140,3 +140,40 @@ def test_the_reconcile_worker_runs_the_count_pass(world):
     call_command("reconcile", "--once", stdout=io.StringIO())
     assert TerminalCountPass.objects.count() == 1
     assert kept() == truth()
+
+
+def test_a_large_live_backlog_is_read_from_the_count_pass_and_says_how_old_it_is(
+    world, clients, monkeypatch
+):
+    """Above LIVE_EXACT live attempts the overview reads the pass's live counts (still per
+    tenant, tool, owned or not and day, for the chart), not the backlog itself."""
+    cache.clear()
+    monkeypatch.setattr(counts, "LIVE_EXACT", 2)
+    old = recorded_days_ago(make_unknown(world, tool="charge_card"), 3)
+    mine = make_unknown(world)
+    review.assign(mine, user=world.operator, owner=world.operator)
+    review.assign(old, user=world.operator, owner=None)
+    review.assign(make_unknown(world), user=world.operator, owner=None)
+    make_unknown(world, tenant="globex")
+    exact = clients.operator.get("/").context
+    assert exact["live_at"] is None and exact["unknown_total"] == 3  # counted: 3 > 2 but no pass
+    taken = counts.refresh().counted_at
+    make_unknown(world)  # after the pass: not in its counts
+    response = clients.operator.get("/")
+    ctx = response.context
+    assert ctx["live_at"] == taken
+    assert (ctx["unknown_total"], ctx["unassigned_unknown"]) == (3, 2)
+    tools = {r["tool"]: r["unknown"] for r in ctx["tool_rows"]}
+    assert tools == {"charge_card": 1, "open_ticket": 2}
+    assert [r["tenant"] for r in ctx["tenant_rows"]] == ["acme"]
+    assert ctx["chart"]["bars"][-4]["unknown"] == 1 and ctx["chart"]["bars"][-1]["unknown"] == 2
+    assert ctx["my_counts"]["unknown"] == 1  # a person's own work is always counted live
+    assert 'data-testid="live-freshness"' in response.content.decode()
+    counts.refresh()
+    assert clients.operator.get("/").context["unknown_total"] == 4
+    # Settling work below the limit brings back exact counts at once.
+    for attempt in Attempt.objects.filter(tenant_id="acme", state=State.UNKNOWN)[:3]:
+        review.review_fail(attempt, user=world.reviewer, reason="declined")
+    small = clients.operator.get("/").context
+    assert small["live_at"] is None and small["unknown_total"] == 1
+    assert old
