@@ -32,6 +32,7 @@ import datetime as dt
 import json
 import os
 import random
+import resource
 import secrets
 import statistics
 import sys
@@ -622,13 +623,18 @@ def measure_export(events: int) -> float:
     from attempts import audit_export
 
     plan = audit_export.plan_export(user=None, filters=audit_export.ExportFilters())
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     began = time.perf_counter()
     size = 0
     for chunk in audit_export.stream_jsonl(plan):
         size += len(chunk)
     seconds = time.perf_counter() - began
     rate = plan.upto and events / seconds
-    print(f"\n== export (JSON Lines, whole ledger): {rate:,.0f} events/s ({size / 1e6:,.0f} MB)")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(
+        f"\n== export (JSON Lines, whole ledger): {rate:,.0f} events/s ({size / 1e6:,.0f} MB, "
+        f"{seconds:.0f} s); this process's peak RSS {before:,.0f} MB before, {peak:,.0f} MB after"
+    )
     return rate
 
 

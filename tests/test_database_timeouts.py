@@ -41,6 +41,8 @@ def test_the_defaults_bound_statements_and_idle_transactions():
         assert cursor.fetchone()[0] == "1min"
         cursor.execute("SHOW idle_in_transaction_session_timeout")
         assert cursor.fetchone()[0] == "1min"
+        cursor.execute("SHOW jit")  # short index reads: compiling would cost more than running
+        assert cursor.fetchone()[0] == "off"
 
 
 LONG_STATEMENT = """
