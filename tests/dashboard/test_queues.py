@@ -348,3 +348,21 @@ def test_a_broad_prefix_with_more_matches_than_counted_exactly_is_estimated(
     assert response.status_code == 200
     page = response.context["page"]
     assert len(page.rows) == 4 and page.total >= 2
+
+
+def test_a_prefix_the_planner_expects_to_be_broad_is_estimated_without_reading_ids(
+    world, clients, monkeypatch
+):
+    """A broad prefix in a narrow scope would read many rows to find QUEUE_COUNT_CAP ids: past
+    ten times the cap, PostgreSQL's estimate is shown and no id is read for the total."""
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's planner estimate")
+    monkeypatch.setattr(models, "QUEUE_COUNT_CAP", 1)
+    for _ in range(30):
+        make_attempt(world, tool="charge_card")
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {Attempt._meta.db_table}")
+    with CaptureQueriesContext(connection) as captured:
+        page = clients.viewer.get("/queues/all/", {"q": "acme:charge"}).context["page"]
+    assert not page.total_exact and page.total >= 10
+    assert not [q for q in captured.captured_queries if q["sql"].endswith("LIMIT 2")]
