@@ -677,9 +677,8 @@ def _estimate_total(lanes: list, *, prefix: bool = False) -> tuple[int, bool]:
 
     A prefix search's lanes walk a search index whose rows the scope (tenants, states) filters
     on the table, so reading QUEUE_COUNT_CAP ids of a broad prefix in a narrow state reads
-    many times that many rows (at 10M attempts, "south:" in UNKNOWN read about 20k: 1 s). On
-    PostgreSQL, when the planner expects more than ten times the cap, its estimate is shown
-    without reading any id."""
+    many times that many rows. On PostgreSQL, when the planner expects more than ten times the
+    cap, its estimate is shown without reading any id."""
     if prefix and connection.vendor == "postgresql":
         from attempts import rows  # rows builds its statements from these models
 

@@ -112,8 +112,7 @@ def _databases() -> dict:
         # wait, every statement and every idle open transaction is bounded (attempts/locking.py
         # turns a lock or statement timeout into LedgerBusy; the server ends an idle session).
         # No JIT: the ledger's reads are short index ranges, and on a big table the planner's
-        # estimates cross jit_above_cost, so compiling would cost more than running (20-280 ms
-        # on the overview's approvals count at 10M attempts, a query that runs in under 1 ms).
+        # estimates cross jit_above_cost, so compiling would cost more than running.
         lock_ms = read("LEDGERWEB_LOCK_TIMEOUT_MS")
         statement_ms = read("LEDGERWEB_PG_STATEMENT_TIMEOUT_MS")
         idle_ms = read("LEDGERWEB_PG_IDLE_IN_TRANSACTION_TIMEOUT_MS")
