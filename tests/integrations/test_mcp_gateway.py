@@ -329,11 +329,16 @@ def test_gateway_killed_between_upstream_call_and_receipt_is_reconciled_by_looku
     try:
         tickets.hold.touch()
 
-        async def call_and_kill() -> None:
+        async def call_and_kill() -> bool:
+            """True once the gateway was killed with the effect performed upstream."""
+            killed = False
+
             async def kill_once_performed() -> None:
+                nonlocal killed
                 while not tickets.effects():
                     await anyio.sleep(0.02)
                 gateway.kill()  # the effect is durable upstream, its answer not yet received
+                killed = True
 
             async with anyio.create_task_group() as group:
                 group.start_soon(kill_once_performed)
@@ -341,11 +346,16 @@ def test_gateway_killed_between_upstream_call_and_receipt_is_reconciled_by_looku
                     with anyio.fail_after(30):
                         async with Client(gateway.url) as client:
                             await client.call_tool("create_ticket", args)
+                # A call that failed before the upstream performed anything leaves nothing to
+                # wait for: the test fails below with the gateway's log, it does not hang.
+                group.cancel_scope.cancel()
+            return killed
 
-        anyio.run(call_and_kill)
+        killed = anyio.run(call_and_kill)
         tickets.hold.unlink()
     finally:
         gateway.stop()
+    assert killed, gateway.log.read_text(errors="replace")[-4000:]
     assert gateway.process.returncode == -signal.SIGKILL
     attempt = Attempt.objects.get()
     assert attempt.state == State.DISPATCHED  # claimed, sent, and nothing after
@@ -369,8 +379,9 @@ def test_gateway_killed_between_upstream_call_and_receipt_is_reconciled_by_looku
     try:
 
         async def retry() -> Any:
-            async with Client(gateway.url) as client:
-                return await client.call_tool("create_ticket", args)
+            with anyio.fail_after(60):
+                async with Client(gateway.url) as client:
+                    return await client.call_tool("create_ticket", args)
 
         replayed = anyio.run(retry)
     finally:
