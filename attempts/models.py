@@ -579,6 +579,8 @@ def attention_age(created_at: dt.datetime, now: dt.datetime) -> dt.timedelta:
 
 # A queue's total is exact up to this many rows per lane; beyond it, an estimate.
 QUEUE_COUNT_CAP = 1000
+# SQLite reads at most this many entries of one identifier's range for a prefix search.
+PREFIX_SCAN = 10 * QUEUE_COUNT_CAP
 
 
 @dataclass
@@ -591,6 +593,8 @@ class QueuePage:
     more_matches: bool = False  # a prefix search found more than one page: narrow it
     total: int = 0
     total_exact: bool = True
+    total_at_least: bool = False  # not exact: a lower bound (SQLite), else an estimate
+    search_cut: bool = False  # SQLite: matches past the PREFIX_SCAN entries read may be missing
     # The screen's own encoding of the first and last rows' keys, for its links.
     next_cursor: str = ""
     prev_cursor: str = ""
@@ -671,14 +675,31 @@ def _queue_lanes(
     )
 
 
-def _estimate_total(lanes: list, *, prefix: bool = False) -> tuple[int, bool]:
+def _first_of_range(lane: Any, field: str, term: str) -> tuple[list[int], bool]:
+    """SQLite, a prefix search's lane: the ids it holds among the first PREFIX_SCAN entries of
+    its identifier's range (read from that index alone), at most QUEUE_COUNT_CAP + 1 of them,
+    and whether the range goes on past those entries.
+
+    The scope (tenants, states) is checked on the table, row by row: bounding the entries
+    bounds the reads, however rare the matches of a broad prefix are in a narrow state."""
+    first = Attempt.objects.prefix_search(term, field).order_by("search_key").values("id")
+    first = first[: PREFIX_SCAN + 1]
+    found = lane.filter(pk__in=first).order_by().values_list("id", flat=True)
+    return list(found[: QUEUE_COUNT_CAP + 1]), first.count() > PREFIX_SCAN
+
+
+def _estimate_total(
+    lanes: list, *, prefix: bool = False, scanned: list | None = None
+) -> tuple[int, bool]:
     """How many rows the lanes hold: exact up to QUEUE_COUNT_CAP per lane (ids read from the
     lane's index, no COUNT), else PostgreSQL's planner estimate (SQLite: a lower bound).
 
     A prefix search's lanes walk a search index whose rows the scope (tenants, states) filters
     on the table, so reading QUEUE_COUNT_CAP ids of a broad prefix in a narrow state reads
     many times that many rows. On PostgreSQL, when the planner expects more than ten times the
-    cap, its estimate is shown without reading any id."""
+    cap, its estimate is shown without reading any id. On SQLite, which has no estimate, the
+    lanes' ids are the ones ``_first_of_range`` found (``scanned``): a range that goes on past
+    them makes the total a lower bound."""
     if prefix and connection.vendor == "postgresql":
         from attempts import rows  # rows builds its statements from these models
 
@@ -687,8 +708,12 @@ def _estimate_total(lanes: list, *, prefix: bool = False) -> tuple[int, bool]:
             return planned, False
     ids: set[int] = set()
     capped = False
-    for lane in lanes:
-        found = list(lane.order_by().values_list("id", flat=True)[: QUEUE_COUNT_CAP + 1])
+    for n, lane in enumerate(lanes):
+        if scanned is not None:
+            found, cut = scanned[n]
+            capped = capped or cut
+        else:
+            found = list(lane.order_by().values_list("id", flat=True)[: QUEUE_COUNT_CAP + 1])
         capped = capped or len(found) > QUEUE_COUNT_CAP
         ids.update(found[:QUEUE_COUNT_CAP])
     if not capped:
@@ -869,6 +894,19 @@ class AttemptQuerySet(models.QuerySet):
         lanes, lanes_without_cursor = _queue_lanes(
             base, uncursored, tenants, states, q, by_owner=owner_id is not None, order=order
         )
+        scanned, search_cut = None, False
+        if lanes and prefix and connection.vendor == "sqlite":
+            # A lane with fewer than a page of matches in its bounded range, and more range
+            # after it, shows those it found instead of walking the rest of the range.
+            scanned = [
+                _first_of_range(ln, f, q) for ln, f in zip(lanes, PREFIX_FIELDS, strict=True)
+            ]
+            short = [cut and len(found) < want for found, cut in scanned]
+            search_cut = any(short)
+            lanes = [
+                lane.filter(pk__in=found) if cut_short else lane
+                for lane, (found, _), cut_short in zip(lanes, scanned, short, strict=True)
+            ]
         keys = [list(lane.values_list("created_at", "id")[:want]) for lane in lanes]
         if prefix:
             merged_keys = sorted(set().union(*keys), reverse=not walk_ascending)
@@ -895,7 +933,7 @@ class AttemptQuerySet(models.QuerySet):
             has_next, has_prev = more, after is not None
         if prefix:
             has_next = has_prev = False
-        total, exact = _estimate_total(lanes_without_cursor, prefix=prefix)
+        total, exact = _estimate_total(lanes_without_cursor, prefix=prefix, scanned=scanned)
         return QueuePage(
             rows=rows,
             has_next=has_next and bool(rows),
@@ -903,6 +941,8 @@ class AttemptQuerySet(models.QuerySet):
             more_matches=prefix and more,
             total=total,
             total_exact=exact,
+            total_at_least=not exact and connection.vendor == "sqlite",
+            search_cut=search_cut,
         )
 
 

@@ -29,6 +29,7 @@ from attempts import ledger, owners, review
 from attempts.models import (
     ATTENTION_STATES,
     MIN_PREFIX,
+    PREFIX_SCAN,
     ArchivedAttempt,
     Attempt,
     AttemptEvent,
@@ -400,6 +401,7 @@ def queue_view(request: HttpRequest, slug: str = "unknown") -> HttpResponse:
             .select_related("archive")[:10]
         ),
         "min_prefix": MIN_PREFIX,
+        "prefix_scan": PREFIX_SCAN,
         "poll_seconds": 15,
     }
     if request.htmx:
