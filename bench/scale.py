@@ -560,6 +560,8 @@ def page_urls() -> dict[str, str]:
     pages["prefix request narrow"] = "/queues/all/?q=req_0000001"
     pages["prefix task narrow"] = "/queues/all/?q=task-123"
     pages["prefix broad in unknown"] = "/queues/unknown/?q=south:"
+    # No south attempt is in review: the whole range matches nothing in this queue.
+    pages["prefix broad, none in review"] = "/queues/review/?q=south:"
     pages["overview warm"] = "/"
     pages["overview cold (cache cleared)"] = "/"
     return pages
