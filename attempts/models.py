@@ -706,15 +706,15 @@ def _estimate_total(
         planned = sum(rows.planned_rows(lane.order_by().values("id")) for lane in lanes)
         if planned > 10 * QUEUE_COUNT_CAP:
             return planned, False
+    if scanned is None:
+        scanned = [
+            (list(lane.order_by().values_list("id", flat=True)[: QUEUE_COUNT_CAP + 1]), False)
+            for lane in lanes
+        ]
     ids: set[int] = set()
     capped = False
-    for n, lane in enumerate(lanes):
-        if scanned is not None:
-            found, cut = scanned[n]
-            capped = capped or cut
-        else:
-            found = list(lane.order_by().values_list("id", flat=True)[: QUEUE_COUNT_CAP + 1])
-        capped = capped or len(found) > QUEUE_COUNT_CAP
+    for found, cut in scanned:
+        capped = capped or cut or len(found) > QUEUE_COUNT_CAP
         ids.update(found[:QUEUE_COUNT_CAP])
     if not capped:
         return len(ids), True
