@@ -6,7 +6,9 @@ The embedded default is a SQLite file under ``LEDGERWEB_DATA_DIR`` in WAL mode w
 """
 
 import ipaddress
+import os
 import secrets
+import tempfile
 from pathlib import Path
 
 import dj_database_url
@@ -31,14 +33,25 @@ def _secret_key() -> str:
             raise ImproperlyConfigured("LEDGERWEB_SECRET_KEY must be at least 50 characters long")
         return configured
     key_file = DATA_DIR / "secret_key"
-    try:
-        return key_file.read_text().strip()
-    except FileNotFoundError:
+    if not key_file.exists():
         DATA_DIR.mkdir(parents=True, exist_ok=True)
-        key = secrets.token_urlsafe(64)
-        key_file.touch(mode=0o600)
-        key_file.write_text(key)
-        return key
+        # Written whole under another name (mkstemp: mode 0600), then linked into place: the
+        # workers of a first start read no file or the whole key, and the first link wins for
+        # all of them.
+        fd, written = tempfile.mkstemp(dir=DATA_DIR, prefix=".secret_key.")
+        try:
+            with os.fdopen(fd, "w") as out:
+                out.write(secrets.token_urlsafe(64))
+            try:
+                os.link(written, key_file)
+            except FileExistsError:
+                pass
+        finally:
+            os.unlink(written)
+    key = key_file.read_text().strip()
+    if not key:
+        raise ImproperlyConfigured(f"{key_file} is empty: remove it and a new key is made")
+    return key
 
 
 SECRET_KEY = _secret_key()

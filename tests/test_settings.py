@@ -187,3 +187,37 @@ def test_the_deploy_check_warns_without_a_log_signing_key(tmp_path):
     result = run_manage(tmp_path, "check", "--deploy", LEDGERWEB_TLOG_KEY_FILE=str(key))
     assert result.returncode != 0
     assert "attempts.E012" in result.stderr and "chmod 600" in result.stderr
+
+
+def test_workers_starting_together_share_one_generated_secret_key(tmp_path, monkeypatch):
+    """On a first start every gunicorn worker makes the data folder's key at once: each must
+    get the same whole key (an empty one answered 500, two keys broke each other's sessions)."""
+    import threading
+
+    from ledgerweb import settings
+
+    monkeypatch.delenv("LEDGERWEB_SECRET_KEY", raising=False)
+    for attempt in range(20):
+        monkeypatch.setattr(settings, "DATA_DIR", tmp_path / str(attempt))
+        start, keys = threading.Barrier(8), []
+
+        def make_key(start: threading.Barrier, keys: list[str]) -> None:
+            start.wait()
+            keys.append(settings._secret_key())
+
+        threads = [threading.Thread(target=make_key, args=(start, keys)) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        key_file = tmp_path / str(attempt) / "secret_key"
+        assert len(set(keys)) == 1 and len(keys[0]) >= 50, keys
+        assert keys[0] == key_file.read_text() and key_file.stat().st_mode & 0o777 == 0o600
+        assert [p.name for p in key_file.parent.iterdir()] == ["secret_key"]
+
+
+def test_an_empty_secret_key_file_fails_with_a_clear_message(tmp_path):
+    (tmp_path / "secret_key").write_text("")
+    done = manage("check", env=child_env(LEDGERWEB_DATA_DIR=str(tmp_path)))
+    assert done.returncode != 0
+    assert "secret_key is empty: remove it and a new key is made" in done.stderr
