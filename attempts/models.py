@@ -248,11 +248,26 @@ class Tool(models.Model):
         return cls(critical=bool(critical)).approvals_needed
 
 
+class ByteOrderCharField(models.CharField):
+    """A CharField compared in byte order: ``COLLATE "C"`` on PostgreSQL, so its own index
+    serves both equality and a prefix search's range (a range under the database's own
+    collation is not a prefix range). SQLite compares bytes already (BINARY), so there it is a
+    plain CharField."""
+
+    def db_parameters(self, connection):
+        params = super().db_parameters(connection)
+        if connection.vendor == "postgresql":
+            params["collation"] = "C"
+        return params
+
+
 def search_key(field: str) -> Any:
     """The expression a prefix search reads and orders by: the column in byte order. On
-    PostgreSQL that is ``column COLLATE "C"``, read from the ``attempt_*_prefix_idx`` indexes
-    (migration 0006; a range under the database's own collation is not a prefix range); on
-    SQLite the column itself (binary collation, its ordinary index)."""
+    PostgreSQL that is ``column COLLATE "C"``: the byte-order columns' own indexes
+    (``ByteOrderCharField``, migration 0013; the planner drops a collation the column already
+    has) and ``attempt_id_prefix_idx`` for ``attempt_id``, which foreign keys compare with
+    columns of the database's collation. On SQLite the column itself (binary collation, its
+    ordinary index)."""
     from django.db import connection
 
     if connection.vendor == "postgresql":
@@ -958,19 +973,19 @@ class Attempt(models.Model):
     tenant = models.ForeignKey(
         Tenant, on_delete=models.PROTECT, related_name="attempts", db_index=False
     )
-    task_id = models.CharField(max_length=200)
+    task_id = ByteOrderCharField(max_length=200)
     tool_name = models.CharField(max_length=100)
     args = models.JSONField()
-    args_hash = models.CharField(max_length=64)
+    args_hash = ByteOrderCharField(max_length=64)
     # The per-attempt random salt (hex) of its salted digests (chain format 3): erasure
     # replaces it, so what it committed to can no longer be guessed. Empty: an older attempt.
     args_salt = models.CharField(
         max_length=64, blank=True, default="", db_default="", editable=False
     )
-    idempotency_key = models.CharField(max_length=255, unique=True)
+    idempotency_key = ByteOrderCharField(max_length=255, unique=True)
     state = models.CharField(max_length=20, choices=State.choices, editable=False)
     version = models.PositiveIntegerField(default=1, editable=False)
-    provider_request_id = models.CharField(max_length=255, blank=True, default="")
+    provider_request_id = ByteOrderCharField(max_length=255, blank=True, default="")
     result_ref = models.CharField(max_length=500, blank=True, default="")
     policy_version = models.CharField(max_length=64, blank=True, default="")
     credential_scope = models.JSONField(default=list, blank=True)

@@ -10,13 +10,10 @@ from django.db import connection
 
 from attempts.models import Attempt, AttemptEvent
 
-PREFIX_INDEXES = {  # attempts.models.search_key (PostgreSQL only)
-    "attempt_key_prefix_idx",
-    "attempt_id_prefix_idx",
-    "attempt_task_prefix_idx",
-    "attempt_req_prefix_idx",
-    "attempt_hash_prefix_idx",
-}
+# attempts.models.search_key (PostgreSQL only): attempt_id's byte-order copy; the other
+# identifiers are byte-order columns (ByteOrderCharField) read through their own index.
+PREFIX_INDEXES = {"attempt_id_prefix_idx"}
+BYTE_ORDER_COLUMNS = {"idempotency_key", "task_id", "provider_request_id", "args_hash"}
 
 
 @pytest.mark.django_db
@@ -54,6 +51,26 @@ def test_postgresql_has_only_the_declared_indexes(model):
 
 
 @pytest.mark.django_db
+def test_postgresql_compares_the_searched_identifiers_in_byte_order():
+    """A prefix search's range is a range of the column's own index only when the column is
+    ``COLLATE "C"``: a migration that rebuilt a column without it would turn every prefix
+    search into a scan of the whole table, and fail nothing else."""
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL: SQLite compares bytes already")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT column_name, collation_name FROM information_schema.columns"
+            " WHERE table_schema = current_schema() AND table_name = %s",
+            [Attempt._meta.db_table],
+        )
+        collations = dict(cursor.fetchall())
+    assert {column: collations[column] for column in BYTE_ORDER_COLUMNS} == {
+        column: "C" for column in BYTE_ORDER_COLUMNS
+    }
+    assert collations["attempt_id"] is None  # foreign keys compare it with other tables
+
+
+@pytest.mark.django_db
 def test_every_history_table_is_guarded_by_the_migrations_alone():
     """The migrations install every append-only trigger (nothing re-installs them after a
     migrate): a migration that rebuilds a history table must guard it again."""
@@ -84,16 +101,18 @@ def test_the_unreleased_migrations_are_one_that_a_development_ledger_at_0017_cou
     """Release 0.2's schema is one migration after 0.1.0's 0009; it replaces the unreleased
     0010-0017, so a ledger that applied all eight has applied it (and one at 0009 applies it).
     Only migrations made after it follow it (0011: an index, for ledgers already at 0010; 0012:
-    the kept live counts and an index)."""
+    the kept live counts and an index; 0013: byte-order identifiers)."""
     from django.db.migrations.loader import MigrationLoader
 
     loader = MigrationLoader(connection)
     key = ("attempts", "0010_release_0_2_schema")
     after = ("attempts", "0011_event_approval_idx")
-    newest = ("attempts", "0012_live_counts")
+    live_counts = ("attempts", "0012_live_counts")
+    newest = ("attempts", "0013_byte_order_identifiers")
     assert loader.graph.leaf_nodes("attempts") == [newest]
+    assert {parent.key for parent in loader.graph.node_map[newest].parents} == {live_counts}
     assert ("attempts", "0011_event_approval_idx") in {
-        parent.key for parent in loader.graph.node_map[newest].parents
+        parent.key for parent in loader.graph.node_map[live_counts].parents
     }
     assert {parent.key for parent in loader.graph.node_map[after].parents} == {key}
     parents = {parent.key for parent in loader.graph.node_map[key].parents}
