@@ -594,7 +594,7 @@ def attention_age(created_at: dt.datetime, now: dt.datetime) -> dt.timedelta:
 
 # A queue's total is exact up to this many rows per lane; beyond it, an estimate.
 QUEUE_COUNT_CAP = 1000
-# SQLite reads at most this many entries of one identifier's range for a prefix search.
+# A prefix search reads at most this many entries of one identifier's range.
 PREFIX_SCAN = 10 * QUEUE_COUNT_CAP
 
 
@@ -609,7 +609,7 @@ class QueuePage:
     total: int = 0
     total_exact: bool = True
     total_at_least: bool = False  # not exact: a lower bound (SQLite), else an estimate
-    search_cut: bool = False  # SQLite: matches past the PREFIX_SCAN entries read may be missing
+    search_cut: bool = False  # matches past the PREFIX_SCAN entries read may be missing
     # The screen's own encoding of the first and last rows' keys, for its links.
     next_cursor: str = ""
     prev_cursor: str = ""
@@ -668,15 +668,13 @@ def _queue_lanes(
     order: tuple[str, str],
 ) -> tuple[list, list]:
     """(each lane walked from the cursor, each lane whole, for the total): one lane per index
-    range (``AttemptQuerySet.queue_page``)."""
+    range (``AttemptQuerySet.queue_page``). A prefix search's lanes are read by
+    ``_first_of_range``; these serve PostgreSQL's estimate of its total."""
     if not states:
         return [], []
     if q and len(q) >= MIN_PREFIX:
         scope = _search_scope(tenants, states)
-        lanes = [
-            base.prefix_search(q, field).filter(scope).order_by("search_key", "id")
-            for field in PREFIX_FIELDS
-        ]
+        lanes = [base.prefix_search(q, field).filter(scope) for field in PREFIX_FIELDS]
         return lanes, lanes
     if q:
         specs = [exact_search(q) & _search_scope(tenants, states)]
@@ -690,37 +688,29 @@ def _queue_lanes(
     )
 
 
-def _first_of_range(lane: Any, field: str, term: str) -> tuple[list[int], bool]:
-    """SQLite, a prefix search's lane: the ids it holds among the first PREFIX_SCAN entries of
-    its identifier's range (read from that index alone), at most QUEUE_COUNT_CAP + 1 of them,
-    and whether the range goes on past those entries.
+def _first_of_range(scope: Q, field: str, term: str) -> tuple[list[int], bool]:
+    """A prefix search's lane: the ids of the rows in ``scope`` (filters, cursor, tenants,
+    states) among the first PREFIX_SCAN + 1 entries of ``field``'s range of ``term``, in the
+    range's order, and whether the range goes on past PREFIX_SCAN entries.
 
-    The scope (tenants, states) is checked on the table, row by row: bounding the entries
-    bounds the reads, however rare the matches of a broad prefix are in a narrow state."""
-    first = Attempt.objects.prefix_search(term, field).order_by("search_key").values("id")
-    first = first[: PREFIX_SCAN + 1]
-    found = lane.filter(pk__in=first).order_by().values_list("id", flat=True)
-    return list(found[: QUEUE_COUNT_CAP + 1]), first.count() > PREFIX_SCAN
+    One ordered walk of the identifier's index, each entry's row checked against the scope as
+    it is read: bounding the entries bounds the reads, however rare the matches of a broad
+    prefix are in a narrow state, and no plan can trade the walk for the whole range."""
+    entries = list(
+        Attempt.objects.prefix_search(term, field)
+        .order_by("search_key")  # the index's own order: no sort of equal identifiers by id
+        .annotate(in_scope=models.ExpressionWrapper(scope, output_field=models.BooleanField()))
+        .values_list("id", "in_scope")[: PREFIX_SCAN + 1]
+    )
+    return [pk for pk, in_scope in entries if in_scope], len(entries) > PREFIX_SCAN
 
 
-def _estimate_total(
-    lanes: list, *, prefix: bool = False, scanned: list | None = None
-) -> tuple[int, bool]:
+def _estimate_total(lanes: list, scanned: list | None = None) -> tuple[int, bool]:
     """How many rows the lanes hold: exact up to QUEUE_COUNT_CAP per lane (ids read from the
     lane's index, no COUNT), else PostgreSQL's planner estimate (SQLite: a lower bound).
 
-    A prefix search's lanes walk a search index whose rows the scope (tenants, states) filters
-    on the table, so reading QUEUE_COUNT_CAP ids of a broad prefix in a narrow state reads
-    many times that many rows. On PostgreSQL, when the planner expects more than ten times the
-    cap, its estimate is shown without reading any id. On SQLite, which has no estimate, the
-    lanes' ids are the ones ``_first_of_range`` found (``scanned``): a range that goes on past
-    them makes the total a lower bound."""
-    if prefix and connection.vendor == "postgresql":
-        from attempts import rows  # rows builds its statements from these models
-
-        planned = sum(rows.planned_rows(lane.order_by().values("id")) for lane in lanes)
-        if planned > 10 * QUEUE_COUNT_CAP:
-            return planned, False
+    A prefix search's ids are the ones ``_first_of_range`` found (``scanned``: each lane's ids
+    and whether its range went on past them), so a cut range makes the total inexact too."""
     if scanned is None:
         scanned = [
             (list(lane.order_by().values_list("id", flat=True)[: QUEUE_COUNT_CAP + 1]), False)
@@ -879,29 +869,33 @@ class AttemptQuerySet(models.QuerySet):
         of a queue index, (tenant) for every state or (tenant, state), so each is an ordered
         index range; a prefix search has one lane per identifier, each a range of that
         identifier's own index (``prefix_search``), so a prefix matching most of the ledger is
-        never gathered and sorted. Phase one reads only (created_at, id) from each lane, phase
+        never gathered and sorted, and each lane reads at most PREFIX_SCAN entries of its
+        range (``_first_of_range``), so a broad prefix whose matches are rare in the queue's
+        states is a bounded read. Phase one reads only (created_at, id) from each lane, phase
         two loads the page's rows by key. The total is exact up to QUEUE_COUNT_CAP per lane,
         else PostgreSQL's planner estimate (SQLite: a lower bound)."""
-        base = self.all()
+        filters = Q()
         if tool:
-            base = base.filter(tool_name=tool)
+            filters &= Q(tool_name=tool)
         if owner_id is not None:
-            base = base.filter(owner_id=owner_id)
+            filters &= Q(owner_id=owner_id)
         elif unassigned:
-            base = base.filter(owner__isnull=True)
+            filters &= Q(owner__isnull=True)
         if awaiting_me:
-            base = base.filter(pk__in=Attempt.objects.awaiting_approval_of(user).values("pk"))
+            filters &= Q(pk__in=Attempt.objects.awaiting_approval_of(user).values("pk"))
         if created_before is not None:
-            base = base.filter(created_at__lte=created_before)
+            filters &= Q(created_at__lte=created_before)
         if updated_before is not None:
-            base = base.filter(updated_at__lte=updated_before)
-        uncursored = base
+            filters &= Q(updated_at__lte=updated_before)
         backwards = before is not None
         walk_ascending = ascending != backwards
+        cursor = Q()
         if after:
-            base = base.filter(_keyset(after, forward_ascending=ascending))
+            cursor = _keyset(after, forward_ascending=ascending)
         elif before:
-            base = base.filter(_keyset(before, forward_ascending=not ascending))
+            cursor = _keyset(before, forward_ascending=not ascending)
+        uncursored = self.filter(filters)
+        base = uncursored.filter(cursor)
         order = ("created_at", "id") if walk_ascending else ("-created_at", "-id")
         want = page_size + 1
 
@@ -910,19 +904,17 @@ class AttemptQuerySet(models.QuerySet):
             base, uncursored, tenants, states, q, by_owner=owner_id is not None, order=order
         )
         scanned, search_cut = None, False
-        if lanes and prefix and connection.vendor == "sqlite":
-            # A lane with fewer than a page of matches in its bounded range, and more range
-            # after it, shows those it found instead of walking the rest of the range.
-            scanned = [
-                _first_of_range(ln, f, q) for ln, f in zip(lanes, PREFIX_FIELDS, strict=True)
-            ]
-            short = [cut and len(found) < want for found, cut in scanned]
-            search_cut = any(short)
-            lanes = [
-                lane.filter(pk__in=found) if cut_short else lane
-                for lane, (found, _), cut_short in zip(lanes, scanned, short, strict=True)
-            ]
-        keys = [list(lane.values_list("created_at", "id")[:want]) for lane in lanes]
+        if lanes and prefix:
+            # Each identifier's lane: its matches among the first PREFIX_SCAN entries of its
+            # range, in the range's order. Fewer than a page of them, with more range after
+            # them, is said (search_cut) instead of walking the rest of the range.
+            scope = filters & cursor & _search_scope(tenants, states)
+            scanned = [_first_of_range(scope, field, q) for field in PREFIX_FIELDS]
+            search_cut = any(cut and len(found) < want for found, cut in scanned)
+            shown = {pk for found, _ in scanned for pk in found[:want]}
+            keys = [list(Attempt.objects.filter(pk__in=shown).values_list("created_at", "id"))]
+        else:
+            keys = [list(lane.values_list("created_at", "id")[:want]) for lane in lanes]
         if prefix:
             merged_keys = sorted(set().union(*keys), reverse=not walk_ascending)
         else:
@@ -948,7 +940,7 @@ class AttemptQuerySet(models.QuerySet):
             has_next, has_prev = more, after is not None
         if prefix:
             has_next = has_prev = False
-        total, exact = _estimate_total(lanes_without_cursor, prefix=prefix, scanned=scanned)
+        total, exact = _estimate_total(lanes_without_cursor, scanned)
         return QueuePage(
             rows=rows,
             has_next=has_next and bool(rows),
