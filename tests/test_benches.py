@@ -5,6 +5,7 @@ are read from full runs on a quiet machine (docs/scaling.md), never asserted her
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -133,11 +134,14 @@ def test_scale_bench_builds_a_valid_ledger_and_prints_every_figure(tmp_path):
         assert "== verify_audit:" in out and out.split("== verify_audit:")[1].split("\n")[
             0
         ].endswith("ok")
-        # Resumable: a second run builds nothing more.
+        # Resumable: a second run builds nothing more (and, told to skip the sealer, says
+        # how many attempts it left unsealed: the first run's write-path calls).
         again = _run(
-            "bench/scale.py", *where, *short, "--skip", "pages,export,verify,write", env=env
+            "bench/scale.py", *where, *short, "--skip", "pages,export,verify,write,seal", env=env
         )
         assert again.returncode == 0, again.stdout + again.stderr
         assert "300 attempts already built" in again.stdout
+        assert re.search(r"NOT SEALED \(--skip seal\): \d+ attempts are not", again.stdout)
+        assert "sealed in" not in again.stdout
     finally:
         _run("bench/scale.py", *where, "--drop", env=env)
