@@ -688,21 +688,35 @@ def _queue_lanes(
     )
 
 
-def _first_of_range(scope: Q, field: str, term: str) -> tuple[list[int], bool]:
+def _first_of_range(scope: Q, field: str, term: str, want: int) -> tuple[list[int], bool]:
     """A prefix search's lane: the ids of the rows in ``scope`` (filters, cursor, tenants,
     states) among the first PREFIX_SCAN + 1 entries of ``field``'s range of ``term``, in the
-    range's order, and whether the range goes on past PREFIX_SCAN entries.
+    range's order, at most ``max(QUEUE_COUNT_CAP, want) + 1`` of them; and whether the lane
+    holds more than those (it stopped at that many, or the range goes on past its entries).
 
     One ordered walk of the identifier's index, each entry's row checked against the scope as
-    it is read: bounding the entries bounds the reads, however rare the matches of a broad
-    prefix are in a narrow state, and no plan can trade the walk for the whole range."""
-    entries = list(
-        Attempt.objects.prefix_search(term, field)
-        .order_by("search_key")  # the index's own order: no sort of equal identifiers by id
-        .annotate(in_scope=models.ExpressionWrapper(scope, output_field=models.BooleanField()))
-        .values_list("id", "in_scope")[: PREFIX_SCAN + 1]
-    )
-    return [pk for pk, in_scope in entries if in_scope], len(entries) > PREFIX_SCAN
+    it is read, stopping once enough rows are found: bounding the entries bounds the reads,
+    however rare the matches of a broad prefix are in a narrow state, and no plan can trade
+    the walk for the whole range."""
+    first = Attempt.objects.prefix_search(term, field).order_by("search_key")
+    walk = first.annotate(
+        in_scope=models.ExpressionWrapper(scope, output_field=models.BooleanField())
+    ).values("id", "in_scope")[: PREFIX_SCAN + 1]
+    if walk.query.is_empty():  # the term cannot start this identifier (an args hash is hex)
+        return [], False
+    sql, params = walk.query.sql_with_params()
+    limit = max(QUEUE_COUNT_CAP, want) + 1
+    with connection.cursor() as cursor:
+        # The ORM has no subquery in FROM: only the walk's rows in scope come back, and the
+        # walk stops when ``limit`` of them are found. The walk's SQL is the ORM's own.
+        cursor.execute(
+            f'SELECT "id" FROM ({sql}) AS "walk" WHERE "in_scope" LIMIT %s',  # noqa: S608
+            [*params, limit],
+        )
+        found = [pk for (pk,) in cursor.fetchall()]
+    if len(found) == limit:
+        return found, True
+    return found, first.values("id")[: PREFIX_SCAN + 1].count() > PREFIX_SCAN
 
 
 def _estimate_total(lanes: list, scanned: list | None = None) -> tuple[int, bool]:
@@ -710,7 +724,7 @@ def _estimate_total(lanes: list, scanned: list | None = None) -> tuple[int, bool
     lane's index, no COUNT), else PostgreSQL's planner estimate (SQLite: a lower bound).
 
     A prefix search's ids are the ones ``_first_of_range`` found (``scanned``: each lane's ids
-    and whether its range went on past them), so a cut range makes the total inexact too."""
+    and whether it holds more than those), so a cut range makes the total inexact too."""
     if scanned is None:
         scanned = [
             (list(lane.order_by().values_list("id", flat=True)[: QUEUE_COUNT_CAP + 1]), False)
@@ -909,8 +923,8 @@ class AttemptQuerySet(models.QuerySet):
             # range, in the range's order. Fewer than a page of them, with more range after
             # them, is said (search_cut) instead of walking the rest of the range.
             scope = filters & cursor & _search_scope(tenants, states)
-            scanned = [_first_of_range(scope, field, q) for field in PREFIX_FIELDS]
-            search_cut = any(cut and len(found) < want for found, cut in scanned)
+            scanned = [_first_of_range(scope, field, q, want) for field in PREFIX_FIELDS]
+            search_cut = any(more and len(found) < want for found, more in scanned)
             shown = {pk for found, _ in scanned for pk in found[:want]}
             keys = [list(Attempt.objects.filter(pk__in=shown).values_list("created_at", "id"))]
         else:
