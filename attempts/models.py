@@ -669,8 +669,9 @@ def _queue_lanes(
 ) -> tuple[list, list]:
     """(each lane walked from the cursor, each lane whole, for the total): one lane per index
     range (``AttemptQuerySet.queue_page``). A prefix search's lanes are read by
-    ``_first_of_range``; these serve PostgreSQL's estimate of its total."""
-    if not states:
+    ``_first_of_range``; these serve PostgreSQL's estimate of its total. No tenant or no
+    state: no lane."""
+    if not states or not tenants:
         return [], []
     if q and len(q) >= MIN_PREFIX:
         scope = _search_scope(tenants, states)

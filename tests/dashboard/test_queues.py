@@ -14,7 +14,8 @@ from django.utils import timezone
 from attempts import models
 from attempts.models import Attempt, State
 from attempts.views import queues
-from tests.dashboard.conftest import make_attempt, make_review, make_unknown
+from tests.conftest import PASSWORD
+from tests.dashboard.conftest import login, make_attempt, make_review, make_unknown
 
 
 def ids_in(response) -> list[str]:
@@ -368,6 +369,21 @@ def test_a_broad_prefix_with_more_matches_than_counted_exactly_is_estimated(
     assert response.status_code == 200
     page = response.context["page"]
     assert len(page.rows) == 4 and page.total >= 2
+
+
+def test_a_person_in_no_tenant_finds_nothing_by_prefix(world, clients):
+    """No tenant, no lane: the search reads nothing and answers an empty page (an empty
+    scope is not a query PostgreSQL can run as a filter)."""
+    from django.contrib.auth import get_user_model
+
+    make_unknown(world, key="acme:lonely:1")
+    loner = get_user_model().objects.create_user("loner", password=PASSWORD)
+    with CaptureQueriesContext(connection) as queries:
+        response = login(loner).get("/queues/all/", {"q": "acme:lonely"})
+    assert response.status_code == 200
+    page = response.context["page"]
+    assert page.rows == [] and page.total == 0 and page.total_exact
+    assert not [q for q in queries.captured_queries if '"in_scope"' in q["sql"]]
 
 
 def test_a_broad_prefix_reads_a_bounded_part_of_its_range(world, clients, monkeypatch):
