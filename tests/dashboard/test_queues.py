@@ -207,8 +207,8 @@ def test_queue_pages_never_use_offset_or_count(world, clients):
     sql = [q["sql"].upper() for q in queries.captured_queries]
     assert not [s for s in sql if "OFFSET" in s]
     # A prefix search walks at most the first PREFIX_SCAN + 1 entries of each range, and counts
-    # how far those entries go only when it found less than a page: a bounded read, never a
-    # count of the queue.
+    # how far those entries go only when the walk found fewer rows than it stops at: a bounded
+    # read, never a count of the queue.
     bounded = f"LIMIT {models.PREFIX_SCAN + 1})"
     assert [s for s in sql if f'{bounded} AS "WALK"' in s]
     assert not [s for s in sql if "COUNT(" in s and not s.endswith(f"{bounded} SUBQUERY")]
