@@ -608,7 +608,7 @@ class QueuePage:
     more_matches: bool = False  # a prefix search found more than one page: narrow it
     total: int = 0
     total_exact: bool = True
-    total_at_least: bool = False  # not exact: a lower bound (SQLite), else an estimate
+    total_at_least: bool = False  # not exact, and a lower bound rather than an estimate
     search_cut: bool = False  # matches past the PREFIX_SCAN entries read may be missing
     # The screen's own encoding of the first and last rows' keys, for its links.
     next_cursor: str = ""
@@ -720,9 +720,10 @@ def _first_of_range(scope: Q, field: str, term: str, want: int) -> tuple[list[in
     return found, first.values("id")[: PREFIX_SCAN + 1].count() > PREFIX_SCAN
 
 
-def _estimate_total(lanes: list, scanned: list | None = None) -> tuple[int, bool]:
-    """How many rows the lanes hold: exact up to QUEUE_COUNT_CAP per lane (ids read from the
-    lane's index, no COUNT), else PostgreSQL's planner estimate (SQLite: a lower bound).
+def _estimate_total(lanes: list, scanned: list | None = None) -> tuple[int, bool, bool]:
+    """How many rows the lanes hold, as (total, exact, lower bound): exact up to
+    QUEUE_COUNT_CAP per lane (ids read from the lane's index, no COUNT), else PostgreSQL's
+    planner estimate, else (SQLite, which has none) a lower bound: the ids read.
 
     A prefix search's ids are the ones ``_first_of_range`` found (``scanned``: each lane's ids
     and whether it holds more than those), so a cut range makes the total inexact too."""
@@ -737,13 +738,13 @@ def _estimate_total(lanes: list, scanned: list | None = None) -> tuple[int, bool
         capped = capped or cut or len(found) > QUEUE_COUNT_CAP
         ids.update(found[:QUEUE_COUNT_CAP])
     if not capped:
-        return len(ids), True
+        return len(ids), True, False
     if connection.vendor == "postgresql":
         from attempts import rows  # rows builds its statements from these models
 
         estimate = sum(rows.planned_rows(lane.order_by().values("id")) for lane in lanes)
-        return max(estimate, len(ids)), False
-    return len(ids), False
+        return max(estimate, len(ids)), False, False
+    return len(ids), False, True
 
 
 class AttemptQuerySet(models.QuerySet):
@@ -887,8 +888,7 @@ class AttemptQuerySet(models.QuerySet):
         never gathered and sorted, and each lane reads at most PREFIX_SCAN entries of its
         range (``_first_of_range``), so a broad prefix whose matches are rare in the queue's
         states is a bounded read. Phase one reads only (created_at, id) from each lane, phase
-        two loads the page's rows by key. The total is exact up to QUEUE_COUNT_CAP per lane,
-        else PostgreSQL's planner estimate (SQLite: a lower bound)."""
+        two loads the page's rows by key. The total is ``_estimate_total``'s."""
         filters = Q()
         if tool:
             filters &= Q(tool_name=tool)
@@ -955,7 +955,7 @@ class AttemptQuerySet(models.QuerySet):
             has_next, has_prev = more, after is not None
         if prefix:
             has_next = has_prev = False
-        total, exact = _estimate_total(lanes_without_cursor, scanned)
+        total, exact, at_least = _estimate_total(lanes_without_cursor, scanned)
         return QueuePage(
             rows=rows,
             has_next=has_next and bool(rows),
@@ -963,7 +963,7 @@ class AttemptQuerySet(models.QuerySet):
             more_matches=prefix and more,
             total=total,
             total_exact=exact,
-            total_at_least=not exact and connection.vendor == "sqlite",
+            total_at_least=at_least,
             search_cut=search_cut,
         )
 
