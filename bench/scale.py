@@ -15,8 +15,9 @@ and times, its events re-hashed with the product's hash function (``verify_expor
 with ``attempts.jcs``) and linked into its own chain. The loader first re-hashes the templates'
 own events and stops if it does not get the hashes the write path wrote, so the rows are the
 write path's rows. Rows go in batches (PostgreSQL ``COPY``, SQLite ``executemany``), each batch
-one transaction, so a build that is stopped resumes where it stopped; the sealer (``chain.seal``)
-then seals everything, as the reconcile worker would.
+one transaction, so a build that is stopped resumes where it stopped. The sealer (``chain.seal``)
+seals everything, as the reconcile worker would: on PostgreSQL a second process seals beside the
+loader while it builds (as the worker seals beside the agents), and what is left is sealed after.
 
 The write path's cost: ``--calls`` tool calls (record, claim, attach a provider request, confirm)
 in this process against an empty ledger and against the big one, alternating ``--rounds`` times
@@ -35,6 +36,7 @@ import random
 import resource
 import secrets
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -92,6 +94,8 @@ def parse_args() -> argparse.Namespace:
         "the figures then say so, and verify is skipped with it)",
     )
     parser.add_argument("--drop", action="store_true", help="remove the bench data and stop")
+    # The sealer the build starts beside itself on PostgreSQL (this file, in another process).
+    parser.add_argument("--sealer", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.attempts is None:
         args.attempts = 10_000_000 if args.database == "postgres" else 1_000_000
@@ -419,12 +423,43 @@ def loaded_count() -> int:
     return Attempt.objects.filter(attempt_id__startswith="att_S").count()
 
 
-def build(target: int, templates: dict[str, Template]) -> None:
-    """Grow the ledger to ``target`` copies (resumes: copy n is the (n+1)th written)."""
+def run_sealer() -> None:
+    """Seal what the loader commits, until the build stops this process (a seal cut short rolls
+    back: a checkpoint is one transaction)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SET statement_timeout = 0")
+    while True:
+        if chain.seal() is None:
+            time.sleep(0.5)
+
+
+def start_sealer() -> subprocess.Popen | None:
+    if ARGS.database != "postgres":
+        return None  # SQLite has one writer at a time: the sealer runs after the build
+    argv = [sys.executable, __file__, "--sealer", "--database", ARGS.database]
+    argv += ["--database-url", ARGS.database_url, "--name", ARGS.name]
+    return subprocess.Popen(argv)
+
+
+def build(target: int, templates: dict[str, Template], *, seal: bool = True) -> None:
+    """Grow the ledger to ``target`` copies (resumes: copy n is the (n+1)th written), with the
+    sealer beside it unless ``seal`` is off."""
     have = loaded_count()
     if have >= target:
         print(f"  {have:,} attempts already built")
         return
+    sealer = start_sealer() if seal else None
+    if sealer is not None:
+        print(f"  the sealer seals beside the build (process {sealer.pid})", flush=True)
+    try:
+        _grow(have, target, templates)
+    finally:
+        if sealer is not None:
+            sealer.terminate()
+            sealer.wait()
+
+
+def _grow(have: int, target: int, templates: dict[str, Template]) -> None:
     anchor = timezone.now() - dt.timedelta(days=SPAN_DAYS)
     step = dt.timedelta(days=SPAN_DAYS) / target
     attempt_columns, event_columns = _columns(ATTEMPT_TABLE), _columns(EVENT_TABLE)
@@ -715,7 +750,7 @@ def main() -> None:
     use_database(ARGS.name)
     setup_world()
     templates = {shape: Template(pk) for shape, pk in write_templates().items()}
-    build(ARGS.attempts, templates)
+    build(ARGS.attempts, templates, seal="seal" not in skip)
     if "seal" in skip:
         skip.add("verify")  # verify_audit would report every unsealed attempt
     settle_build(seal="seal" not in skip)
@@ -741,4 +776,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if ARGS.sealer:
+        run_sealer()
+    else:
+        main()

@@ -120,6 +120,9 @@ def test_scale_bench_builds_a_valid_ledger_and_prints_every_figure(tmp_path):
         done = _run("bench/scale.py", *where, *short, env=env)
         assert done.returncode == 0, done.stdout + done.stderr
         out = done.stdout
+        # PostgreSQL seals beside the build, SQLite (one writer) after it; both end sealed.
+        assert ("the sealer seals beside the build" in out) == bool(url)
+        assert "sealed in" in out
         for figure in (
             "bytes per attempt",
             "queue unknown deep",
