@@ -723,7 +723,10 @@ def _first_of_range(scope: Q, field: str, term: str, want: int) -> tuple[list[in
 def _estimate_total(lanes: list, scanned: list | None = None) -> tuple[int, bool, bool]:
     """How many rows the lanes hold, as (total, exact, lower bound): exact up to
     QUEUE_COUNT_CAP per lane (ids read from the lane's index, no COUNT), else PostgreSQL's
-    planner estimate, else (SQLite, which has none) a lower bound: the ids read.
+    planner estimate, else a lower bound: the ids read. SQLite has no estimate, and a prefix
+    walk that stopped at PREFIX_SCAN entries with fewer than the cap found gets none either:
+    the rest of its range is unread, and the planner's guess of it (its filters taken as
+    independent) can be thousands where none are in the queue.
 
     A prefix search's ids are the ones ``_first_of_range`` found (``scanned``: each lane's ids
     and whether it holds more than those), so a cut range makes the total inexact too."""
@@ -739,7 +742,8 @@ def _estimate_total(lanes: list, scanned: list | None = None) -> tuple[int, bool
         ids.update(found[:QUEUE_COUNT_CAP])
     if not capped:
         return len(ids), True, False
-    if connection.vendor == "postgresql":
+    walked_short = any(cut and len(found) <= QUEUE_COUNT_CAP for found, cut in scanned)
+    if connection.vendor == "postgresql" and not walked_short:
         from attempts import rows  # rows builds its statements from these models
 
         estimate = sum(rows.planned_rows(lane.order_by().values("id")) for lane in lanes)
