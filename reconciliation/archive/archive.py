@@ -4,7 +4,8 @@ landed, record it in the history, then remove those attempts from the database.
 The order is what makes it safe to stop at any point:
 
 1. Each batch of eligible attempts (``retention.py``) becomes one gzip-compressed JSON Lines
-   file: per attempt its row, its events, its approvals and its receipt (the newest signed
+   file: per attempt its row, its events, its approvals, its erasure requests (each one
+   decided: an attempt with a pending request is not archived) and its receipt (the newest signed
    checkpoint and the inclusion proof of the attempt's sealed chain head in it). Then the
    manifest: counts, each file's SHA-256 and the checkpoint. Nothing in the database changes.
 2. The archive is read back from the store and verified (``verify_export.check_archive``).
@@ -28,6 +29,7 @@ import gzip
 import hashlib
 import json
 import secrets
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +49,7 @@ from attempts.models import (
     AttemptEvent,
     Checkpoint,
     CheckpointLeaf,
+    ErasureRequest,
     Notification,
     RetentionRule,
     SlaEscalation,
@@ -83,6 +86,7 @@ class Written:
     chain_length: int
     chain_head: str
     created_at: dt.datetime
+    erasure_requests: int  # in its line: a request made since keeps the attempt in place
 
 
 @dataclass
@@ -105,9 +109,10 @@ def _when(value: dt.datetime | None) -> str | None:
 def records(
     batch: list[Attempt], checkpoint: Checkpoint, note: str
 ) -> list[tuple[Attempt, dict[str, Any] | None]]:
-    """Each attempt of ``batch`` with its archive line: the attempt, its events and approvals,
-    and its receipt into ``checkpoint`` (None when its current state is not in that
-    checkpoint's tree). One query each for the batch's leaves, events and approvals."""
+    """Each attempt of ``batch`` with its archive line: the attempt, its events, approvals and
+    erasure requests, and its receipt into ``checkpoint`` (None when its current state is not
+    in that checkpoint's tree). One query each for the batch's leaves, events, approvals and
+    erasure requests."""
     ids = [a.attempt_id for a in batch]
     pks = [a.pk for a in batch]
     leaves: dict[str, tuple[int, str, int]] = {}
@@ -135,6 +140,22 @@ def records(
                 "expires_at": _when(approval.expires_at),
             }
         )
+    # Who asked to erase the attempt, and who decided (the erasure event records the same of an
+    # erasure that was done; a withdrawn request is only here).
+    erasures: dict[int, list[dict[str, Any]]] = {pk: [] for pk in pks}
+    for request in ErasureRequest.objects.filter(attempt_id__in=pks).select_related(
+        "requested_by", "decided_by"
+    ):
+        erasures[request.attempt_id].append(
+            {
+                "requested_by": request.requested_by.get_username(),
+                "reason": request.reason,
+                "requested_at": _when(request.requested_at),
+                "status": request.status,
+                "decided_by": request.decided_by.get_username() if request.decided_by else None,
+                "decided_at": _when(request.decided_at),
+            }
+        )
     proofs = log.inclusion_proofs(
         {leaf[2] for leaf in leaves.values() if leaf[2] < checkpoint.size}, checkpoint.size
     )
@@ -150,6 +171,7 @@ def records(
             out.append((attempt, None))
             continue
         line = _line(attempt, events[attempt.pk], approvals[attempt.pk], leaf[2], proofs[leaf[2]])
+        line["erasures"] = erasures[attempt.pk]
         line["receipt"]["tree_size"], line["receipt"]["checkpoint"] = checkpoint.size, note
         out.append((attempt, line))
     return out
@@ -252,7 +274,7 @@ def run(
                         continue
                     lines.append(json.dumps(record, ensure_ascii=False, separators=(",", ":")))
                     events += len(record["events"])
-                    written.append(_written(attempt))
+                    written.append(_written(attempt, len(record["erasures"])))
                 if not lines:
                     continue
                 data = gzip.compress(("\n".join(lines) + "\n").encode(), mtime=0)
@@ -320,7 +342,7 @@ def run(
     return result
 
 
-def _written(attempt: Attempt) -> Written:
+def _written(attempt: Attempt, erasure_requests: int) -> Written:
     return Written(
         pk=attempt.pk,
         attempt_id=attempt.attempt_id,
@@ -332,6 +354,7 @@ def _written(attempt: Attempt) -> Written:
         chain_length=attempt.chain_length,
         chain_head=attempt.chain_head,
         created_at=attempt.created_at,
+        erasure_requests=erasure_requests,
     )
 
 
@@ -368,7 +391,8 @@ def _record(result: RunResult, checkpoint: Checkpoint, *, actor: Actor, now) -> 
 
 def _remove(archive: Archive, batch: list[Written], *, now: dt.datetime) -> tuple[int, int]:
     """Remove one batch in one short transaction: only attempts unchanged since they were
-    written and with no linked attempt left. Returns (removed, kept)."""
+    written (the same chain head and erasure requests) and with no linked attempt left.
+    Returns (removed, kept)."""
     by_pk = {w.pk: w for w in batch}
     with write_transaction():
         rows = Attempt.objects.filter(pk__in=list(by_pk))
@@ -383,11 +407,17 @@ def _remove(archive: Archive, batch: list[Written], *, now: dt.datetime) -> tupl
         with_children = set(
             Attempt.objects.filter(parent_id__in=list(by_pk)).values_list("parent_id", flat=True)
         )
+        requests = Counter(
+            ErasureRequest.objects.filter(attempt_id__in=list(by_pk)).values_list(
+                "attempt_id", flat=True
+            )
+        )
         gone = [
             w
             for w in batch
             if current.get(w.pk) == (w.chain_length, w.chain_head, True)
             and w.pk not in with_children
+            and requests[w.pk] == w.erasure_requests
         ]
         pks = [w.pk for w in gone]
         if not pks:
@@ -415,6 +445,9 @@ def _remove(archive: Archive, batch: list[Written], *, now: dt.datetime) -> tupl
         with connection.cursor() as cursor:
             # Raw: the ORM's delete would collect (and refuse, PROTECT) what we remove here.
             cursor.execute(f"DELETE FROM attempts_approval WHERE attempt_id IN ({marks})", pks)  # noqa: S608
+            cursor.execute(
+                f"DELETE FROM attempts_erasurerequest WHERE attempt_id IN ({marks})", pks
+            )  # noqa: S608
             cursor.execute(f"DELETE FROM attempts_attemptevent WHERE attempt_id IN ({marks})", pks)  # noqa: S608
             cursor.execute(f"DELETE FROM attempts_attempt WHERE id IN ({marks})", pks)  # noqa: S608
     return len(pks), len(batch) - len(pks)

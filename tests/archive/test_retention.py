@@ -319,3 +319,96 @@ def test_archive_verify_names_an_archive_gone_from_its_folder(ledger_with_rules,
     with pytest.raises(CommandError, match="some archives do not verify"):
         call_command("archive", "verify", "--from", str(tmp_path / "archives"), stdout=out)
     assert f"[archive] {result.name}: manifest.json is missing" in out.getvalue()
+
+
+def test_erased_attempts_are_archived_erased_and_pending_erasures_wait(world, key_file, tmp_path):
+    """docs/privacy.md, "Archived attempts": an attempt erased before retention is archived
+    with only the markers and still verifies with its receipt; one archived without erasure
+    keeps its plaintext there; one whose erasure waits for approval stays in the database; the
+    archive line carries the erasure requests, which leave the database with the attempt."""
+    from attempts import erasure
+    from attempts.models import ErasureRequest, RetentionRule
+    from tests.archive.conftest import age
+    from tests.attempts.test_erasure import (
+        NOTE,
+        REFUSAL,
+        SECRET,
+        erase,
+        second_admin,
+        settled_attempt,
+    )
+
+    admin2 = second_admin(world)
+    erased = erase(world, settled_attempt(world, key="erase:acme:archived"), admin2)
+    kept = settled_attempt(world, key="erase:acme:kept")
+    withdrawn = settled_attempt(world, key="erase:acme:withdrawn")
+    erasure.request_erasure(withdrawn, user=world.admin, reason="asked by mistake")
+    erasure.cancel_erasure(withdrawn, user=admin2)
+    waiting = settled_attempt(world, key="erase:acme:waiting")
+    erasure.request_erasure(waiting, user=world.admin, reason="DSR-18")
+    age([erased, kept, withdrawn, waiting], 40)
+    RetentionRule.objects.create(tenant_id="acme", tool_id="update_crm", archive_after_days=30)
+    seal_all()
+    result = _run(tmp_path)
+    assert (result.attempts, result.removed) == (3, 3)
+    seal_all()
+    root = tmp_path / "archives"
+    lines = {
+        json.loads(line)["attempt"]["attempt_id"]: line
+        for path in sorted((root / result.name).glob("attempts-*.jsonl.gz"))
+        for line in gzip.decompress(path.read_bytes()).decode().splitlines()
+    }
+    assert set(lines) == {erased.attempt_id, kept.attempt_id, withdrawn.attempt_id}
+    for text in (SECRET, NOTE, REFUSAL):
+        assert text not in lines[erased.attempt_id], text
+        assert text in lines[kept.attempt_id], text
+    assert '"attempt.erased"' in lines[erased.attempt_id]
+    requests = {a: json.loads(lines[a])["erasures"] for a in lines}
+    assert [r["status"] for r in requests[erased.attempt_id]] == ["erased"]
+    assert requests[withdrawn.attempt_id] == [
+        {
+            "requested_by": "admin",
+            "reason": "asked by mistake",
+            "requested_at": requests[withdrawn.attempt_id][0]["requested_at"],
+            "status": "cancelled",
+            "decided_by": "admin2",
+            "decided_at": requests[withdrawn.attempt_id][0]["decided_at"],
+        }
+    ]
+    assert requests[kept.attempt_id] == []
+    assert list(Attempt.objects.values_list("attempt_id", flat=True)) == [waiting.attempt_id]
+    assert list(ErasureRequest.objects.values_list("attempt_id", flat=True)) == [waiting.pk]
+    report = audit_verify.verify_django_database(log_keys=[key_file], archive_dir=root)
+    assert report.ok, report.render()
+    status = verify_export.main(["--archive", str(root / result.name), "--log-key", str(key_file)])
+    assert status == 0
+
+
+def test_an_erasure_asked_for_while_archiving_keeps_the_attempt(
+    world, key_file, tmp_path, monkeypatch
+):
+    """A request made after the attempt's line was written, even one withdrawn at once, keeps
+    the attempt in the database: its file does not hold the request (a later run archives
+    it with it)."""
+    from attempts import erasure
+    from attempts.models import ErasureRequest, RetentionRule
+    from tests.archive.conftest import age
+    from tests.attempts.test_erasure import second_admin, settled_attempt
+
+    admin2 = second_admin(world)
+    attempt = settled_attempt(world, key="erase:acme:late")
+    age([attempt], 40)
+    RetentionRule.objects.create(tenant_id="acme", tool_id="update_crm", archive_after_days=30)
+    seal_all()
+    real_remove = archive._remove
+
+    def ask_then_remove(*args, **kwargs):
+        erasure.request_erasure(attempt, user=world.admin, reason="DSR-19")
+        erasure.cancel_erasure(attempt, user=admin2)
+        return real_remove(*args, **kwargs)
+
+    monkeypatch.setattr(archive, "_remove", ask_then_remove)
+    result = _run(tmp_path)
+    assert (result.attempts, result.removed, result.kept) == (1, 0, 1)
+    assert Attempt.objects.filter(pk=attempt.pk).exists()
+    assert ErasureRequest.objects.filter(attempt_id=attempt.pk).count() == 1
