@@ -11,7 +11,7 @@ receipt); an archive that does not verify loads nothing.
 Restored attempts keep their ids, events and hashes; they are unsealed in the scratch database
 (it has no checkpoints: their receipts are in the archive), so ``verify_audit`` there checks each
 attempt's history and row. Owners become inactive people of the same name without a password;
-approvals stay in the archive file.
+approvals and erasure requests stay in the archive file.
 """
 
 from __future__ import annotations
