@@ -175,9 +175,12 @@ def seal(*, limit: int = SEAL_BATCH, now: dt.datetime | None = None) -> Checkpoi
             pending = pending.select_for_update(skip_locked=True)
         rows = list(pending.values_list("id", "attempt_id", "chain_length", "chain_head")[:limit])
         # Leaves sealed before the log existed (format-1 checkpoints) join it first, in the
-        # order they were sealed, so every sealed head has an inclusion proof.
+        # order they were sealed, so every sealed head has an inclusion proof. Only those can
+        # lack an entry (a later checkpoint's leaves get theirs in the transaction that makes
+        # them), so the few old checkpoints are looked up first: asking every leaf whether it
+        # has an entry read both tables whole, 8.5 s at 10M attempts, on every seal.
         backlog = list(
-            CheckpointLeaf.objects.filter(log_entry__isnull=True)
+            CheckpointLeaf.objects.filter(checkpoint__format__lt=LOG_FORMAT, log_entry__isnull=True)
             .order_by("checkpoint__seq", "position")
             .values_list("id", "attempt_id", "length", "head")[: max(0, limit - len(rows))]
         )
