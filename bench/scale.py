@@ -168,7 +168,7 @@ from django.test import Client  # noqa: E402
 from django.test.utils import override_settings  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from attempts import chain, counts, jcs, ledger, states  # noqa: E402
+from attempts import chain, counts, jcs, ledger, log, states  # noqa: E402
 from attempts.actors import Actor  # noqa: E402
 from attempts.canonical import normalize_args  # noqa: E402
 from attempts.models import (  # noqa: E402
@@ -489,7 +489,6 @@ def settle_build(*, seal: bool = True) -> None:
     """The sealer, statistics (and on PostgreSQL the vacuum autovacuum would run after the
     sealer's updates) and a full count pass, as after a restore (each resumes too). Without
     ``seal``, the attempts not sealed yet stay so."""
-    logged = 0
     began = time.perf_counter()
     if ARGS.database == "postgres":
         # The vacuum and a full count pass of 10M attempts take minutes: no statement timeout
@@ -497,9 +496,10 @@ def settle_build(*, seal: bool = True) -> None:
         with connection.cursor() as cursor:
             cursor.execute("SET statement_timeout = 0")
     if seal:
-        while (checkpoint := chain.seal()) is not None:
-            logged = checkpoint.size  # the log's size: every head sealed so far
-        print(f"  sealed in {time.perf_counter() - began:.1f} s (the log holds {logged:,} heads)")
+        while chain.seal() is not None:
+            pass
+        seconds = time.perf_counter() - began
+        print(f"  sealed in {seconds:.1f} s (the log holds {log.log_size():,} heads)")
     else:
         unsealed = Attempt.objects.filter(sealed=False).count()
         print(f"  NOT SEALED (--skip seal): {unsealed:,} attempts are not sealed yet")
