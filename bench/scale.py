@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
-"""Benchmark: a big ledger (N attempts of four chained events each) and what an operator and the
-agents feel at that size: queue pages, prefix searches, the overview, the approvals count, the
-export and ``verify_audit`` rates, bytes per attempt, and the write path at N against an empty
-ledger.
+"""Benchmark: a big ledger (N attempts of chained events, four for most) and what an operator and
+the agents feel at that size: queue pages, prefix searches, the overview, the approvals inbox
+and count, the export and ``verify_audit`` rates, bytes per attempt, and the write path at N
+against an empty ledger.
 
     .venv/bin/python bench/scale.py --database postgres [--attempts 10000000]
     .venv/bin/python bench/scale.py --database sqlite   [--attempts 1000000]
     .venv/bin/python bench/scale.py --database postgres --drop     # remove the bench data
 
-How the ledger is built: four template attempts (confirmed, failed, UNKNOWN, MANUAL_REVIEW) are
-written through the product's own write path (``attempts.ledger``, ``attempts.states``); every
+How the ledger is built: five template attempts (confirmed, failed, UNKNOWN, MANUAL_REVIEW, and
+AWAITING_APPROVAL under an approval policy, 1 in 1,000) are written through the product's own
+write path (``attempts.ledger``, ``attempts.states``); every
 other attempt is a copy of one of them with its own ids, key, task, arguments, provider request
 and times, its events re-hashed with the product's hash function (``verify_export.event_hash``
 with ``attempts.jcs``) and linked into its own chain. The loader first re-hashes the templates'
@@ -47,8 +48,11 @@ sys.path.insert(0, str(REPO))
 
 from bench.world import TENANTS, TOOLS, seed_world  # noqa: E402
 
-# Template shape and its share of the attempts (1 in 100 MANUAL_REVIEW, 5 UNKNOWN, 4 FAILED).
-SHAPES = ("OUTCOME_CONFIRMED", "FAILED", "UNKNOWN", "MANUAL_REVIEW")
+# Template shape and its share of the attempts (1 in 100 MANUAL_REVIEW, 5 UNKNOWN, 4 FAILED,
+# 1 in 1,000 held by an approval policy, AWAITING_APPROVAL, for the approvals inbox).
+SHAPES = ("OUTCOME_CONFIRMED", "FAILED", "UNKNOWN", "MANUAL_REVIEW", "AWAITING_APPROVAL")
+# The held template's tool: a policy holds every call of it (the write-path calls use update_crm).
+HELD_TOOL = "open_ticket"
 SPAN_DAYS = 60
 BATCH = 5000
 TARGET_MS = 50.0
@@ -57,7 +61,10 @@ KEY_PREFIX = "scale"
 
 
 def shape_of(n: int) -> str:
-    r = (n * 2654435761) % 100
+    spread = n * 2654435761
+    if spread % 1000 == 999:
+        return "AWAITING_APPROVAL"
+    r = spread % 100
     if r == 0:
         return "MANUAL_REVIEW"
     if r <= 5:
@@ -172,6 +179,7 @@ from attempts import chain, counts, jcs, ledger, log, states  # noqa: E402
 from attempts.actors import Actor  # noqa: E402
 from attempts.canonical import normalize_args  # noqa: E402
 from attempts.models import (  # noqa: E402
+    ApprovalPolicy,
     Attempt,
     AttemptEvent,
     CheckpointLeaf,
@@ -227,6 +235,23 @@ def write_templates() -> dict[str, int]:
         key = template_key(shape)
         if key in found:
             out[shape] = found[key]
+            continue
+        if shape == "AWAITING_APPROVAL":
+            ApprovalPolicy.objects.get_or_create(
+                name="scale-hold",
+                defaults={"tool_id": HELD_TOOL, "max_wait": dt.timedelta(days=90)},
+            )
+            attempt, _ = ledger.record_intent(
+                tenant="north",
+                task_id="template-task",
+                tool_name=HELD_TOOL,
+                idempotency_key=key,
+                args={"to": "customer@example.test", "amount": 1, "ref": "inv-template"},
+                actor=AGENT,
+            )
+            if attempt.state != State.AWAITING_APPROVAL:
+                raise SystemExit(f"the held template is {attempt.state}, not AWAITING_APPROVAL")
+            out[shape] = attempt.pk
             continue
         attempt, _ = ledger.record_intent(
             tenant="north",
@@ -332,6 +357,8 @@ class Template:
     def copy(self, n: int, attempt_pk: int, first_event_pk: int, created: dt.datetime):
         tenant = TENANTS[n % len(TENANTS)]
         tool = TOOLS[(n // 7) % len(TOOLS)]
+        if self.attempt["state"] == State.AWAITING_APPROVAL:
+            tool = self.attempt["tool_name"]  # its policy's tool
         args = normalize_args(
             {"to": f"customer-{n}@example.test", "amount": n % 9973, "ref": f"inv-{n}"}
         )
@@ -606,6 +633,8 @@ def page_urls() -> dict[str, str]:
     pages["prefix broad in unknown"] = "/queues/unknown/?q=south:"
     # No south attempt is in review: the whole range matches nothing in this queue.
     pages["prefix broad, none in review"] = "/queues/review/?q=south:"
+    pages["approvals inbox (mine)"] = "/approvals/"
+    pages["approvals inbox (all)"] = "/approvals/?tab=all"
     pages["overview warm"] = "/"
     pages["overview cold (cache cleared)"] = "/"
     return pages
@@ -663,7 +692,7 @@ def measure_pages() -> dict[str, float]:
         f"empty ledger in the same run, and the ratio (target < {TARGET_MS:.0f} ms where marked)"
     )
     for name, ms in full.items():
-        timed_only = name.startswith(("approvals", "terminal", "count pass"))
+        timed_only = name.startswith(("approvals awaiting", "terminal", "count pass"))
         target = "" if timed_only else "MET" if ms < TARGET_MS else "NOT MET"
         ratio = ms / empty[name] if empty[name] else float("nan")
         print(f"  {name:<38} {ms:8.1f} ms  empty {empty[name]:7.1f} ms  x{ratio:5.2f}  {target}")

@@ -129,6 +129,7 @@ def test_scale_bench_builds_a_valid_ledger_and_prints_every_figure(tmp_path):
             "prefix key broad",
             "overview cold",
             "approvals awaiting count",
+            "approvals inbox (mine)",
             "export (JSON Lines",
             "write path (record, claim, attach, confirm",
         ):
