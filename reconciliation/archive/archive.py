@@ -445,9 +445,8 @@ def _remove(archive: Archive, batch: list[Written], *, now: dt.datetime) -> tupl
         with connection.cursor() as cursor:
             # Raw: the ORM's delete would collect (and refuse, PROTECT) what we remove here.
             cursor.execute(f"DELETE FROM attempts_approval WHERE attempt_id IN ({marks})", pks)  # noqa: S608
-            cursor.execute(
-                f"DELETE FROM attempts_erasurerequest WHERE attempt_id IN ({marks})", pks
-            )  # noqa: S608
+            requests_sql = f"DELETE FROM attempts_erasurerequest WHERE attempt_id IN ({marks})"  # noqa: S608
+            cursor.execute(requests_sql, pks)
             cursor.execute(f"DELETE FROM attempts_attemptevent WHERE attempt_id IN ({marks})", pks)  # noqa: S608
             cursor.execute(f"DELETE FROM attempts_attempt WHERE id IN ({marks})", pks)  # noqa: S608
     return len(pks), len(batch) - len(pks)
