@@ -122,40 +122,23 @@ def records(
         .values_list("attempt_id", "length", "head", "log_entry__index")
     ):
         leaves[attempt_id] = (length, head, index)  # the newest checkpoint's last
-    events: dict[int, list[dict[str, Any]]] = {pk: [] for pk in pks}
-    for event in AttemptEvent.objects.filter(attempt_id__in=pks).order_by("attempt_id", "id"):
-        events[event.attempt_id].append(to_line(EVENT_COLUMNS, event, {"id": event.id}))
-    approvals: dict[int, list[dict[str, Any]]] = {pk: [] for pk in pks}
-    for approval in Approval.objects.filter(attempt_id__in=pks).select_related(
-        "approver", "policy"
-    ):
-        approvals[approval.attempt_id].append(
-            {
-                "approver": approval.approver.get_username(),
-                "args_hash": approval.args_hash,
-                "policy": approval.policy.name,
-                "policy_version": approval.policy_version,
-                "comment": approval.comment,
-                "created_at": _when(approval.created_at),
-                "expires_at": _when(approval.expires_at),
-            }
-        )
-    # Who asked to erase the attempt, and who decided (the erasure event records the same of an
-    # erasure that was done; a withdrawn request is only here).
-    erasures: dict[int, list[dict[str, Any]]] = {pk: [] for pk in pks}
-    for request in ErasureRequest.objects.filter(attempt_id__in=pks).select_related(
-        "requested_by", "decided_by"
-    ):
-        erasures[request.attempt_id].append(
-            {
-                "requested_by": request.requested_by.get_username(),
-                "reason": request.reason,
-                "requested_at": _when(request.requested_at),
-                "status": request.status,
-                "decided_by": request.decided_by.get_username() if request.decided_by else None,
-                "decided_at": _when(request.decided_at),
-            }
-        )
+    events = _per_attempt(
+        pks,
+        AttemptEvent.objects.filter(attempt_id__in=pks).order_by("attempt_id", "id"),
+        lambda event: to_line(EVENT_COLUMNS, event, {"id": event.id}),
+    )
+    approvals = _per_attempt(
+        pks,
+        Approval.objects.filter(attempt_id__in=pks).select_related("approver", "policy"),
+        _approval_line,
+    )
+    erasures = _per_attempt(
+        pks,
+        ErasureRequest.objects.filter(attempt_id__in=pks).select_related(
+            "requested_by", "decided_by"
+        ),
+        _erasure_line,
+    )
     proofs = log.inclusion_proofs(
         {leaf[2] for leaf in leaves.values() if leaf[2] < checkpoint.size}, checkpoint.size
     )
@@ -170,17 +153,59 @@ def records(
         ):
             out.append((attempt, None))
             continue
-        line = _line(attempt, events[attempt.pk], approvals[attempt.pk], leaf[2], proofs[leaf[2]])
-        line["erasures"] = erasures[attempt.pk]
+        line = _line(
+            attempt,
+            events[attempt.pk],
+            approvals[attempt.pk],
+            erasures[attempt.pk],
+            leaf[2],
+            proofs[leaf[2]],
+        )
         line["receipt"]["tree_size"], line["receipt"]["checkpoint"] = checkpoint.size, note
         out.append((attempt, line))
     return out
+
+
+def _per_attempt(
+    pks: list[int], rows: Any, as_line: Callable[[Any], dict[str, Any]]
+) -> dict[int, list[dict[str, Any]]]:
+    """Each of ``pks`` with the lines of its ``rows`` (by their ``attempt_id``), in their order."""
+    out: dict[int, list[dict[str, Any]]] = {pk: [] for pk in pks}
+    for row in rows:
+        out[row.attempt_id].append(as_line(row))
+    return out
+
+
+def _approval_line(approval: Approval) -> dict[str, Any]:
+    return {
+        "approver": approval.approver.get_username(),
+        "args_hash": approval.args_hash,
+        "policy": approval.policy.name,
+        "policy_version": approval.policy_version,
+        "comment": approval.comment,
+        "created_at": _when(approval.created_at),
+        "expires_at": _when(approval.expires_at),
+    }
+
+
+def _erasure_line(request: ErasureRequest) -> dict[str, Any]:
+    """Who asked to erase the attempt, and who decided (the erasure event records the same of an
+    erasure that was done; a withdrawn request is only here)."""
+    return {
+        "requested_by": request.requested_by.get_username(),
+        "reason": request.reason,
+        "requested_at": _when(request.requested_at),
+        "status": request.status,
+        "decided_by": request.decided_by.get_username() if request.decided_by else None,
+        "decided_at": _when(request.decided_at),
+    }
 
 
 def _line(
     attempt: Attempt,
     events: list[dict[str, Any]],
     approvals: list[dict[str, Any]],
+    erasures: list[dict[str, Any]],
     index: int,
     proof: list[bytes],
 ) -> dict[str, Any]:
@@ -198,6 +223,7 @@ def _line(
         ),
         "events": events,
         "approvals": approvals,
+        "erasures": erasures,
         "receipt": {
             "leaf": {
                 "attempt_id": attempt.attempt_id,
