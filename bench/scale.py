@@ -452,10 +452,12 @@ def loaded_count() -> int:
 
 def run_sealer() -> None:
     """Seal what the loader commits, until the build stops this process (a seal cut short rolls
-    back: a checkpoint is one transaction)."""
+    back: a checkpoint is one transaction) or the build is gone (stopped by a signal that left
+    it no time to stop this one)."""
+    build = os.getppid()
     with connection.cursor() as cursor:
         cursor.execute("SET statement_timeout = 0")
-    while True:
+    while os.getppid() == build:
         if chain.seal() is None:
             time.sleep(0.5)
 
