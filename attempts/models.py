@@ -520,24 +520,23 @@ class ApprovalPolicy(models.Model):
             program = _CONDITIONS[key] = ApprovalCondition(self.condition)
         return program
 
-    def approvals_for(self, attempt: Attempt) -> int:
+    def approvals_for(self, attempt: Attempt, *, critical: bool | None = None) -> int:
         """The one home of how many approvals a held attempt needs: the policy's count, and
-        never fewer than its tool's four-eyes rule."""
-        return max(self.approvals_needed, Tool.approvals_needed_for(attempt.tool_name))
+        never fewer than its tool's four-eyes rule (``critical``: the tool's flag, when the
+        caller has read it already)."""
+        if critical is None:
+            by_tool = Tool.approvals_needed_for(attempt.tool_name)
+        else:
+            by_tool = Tool(critical=critical).approvals_needed
+        return max(self.approvals_needed, by_tool)
 
-    def may_approve(self, user: Any, tenant: str) -> tuple[bool, str]:
-        """Whether ``user`` may approve under this policy in ``tenant`` (read fresh), and why
-        not."""
-        if not has_role(user, tenant, self.approver_role, fresh=True):
+    def may_approve(self, user: Any, tenant: str, *, fresh: bool = True) -> tuple[bool, str]:
+        """Whether ``user`` may approve under this policy in ``tenant``, and why not: roles and
+        groups read fresh, or (``fresh=False``) as ``read_people`` read them for this request."""
+        if not has_role(user, tenant, self.approver_role, fresh=fresh):
             return False, f"this needs the {self.approver_role} role in tenant {tenant}"
-        if self.approver_group:
-            groups = (
-                SsoIdentity.objects.filter(user_id=user.pk)
-                .values_list("last_login_groups", flat=True)
-                .first()
-            )
-            if self.approver_group not in (groups or []):
-                return False, f"this needs membership of the group {self.approver_group}"
+        if self.approver_group and self.approver_group not in sso_groups(user, fresh=fresh):
+            return False, f"this needs membership of the group {self.approver_group}"
         return True, ""
 
 
@@ -547,16 +546,57 @@ def tenant_roles(user: Any, *, fresh: bool = False) -> dict[str, str]:
     none. Remembered on the user object for one request (``fresh`` reads the database again:
     the write path decides on what is true now)."""
     cached = getattr(user, "_ledger_tenant_roles", None)
-    if cached is not None and not fresh:
-        return cached
-    if user is None or not user.is_authenticated or not user.is_active:
-        roles: dict[str, str] = {}
-    elif user.is_superuser:
-        roles = {slug: Role.ADMIN for slug in Tenant.objects.values_list("slug", flat=True)}
-    else:
-        roles = dict(Membership.objects.filter(user=user).values_list("tenant_id", "role"))
-    user._ledger_tenant_roles = roles
-    return roles
+    if cached is None or fresh:
+        _read_roles([user])
+    return user._ledger_tenant_roles
+
+
+def sso_groups(user: Any, *, fresh: bool = False) -> list[str]:
+    """The identity-provider groups this person's last SSO login reported (none without SSO),
+    remembered on the user object like ``tenant_roles``."""
+    cached = getattr(user, "_ledger_sso_groups", None)
+    if cached is None or fresh:
+        _read_groups([user])
+    return user._ledger_sso_groups
+
+
+def read_people(users: Iterable[Any]) -> None:
+    """Read the roles and groups of several people at once, fresh (a page that asks about
+    many people reads them in three queries, not a few per person); ``tenant_roles`` and
+    ``sso_groups`` then answer from what was read."""
+    users = [u for u in users if u is not None]
+    _read_roles(users)
+    _read_groups(users)
+
+
+def _read_roles(users: list[Any]) -> None:
+    members = [u for u in users if u.is_authenticated and u.is_active and not u.is_superuser]
+    by_user: dict[int, dict[str, str]] = {u.pk: {} for u in members}
+    if members:
+        rows = Membership.objects.filter(user_id__in=list(by_user))
+        for user_id, tenant, role in rows.values_list("user_id", "tenant_id", "role"):
+            by_user[user_id][tenant] = role
+    every: dict[str, str] | None = None
+    for user in users:
+        if not user.is_authenticated or not user.is_active:
+            user._ledger_tenant_roles = {}
+        elif user.is_superuser:
+            if every is None:
+                every = {slug: Role.ADMIN for slug in Tenant.objects.values_list("slug", flat=True)}
+            user._ledger_tenant_roles = dict(every)
+        else:
+            user._ledger_tenant_roles = dict(by_user[user.pk])
+
+
+def _read_groups(users: list[Any]) -> None:
+    known = [u.pk for u in users if u.is_authenticated]
+    groups = dict(
+        SsoIdentity.objects.filter(user_id__in=known).values_list("user_id", "last_login_groups")
+        if known
+        else []
+    )
+    for user in users:
+        user._ledger_sso_groups = list(groups.get(user.pk) or []) if user.is_authenticated else []
 
 
 def highest_role(user: Any) -> str | None:
@@ -801,19 +841,16 @@ class AttemptQuerySet(models.QuerySet):
         )
         if which == "all":
             return held
+        read_people([user])
         if which == "group":
-            groups = (
-                SsoIdentity.objects.filter(user_id=user.pk)
-                .values_list("last_login_groups", flat=True)
-                .first()
-            )
+            groups = sso_groups(user)
             if not groups:
                 return held.none()
-            return held.filter(approval_policy__approver_group__in=list(groups))
+            return held.filter(approval_policy__approver_group__in=groups)
         mine = Q(pk__in=[])
         for policy in ApprovalPolicy.objects.all():
             for tenant in tenants_where(user, policy.approver_role):
-                if policy.may_approve(user, tenant)[0]:
+                if policy.may_approve(user, tenant, fresh=False)[0]:
                     mine |= Q(approval_policy=policy, tenant_id=tenant)
         approved = Approval.objects.filter(
             attempt=OuterRef("pk"),
@@ -1341,29 +1378,51 @@ class Approval(models.Model):
 
     @classmethod
     def verdict(cls, attempt: Attempt, now: dt.datetime) -> ApprovalVerdict:
+        """What ``attempt``'s approvals amount to at ``now`` (``verdicts`` of one)."""
+        return cls.verdicts([attempt], now)[attempt.pk]
+
+    @classmethod
+    def verdicts(cls, attempts: list[Attempt], now: dt.datetime) -> dict[int, ApprovalVerdict]:
         """The one home of "which approvals count": distinct people, each still allowed to
-        approve, whose approval is for this attempt's args_hash and its policy's current
-        version and has not expired at ``now``."""
-        policy = ApprovalPolicy.objects.get(pk=attempt.approval_policy_id)
-        valid: list[str] = []
-        void: list[str] = []
-        for row in cls.objects.filter(attempt_id=attempt.pk).select_related("approver"):
-            name = row.approver.get_username()
-            counts = (
-                row.args_hash == attempt.args_hash
-                and row.policy_version == policy.version
-                and row.expires_at > now
-                and row.approver.is_active
-                and policy.may_approve(row.approver, attempt.tenant_id)[0]
+        approve (read fresh), whose approval is for the attempt's args_hash and its policy's
+        current version and has not expired at ``now``. Several attempts are read at once (a
+        page of the inbox): policies, tools, approvals and approvers in a few queries."""
+        names = {a.approval_policy_id for a in attempts}
+        policies = {p.name: p for p in ApprovalPolicy.objects.filter(name__in=names)}
+        critical = dict(
+            Tool.objects.filter(name__in={a.tool_name for a in attempts}).values_list(
+                "name", "critical"
             )
-            if counts and name not in valid:
-                valid.append(name)
-            elif not counts and name not in void:
-                void.append(name)
-        void = [name for name in void if name not in valid]
-        return ApprovalVerdict(
-            policy.approvals_for(attempt), tuple(valid), tuple(void), policy.version
         )
+        rows: dict[int, list[Approval]] = {a.pk: [] for a in attempts}
+        found = cls.objects.filter(attempt_id__in=list(rows)).select_related("approver")
+        for row in found.order_by("id"):
+            rows[row.attempt_id].append(row)
+        read_people([row.approver for listed in rows.values() for row in listed])
+        verdicts = {}
+        for attempt in attempts:
+            policy = policies[attempt.approval_policy_id]
+            valid: list[str] = []
+            void: list[str] = []
+            for row in rows[attempt.pk]:
+                name = row.approver.get_username()
+                counts = (
+                    row.args_hash == attempt.args_hash
+                    and row.policy_version == policy.version
+                    and row.expires_at > now
+                    and row.approver.is_active
+                    and policy.may_approve(row.approver, attempt.tenant_id, fresh=False)[0]
+                )
+                if counts and name not in valid:
+                    valid.append(name)
+                elif not counts and name not in void:
+                    void.append(name)
+            void = [name for name in void if name not in valid]
+            needed = policy.approvals_for(attempt, critical=critical.get(attempt.tool_name, False))
+            verdicts[attempt.pk] = ApprovalVerdict(
+                needed, tuple(valid), tuple(void), policy.version
+            )
+        return verdicts
 
 
 class ConfigEventQuerySet(models.QuerySet):

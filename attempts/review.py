@@ -455,13 +455,22 @@ def _recorded_by(current: Attempt) -> str | None:
     return current.events.order_by("id").values_list("actor", flat=True).first()
 
 
-def may_decide_held(user: Any, attempt: Attempt, policy: ApprovalPolicy) -> tuple[bool, str]:
+def may_decide_held(
+    user: Any,
+    attempt: Attempt,
+    policy: ApprovalPolicy,
+    *,
+    first: AttemptEvent | None = None,
+    fresh: bool = True,
+) -> tuple[bool, str]:
     """Whether ``user`` may approve, reject or correct this held attempt, and why not: the
-    policy's approvers only (read fresh), never whoever recorded the intent."""
-    allowed, why = policy.may_approve(user, attempt.tenant_id)
+    policy's approvers only (read fresh, or as ``read_people`` read them for this request),
+    never whoever recorded the intent (``first``: the attempt's first event, when read)."""
+    allowed, why = policy.may_approve(user, attempt.tenant_id, fresh=fresh)
     if not allowed:
         return False, why
-    if _recorded_by(attempt) == user.get_username():
+    recorded_by = first.actor if first is not None else _recorded_by(attempt)
+    if recorded_by == user.get_username():
         return False, "whoever recorded an intent cannot approve, reject or correct it"
     return True, ""
 

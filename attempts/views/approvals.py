@@ -15,6 +15,7 @@ import json
 from typing import Any
 from urllib.parse import urlencode
 
+from django.db.models import Max, Min
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
@@ -23,7 +24,15 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from attempts import review, states
 from attempts.ledger import InvalidIntent, LedgerError, StateConflict
-from attempts.models import ATTEMPT_ID, Approval, ApprovalPolicy, Attempt, State
+from attempts.models import (
+    ATTEMPT_ID,
+    Approval,
+    ApprovalPolicy,
+    Attempt,
+    AttemptEvent,
+    State,
+    read_people,
+)
 from attempts.templatetags.ledger_ui import duration
 from attempts.views._common import (
     REDACTED,
@@ -45,15 +54,39 @@ TABS = {
 PAGE_SIZE = 50
 
 
-def _item(attempt: Attempt, policies: dict[str, ApprovalPolicy], user: Any, now) -> dict:
-    policy = policies[attempt.approval_policy_id]
-    first = attempt.events.order_by("id").first()
+def _items(attempts: list[Attempt], user: Any, now) -> list[dict]:
+    """A page of items, read at once: the page costs the same few queries for 1 item or 50."""
+    policies = {p.name: p for p in ApprovalPolicy.objects.all()}
+    verdicts = Approval.verdicts(attempts, now)
+    ends = (
+        AttemptEvent.objects.filter(attempt_id__in=[a.pk for a in attempts])
+        .values("attempt_id")
+        .annotate(first=Min("id"), last=Max("id"))
+    )
+    first_ids = {row["attempt_id"]: row["first"] for row in ends}
+    last_ids = {row["attempt_id"]: row["last"] for row in ends}
+    firsts = AttemptEvent.objects.in_bulk(list(first_ids.values()))
+    read_people([user])
+    return [
+        _item(
+            attempt,
+            policies[attempt.approval_policy_id],
+            verdicts[attempt.pk],
+            firsts.get(first_ids.get(attempt.pk)),
+            last_ids.get(attempt.pk, 0),
+            user,
+            now,
+        )
+        for attempt in attempts
+    ]
+
+
+def _item(attempt: Attempt, policy, verdict, first, last_event: int, user: Any, now) -> dict:
     held = (first.details or {}).get("approval", {}) if first else {}
-    verdict = Approval.verdict(attempt, now)
     shown_args, _ = redact(attempt.args)
     shown_values, _ = redact(held.get("values", {}))
     age = now - attempt.created_at
-    may, why = review.may_decide_held(user, attempt, policy)
+    may, why = review.may_decide_held(user, attempt, policy, first=first, fresh=False)
     return {
         "attempt": attempt,
         "policy": policy,
@@ -67,7 +100,7 @@ def _item(attempt: Attempt, policies: dict[str, ApprovalPolicy], user: Any, now)
         "may_decide": may,
         "why_not": why,
         "version": attempt.version,
-        "seen_event": attempt.last_event_id(),
+        "seen_event": last_event,
         "edited_from": _edited_from(attempt, first, user),
     }
 
@@ -108,8 +141,7 @@ def inbox(request: HttpRequest) -> HttpResponse:
     if tenant:
         held = held.filter(tenant_id=tenant)
     rows = list(held[(page - 1) * PAGE_SIZE : page * PAGE_SIZE + 1])
-    policies = {p.name: p for p in ApprovalPolicy.objects.all()}
-    items = [_item(a, policies, request.user, now) for a in rows[:PAGE_SIZE]]
+    items = _items(rows[:PAGE_SIZE], request.user, now)
     bulk_results = request.session.pop(BULK_RESULTS, None)
     here = reverse("approvals")
     params = {"tab": which, **({"tenant": tenant} if tenant else {})}

@@ -104,3 +104,33 @@ def test_the_overview_counts_held_work(world, held):
     page = login(world, "reviewer").get("/").content.decode()
     assert 'data-testid="count-held">2<' in page
     assert "2 awaiting me" in page
+
+
+def _inbox_queries(client, tab: str) -> tuple[int, str]:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as queries:
+        page = client.get(f"/approvals/?tab={tab}")
+    assert page.status_code == 200
+    return len(queries), page.content.decode()
+
+
+def test_a_page_of_the_inbox_costs_the_same_queries_for_one_item_or_many(world, held):
+    """Each item's first event, newest event, approvals, approvers' roles and the viewer's
+    roles are read once for the page, not once per item (at 50 items a page took 370 queries)."""
+    from attempts import review
+
+    review.approve_held(held[0], user=world.reviewer2, seen=None)
+    operator = login(world, "operator")
+    _inbox_queries(operator, "all")  # a first request reads what a session remembers after
+    few, _ = _inbox_queries(operator, "all")
+    for n in range(3, 9):
+        attempt = held_intent(world, f"charge:acme:{n}", {"amount_cents": 200000 + n})
+        review.approve_held(attempt, user=world.reviewer2, seen=None)
+    many, page = _inbox_queries(operator, "all")
+    assert page.count("data-attempt=") >= 8
+    assert many == few, f"{few} queries for 2 items, {many} for 8"
+    reviewer = login(world, "reviewer")
+    few_me, page = _inbox_queries(reviewer, "me")
+    assert "1 of 2 approvals" in page
