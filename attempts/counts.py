@@ -53,7 +53,7 @@ LIVE_STATES = tuple(s for s in State.values if s not in TERMINAL_STATES)
 COUNT_EVERY = 60
 _LOCK = "attempts.terminal_counts"
 # The most live attempts (in a person's tenants) the overview counts per request.
-LIVE_EXACT = 10_000
+LIVE_EXACT = 2_000
 
 
 def _day_start(day: dt.date) -> dt.datetime:
