@@ -831,7 +831,9 @@ class AttemptQuerySet(models.QuerySet):
         """Attempts an approval policy holds in AWAITING_APPROVAL, oldest first, within the
         user's tenants: ``me``, those this person may approve now (the policy's role and group,
         not recorded by them, not approved by them already under the current version); ``group``,
-        those whose policy names an identity-provider group the person is in; ``all``."""
+        those whose policy names an identity-provider group the person is in; ``all``. Roles
+        and groups are as this request read them (``read_people`` reads them fresh); approving
+        reads them again."""
         from django.utils import timezone
 
         held = (
@@ -841,7 +843,6 @@ class AttemptQuerySet(models.QuerySet):
         )
         if which == "all":
             return held
-        read_people([user])
         if which == "group":
             groups = sso_groups(user)
             if not groups:

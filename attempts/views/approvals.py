@@ -66,7 +66,6 @@ def _items(attempts: list[Attempt], user: Any, now) -> list[dict]:
     first_ids = {row["attempt_id"]: row["first"] for row in ends}
     last_ids = {row["attempt_id"]: row["last"] for row in ends}
     firsts = AttemptEvent.objects.in_bulk(list(first_ids.values()))
-    read_people([user])
     return [
         _item(
             attempt,
@@ -136,6 +135,7 @@ def inbox(request: HttpRequest) -> HttpResponse:
         return bad_request(request, "page must be a whole number from 1")
     page = int(raw_page)
     now = timezone.now()
+    read_people([request.user])  # fresh, once: the tabs, the list and each item's controls
     held = Attempt.objects.held_for(request.user, which, now).select_related("owner")
     tenant = request.GET.get("tenant", "")
     if tenant:
