@@ -13,8 +13,8 @@ one of that day's live attempts settles, and then that day's number of live atte
 pass reads the live attempts per day first (live work is the small part of the ledger: the
 overview already counts it on every request), then counts again the days whose live number
 changed since the pass before, and every day since the day before that pass (new work, and
-writes that committed late). Nothing is written on the agents' write path and no writer waits
-for the pass. A ledger loaded behind the write path's back (a restore, an import with old
+writes that committed late). Nothing is written on the agents' write path, and the pass counts
+before it takes the write lock, so no writer waits for its counting. A ledger loaded behind the write path's back (a restore, an import with old
 times) needs ``refresh(full=True)``.
 
 Live work is counted per request while it is small. A backlog of more than ``LIVE_EXACT`` live
@@ -105,39 +105,49 @@ def days_to_count(
 
 
 def refresh(*, full: bool = False, now: dt.datetime | None = None) -> TerminalCountPass:
-    """One count pass: count again the days that may have changed and store the sums."""
+    """One count pass: count again the days that may have changed and store the sums.
+
+    The counting reads come first, outside any transaction; only storing what they found takes
+    the write transaction. On SQLite a write transaction holds the whole database, and a pass
+    that counted inside it made every agent's write wait for the pass (seconds at 1M attempts).
+    Passes of several workers may read at once; they store one at a time, and a pass that finds
+    a newer pass stored while it read keeps that one."""
     began = time.monotonic()
+    now = now or timezone.now()
+    previous = None if full else TerminalCountPass.objects.order_by("pk").first()
+    # Read first: work that settles after this read is counted by the next pass.
+    live = _live_rows(Attempt.objects.all())
+    live_now: dict[str, int] = defaultdict(int)
+    for day, *_, n in live:
+        live_now[day.isoformat()] += n
+    plan = days_to_count(previous, live_now)
+    if plan is None:
+        recount = Q()
+        rows = list(_terminal_rows(Q()))
+        counted = len({row[0] for row in rows})
+    else:
+        since, older = plan
+        where = Q(created_at__gte=_day_start(since))
+        for day in older:
+            where |= Q(
+                created_at__gte=_day_start(day),
+                created_at__lt=_day_start(day + dt.timedelta(days=1)),
+            )
+        recount = Q(day__gte=since) | Q(day__in=older)
+        rows = list(_terminal_rows(where))
+        counted = len(older) + (now.astimezone(dt.UTC).date() - since).days + 1
     with write_transaction():
-        # Passes of several workers take turns; agents' writes never take this lock.
+        # Agents' writes never take this lock (on PostgreSQL they never wait for it).
         named_lock(_LOCK)
-        now = now or timezone.now()
-        previous = None if full else TerminalCountPass.objects.order_by("pk").first()
-        # Read first: work that settles after this read is counted by the next pass.
-        live = _live_rows(Attempt.objects.all())
-        live_now: dict[str, int] = defaultdict(int)
-        for day, *_, n in live:
-            live_now[day.isoformat()] += n
+        stored = TerminalCountPass.objects.order_by("pk").first()
+        if not full and stored is not None and stored.counted_at > now:
+            return stored
         LiveDayCount.objects.all().delete()
         LiveDayCount.objects.bulk_create(
             LiveDayCount(day=d, tenant_id=t, tool_name=tool, state=st, unowned=u, n=n)
             for d, t, tool, st, u, n in live
         )
-        plan = days_to_count(previous, live_now)
-        if plan is None:
-            TerminalDayCount.objects.all().delete()
-            rows = list(_terminal_rows(Q()))
-            counted = len({row[0] for row in rows})
-        else:
-            since, older = plan
-            where = Q(created_at__gte=_day_start(since))
-            for day in older:
-                where |= Q(
-                    created_at__gte=_day_start(day),
-                    created_at__lt=_day_start(day + dt.timedelta(days=1)),
-                )
-            TerminalDayCount.objects.filter(Q(day__gte=since) | Q(day__in=older)).delete()
-            rows = list(_terminal_rows(where))
-            counted = len(older) + (now.astimezone(dt.UTC).date() - since).days + 1
+        TerminalDayCount.objects.filter(recount).delete()
         TerminalDayCount.objects.bulk_create(
             TerminalDayCount(day=day, tenant_id=tenant, tool_name=tool, state=state, n=n)
             for day, tenant, tool, state, n in rows
