@@ -14,8 +14,8 @@ pass reads the live attempts per day first (live work is the small part of the l
 overview already counts it on every request), then counts again the days whose live number
 changed since the pass before, and every day since the day before that pass (new work, and
 writes that committed late). Nothing is written on the agents' write path, and the pass counts
-before it takes the write lock, so no writer waits for its counting. A ledger loaded behind the write path's back (a restore, an import with old
-times) needs ``refresh(full=True)``.
+before it takes the write lock, so no writer waits for its counting. A ledger loaded behind the
+write path's back (a restore, an import with old times) needs ``refresh(full=True)``.
 
 Live work is counted per request while it is small. A backlog of more than ``LIVE_EXACT`` live
 attempts in a person's tenants (a provider down for a day, say) is read from what the same pass

@@ -388,9 +388,7 @@ def _held_fields(tenant: str, tool_name: str, args: Any) -> dict[str, Any]:
                 "policy": policy.name,
                 "policy_version": policy.version,
                 "condition": policy.condition,
-                "approvals_needed": max(
-                    policy.approvals_needed, Tool.approvals_needed_for(tool_name)
-                ),
+                "approvals_needed": policy.approvals_for(tool_name),
                 "wait_until": (now + policy.max_wait).isoformat(),
                 **decided,
             }

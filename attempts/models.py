@@ -520,12 +520,12 @@ class ApprovalPolicy(models.Model):
             program = _CONDITIONS[key] = ApprovalCondition(self.condition)
         return program
 
-    def approvals_for(self, attempt: Attempt, *, critical: bool | None = None) -> int:
-        """The one home of how many approvals a held attempt needs: the policy's count, and
-        never fewer than its tool's four-eyes rule (``critical``: the tool's flag, when the
-        caller has read it already)."""
+    def approvals_for(self, tool_name: str, *, critical: bool | None = None) -> int:
+        """The one home of how many approvals a call of ``tool_name`` held by this policy
+        needs: the policy's count, and never fewer than the tool's four-eyes rule
+        (``critical``: the tool's flag, when the caller has read it already)."""
         if critical is None:
-            by_tool = Tool.approvals_needed_for(attempt.tool_name)
+            by_tool = Tool.approvals_needed_for(tool_name)
         else:
             by_tool = Tool(critical=critical).approvals_needed
         return max(self.approvals_needed, by_tool)
@@ -1419,7 +1419,8 @@ class Approval(models.Model):
                 elif not counts and name not in void:
                     void.append(name)
             void = [name for name in void if name not in valid]
-            needed = policy.approvals_for(attempt, critical=critical.get(attempt.tool_name, False))
+            tool = attempt.tool_name
+            needed = policy.approvals_for(tool, critical=critical.get(tool, False))
             verdicts[attempt.pk] = ApprovalVerdict(
                 needed, tuple(valid), tuple(void), policy.version
             )

@@ -651,7 +651,8 @@ def _policy_for_corrected(
     found = ApprovalPolicy.objects.holding(
         tenant=current.tenant_id, tool_name=current.tool_name, args=args
     )
-    if found is not None and found[0].approvals_for(current) > policy.approvals_for(current):
+    tool = current.tool_name
+    if found is not None and found[0].approvals_for(tool) > policy.approvals_for(tool):
         return found
     _, decided = policy.condition_program().evaluate(
         args, tenant=current.tenant_id, tool_name=current.tool_name
@@ -699,7 +700,7 @@ def edit_preview(attempt: Attempt, *, args: Any) -> dict[str, Any]:
         "args_hash": normalized.args_hash,
         "policy": linked_policy,
         "condition": decided,
-        "approvals_needed": linked_policy.approvals_for(attempt),
+        "approvals_needed": linked_policy.approvals_for(attempt.tool_name),
     }
 
 
@@ -772,7 +773,7 @@ def edit_and_approve(
                     "policy": linked_policy.name,
                     "policy_version": linked_policy.version,
                     "condition": linked_policy.condition,
-                    "approvals_needed": linked_policy.approvals_for(current),
+                    "approvals_needed": linked_policy.approvals_for(current.tool_name),
                     "wait_until": (now + linked_policy.max_wait).isoformat(),
                     **decided,
                 },

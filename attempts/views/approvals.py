@@ -344,7 +344,7 @@ def edit(request: HttpRequest, attempt_id: str) -> HttpResponse:
         "comment": "",
         "version": attempt.version,
         "seen_event": attempt.last_event_id(),
-        "needed": policy.approvals_for(attempt),
+        "needed": policy.approvals_for(attempt.tool_name),
     }
     if request.method == "POST":
         context.update(
