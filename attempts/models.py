@@ -859,10 +859,16 @@ class AttemptQuerySet(models.QuerySet):
             expires_at__gt=now or timezone.now(),
             policy_version=OuterRef("approval_policy__version"),
         )
-        recorded = AttemptEvent.objects.filter(
-            attempt=OuterRef("pk"), action="attempt.created", actor=user.get_username()
-        )
-        return held.filter(mine).exclude(Exists(approved)).exclude(Exists(recorded))
+        # recorded_by is never NULL here: migration 0014 filled it for every attempt a policy
+        # held, and an intent records it since.
+        return held.filter(mine).exclude(recorded_by=user.get_username()).exclude(Exists(approved))
+
+    def count_upto(self, cap: int | None = None) -> tuple[int, bool]:
+        """How many rows there are, reading no more than ``cap`` (QUEUE_COUNT_CAP) + 1 of them:
+        (the count, at most ``cap``; whether there are more). A page's badge: "1000+"."""
+        cap = QUEUE_COUNT_CAP if cap is None else cap
+        found = self.order_by()[: cap + 1].count()
+        return min(found, cap), found > cap
 
     def prefix_search(self, term: str, field: str) -> AttemptQuerySet:
         """Attempts whose ``field`` (one of PREFIX_FIELDS) starts with ``term``: one range
@@ -1067,6 +1073,15 @@ class Attempt(models.Model):
         on_delete=models.PROTECT,
         related_name="held_attempts",
         db_index=False,
+    )
+    # Who recorded the intent: its creation event's actor, kept on the row so that "never
+    # whoever recorded it" (the approval checks, the inbox) is a column test, not a read of
+    # the history. NULL only on attempts recorded before migration 0014 that no approval
+    # check reads (neither held by a policy nor linked); their first event still says it.
+    # NULL, not "": "not kept here" is not a name, and a nullable column is added to a big
+    # SQLite table without copying it.
+    recorded_by = models.CharField(  # noqa: DJ001
+        max_length=150, null=True, blank=True, editable=False
     )
     send_count = models.PositiveIntegerField(default=0)
     lookup_count = models.PositiveIntegerField(default=0)

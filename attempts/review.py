@@ -452,25 +452,23 @@ def _held(attempt: Attempt | str) -> tuple[Attempt, ApprovalPolicy]:
 
 
 def _recorded_by(current: Attempt) -> str | None:
+    """Who recorded the intent: the attempt's own column, or for an attempt older than it
+    (migration 0014 filled it for every attempt an approval check reads), its first event."""
+    if current.recorded_by is not None:
+        return current.recorded_by
     return current.events.order_by("id").values_list("actor", flat=True).first()
 
 
 def may_decide_held(
-    user: Any,
-    attempt: Attempt,
-    policy: ApprovalPolicy,
-    *,
-    first: AttemptEvent | None = None,
-    fresh: bool = True,
+    user: Any, attempt: Attempt, policy: ApprovalPolicy, *, fresh: bool = True
 ) -> tuple[bool, str]:
     """Whether ``user`` may approve, reject or correct this held attempt, and why not: the
     policy's approvers only (read fresh, or as ``read_people`` read them for this request),
-    never whoever recorded the intent (``first``: the attempt's first event, when read)."""
+    never whoever recorded the intent."""
     allowed, why = policy.may_approve(user, attempt.tenant_id, fresh=fresh)
     if not allowed:
         return False, why
-    recorded_by = first.actor if first is not None else _recorded_by(attempt)
-    if recorded_by == user.get_username():
+    if _recorded_by(attempt) == user.get_username():
         return False, "whoever recorded an intent cannot approve, reject or correct it"
     return True, ""
 

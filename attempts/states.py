@@ -165,7 +165,7 @@ def create(
         raise TransitionError("an attempt is created AWAITING_APPROVAL under an approval policy")
     now = now or timezone.now()
     fields.setdefault("next_check_at", default_next_check(state, now))
-    attempt = Attempt(state=state, created_at=now, updated_at=now, **fields)
+    attempt = Attempt(state=state, created_at=now, updated_at=now, recorded_by=actor.name, **fields)
     extra: dict[str, Any] = {}
     _owner_on_attention(attempt, state, extra)
     if "owner_id" in extra:

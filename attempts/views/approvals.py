@@ -85,7 +85,7 @@ def _item(attempt: Attempt, policy, verdict, first, last_event: int, user: Any, 
     shown_args, _ = redact(attempt.args)
     shown_values, _ = redact(held.get("values", {}))
     age = now - attempt.created_at
-    may, why = review.may_decide_held(user, attempt, policy, first=first, fresh=False)
+    may, why = review.may_decide_held(user, attempt, policy, fresh=False)
     return {
         "attempt": attempt,
         "policy": policy,
@@ -150,7 +150,7 @@ def inbox(request: HttpRequest) -> HttpResponse:
         "attempts/approvals.html",
         {
             "tabs": [
-                (key, title, Attempt.objects.held_for(request.user, key, now).count())
+                (key, title, *Attempt.objects.held_for(request.user, key, now).count_upto())
                 for key, title in TABS.items()
             ],
             "tab": which,

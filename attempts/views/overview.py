@@ -183,7 +183,7 @@ def overview_context(user: Any, now: dt.datetime) -> dict[str, Any]:
         "review_total": by_state.get(State.MANUAL_REVIEW, 0),
         # Approval before dispatch: held work, and what this person may approve now.
         "held_total": by_state.get(State.AWAITING_APPROVAL, 0),
-        "held_me": Attempt.objects.held_for(user, "me", now).count(),
+        "held_me": Attempt.objects.held_for(user, "me", now).count_upto(),
     }
 
 

@@ -47,6 +47,7 @@ ATTEMPT_COLUMNS: tuple[Column, ...] = (
     Column("owner", "owner", BY_HAND),
     Column("review_reason", "review_reason"),
     Column("approval_policy", "approval_policy", BY_HAND),
+    Column("recorded_by", "recorded_by", default=None),
     Column("send_count", "send_count"),
     Column("lookup_count", "lookup_count"),
     Column("chain_head", "chain_head"),

@@ -101,16 +101,19 @@ def test_the_unreleased_migrations_are_one_that_a_development_ledger_at_0017_cou
     """Release 0.2's schema is one migration after 0.1.0's 0009; it replaces the unreleased
     0010-0017, so a ledger that applied all eight has applied it (and one at 0009 applies it).
     Only migrations made after it follow it (0011: an index, for ledgers already at 0010; 0012:
-    the kept live counts and an index; 0013: byte-order identifiers)."""
+    the kept live counts and an index; 0013: byte-order identifiers; 0014: who recorded each
+    attempt)."""
     from django.db.migrations.loader import MigrationLoader
 
     loader = MigrationLoader(connection)
     key = ("attempts", "0010_release_0_2_schema")
     after = ("attempts", "0011_event_approval_idx")
     live_counts = ("attempts", "0012_live_counts")
-    newest = ("attempts", "0013_byte_order_identifiers")
+    byte_order = ("attempts", "0013_byte_order_identifiers")
+    newest = ("attempts", "0014_recorded_by")
     assert loader.graph.leaf_nodes("attempts") == [newest]
-    assert {parent.key for parent in loader.graph.node_map[newest].parents} == {live_counts}
+    assert {parent.key for parent in loader.graph.node_map[newest].parents} == {byte_order}
+    assert {parent.key for parent in loader.graph.node_map[byte_order].parents} == {live_counts}
     assert ("attempts", "0011_event_approval_idx") in {
         parent.key for parent in loader.graph.node_map[live_counts].parents
     }

@@ -106,6 +106,61 @@ def test_the_overview_counts_held_work(world, held):
     assert "2 awaiting me" in page
 
 
+def test_the_inbox_and_the_overview_count_held_work_no_further_than_the_cap(
+    world, held, monkeypatch
+):
+    """The tabs and the overview's "awaiting me" read at most QUEUE_COUNT_CAP + 1 held rows:
+    past the cap they say "N+" (10,000 held at 10M attempts took 120 ms per count)."""
+    from attempts import models
+
+    monkeypatch.setattr(models, "QUEUE_COUNT_CAP", 1)
+    reviewer = login(world, "reviewer")
+    page = reviewer.get("/approvals/?tab=me").content.decode()
+    assert "Awaiting me (1+)" in page and "All held (1+)" in page
+    assert "1+ awaiting me" in reviewer.get("/").content.decode()
+    monkeypatch.setattr(models, "QUEUE_COUNT_CAP", 2)
+    page = reviewer.get("/approvals/?tab=me").content.decode()
+    assert "Awaiting me (2)" in page and "All held (2)" in page
+
+
+def test_whoever_recorded_a_held_intent_never_has_it_awaiting_them(world, held):
+    """Who recorded an intent is kept on the attempt (``recorded_by``, the creation event's
+    actor) and the inbox's "me" tab tests that column."""
+    recorder = held[0].events.order_by("id").first().actor
+    assert Attempt.objects.get(pk=held[0].pk).recorded_by == recorder
+    Attempt.objects.filter(pk=held[0].pk).update(recorded_by=world.reviewer.get_username())
+    reviewer = Attempt.objects.held_for(world.reviewer, "me")
+    assert list(reviewer.values_list("pk", flat=True)) == [held[1].pk]
+    from attempts import review
+
+    current = Attempt.objects.get(pk=held[0].pk)
+    policy = ApprovalPolicy.objects.get(pk=current.approval_policy_id)
+    allowed, why = review.may_decide_held(world.reviewer, current, policy)
+    assert not allowed and why.startswith("whoever recorded an intent")
+
+
+def test_migration_0014_fills_recorded_by_where_an_approval_check_reads_it(world, held):
+    """Attempts older than the column: those a policy held (or linked ones) get their first
+    event's actor; the rest stay NULL and ``review._recorded_by`` reads their history."""
+    import importlib
+
+    from django.apps import apps
+
+    from attempts import review
+    from tests.conftest import agent_intent
+
+    plain, _ = agent_intent(world, "plain:1", tool="open_ticket", args={"title": "printer"})
+    Attempt.objects.update(recorded_by=None)
+    importlib.import_module("attempts.migrations.0014_recorded_by").fill(apps, None)
+    recorder = held[0].events.order_by("id").first().actor
+    assert set(
+        Attempt.objects.filter(pk__in=[h.pk for h in held]).values_list("recorded_by", flat=True)
+    ) == {recorder}
+    plain.refresh_from_db()
+    assert plain.recorded_by is None
+    assert review._recorded_by(plain) == plain.events.order_by("id").first().actor
+
+
 def _inbox_queries(client, tab: str) -> tuple[int, str]:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
