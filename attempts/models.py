@@ -1164,11 +1164,19 @@ class Attempt(models.Model):
                 name="attempt_awaiting_idx",
                 condition=Q(awaiting_approval=True),
             ),
-            # Attempts an approval policy held (the inbox; a policy's removal check).
+            # Attempts an approval policy held (a policy's removal check).
             models.Index(
                 fields=["approval_policy", "state"],
                 name="attempt_held_idx",
                 condition=Q(approval_policy__isnull=False),
+            ),
+            # The approvals inbox: held attempts in its order (oldest first), so a page reads
+            # its own rows and not every held attempt; with what "awaiting me" tests, so its
+            # bounded count can be read from the index alone.
+            models.Index(
+                fields=["created_at", "id", "tenant", "approval_policy", "recorded_by"],
+                name="attempt_held_order_idx",
+                condition=Q(state=State.AWAITING_APPROVAL),
             ),
         ]
 
