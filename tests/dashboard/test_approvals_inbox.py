@@ -139,6 +139,28 @@ def test_whoever_recorded_a_held_intent_never_has_it_awaiting_them(world, held):
     assert not allowed and why.startswith("whoever recorded an intent")
 
 
+def test_awaiting_me_tests_the_policy_where_only_some_policies_are_mine(world, held):
+    """Where this person may approve under every policy, "me" does not test the policy (so the
+    planner reads the inbox's index in order); where only some are theirs, it still does."""
+    ApprovalPolicy.objects.create(
+        name="deploys", tool_id="deploy_service", approver_group="release-managers"
+    )
+    deploy = held_intent(world, "deploy:acme:1", {"service": "api"}, tool="deploy_service")
+    mine = set(Attempt.objects.held_for(world.reviewer, "me").values_list("pk", flat=True))
+    assert mine == {held[0].pk, held[1].pk}
+    assert deploy.pk in set(
+        Attempt.objects.held_for(world.reviewer, "all").values_list("pk", flat=True)
+    )
+    SsoIdentity.objects.create(
+        user=world.reviewer, subject="s", last_login_groups=["release-managers"]
+    )
+    from attempts.models import read_people
+
+    read_people([world.reviewer])
+    mine = set(Attempt.objects.held_for(world.reviewer, "me").values_list("pk", flat=True))
+    assert mine == {held[0].pk, held[1].pk, deploy.pk}
+
+
 def test_migration_0014_fills_recorded_by_where_an_approval_check_reads_it(world, held):
     """Attempts older than the column: those a policy held (or linked ones) get their first
     event's actor; the rest stay NULL and ``review._recorded_by`` reads their history."""
