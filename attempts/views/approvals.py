@@ -136,7 +136,8 @@ def inbox(request: HttpRequest) -> HttpResponse:
     page = int(raw_page)
     now = timezone.now()
     read_people([request.user])  # fresh, once: the tabs, the list and each item's controls
-    held = Attempt.objects.held_for(request.user, which, now).select_related("owner")
+    by_tab = {key: Attempt.objects.held_for(request.user, key, now) for key in TABS}
+    held = by_tab[which].select_related("owner")
     tenant = request.GET.get("tenant", "")
     if tenant:
         held = held.filter(tenant_id=tenant)
@@ -149,10 +150,7 @@ def inbox(request: HttpRequest) -> HttpResponse:
         request,
         "attempts/approvals.html",
         {
-            "tabs": [
-                (key, title, *Attempt.objects.held_for(request.user, key, now).count_upto())
-                for key, title in TABS.items()
-            ],
+            "tabs": [(key, title, *by_tab[key].count_upto()) for key, title in TABS.items()],
             "tab": which,
             "items": items,
             "bulk_results": bulk_results,

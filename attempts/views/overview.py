@@ -135,6 +135,7 @@ def overview_context(user: Any, now: dt.datetime) -> dict[str, Any]:
         .order_by()
     )
     awaiting_me = Attempt.objects.awaiting_approval_of(user).count()
+    held_me, held_me_more = Attempt.objects.held_for(user, "me", now).count_upto()
     tool_rows = sorted(
         (
             {
@@ -183,7 +184,8 @@ def overview_context(user: Any, now: dt.datetime) -> dict[str, Any]:
         "review_total": by_state.get(State.MANUAL_REVIEW, 0),
         # Approval before dispatch: held work, and what this person may approve now.
         "held_total": by_state.get(State.AWAITING_APPROVAL, 0),
-        "held_me": Attempt.objects.held_for(user, "me", now).count_upto(),
+        "held_me": held_me,
+        "held_me_more": held_me_more,
     }
 
 
