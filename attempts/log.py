@@ -51,6 +51,7 @@ from attempts.models import (
 )
 from attempts.verify_export import (
     ALG_ED25519,
+    ERASURE_ACTION,
     EXT_AUTHORITY,
     EXT_CHECKPOINT,
     EXT_CONFIG,
@@ -63,6 +64,7 @@ from attempts.verify_export import (
     _split,
     consistent,
     ed25519_verify,
+    event_payload,
     key_id,
     node_hash,
     note_signed_by,
@@ -75,7 +77,7 @@ TILE_HEIGHT = 8
 TILE_WIDTH = 1 << TILE_HEIGHT
 PRIVATE_PREFIX = "PRIVATE+KEY+"
 RECEIPT_FORMAT = "ledgerweb-receipt"
-RECEIPT_VERSION = 1
+RECEIPT_VERSION = 2
 SIGN_COMMAND_TIMEOUT = 10
 
 
@@ -867,6 +869,12 @@ def receipt(attempt: Attempt) -> dict[str, Any]:
     if checkpoint is None or checkpoint.size <= index:
         raise NotSealed("no signed checkpoint covers the attempt's current state yet")
     note = signed_note(checkpoint)
+    # What the leaf commits to, so an agent can recompute it from what it sent: each event as
+    # its hash covers it (format 3: no free text, only its salted digest), and the salt of the
+    # arguments' digest, unless erasure replaced it (the agent already holds the arguments).
+    events = attempt.events.order_by("id")[: leaf.length]
+    rows = [event.export_row(attempt.attempt_id) for event in events]
+    erased = any(row["action"] == ERASURE_ACTION for row in rows)
     return {
         "format": RECEIPT_FORMAT,
         "version": RECEIPT_VERSION,
@@ -881,6 +889,8 @@ def receipt(attempt: Attempt) -> dict[str, Any]:
         "witnesses": sorted(
             set(checkpoint.signatures.filter(kind="witness").values_list("name", flat=True))
         ),
+        "events": [event_payload(row) for row in rows],
+        "args_salt": None if erased else attempt.args_salt or None,
     }
 
 

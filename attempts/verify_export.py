@@ -749,15 +749,96 @@ def b64_hashes(values: Iterable[str]) -> list[bytes]:
     return out
 
 
+# What a creation event names in the clear that an agent chose: a receipt is checked against
+# what the agent sent (``sent``) on these, and on the arguments (``history_problems``).
+SENT_FIELDS = ("tenant", "task_id", "tool_name", "idempotency_key")
+
+
+def _sent_problems(created: dict[str, Any], salt: str | None, sent: dict[str, Any]) -> list[str]:
+    details = created.get("details")
+    if created.get("action") != "attempt.created" or not isinstance(details, dict):
+        return ["the history's first event is not the attempt's creation"]
+    found = [
+        f"the history records {name} {details.get(name)!r}, not the {sent[name]!r} sent"
+        for name in SENT_FIELDS
+        if name in sent and details.get(name) != sent[name]
+    ]
+    if "args" not in sent:
+        return found
+    if int(created.get("v", CHAIN_FORMAT)) >= SALTED_FORMAT:
+        if not salt:
+            found.append("the receipt carries no salt: the arguments cannot be checked (erased?)")
+        elif details.get("args_digest") != args_commitment(salt, sent["args"]):
+            found.append("the history does not commit to the arguments sent")
+    elif details.get("args_hash") != args_hash_of(sent["args"]):
+        found.append("the history does not commit to the arguments sent")
+    return found
+
+
+def history_problems(
+    attempt_id: str,
+    length: int,
+    head: str,
+    events: list[dict[str, Any]],
+    *,
+    salt: str | None = None,
+    sent: dict[str, Any] | None = None,
+) -> list[str]:
+    """What is wrong with the history a receipt carries (empty when it holds): each event, as its
+    hash covers it (``event_payload``), hashes to the ``prev_hash`` of the next, from GENESIS, and
+    the last is the leaf's ``head`` after ``length`` events, all of ``attempt_id``. With ``sent``
+    (what the agent sent: any of ``SENT_FIELDS`` and ``args``), the creation event must record
+    exactly that (the arguments through their digest, salted with ``salt`` in format 3)."""
+    if len(events) != length:
+        return [f"the receipt carries {len(events)} events for a leaf of {length}"]
+    prev = GENESIS
+    for number, covered in enumerate(events, 1):
+        try:
+            if covered["attempt_id"] != attempt_id:
+                return [f"event {number} of the receipt is another attempt's"]
+            if covered["prev_hash"] != prev:
+                return [f"event {number} of the receipt does not follow the one before it"]
+            prev = hashlib.sha256(rfc8785.dumps(covered)).hexdigest()
+        except (KeyError, TypeError, rfc8785.CanonicalizationError) as exc:
+            return [f"event {number} of the receipt cannot be hashed: {exc!r}"]
+    if prev != head:
+        return ["the receipt's events do not hash to the leaf's head"]
+    if sent is not None and events:
+        return _sent_problems(events[0], salt, sent)
+    return []
+
+
 def receipt_problems(
     receipt: dict[str, Any],
     keys: Iterable[VerifierKey],
     *,
     witnesses: Iterable[VerifierKey] = (),
     quorum: int = 0,
+    sent: dict[str, Any] | None = None,
 ) -> list[str]:
     """What is wrong with an attempt's receipt (empty when it verifies): the checkpoint note is
-    signed (and cosigned), and the leaf (attempt id, chain length, head) is in its tree."""
+    signed (and cosigned), the leaf (attempt id, chain length, head) is in its tree, and (receipt
+    version 2) the events it carries hash to that head and, with ``sent``, record what the agent
+    sent (``history_problems``)."""
+    if receipt.get("events") is not None:
+        try:
+            leaf = receipt["leaf"]
+            found = history_problems(
+                str(leaf["attempt_id"]),
+                int(leaf["length"]),
+                str(leaf["head"]),
+                list(receipt["events"]),
+                salt=receipt.get("args_salt"),
+                sent=sent,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            return [f"malformed receipt: {exc}"]
+        if found:
+            return found
+    elif sent is not None:
+        return [
+            "the receipt carries no events (a version 1 receipt): what was sent cannot be checked"
+        ]
     try:
         checkpoint, _ = open_checkpoint(
             receipt["checkpoint"], keys, witnesses=witnesses, quorum=quorum

@@ -778,14 +778,18 @@ class LedgerClient:
         *,
         witness_keys: Sequence[str] = (),
         quorum: int = 0,
+        sent: Mapping[str, Any] | None = None,
     ) -> receipts.Checkpoint:
         """Check a receipt with no help from the server: signed by the log's ``verifier_key``
         (the ``NAME+KEYID+BASE64`` text ``manage.py ledger_log key`` prints, or a list of them
-        after a key rotation), cosigned by ``quorum`` of ``witness_keys``, and the attempt's
-        state in the signed tree. Returns the checkpoint; raises ``receipts.ReceiptError``.
-        Needs ``pip install 'ledgerweb-client[verify]'``."""
+        after a key rotation), cosigned by ``quorum`` of ``witness_keys``, the attempt's state
+        in the signed tree, and the events the receipt carries hash to that state. With
+        ``sent`` (what this agent sent: ``tenant``, ``task_id``, ``tool_name``,
+        ``idempotency_key``, ``args``, any of them), the history must record exactly that.
+        Returns the checkpoint; raises ``receipts.ReceiptError``. Needs ``pip install
+        'ledgerweb-client[verify]'``."""
         return receipts.verify_receipt(
-            receipt, verifier_key, witness_keys=witness_keys, quorum=quorum
+            receipt, verifier_key, witness_keys=witness_keys, quorum=quorum, sent=sent
         )
 
     def _log_text(self, path: str) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -106,6 +107,118 @@ def leaf_hash(attempt_id: str, length: int, head: str) -> bytes:
         ensure_ascii=False,
     )
     return hashlib.sha256(b"\x00" + text.encode()).digest()
+
+
+def _number(value: int | float) -> str:
+    """A JSON number as RFC 8785 writes it (ECMAScript's Number.prototype.toString)."""
+    if isinstance(value, int):
+        if abs(value) > 2**53 - 1:
+            raise ReceiptError(f"the integer {value} is outside what RFC 8785 can write exactly")
+        return str(value)
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ReceiptError("NaN and infinities are not JSON")
+    if value == 0:
+        return "0"
+    sign = "-" if value < 0 else ""
+    mantissa, _, exponent = repr(abs(value)).partition("e")
+    whole, _, fraction = mantissa.partition(".")
+    digits = (whole + fraction).lstrip("0")
+    # n: where the decimal point falls after the shortest digits (value = 0.DIGITS x 10^n)
+    point = len(whole) + int(exponent or 0) - (len(whole + fraction) - len(digits))
+    digits = digits.rstrip("0")
+    k = len(digits)
+    if k <= point <= 21:
+        return sign + digits + "0" * (point - k)
+    if 0 < point <= 21:
+        return sign + digits[:point] + "." + digits[point:]
+    if -6 < point <= 0:
+        return sign + "0." + "0" * -point + digits
+    shown = digits if k == 1 else digits[0] + "." + digits[1:]
+    return f"{sign}{shown}e{'+' if point - 1 > 0 else '-'}{abs(point - 1)}"
+
+
+def canonical_json(value: Any) -> bytes:
+    """RFC 8785 (JCS) canonical JSON: what the server hashes (an independent implementation,
+    standard library only)."""
+    return _canonical(value).encode()
+
+
+def _canonical(value: Any) -> str:
+    if value is None or value is True or value is False:
+        return json.dumps(value)
+    if isinstance(value, int | float):
+        return _number(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(_canonical(item) for item in value) + "]"
+    if isinstance(value, Mapping):
+        keys = sorted(value, key=lambda key: str(key).encode("utf-16-be"))
+        if not all(isinstance(key, str) for key in keys):
+            raise ReceiptError("JSON object keys must be strings")
+        return "{" + ",".join(f"{_canonical(k)}:{_canonical(value[k])}" for k in keys) + "}"
+    raise ReceiptError(f"not JSON: {type(value).__name__}")
+
+
+GENESIS = "0" * 64
+SALTED_FORMAT = 3
+SENT_FIELDS = ("tenant", "task_id", "tool_name", "idempotency_key")
+
+
+def _salted(salt: str, value: Any) -> str:
+    return hmac.new(bytes.fromhex(salt), canonical_json(value), hashlib.sha256).hexdigest()
+
+
+def check_history(receipt: Mapping[str, Any], *, sent: Mapping[str, Any] | None = None) -> None:
+    """Recompute what the receipt's leaf commits to: each event the receipt carries, as its
+    hash covers it, links to the one before it from the first, and the last hashes to the
+    leaf's head. With ``sent`` (what the agent sent: any of tenant, task_id, tool_name,
+    idempotency_key, args), the attempt's creation event must record exactly that, the
+    arguments through their (salted) digest. Raises ``ReceiptError``."""
+    events = receipt.get("events")
+    if events is None:
+        raise ReceiptError(
+            "the receipt carries no events (a server older than 0.2.0): what its leaf commits "
+            "to cannot be checked"
+        )
+    leaf = receipt["leaf"]
+    if len(events) != int(leaf["length"]):
+        raise ReceiptError(
+            f"the receipt carries {len(events)} events for a leaf of {leaf['length']}"
+        )
+    prev = GENESIS
+    for number, covered in enumerate(events, 1):
+        if covered.get("attempt_id") != leaf["attempt_id"]:
+            raise ReceiptError(f"event {number} of the receipt is another attempt's")
+        if covered.get("prev_hash") != prev:
+            raise ReceiptError(f"event {number} of the receipt does not follow the one before it")
+        prev = hashlib.sha256(canonical_json(covered)).hexdigest()
+    if prev != leaf["head"]:
+        raise ReceiptError("the receipt's events do not hash to the leaf's head")
+    if not sent or not events:
+        return
+    created = events[0]
+    details = created.get("details")
+    if created.get("action") != "attempt.created" or not isinstance(details, dict):
+        raise ReceiptError("the history's first event is not the attempt's creation")
+    for name in SENT_FIELDS:
+        if name in sent and details.get(name) != sent[name]:
+            raise ReceiptError(
+                f"the history records {name} {details.get(name)!r}, not the {sent[name]!r} sent"
+            )
+    if "args" not in sent:
+        return
+    salt = receipt.get("args_salt")
+    if int(created.get("v", 2)) >= SALTED_FORMAT:
+        if not salt:
+            raise ReceiptError("the receipt carries no salt: the arguments cannot be checked")
+        matches = details.get("args_digest") == _salted(salt, {"args": sent["args"]})
+    else:
+        matches = (
+            details.get("args_hash") == hashlib.sha256(canonical_json(sent["args"])).hexdigest()
+        )
+    if not matches:
+        raise ReceiptError("the history does not commit to the arguments sent")
 
 
 def open_checkpoint(
@@ -210,9 +323,13 @@ def verify_receipt(
     *,
     witness_keys: Iterable[str | VerifierKey] = (),
     quorum: int = 0,
+    sent: Mapping[str, Any] | None = None,
 ) -> Checkpoint:
-    """Verify an attempt's receipt (``LedgerClient.receipt``) with the log's verifier key(s).
-    Returns the verified checkpoint; raises ``ReceiptError`` when anything does not hold."""
+    """Verify an attempt's receipt (``LedgerClient.receipt``) with the log's verifier key(s):
+    the checkpoint is signed (and cosigned), the leaf is in its tree, and the events the
+    receipt carries hash to the leaf (``check_history``; with ``sent``, they record what the
+    agent sent). Returns the verified checkpoint; raises ``ReceiptError`` when anything does
+    not hold."""
     keys = [verifier_key] if isinstance(verifier_key, str | VerifierKey) else list(verifier_key)
     try:
         checkpoint = open_checkpoint(
@@ -221,6 +338,7 @@ def verify_receipt(
         leaf = receipt["leaf"]
         if leaf["attempt_id"] != receipt["attempt_id"]:
             raise ReceiptError("the receipt's leaf is another attempt's")
+        check_history(receipt, sent=sent)
         value = leaf_hash(leaf["attempt_id"], leaf["length"], leaf["head"])
         root = inclusion_root(
             value, int(receipt["index"]), checkpoint.size, hashes(receipt["inclusion_proof"])

@@ -57,8 +57,11 @@ def test_a_receipt_verifies_with_the_key_alone_and_a_forged_one_does_not(
         assert receipt["leaf"]["head"] == Attempt.objects.get().chain_head
 
         forged = {**receipt, "leaf": {**receipt["leaf"], "head": "0" * 64}}
-        with pytest.raises(ReceiptError, match="does not lead to the signed root"):
+        with pytest.raises(ReceiptError, match="events do not hash to the leaf's head"):
             LedgerClient.verify_receipt(forged, verifier)
+        elsewhere = {**receipt, "index": receipt["index"] + 1}
+        with pytest.raises(ReceiptError, match="does not lead to the signed root"):
+            LedgerClient.verify_receipt(elsewhere, verifier)
         other_key = str(log.generate_key(ORIGIN)[1])
         with pytest.raises(ReceiptError, match="not signed"):
             LedgerClient.verify_receipt(receipt, other_key)
@@ -171,3 +174,85 @@ def test_without_cryptography_the_client_says_what_to_install(world, verifier, m
     monkeypatch.setitem(sys.modules, "cryptography.hazmat.primitives.asymmetric.ed25519", None)
     with pytest.raises(ReceiptError, match=r"pip install 'ledgerweb-client\[verify\]'"):
         verify_receipt(receipt, verifier)
+
+
+def _sent(attempt, args) -> dict:
+    return {
+        "tenant": attempt.tenant,
+        "task_id": attempt.task_id,
+        "tool_name": attempt.tool_name,
+        "idempotency_key": attempt.idempotency_key,
+        "args": args,
+    }
+
+
+def test_a_receipt_carries_what_its_leaf_commits_to_and_the_agent_checks_what_it_sent(
+    live_server, tokens: Tokens, verifier
+):
+    from attempts import verify_export
+
+    args = {"amount": 1.5, "note": "caf\u00e9 \u2028 \U0001f600", "n": [1, 2.5e-7, None, True]}
+    with LedgerClient(live_server.url, tokens.acme) as ledger:
+        attempt = ledger.record_intent(
+            tenant="acme", task_id="t", tool_name="update_crm", idempotency_key="rc:1", args=args
+        )
+        assert ledger.dispatch(attempt.attempt_id)
+        _seal()
+        receipt = ledger.receipt(attempt.attempt_id)
+    assert receipt["version"] == 2 and len(receipt["events"]) == receipt["leaf"]["length"] == 2
+    # The events carry no free text: only what their hashes cover (format 3: its digest).
+    assert all("reason" not in event and "text" in event for event in receipt["events"])
+    sent = _sent(attempt, args)
+    assert LedgerClient.verify_receipt(receipt, verifier, sent=sent).size >= 1
+    key = verify_export.VerifierKey.parse(verifier)
+    assert verify_export.receipt_problems(receipt, [key], sent=sent) == []
+
+    refusals = [
+        ({**sent, "args": {**args, "amount": 2}}, "does not commit to the arguments sent"),
+        ({**sent, "idempotency_key": "rc:other"}, "idempotency_key"),
+        ({**sent, "tenant": "globex"}, "tenant"),
+    ]
+    for other, message in refusals:
+        with pytest.raises(ReceiptError, match=message):
+            LedgerClient.verify_receipt(receipt, verifier, sent=other)
+        assert verify_export.receipt_problems(receipt, [key], sent=other)
+
+    first, second = receipt["events"]
+    edited = {**first, "details": {**first["details"], "task_id": "t2"}}
+    tampered = [
+        ({**receipt, "events": [first]}, "carries 1 events for a leaf of 2"),
+        ({**receipt, "events": [edited, second]}, "does not follow"),
+        ({**receipt, "events": [first, {**second, "to_state": "FAILED"}]}, "leaf's head"),
+        ({**receipt, "events": [second, first]}, "does not follow"),
+    ]
+    for forged, message in tampered:
+        with pytest.raises(ReceiptError, match=message):
+            LedgerClient.verify_receipt(forged, verifier)
+        assert verify_export.receipt_problems(forged, [key])
+    old = {k: v for k, v in receipt.items() if k not in ("events", "args_salt")}
+    with pytest.raises(ReceiptError, match="carries no events"):
+        LedgerClient.verify_receipt(old, verifier)
+
+
+def test_a_history_the_key_holder_rewrote_still_fails_the_agents_own_check(
+    live_server, tokens: Tokens, verifier
+):
+    """The operator holds the log key: a rewritten and re-signed history verifies as a log, but
+    the agent that kept what it sent sees its leaf commit to other arguments."""
+    args = {"amount": 100}
+    with LedgerClient(live_server.url, tokens.acme) as ledger:
+        attempt = ledger.record_intent(
+            tenant="acme", task_id="t", tool_name="update_crm", idempotency_key="rw:1", args=args
+        )
+        _seal()
+        row = Attempt.objects.get()
+        created = row.events.order_by("id").first()
+        forged_digest = chain.args_digest(row.args_salt, {"amount": 1})
+        rewrite_history(row, details={**created.details, "args_digest": forged_digest})
+        forget_signer_state()
+        log.sign_pending()
+        receipt = ledger.receipt(attempt.attempt_id)
+    LedgerClient.verify_receipt(receipt, verifier)  # a consistent, signed log...
+    with pytest.raises(ReceiptError, match="does not commit to the arguments sent"):
+        LedgerClient.verify_receipt(receipt, verifier, sent=_sent(attempt, args))
+    LedgerClient.verify_receipt(receipt, verifier, sent=_sent(attempt, {"amount": 1}))

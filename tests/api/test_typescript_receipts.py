@@ -10,6 +10,7 @@ import json
 import subprocess
 
 import pytest
+import rfc8785
 from django.db import connection
 
 from attempts import chain, log
@@ -74,6 +75,17 @@ def test_typescript_client_verifies_receipts(live_server, tokens: Tokens, tmp_pa
                 base64.b64encode(h).decode() for h in log.consistency_proof(first.size, second.size)
             ],
         }
+        fixture["sent"] = {
+            "tenant": "acme",
+            "task_id": "t",
+            "tool_name": "update_crm",
+            "idempotency_key": "ts-r:1",
+            "args": {"i": 1},
+        }
+        # RFC 8785 as the server's reference writes it, for values where a naive encoder differs.
+        values = [0.1, 1e21, 1e-7, -0.0, 5e-324, 2**53 - 1, 1.5e300, 123.456, "\u2028\x01é😀"]
+        values.append({"\U0001f600": 1, "\uffff": 2, "é": 3, "b": [None, True], "a": {}})
+        fixture["jcs"] = [[value, rfc8785.dumps(value).decode()] for value in values]
         # A fork, as an operator holding the key would sign it: another root for a larger tree,
         # offered with the honest proof; the client that kept the first checkpoint refuses it.
         body = LogCheckpoint(ORIGIN, second.size + 1, hashlib.sha256(b"forged").digest()).text()
@@ -84,7 +96,7 @@ def test_typescript_client_verifies_receipts(live_server, tokens: Tokens, tmp_pa
         path = tmp_path / "fixture.json"
         path.write_text(json.dumps(fixture))
         done = subprocess.run(
-            [npm(), "run", "build", "--silent"], cwd=CLIENT, capture_output=True, text=True
+            [npm(), "run", "build:test", "--silent"], cwd=CLIENT, capture_output=True, text=True
         )
         assert done.returncode == 0, done.stdout + done.stderr
         done = subprocess.run(
@@ -96,7 +108,7 @@ def test_typescript_client_verifies_receipts(live_server, tokens: Tokens, tmp_pa
             timeout=300,
         )
         assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-        assert "# pass 3" in done.stdout and "# fail 0" in done.stdout, done.stdout[-2000:]
+        assert "# pass 4" in done.stdout and "# fail 0" in done.stdout, done.stdout[-2000:]
     finally:
         process.terminate()
         process.wait(timeout=10)

@@ -24,6 +24,7 @@ import {
   LogView,
   openCheckpoint,
   type Receipt,
+  type Sent,
   type TrustOptions,
   verifyReceipt,
 } from "./receipts.js";
@@ -337,7 +338,7 @@ export class LedgerClient {
   static verifyReceipt(
     receipt: Receipt,
     verifierKey: string | readonly string[],
-    options: TrustOptions = {},
+    options: TrustOptions & { sent?: Sent } = {},
   ): Checkpoint {
     return verifyReceipt(receipt, verifierKey, options);
   }

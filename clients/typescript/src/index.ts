@@ -45,6 +45,8 @@ export {
 export type { components, paths } from "./openapi.js";
 export {
   type Checkpoint,
+  canonicalJson,
+  checkHistory,
   consistent,
   inclusionRoot,
   LogView,
@@ -52,6 +54,7 @@ export {
   openCheckpoint,
   type Receipt,
   ReceiptError,
+  type Sent,
   type TrustOptions,
   VerifierKey,
   verifyReceipt,

@@ -346,7 +346,7 @@ export interface components {
             /** @constant */
             format: "ledgerweb-receipt";
             /** @constant */
-            version: 1;
+            version: 2;
             attempt_id: string;
             leaf: {
                 attempt_id: string;
@@ -365,6 +365,29 @@ export interface components {
             inclusion_proof: string[];
             /** @description Names of the witnesses whose cosignature the checkpoint carries. */
             witnesses: string[];
+            /** @description The attempt's events up to the leaf, each exactly as its hash covers it (SHA-256 of its RFC 8785 JSON; each `prev_hash` is the hash of the one before, the first's is 64 zeros, the last's hash is the leaf's `head`). Chain format 3 (`v` 3) carries no free text, only its salted digest `text`; the creation event (`attempt.created`) names the tenant, task id, tool, idempotency key and `args_digest`, HMAC-SHA256 keyed by `args_salt` of the RFC 8785 JSON of `{"args": ARGS}`. A client recomputes its leaf from what it sent (docs/audit-chain.md, Receipts). */
+            events: ({
+                v: number;
+                attempt_id: string;
+                action: string;
+                actor_kind: string;
+                actor: string;
+                from_state: string;
+                to_state: string;
+                details: {
+                    [key: string]: unknown;
+                };
+                created_at: string;
+                prev_hash: string;
+                /** @description Chain formats 1 and 2 only. */
+                reason?: string;
+                /** @description Chain format 3: the salted digest of the free text. */
+                text?: string;
+            } & {
+                [key: string]: unknown;
+            })[];
+            /** @description The salt of the creation event's `args_digest` (hex), or null once the attempt was erased (erasure replaces the salt). */
+            args_salt: string | null;
         };
     };
     responses: {

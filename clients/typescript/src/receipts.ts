@@ -1,9 +1,11 @@
 // Check a ledgerweb receipt without the server: the checkpoint note is signed by the log's key
 // (C2SP signed-note, Ed25519) and cosigned by enough witnesses (C2SP tlog-cosignature), and the
 // attempt's sealed state is in its tree (RFC 9162 inclusion proof). A `LogView` keeps the newest
-// checkpoint it verified and accepts a next one only with a consistency proof. Node's built-in
-// crypto does Ed25519 and SHA-256; nothing else is needed.
-import { createHash, createPublicKey, verify as cryptoVerify } from "node:crypto";
+// checkpoint it verified and accepts a next one only with a consistency proof. The events a
+// receipt carries are hashed again (RFC 8785 JSON, written here) up to the leaf, and checked
+// against what the agent sent. Node's built-in crypto does Ed25519, SHA-256 and HMAC; nothing
+// else is needed.
+import { createHash, createHmac, createPublicKey, verify as cryptoVerify } from "node:crypto";
 
 import type { components } from "./openapi.js";
 
@@ -207,16 +209,94 @@ export function hashes(values: readonly string[]): Buffer[] {
   });
 }
 
-/** Verify an attempt's receipt with the log's verifier key(s); returns the checkpoint. */
+/** RFC 8785 (JCS) canonical JSON: what the server hashes. JSON.stringify writes numbers and
+ * strings as RFC 8785 does; object keys are sorted by UTF-16 code units (JS's own order). */
+export function canonicalJson(value: unknown): string {
+  if (value === null || typeof value === "boolean" || typeof value === "string") return JSON.stringify(value);
+  if (typeof value === "number") {
+    if (!Number.isFinite(value)) throw new ReceiptError("NaN and infinities are not JSON");
+    return JSON.stringify(value);
+  }
+  if (Array.isArray(value)) return `[${value.map(canonicalJson).join(",")}]`;
+  if (typeof value === "object") {
+    const entries = Object.entries(value as Record<string, unknown>).filter(([, v]) => v !== undefined);
+    entries.sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
+    return `{${entries.map(([k, v]) => `${JSON.stringify(k)}:${canonicalJson(v)}`).join(",")}}`;
+  }
+  throw new ReceiptError(`not JSON: ${typeof value}`);
+}
+
+/** What the agent sent, to check a receipt's history against (any of the fields). */
+export interface Sent {
+  tenant?: string;
+  task_id?: string;
+  tool_name?: string;
+  idempotency_key?: string;
+  args?: Record<string, unknown>;
+}
+
+const GENESIS = "0".repeat(64);
+const SALTED_FORMAT = 3;
+const SENT_FIELDS = ["tenant", "task_id", "tool_name", "idempotency_key"] as const;
+
+/** Recompute what the receipt's leaf commits to: each event it carries, as its hash covers it,
+ * links to the one before it, and the last hashes to the leaf's head. With `sent`, the
+ * creation event must record exactly what the agent sent (the arguments through their salted
+ * digest). Throws ReceiptError. */
+export function checkHistory(receipt: Receipt, sent?: Sent): void {
+  const events = receipt.events as readonly Record<string, unknown>[] | undefined;
+  if (!Array.isArray(events)) {
+    throw new ReceiptError("the receipt carries no events (a server older than 0.2.0): what its leaf commits to cannot be checked");
+  }
+  const leaf = receipt.leaf;
+  if (events.length !== leaf.length) {
+    throw new ReceiptError(`the receipt carries ${events.length} events for a leaf of ${leaf.length}`);
+  }
+  let prev = GENESIS;
+  events.forEach((event, i) => {
+    if (event.attempt_id !== leaf.attempt_id) throw new ReceiptError(`event ${i + 1} of the receipt is another attempt's`);
+    if (event.prev_hash !== prev) throw new ReceiptError(`event ${i + 1} of the receipt does not follow the one before it`);
+    prev = createHash("sha256").update(canonicalJson(event)).digest("hex");
+  });
+  if (prev !== leaf.head) throw new ReceiptError("the receipt's events do not hash to the leaf's head");
+  const created = events[0];
+  if (!sent || !created) return;
+  const details = created.details as Record<string, unknown> | undefined;
+  if (created.action !== "attempt.created" || typeof details !== "object" || details === null) {
+    throw new ReceiptError("the history's first event is not the attempt's creation");
+  }
+  for (const name of SENT_FIELDS) {
+    if (sent[name] !== undefined && details[name] !== sent[name]) {
+      throw new ReceiptError(`the history records ${name} ${JSON.stringify(details[name])}, not the ${JSON.stringify(sent[name])} sent`);
+    }
+  }
+  if (sent.args === undefined) return;
+  let matches: boolean;
+  if (Number(created.v ?? 2) >= SALTED_FORMAT) {
+    const salt = receipt.args_salt;
+    if (!salt) throw new ReceiptError("the receipt carries no salt: the arguments cannot be checked");
+    const digest = createHmac("sha256", Buffer.from(salt, "hex")).update(canonicalJson({ args: sent.args })).digest("hex");
+    matches = details.args_digest === digest;
+  } else {
+    matches = details.args_hash === createHash("sha256").update(canonicalJson(sent.args)).digest("hex");
+  }
+  if (!matches) throw new ReceiptError("the history does not commit to the arguments sent");
+}
+
+/** Verify an attempt's receipt with the log's verifier key(s): the checkpoint is signed (and
+ * cosigned), the leaf is in its tree, and the events the receipt carries hash to the leaf
+ * (`checkHistory`; with `options.sent`, they record what the agent sent). Returns the
+ * checkpoint. */
 export function verifyReceipt(
   receipt: Receipt,
   verifierKey: string | VerifierKey | readonly (string | VerifierKey)[],
-  options: TrustOptions = {},
+  options: TrustOptions & { sent?: Sent } = {},
 ): Checkpoint {
   const keys = Array.isArray(verifierKey) ? verifierKey : [verifierKey as string | VerifierKey];
   const checkpoint = openCheckpoint(receipt.checkpoint, keys, options);
   const leaf = receipt.leaf;
   if (leaf.attempt_id !== receipt.attempt_id) throw new ReceiptError("the receipt's leaf is another attempt's");
+  checkHistory(receipt, options.sent);
   const root = inclusionRoot(
     leafHash(leaf.attempt_id, leaf.length, leaf.head),
     receipt.index,

@@ -6,11 +6,13 @@ import { readFileSync } from "node:fs";
 import { describe, test } from "node:test";
 
 import {
+  canonicalJson,
   LedgerClient,
   LogView,
   openCheckpoint,
   type Receipt,
   ReceiptError,
+  type Sent,
   StateConflict,
   verifyReceipt,
 } from "../src/index.js";
@@ -32,6 +34,8 @@ interface Fixture {
   proof_first_second: string[];
   forked: string;
   proof_first_forked: string[];
+  sent: Sent;
+  jcs: [unknown, string][];
 }
 
 if (file) describe("receipts", () => {
@@ -45,12 +49,39 @@ if (file) describe("receipts", () => {
     assert.deepEqual(checkpoint.witnesses, receipt.witnesses);
     assert.ok(LedgerClient.verifyReceipt(receipt, [data.other_key, data.verifier]));
     const forged: Receipt = { ...receipt, leaf: { ...receipt.leaf, head: "0".repeat(64) } };
-    assert.throws(() => verifyReceipt(forged, data.verifier), /does not lead to the signed root/);
+    assert.throws(() => verifyReceipt(forged, data.verifier), /do not hash to the leaf's head/);
+    const elsewhere: Receipt = { ...receipt, index: receipt.index + 1 };
+    assert.throws(() => verifyReceipt(elsewhere, data.verifier), /does not lead to the signed root/);
     assert.throws(() => verifyReceipt(receipt, data.other_key), ReceiptError);
     assert.throws(
       () => verifyReceipt(receipt, data.verifier, { witnessKeys: [data.witness_key], quorum: 2 }),
       /quorum is 2/,
     );
+  });
+
+  test("the events a receipt carries hash to its leaf and record what the agent sent", async () => {
+    const receipt = await ledger.receipt(data.attempt_id);
+    assert.equal(receipt.events.length, receipt.leaf.length);
+    const sent: Sent = { ...data.sent };
+    verifyReceipt(receipt, data.verifier, { sent });
+    assert.throws(
+      () => verifyReceipt(receipt, data.verifier, { sent: { ...sent, args: { ...sent.args, i: 99 } } }),
+      /does not commit to the arguments sent/,
+    );
+    assert.throws(
+      () => verifyReceipt(receipt, data.verifier, { sent: { ...sent, idempotency_key: "other" } }),
+      /idempotency_key/,
+    );
+    const [first, ...rest] = receipt.events;
+    const edited = { ...first, details: { ...(first?.details ?? {}), task_id: "t2" } };
+    const cases: [Receipt, RegExp][] = [
+      [{ ...receipt, events: rest }, /events for a leaf of/],
+      [{ ...receipt, events: [edited, ...rest] as Receipt["events"] }, /leaf's head|does not follow/],
+      [{ ...receipt, events: undefined as unknown as Receipt["events"] }, /carries no events/],
+    ];
+    for (const [bad, message] of cases) assert.throws(() => verifyReceipt(bad, data.verifier), message);
+    // The server's own RFC 8785 text of tricky values, written by the Python reference.
+    for (const [value, text] of data.jcs) assert.equal(canonicalJson(value), text);
   });
 
   test("an attempt not sealed yet has no receipt", async () => {
