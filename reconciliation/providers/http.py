@@ -106,6 +106,10 @@ def _request(
     )
 
 
+def _ms_since(started: float) -> int:
+    return int((time.monotonic() - started) * 1000)
+
+
 def _error_text(exc: BaseException) -> str:
     if isinstance(exc, transport.DeadlineExceeded):
         return f"timeout: {exc}"
@@ -192,6 +196,7 @@ class GenericHttpAdapter(Adapter):
             "X-Ledger-Attempt-Id": call.attempt_id,
             "X-Ledger-Args-Hash": call.args_hash,
         }
+        started = time.monotonic()
         try:
             answer = _request(
                 "POST",
@@ -202,9 +207,17 @@ class GenericHttpAdapter(Adapter):
             )
         except _Unsent as exc:
             # Nothing left this machine, so nothing can have happened: safe to send again.
-            return SendAnswer(SendStatus.REFUSED, retryable=True, detail=f"not sent: {exc}")
+            return SendAnswer(
+                SendStatus.REFUSED,
+                retryable=True,
+                latency_ms=_ms_since(started),
+                detail=f"not sent: {exc}",
+            )
         except (OSError, http.client.HTTPException, transport.AnswerTooLarge) as exc:
-            return SendAnswer(SendStatus.UNCERTAIN, detail=_error_text(exc))
+            # A cut call ran until it was cut: its latency is that time, not 0.
+            return SendAnswer(
+                SendStatus.UNCERTAIN, latency_ms=_ms_since(started), detail=_error_text(exc)
+            )
         body = answer.json()
         if 200 <= answer.status < 300:
             provider_id = body.get("id") if isinstance(body, dict) else None
@@ -258,7 +271,7 @@ class GenericHttpAdapter(Adapter):
             return LookupAnswer(
                 LookupStatus.AMBIGUOUS,
                 detail="answer refused unread",
-                latency_ms=int((time.monotonic() - started) * 1000),
+                latency_ms=_ms_since(started),
                 invalid=str(exc),
                 evidence="(not read)",
             )
@@ -266,7 +279,7 @@ class GenericHttpAdapter(Adapter):
             return LookupAnswer(
                 LookupStatus.UNAVAILABLE,
                 detail=_error_text(exc.__cause__ if isinstance(exc, _Unsent) else exc),
-                latency_ms=int((time.monotonic() - started) * 1000),
+                latency_ms=_ms_since(started),
             )
         if answer.status == 404:
             return LookupAnswer(

@@ -2,10 +2,20 @@
 one deadline, and the answer has a size limit checked while it streams.
 
 A socket timeout bounds each read, not the request: a provider that sends one byte a second
-never trips it. So a watchdog timer shuts the socket down when the deadline passes, which ends
-whatever read or write is blocked on it, in any library above (http.client here, the stripe
-library through its transport). The answer is refused as soon as its ``Content-Length`` or the
-bytes read so far pass the limit, before the rest is read.
+never trips it. So the deadline is enforced twice, below any library above (http.client here,
+the stripe provider through ``exchange``):
+
+- a watchdog timer shuts *the socket itself* down when the deadline passes, which ends whatever
+  read or write is blocked on it. It holds the socket from the moment it is connected, not the
+  connection object: http.client lets go of its socket (``connection.sock = None``) as soon as
+  an answer says it will close the connection (``Connection: close``, HTTP/1.0, a body delimited
+  by the close), and reads the body through the response's own file;
+- every read of the body checks the clock, so an answer that keeps coming in pieces (chunked, a
+  trickle) ends at the deadline even if the timer's shutdown lost a race.
+
+Every framing is covered: ``Content-Length``, chunked, close-delimited, HTTP/1.0 and TLS (the
+shutdown of a TLS socket shuts its underlying socket). The answer is refused as soon as its
+``Content-Length`` or the bytes read so far pass the limit, before the rest is read.
 """
 
 from __future__ import annotations
@@ -29,7 +39,12 @@ class NotSent(Exception):
 
 
 class DeadlineExceeded(TimeoutError):
-    """The exchange did not finish within its deadline (the request may have been sent)."""
+    """The exchange did not finish within its deadline (the request may have been sent).
+    ``latency_ms`` is how long it ran before it was cut."""
+
+    def __init__(self, message: str, *, latency_ms: int = 0) -> None:
+        super().__init__(message)
+        self.latency_ms = latency_ms
 
 
 class AnswerTooLarge(Exception):
@@ -66,17 +81,32 @@ def retry_after_seconds(value: str | None, *, now: float | None = None) -> float
 
 
 class _Watchdog:
-    """Shuts a connection's socket down when the deadline passes."""
+    """Shuts a connection's socket down when the deadline passes (see the module docstring:
+    it keeps the socket itself, which http.client may stop holding before the body is read)."""
 
     def __init__(self, connection: http.client.HTTPConnection, seconds: float) -> None:
         self.connection = connection
+        self.sock: socket.socket | None = None
         self.fired = False
+        self._lock = threading.Lock()
         self._timer = threading.Timer(max(0.0, seconds), self._fire)
         self._timer.daemon = True
 
+    def hold(self) -> None:
+        """Keep the connected socket, whatever the connection does with it later."""
+        with self._lock:
+            self.sock = self.connection.sock
+            fired = self.fired
+        if fired:
+            self._shutdown()
+
     def _fire(self) -> None:
-        self.fired = True
-        sock = self.connection.sock
+        with self._lock:
+            self.fired = True
+        self._shutdown()
+
+    def _shutdown(self) -> None:
+        sock = self.sock or self.connection.sock
         if sock is not None:
             try:
                 sock.shutdown(socket.SHUT_RDWR)
@@ -125,27 +155,43 @@ def exchange(
                 if watchdog.fired:
                     raise NotSent(f"connect did not finish within {deadline:g}s") from exc
                 raise NotSent(f"{type(exc).__name__}: {exc}") from exc
+            watchdog.hold()
+            ends = started + deadline
             try:
                 connection.request(method, target, body=body, headers=headers)
                 response = connection.getresponse()
                 if after_response is not None:
                     after_response()
                 answer_headers = {k.lower(): v for k, v in response.getheaders()}
-                data = _read_limited(response, max_bytes)
+                data = _read_limited(response, max_bytes, ends=ends)
             except (OSError, http.client.HTTPException) as exc:
-                if watchdog.fired:
-                    raise DeadlineExceeded(
-                        f"no complete answer within the {deadline:g}s deadline"
-                    ) from exc
+                if watchdog.fired or time.monotonic() >= ends:
+                    raise _late(deadline, started) from exc
                 raise
     finally:
         connection.close()
+        if watchdog.sock is not None:
+            watchdog.sock.close()
     if watchdog.fired:
-        raise DeadlineExceeded(f"no complete answer within the {deadline:g}s deadline")
-    return Answer(response.status, data, int((time.monotonic() - started) * 1000), answer_headers)
+        raise _late(deadline, started)
+    return Answer(response.status, data, _ms_since(started), answer_headers)
 
 
-def _read_limited(response: http.client.HTTPResponse, max_bytes: int) -> bytes:
+def _ms_since(started: float) -> int:
+    return int((time.monotonic() - started) * 1000)
+
+
+def _late(deadline: float, started: float) -> DeadlineExceeded:
+    return DeadlineExceeded(
+        f"no complete answer within the {deadline:g}s deadline", latency_ms=_ms_since(started)
+    )
+
+
+class _PastDeadline(OSError):
+    """A read came back after the deadline (the watchdog's shutdown may still be on its way)."""
+
+
+def _read_limited(response: http.client.HTTPResponse, max_bytes: int, *, ends: float) -> bytes:
     length = response.getheader("Content-Length")
     if length is not None and length.strip().isdigit() and int(length) > max_bytes:
         raise AnswerTooLarge(f"answer of {int(length)} bytes is over the {max_bytes}-byte limit")
@@ -153,6 +199,8 @@ def _read_limited(response: http.client.HTTPResponse, max_bytes: int) -> bytes:
     total = 0
     while True:
         chunk = response.read1(_CHUNK)
+        if time.monotonic() >= ends:
+            raise _PastDeadline("the answer was still coming at the deadline")
         if not chunk:
             break
         total += len(chunk)

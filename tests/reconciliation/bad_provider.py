@@ -4,6 +4,11 @@ bench/providers.py: ``python -m tests.reconciliation.bad_provider MODE --port-fi
 Modes (every request, send or lookup alike):
 
 - ``trickle``: ``200`` with ``Content-Length: 200``, then one byte a second;
+- ``trickle_close``: the same with ``Connection: close``;
+- ``trickle_http10``: an ``HTTP/1.0 200`` answer with ``Content-Length: 200``, one byte a second;
+- ``trickle_closedelim``: ``200`` with ``Connection: close`` and no length (the body ends when
+  the connection closes), one byte a second;
+- ``trickle_chunked``: ``200`` chunked, a one-byte chunk a second;
 - ``blackhole``: reads the request and never answers;
 - ``slow_headers``: the status line and headers one byte a second;
 - ``huge``: ``200`` announcing and streaming a 30 MB JSON body;
@@ -31,6 +36,21 @@ BAD_IDS = {
     "bad_id_long": "x" * 100_000,
 }
 HUGE_BYTES = 30 * 1024 * 1024
+_JSON = b"Content-Type: application/json\r\n"
+# The trickles, by framing: (status line and headers, what is sent every second after them).
+TRICKLES = {
+    "trickle": (b"HTTP/1.1 200 OK\r\n" + _JSON + b"Content-Length: 200\r\n\r\n", b" "),
+    "trickle_close": (
+        b"HTTP/1.1 200 OK\r\n" + _JSON + b"Content-Length: 200\r\nConnection: close\r\n\r\n",
+        b" ",
+    ),
+    "trickle_http10": (b"HTTP/1.0 200 OK\r\n" + _JSON + b"Content-Length: 200\r\n\r\n", b" "),
+    "trickle_closedelim": (b"HTTP/1.1 200 OK\r\n" + _JSON + b"Connection: close\r\n\r\n", b" "),
+    "trickle_chunked": (
+        b"HTTP/1.1 200 OK\r\n" + _JSON + b"Transfer-Encoding: chunked\r\n\r\n",
+        b"1\r\n \r\n",
+    ),
+}
 
 
 class _State:
@@ -78,15 +98,14 @@ class Handler(socketserver.StreamRequestHandler):
         with _State.lock:
             _State.hits += 1
         mode = _State.mode
-        if mode == "trickle":
-            self.wfile.write(
-                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 200\r\n\r\n"
-            )
+        if mode in TRICKLES:
+            head, piece = TRICKLES[mode]
+            self.wfile.write(head)
             self.wfile.flush()
             for _ in range(200):
                 if _State.stopping.wait(1.0):
                     return
-                self.wfile.write(b" ")
+                self.wfile.write(piece)
                 self.wfile.flush()
         elif mode == "blackhole":
             _State.stopping.wait(3600)
