@@ -21,7 +21,6 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth.decorators import login_not_required
 from django.core.exceptions import RequestDataTooBig
-from django.db import DatabaseError, InterfaceError, OperationalError, connections
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.html import escape
 from django.views.decorators.csrf import csrf_exempt
@@ -634,13 +633,9 @@ in a few seconds.</p></main></body></html>
 
 def database_unavailable(request: HttpRequest) -> HttpResponse:
     """503 ``ledger_unavailable`` with ``Retry-After``: the database connection was lost or
-    refused. The broken connection is closed, so the next request opens a new one."""
-    for conn in connections.all(initialized_only=True):
-        try:
-            if conn.connection is not None and not conn.is_usable():
-                conn.close()
-        except DatabaseError:
-            conn.close()
+    refused, or reaches a server that no longer takes writes (a failover). That connection is
+    closed, so the next request opens a new one (to the new primary of a multi-host URL)."""
+    locking.forget_connections()
     headers = {"Retry-After": DATABASE_RETRY_AFTER, "Cache-Control": "no-store"}
     if wants_json(request):
         return error_response(
@@ -673,7 +668,7 @@ def server_error(request: HttpRequest):
     failure = sys.exc_info()[1]
     if failure is not None and locking.is_statement_timeout(failure):
         return statement_timed_out(request)
-    if isinstance(failure, OperationalError | InterfaceError):
+    if failure is not None and locking.is_database_away(failure):
         return database_unavailable(request)
     if wants_json(request):
         return error_response(

@@ -193,3 +193,30 @@ def check_log_signing_key(app_configs=None, **kwargs):
     except (log.LogKeyError, ValueError) as exc:
         return [Error(f"The transparency log's keys: {exc}", id="attempts.E012")]
     return []
+
+
+# Not tagged "database" (Django runs those only with --database): the deploy gate must ask the
+# server it will run on.
+@register("failover", deploy=True)
+def check_failover_durability(app_configs=None, **kwargs):
+    """The gate before production (``check --deploy``): on PostgreSQL with standbys, an
+    acknowledged write must survive a failover, so replication must be synchronous for the
+    ledger's sessions (attempts/replication.py, docs/scaling.md)."""
+    from attempts import replication
+
+    try:
+        found = replication.durability()
+    except DatabaseError:
+        return []  # the database cannot be reached: other checks and /healthz say so
+    text = replication.warning_text(found) if found is not None else None
+    if text is None:
+        return []
+    return [
+        Warning(
+            text,
+            hint="Name the standby in synchronous_standby_names on the primary (e.g. "
+            "'ANY 1 (standby1, standby2)') and keep LEDGERWEB_PG_SYNCHRONOUS_COMMIT at on or "
+            "remote_apply; docs/scaling.md (failover) gives the cost on the write path.",
+            id="attempts.W045",
+        )
+    ]

@@ -20,7 +20,14 @@ import time
 import zlib
 from collections.abc import Iterator
 
-from django.db import OperationalError, connection, transaction
+from django.db import (
+    DatabaseError,
+    InterfaceError,
+    OperationalError,
+    connection,
+    connections,
+    transaction,
+)
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from attempts import dbadapter
@@ -56,6 +63,47 @@ def statement_timeout_message() -> str:
         "what it was part of was not written: try again, and if it keeps happening, the query "
         "or the database's load needs a look"
     )
+
+
+# SQLSTATE read_only_sql_transaction: the server a kept connection reaches no longer takes
+# writes (a primary demoted after a failover, or one a tool set read-only).
+_READ_ONLY = "25006"
+
+
+def is_database_away(exc: BaseException) -> bool:
+    """Whether ``exc`` says the ledger's database cannot take its writes now, rather than that
+    one call was bad: the connection was lost or refused, or the server it reaches is read-only
+    (after a failover the primary is elsewhere). The caller answers 503 or waits and tries again,
+    after ``forget_connections()``."""
+    if isinstance(exc, OperationalError | InterfaceError):
+        return True
+    cause = exc.__cause__ or exc
+    return isinstance(exc, DatabaseError) and getattr(cause, "sqlstate", None) == _READ_ONLY
+
+
+def forget_connections() -> None:
+    """Close this thread's database connections that are broken or reach a read-only server,
+    so the next use connects again (to whichever host of ``DATABASE_URL`` takes writes now).
+    A connection inside a transaction is left to its caller."""
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is None or conn.in_atomic_block:
+            continue
+        try:
+            usable = conn.is_usable() and not _read_only(conn)
+        except Exception:  # the driver's own error: this connection is no use either way
+            usable = False
+        if not usable:
+            conn.close()
+
+
+def _read_only(conn: BaseDatabaseWrapper) -> bool:
+    if conn.vendor != "postgresql":
+        return False
+    with conn.connection.cursor() as cursor:  # the driver's cursor: no Django bookkeeping
+        cursor.execute(
+            "SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool"
+        )
+        return bool(cursor.fetchone()[0])
 
 
 def _is_lock_timeout(exc: BaseException) -> bool:

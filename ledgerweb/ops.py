@@ -1,7 +1,8 @@
 """Operations endpoints: ``/healthz`` for load balancers and ``/metrics`` for Prometheus.
 
-Both are exempt from the session login. ``/healthz`` says only whether the database answers and
-the newest reconcile worker heartbeat is fresh. ``/metrics`` is the Prometheus text format,
+Both are exempt from the session login. ``/healthz`` says whether the database answers and
+the newest reconcile worker heartbeat is fresh (its status), and on PostgreSQL whether a failover
+could lose an acknowledged write (said, not a status). ``/metrics`` is the Prometheus text format,
 written by hand, from grouped counts and MIN() lookups that the attempt indexes answer; it is
 readable from loopback or with ``LEDGERWEB_METRICS_TOKEN`` (see docs/operations.md).
 """
@@ -21,7 +22,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from attempts import chain
+from attempts import chain, replication
 from attempts import log as tlog
 from attempts.models import TERMINAL_STATES, ActorKind, Attempt, AttemptEvent, State
 from reconciliation.models import WorkerHeartbeat
@@ -69,6 +70,7 @@ def healthz(request: HttpRequest) -> JsonResponse:
         fresh = age <= ops["HEARTBEAT_MAX_AGE"]
         body["worker"] = "ok" if fresh else "stale"
         healthy = fresh or not ops["HEALTHZ_REQUIRE_WORKER"]
+    _failover_health(body)
     degraded = degraded_providers()
     if degraded:
         # A provider in trouble is not the ledger's: the status stays, the providers are named.
@@ -99,6 +101,18 @@ def degraded_providers() -> dict[str, dict]:
             if rank.get(state, 0) > rank.get(found.get(key, {}).get("state", ""), -1):
                 found[key] = {**info, "state": state}
     return found
+
+
+def _failover_health(body: dict[str, object]) -> None:
+    """PostgreSQL: whether a write acknowledged now can be lost if the database fails over
+    (attempts/replication.py). Said, never a reason for 503: the ledger still works."""
+    try:
+        found = replication.durability()
+    except DatabaseError as exc:
+        body["replication"] = {"failover_loss": f"unknown: {exc}"}
+        return
+    if found is not None:
+        body["replication"] = found.as_dict()
 
 
 def _log_health(body: dict[str, object]) -> None:

@@ -109,11 +109,38 @@ TEMPLATES = [
 ]
 
 
+def _split_hosts(url: str) -> tuple[str, list[str], list[str]]:
+    """A libpq multi-host URL (``postgres://user@h1:5432,h2:5433/db``) as a one-host URL that
+    dj_database_url can read, and the lists of hosts and ports (libpq takes them comma-separated,
+    port by port). A one-host URL comes back as it is, with empty lists."""
+    scheme, sep, rest = url.partition("://")
+    netloc, slash, tail = rest.partition("/")
+    userinfo, at, hostlist = netloc.rpartition("@")
+    if not sep or "," not in hostlist:
+        return url, [], []
+    hosts, ports = [], []
+    for item in hostlist.split(","):
+        if item.startswith("["):  # [::1]:5432
+            host, _, port = item[1:].partition("]")
+            port = port.removeprefix(":")
+        else:
+            host, _, port = item.partition(":")
+        if not host or (port and not port.isdigit()):
+            raise ImproperlyConfigured(
+                f"DATABASE_URL lists a host that is not host[:port]: {item!r}"
+            )
+        hosts.append(host)
+        ports.append(port or "5432")
+    first = f"[{hosts[0]}]" if ":" in hosts[0] else hosts[0]
+    return f"{scheme}://{userinfo}{at}{first}:{ports[0]}{slash}{tail}", hosts, ports
+
+
 def _databases() -> dict:
     url = read("DATABASE_URL")
     if url:
+        one_host, hosts, ports = _split_hosts(url)
         try:
-            config = dj_database_url.parse(url, conn_max_age=read("LEDGERWEB_DB_CONN_MAX_AGE"))
+            config = dj_database_url.parse(one_host, conn_max_age=read("LEDGERWEB_DB_CONN_MAX_AGE"))
         except Exception as exc:  # dj_database_url raises several types for a bad URL
             raise ImproperlyConfigured(f"DATABASE_URL is not a valid database URL: {exc}") from None
         if config["ENGINE"] != "django.db.backends.postgresql":
@@ -121,7 +148,25 @@ def _databases() -> dict:
                 "DATABASE_URL must be a postgres:// URL (SQLite is configured with "
                 "LEDGERWEB_DATA_DIR instead)"
             )
-        # Durability is the product: never run the ledger with synchronous_commit off. Every lock
+        options = config.setdefault("OPTIONS", {})
+        if hosts:
+            # Failover (docs/scaling.md): libpq tries the hosts in turn and keeps the first that
+            # takes writes, so after a promotion a new connection finds the new primary. A kept
+            # connection to a server that went away or turned read-only is closed on its first
+            # error (a 503 with Retry-After, attempts/locking.py), and the next one looks again:
+            # no health-check query on every request's write path.
+            config["HOST"], config["PORT"] = ",".join(hosts), ",".join(ports)
+            options.setdefault("target_session_attrs", "read-write")
+        # A host that does not answer costs this long, not libpq's default of for ever; a
+        # connection whose peer vanished without a word is found by keepalives, not never.
+        options.setdefault("connect_timeout", read("LEDGERWEB_PG_CONNECT_TIMEOUT"))
+        options.setdefault("keepalives", 1)
+        options.setdefault("keepalives_idle", 10)
+        options.setdefault("keepalives_interval", 5)
+        options.setdefault("keepalives_count", 3)
+        # Durability is the product: never run the ledger with synchronous_commit off or local
+        # (with a synchronous standby, the setting chooses how far the standby has a commit
+        # before it is acknowledged: attempts/replication.py). Every lock
         # wait, every statement and every idle open transaction is bounded (attempts/locking.py
         # turns a lock or statement timeout into LedgerBusy; the server ends an idle session).
         # No JIT: the ledger's reads are short index ranges, and on a big table the planner's
@@ -129,8 +174,9 @@ def _databases() -> dict:
         lock_ms = read("LEDGERWEB_LOCK_TIMEOUT_MS")
         statement_ms = read("LEDGERWEB_PG_STATEMENT_TIMEOUT_MS")
         idle_ms = read("LEDGERWEB_PG_IDLE_IN_TRANSACTION_TIMEOUT_MS")
-        config.setdefault("OPTIONS", {})["options"] = (
-            f"-c synchronous_commit=on -c lock_timeout={lock_ms} -c statement_timeout="
+        level = read("LEDGERWEB_PG_SYNCHRONOUS_COMMIT")
+        options["options"] = (
+            f"-c synchronous_commit={level} -c lock_timeout={lock_ms} -c statement_timeout="
             f"{statement_ms} -c idle_in_transaction_session_timeout={idle_ms} -c jit=off"
         )
         # Parameters travel apart from the SQL, and a statement a connection has run a few times

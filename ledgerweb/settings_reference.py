@@ -182,7 +182,10 @@ declare(
     "DATABASE_URL",
     "str",
     "",
-    "`postgres://user@host:port/db` selects PostgreSQL (`synchronous_commit=on`).",
+    "`postgres://user@host:port/db` selects PostgreSQL (`synchronous_commit=on`); several hosts "
+    "(`postgres://user@h1:5432,h2:5432/db`) are tried in turn for the one that takes writes "
+    "(`target_session_attrs=read-write` unless the URL says otherwise): see docs/scaling.md, "
+    "failover.",
     group=_CORE,
     shown_default="(unset: SQLite)",
     essential=True,
@@ -256,6 +259,27 @@ declare(
     "PostgreSQL: longest wait for a lock before the call fails cleanly (`ledger_busy`).",
     group=_DB,
     minimum=1,
+)
+declare(
+    "LEDGERWEB_PG_CONNECT_TIMEOUT",
+    "int",
+    5,
+    "PostgreSQL: seconds a connection attempt may take per host before the next host in "
+    "`DATABASE_URL` is tried or the call fails with `ledger_unavailable` (libpq's "
+    "`connect_timeout`; a `connect_timeout` in the URL wins).",
+    group=_DB,
+    minimum=2,
+)
+declare(
+    "LEDGERWEB_PG_SYNCHRONOUS_COMMIT",
+    "choice",
+    "on",
+    "PostgreSQL: the ledger's sessions' `synchronous_commit` (never `off` or `local`). With a "
+    "synchronous standby named in `synchronous_standby_names`, a commit is acknowledged once the "
+    "standby has it in memory (`remote_write`), on disk (`on`) or applied (`remote_apply`); "
+    "docs/scaling.md, failover, says what each risks and costs.",
+    group=_DB,
+    choices=("on", "remote_write", "remote_apply"),
 )
 declare(
     "LEDGERWEB_PG_PREPARE_THRESHOLD",

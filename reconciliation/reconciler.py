@@ -33,11 +33,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, connection, transaction
+from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from attempts import authority, ledger, states, tracing
+from attempts import authority, ledger, locking, states, tracing
 from attempts.locking import write_transaction
 from attempts.models import Attempt, EffectClass, State
 from attempts.states import Actor, TransitionError
@@ -175,11 +175,6 @@ class _NeedsSavepoints(Exception):
 
 def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}".rstrip(": ")[:300]
-
-
-# Errors that say the database went away, not that one attempt is bad: the pass stops and the
-# worker's loop tries again later, nothing is quarantined.
-_DATABASE_DOWN = (OperationalError, InterfaceError)
 
 
 def _outcome(future: Future) -> LookupAnswer | _SendResult | _JobError:
@@ -645,9 +640,11 @@ class Reconciler:
             summary.lost += 1
             log.info("attempt %s changed under us: %s", attempt.attempt_id, exc)
             return None
-        except _DATABASE_DOWN:
-            raise
         except Exception as exc:
+            # The database went away (or turned read-only: a failover), not this attempt: the
+            # pass stops and the worker's loop tries again later; nothing is quarantined.
+            if locking.is_database_away(exc):
+                raise
             if not savepoint:
                 raise _NeedsSavepoints from exc
             self._quarantine(attempt, exc, summary, during=getattr(step, "__name__", "step"))
@@ -679,9 +676,9 @@ class Reconciler:
                     summary,
                     {"error": {"type": type(exc).__name__, "message": str(exc)[:300]}},
                 )
-        except _DATABASE_DOWN:
-            raise
-        except Exception:
+        except Exception as exc:
+            if locking.is_database_away(exc):
+                raise
             summary.outcomes["errors"] += 1
             log.exception("attempt %s could not be quarantined", attempt.attempt_id)
 

@@ -16,7 +16,7 @@ from django.core.checks import Tags
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, close_old_connections
 
-from attempts import chain, counts
+from attempts import chain, counts, locking
 from attempts import log as tlog
 from attempts.locking import LedgerBusy
 from attempts.notify import NotifyStep
@@ -206,7 +206,7 @@ class Command(BaseCommand):
                     level=logging.ERROR,
                     error=type(exc).__name__,
                 )
-                close_old_connections()
+                self._reconnect()
                 stop.wait(interval)
                 continue
             total.add(summary)
@@ -289,7 +289,13 @@ class Command(BaseCommand):
         if not isinstance(exc, expected):
             log.exception(f"{what} failed")
         self._say(f"{what} failed, {retry}: {exc}", event=event, level=logging.ERROR)
+        self._reconnect()
+
+    def _reconnect(self) -> None:
+        """After a failed step: connections that are broken, or reach a server that no longer
+        takes writes (after a failover), are closed; the next step connects to the primary."""
         close_old_connections()
+        locking.forget_connections()
 
     def _notify(self) -> dict[str, int]:
         """One notification step (SLA escalation, enqueue, delivery) unless --no-notify."""
@@ -335,4 +341,4 @@ class Command(BaseCommand):
             if not isinstance(exc, DatabaseError | tlog.LogKeyError):
                 log.exception("signing or publishing checkpoints failed")
             self.stderr.write(f"signing or publishing checkpoints failed, retrying later: {exc}")
-            close_old_connections()
+            self._reconnect()

@@ -1,0 +1,62 @@
+"""Lose nothing when the database fails over (issue 45).
+
+The ledger connects through a libpq multi-host ``DATABASE_URL`` to whichever server takes
+writes; ``check --deploy`` and ``/healthz`` say whether an acknowledged write can be lost on a
+failover; and under load from agents and two workers, a SIGKILLed primary and a promoted
+standby lose no acknowledged write when replication is synchronous (the real test runs a private
+primary and standby of its own; bench/failover.py holds the pair and the run)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.db import connection
+from django.test import Client
+
+from tests.conftest import child_env, manage
+
+
+def test_a_multi_host_url_connects_to_the_host_that_takes_writes(tmp_path) -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL only")
+    settings = connection.settings_dict
+    # The first host answers nothing (a closed port); libpq goes on to the next.
+    url = (
+        f"postgres://{settings['USER'] or 'postgres'}@127.0.0.1:9,"
+        f"{settings['HOST'] or '127.0.0.1'}:{settings['PORT'] or 5432}/{settings['NAME']}"
+    )
+    done = manage(
+        "shell",
+        "-c",
+        "from django.db import connection; connection.ensure_connection(); "
+        "o = connection.settings_dict['OPTIONS']; "
+        "print(connection.connection.info.port, o['target_session_attrs'], o['connect_timeout'])",
+        env=child_env(DATABASE_URL=url, LEDGERWEB_DATA_DIR=str(tmp_path)),
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1].split() == [
+        str(settings["PORT"] or 5432),
+        "read-write",
+        "5",
+    ]
+
+
+def test_a_database_url_with_a_malformed_host_list_fails_with_a_clear_message(tmp_path) -> None:
+    env = child_env(
+        DATABASE_URL="postgres://u@db1:5432,db2:x/ledger", LEDGERWEB_DATA_DIR=str(tmp_path)
+    )
+    done = manage("check", env=env)
+    assert done.returncode != 0
+    assert "DATABASE_URL lists a host that is not host[:port]: 'db2:x'" in done.stderr
+
+
+@pytest.mark.django_db
+def test_healthz_says_whether_a_failover_can_lose_acknowledged_writes() -> None:
+    answer = json.loads(Client().get("/healthz").content)
+    if connection.vendor != "postgresql":
+        assert "replication" not in answer
+        return
+    # The shared test server has no standby: nothing to fail over to, nothing to lose.
+    assert answer["replication"]["synchronous_commit"] == "on"
+    assert answer["replication"]["failover_loss"] == "no_standby"
