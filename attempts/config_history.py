@@ -285,6 +285,15 @@ AUTHORITIES: list[Authority] = [
     ),
 ]
 
+# Subjects recorded beside the declared models' rows: the authority baseline and archives.
+OTHER_KINDS = ("authority", "archive")
+
+
+def subject_kinds() -> tuple[str, ...]:
+    """Every kind a change's subject may have (the prefix before ``:``), for filters."""
+    return (*(authority.kind for authority in AUTHORITIES), *OTHER_KINDS)
+
+
 _BY_MODEL: dict[type[models.Model], Authority] = {}
 # many-to-many through model -> (authority, attribute)
 _BY_THROUGH: dict[type[models.Model], tuple[Authority, str]] = {}

@@ -50,6 +50,10 @@ RECOVERABLE_STATES = (
     State.FAILED_RETRYABLE,
 )
 ATTENTION_STATES = (State.UNKNOWN, State.MANUAL_REVIEW)
+# The resting states, where a person must act: an attempt in them always has an owner (protocol
+# section 3); it may be given to someone else but never unassigned. (An UNKNOWN attempt also
+# gets an owner when it enters UNKNOWN, but the worker may still settle it without anyone.)
+OWNED_STATES = (State.MANUAL_REVIEW, State.AWAITING_APPROVAL)
 # Sent or about to be sent by an agent that may still be at work: stale after STALE_AFTER.
 IN_FLIGHT_STATES = (State.INTENT_RECORDED, State.DISPATCHED)
 # A reviewer's approval of a linked attempt or retry (recorded without a move).
@@ -1478,6 +1482,7 @@ class ConfigEventQuerySet(models.QuerySet):
             Q(subject__startswith="tool:")
             | Q(subject="authority")
             | (Q(subject__startswith="sla_policy:") & Q(subject__endswith="/*"))
+            | Q(subject__in=self._policies_concerning(set(tenants)))
         )
         for tenant in tenants:
             seen |= (
@@ -1491,6 +1496,20 @@ class ConfigEventQuerySet(models.QuerySet):
                 )
             )
         return self.filter(seen)
+
+    def _policies_concerning(self, tenants: set[str]) -> list[str]:
+        """Approval policies' subjects whose recorded tenants (before or after any change) are
+        every tenant (an empty list) or include one of ``tenants``: a policy names its tenants
+        in its values, not in its subject."""
+        found = set()
+        rows = ConfigEvent.objects.filter(subject__startswith="approval_policy:")
+        for subject, before, after in rows.values_list("subject", "before", "after"):
+            for values in (before, after):
+                if isinstance(values, dict) and (
+                    not values.get("tenants") or tenants & set(values["tenants"])
+                ):
+                    found.add(subject)
+        return sorted(found)
 
     def affecting(self, attempt: Attempt) -> ConfigEventQuerySet:
         """Changes to what decides the attempt's authority or review: its tenant, its tool, the

@@ -36,6 +36,7 @@ from attempts.locking import write_transaction
 from attempts.models import (
     APPROVAL_ACTION,
     ATTENTION_STATES,
+    OWNED_STATES,
     Approval,
     ApprovalPolicy,
     Attempt,
@@ -150,8 +151,10 @@ def assign(
         check_seen(current, _seen(expected_version, seen), user=user)
         if owner is not None and not owners.may_own(owner, current.tenant_id):
             raise NotAllowed(owners.why_not(owner, current.tenant_id))
-        if owner is None and current.state == State.MANUAL_REVIEW:
-            raise StateConflict("an attempt in MANUAL_REVIEW must always have an owner")
+        if owner is None and current.state in OWNED_STATES:
+            raise StateConflict(
+                f"an attempt in {current.state} always has an owner: give it to someone else"
+            )
         return states.move(
             current,
             None,

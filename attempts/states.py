@@ -21,7 +21,14 @@ from django.utils import timezone
 
 from attempts import authority, chain, rows
 from attempts.actors import Actor
-from attempts.models import ATTENTION_STATES, Approval, ApprovalVerdict, Attempt, State
+from attempts.models import (
+    ATTENTION_STATES,
+    OWNED_STATES,
+    Approval,
+    ApprovalVerdict,
+    Attempt,
+    State,
+)
 
 S = State
 LEGAL_MOVES: dict[str, frozenset[str]] = {
@@ -137,7 +144,7 @@ def default_next_check(to_state: str, now: dt.datetime) -> dt.datetime | None:
 def _owner_on_attention(attempt: Attempt, to_state: str, fields: dict[str, Any]) -> None:
     """An attempt entering UNKNOWN, MANUAL_REVIEW or AWAITING_APPROVAL gets an owner then."""
     if (
-        (to_state in ATTENTION_STATES or to_state == S.AWAITING_APPROVAL)
+        (to_state in ATTENTION_STATES or to_state in OWNED_STATES)
         and attempt.owner_id is None
         and "owner_id" not in fields
     ):

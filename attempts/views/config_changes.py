@@ -23,26 +23,12 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
+from attempts.config_history import subject_kinds
 from attempts.models import ConfigEvent, Role, tenants_where
 from attempts.views._common import bad_request, refuse_nul_bytes
 
 PAGE_SIZE = 50
 PAGE_SIZES = (25, 50, 100, 200)
-# The kinds a subject may have (its prefix before ":"), as the history names them.
-KINDS = (
-    "tenant",
-    "user",
-    "group",
-    "membership",
-    "sso_group",
-    "sso_identity",
-    "agent_token",
-    "tool",
-    "grant",
-    "ownership_rule",
-    "sla_policy",
-    "authority",
-)
 
 
 class BadFilter(ValueError):
@@ -100,8 +86,9 @@ def parse_filters(request: HttpRequest) -> Filters:
         since=get.get("since", "").strip(),
         until=get.get("until", "").strip(),
     )
-    if filters.kind and filters.kind not in KINDS:
-        raise BadFilter(f"unknown kind {filters.kind!r}: choose one of {', '.join(KINDS)}")
+    kinds = subject_kinds()
+    if filters.kind and filters.kind not in kinds:
+        raise BadFilter(f"unknown kind {filters.kind!r}: choose one of {', '.join(kinds)}")
     since, until = _day(filters.since, "since"), _day(filters.until, "until")
     if since and until and until <= since:
         raise BadFilter("until must be after since")
@@ -182,7 +169,7 @@ def config_history(request: HttpRequest) -> HttpResponse:
 
     context = {
         "filters": filters,
-        "kinds": KINDS,
+        "kinds": subject_kinds(),
         "page_sizes": PAGE_SIZES,
         "changes": [{"event": event, "fields": fields_of(event)} for event in page],
         "has_next": has_next,

@@ -22,6 +22,7 @@ from django.views.decorators.http import require_GET
 from attempts import authority, ledger, owners, tracing
 from attempts.canonical import canonical_bytes
 from attempts.models import (
+    OWNED_STATES,
     ApprovalPolicy,
     Attempt,
     ConfigEvent,
@@ -314,7 +315,7 @@ def detail_context(request: HttpRequest, attempt: Attempt) -> dict[str, Any]:
             "can_take": can_operate and attempt.owner_id != user.pk and not attempt.is_terminal,
             "can_unassign": can_operate
             and attempt.owner_id is not None
-            and attempt.state != State.MANUAL_REVIEW
+            and attempt.state not in OWNED_STATES
             and not attempt.is_terminal,
             "can_assign": can_operate and not attempt.is_terminal,
             "can_ack": can_operate

@@ -458,3 +458,28 @@ def test_my_own_change_in_another_tab_is_told_as_mine(world, clients):
     ).content.decode()
     assert "you changed this attempt in another window or tab" in stale.lower()
     assert "someone else" not in stale and "you changed its owner" in stale
+
+
+def test_a_held_attempt_is_reassigned_but_never_unassigned_like_manual_review(world, clients):
+    """AWAITING_APPROVAL and MANUAL_REVIEW are resting states that always have an owner: the
+    page offers no Unassign, and the action is refused with a message."""
+    from tests.dashboard.approvals_helpers import held_intent, hold_big_charges
+
+    hold_big_charges()
+    for attempt in (held_intent(world, "own:1", {"amount_cents": 500000}), make_review(world)):
+        attempt.refresh_from_db()
+        assert attempt.owner_id is not None, attempt.state
+        url = f"/attempts/{attempt.attempt_id}"
+        page = clients.operator.get(url + "/").content.decode()
+        assert f'action="{url}/unassign/"' not in page
+        response = clients.operator.post(
+            f"{url}/unassign/", {"expected_version": attempt.version}, follow=True
+        )
+        assert "always has an owner" in response.content.decode()
+        attempt.refresh_from_db()
+        assert attempt.owner_id is not None
+        clients.operator.post(
+            f"{url}/assign/", {"expected_version": attempt.version, "owner": "reviewer"}
+        )
+        attempt.refresh_from_db()
+        assert attempt.owner == world.reviewer

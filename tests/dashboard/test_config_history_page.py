@@ -110,3 +110,24 @@ def test_pages_are_keyset_ranges_newest_first(world) -> None:
     assert f"before={seqs[24]}" in first
     second = client.get(f"/audit/config/?kind=tool&size=25&before={seqs[24]}").content.decode()
     assert f'data-change="{seqs[25]}"' in second and f'data-change="{seqs[24]}"' not in second
+
+
+def test_a_reviewer_sees_the_approval_policies_that_concern_their_tenants(world) -> None:
+    """Approval policies name their tenants in their values (every tenant when empty): a
+    reviewer sees the changes of those that concern a tenant of theirs, and filters by kind."""
+    from attempts.models import ApprovalPolicy
+
+    with config_history.acting(Actor.user(world.admin), "hold risky calls"):
+        ApprovalPolicy.objects.create(name="every-tenant", tool_id="charge_card")
+        ApprovalPolicy.objects.create(name="acme-crm", tool_id="update_crm", tenants=["acme"])
+        ApprovalPolicy.objects.create(name="globex-only", tool_id="update_crm", tenants=["globex"])
+    client = login(world.reviewer)
+    kinds = client.get("/audit/config/").content.decode()
+    assert '<option value="approval_policy"' in kinds
+    response = client.get("/audit/config/?kind=approval_policy")
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "approval_policy:every-tenant" in page and "approval_policy:acme-crm" in page
+    assert "globex-only" not in page
+    assert '<td class="mono wrap">tool:' not in page  # the filter keeps only policies
+    assert client.get("/audit/config/?kind=nonsense").status_code == 400

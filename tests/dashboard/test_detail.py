@@ -177,3 +177,16 @@ def test_after_a_decision_the_page_offers_the_next_attempt_needing_attention(wor
     assert clients.viewer.get(f"/attempts/{second.attempt_id}/").context[
         "next_attempt"
     ].attempt_id in {third.attempt_id}
+
+
+def test_the_printable_report_is_offered_only_to_whoever_may_open_it(world, clients):
+    """The report is for reviewers and admins of the attempt's tenant: a viewer or an operator
+    is not shown a link that would answer 403."""
+    attempt = make_unknown(world)
+    url = f"/attempts/{attempt.attempt_id}/"
+    report = f"/audit/report/{attempt.attempt_id}/"
+    for name, shown in (("viewer", False), ("operator", False), ("reviewer", True)):
+        client = getattr(clients, name)
+        assert ('data-testid="report-link"' in client.get(url).content.decode()) is shown, name
+        status = client.get(report).status_code
+        assert (status == 200) is shown, (name, status)
