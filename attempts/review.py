@@ -843,14 +843,17 @@ def decide_held_many(
             if decision == "reject":
                 after = reject_held(attempt_id, user=user, reason=comment, seen=seen)
                 results.append(
-                    HeldDecision(attempt_id, "rejected", "rejected: FAILED", after.state)
+                    HeldDecision(attempt_id, "rejected", "FAILED, it will not be sent", after.state)
                 )
             else:
                 after = approve_held(attempt_id, user=user, comment=comment, seen=seen)
                 if after.state == State.INTENT_RECORDED:
                     results.append(
                         HeldDecision(
-                            attempt_id, "approved", "approved: it may be sent now", after.state
+                            attempt_id,
+                            "approved",
+                            "enough approvals, it may be sent now",
+                            after.state,
                         )
                     )
                 else:
@@ -859,7 +862,7 @@ def decide_held_many(
                         HeldDecision(
                             attempt_id,
                             "recorded",
-                            f"approval recorded ({len(verdict.valid)} of {verdict.needed}); "
+                            f"{len(verdict.valid)} of {verdict.needed} approvals; "
                             "another person must approve too",
                             after.state,
                         )

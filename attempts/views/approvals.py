@@ -87,6 +87,8 @@ def _item(attempt: Attempt, policy, verdict, first, last_event: int, user: Any, 
     age = now - attempt.created_at
     may, why = review.may_decide_held(user, attempt, policy, fresh=False)
     return {
+        # One person counts once: whoever's approval already counts may still reject.
+        "approved_by_me": user.get_username() in verdict.valid,
         "attempt": attempt,
         "policy": policy,
         "held": held,
@@ -144,6 +146,9 @@ def inbox(request: HttpRequest) -> HttpResponse:
     rows = list(held[(page - 1) * PAGE_SIZE : page * PAGE_SIZE + 1])
     items = _items(rows[:PAGE_SIZE], request.user, now)
     bulk_results = request.session.pop(BULK_RESULTS, None)
+    kept = set(request.session.pop(BULK_KEPT, []))
+    for item in items:
+        item["picked"] = item["attempt"].attempt_id in kept
     here = reverse("approvals")
     params = {"tab": which, **({"tenant": tenant} if tenant else {})}
     return render(
@@ -154,6 +159,7 @@ def inbox(request: HttpRequest) -> HttpResponse:
             "tab": which,
             "items": items,
             "bulk_results": bulk_results,
+            "bulk_comment": request.session.pop(BULK_COMMENT, ""),
             "tenant": tenant,
             "page": page,
             "next_url": here + "?" + urlencode({**params, "page": page + 1})
@@ -242,6 +248,8 @@ def reject(request: HttpRequest, attempt_id: str) -> HttpResponse:
 
 
 BULK_RESULTS = "approval_bulk_results"
+BULK_KEPT = "approval_bulk_kept"
+BULK_COMMENT = "approval_bulk_comment"
 
 
 @require_POST
@@ -278,6 +286,10 @@ def bulk(request: HttpRequest) -> HttpResponse:
             else []
         )
     except LedgerError as exc:
+        # Refused as a whole (no reason to reject with, too many): nothing was decided, and the
+        # inbox keeps the selection so the person adds what was missing and decides again.
+        request.session[BULK_KEPT] = [attempt_id for attempt_id, _ in picks]
+        request.session[BULK_COMMENT] = request.POST.get("comment", "")[:2000]
         return refusal(request, exc, redirect_to=_back(request))
     request.session[BULK_RESULTS] = [
         {

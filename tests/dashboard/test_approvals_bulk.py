@@ -189,3 +189,31 @@ def test_the_inbox_offers_a_checkbox_only_for_what_i_may_decide(world, held):
     assert page.count('data-testid="pick"') == 3  # acme's three; not globex's
     page = login(world, "operator").get("/approvals/?tab=all").content.decode()
     assert 'data-testid="pick"' not in page
+
+
+def test_a_bulk_reject_without_a_reason_is_refused_and_keeps_the_selection(world, held):
+    charge1, charge2, _, crm = held
+    before = snapshot()
+    answer = bulk(login(world, "reviewer"), [pick(charge1), pick(crm)], "reject", "  ")
+    page = answer.content.decode()
+    assert answer.status_code == 200 and "reason" in page
+    assert snapshot() == before
+    checked = {
+        item["attempt"].attempt_id for item in answer.context["items"] if item.get("picked")
+    }
+    assert checked == {charge1.attempt_id, crm.attempt_id}
+    assert page.count(" checked>") >= 2
+    # Given the reason, the same selection is decided.
+    got = results(bulk(login(world, "reviewer"), [pick(charge1), pick(crm)], "reject", "no"))
+    assert {outcome for outcome, _ in got.values()} == {"rejected"}
+
+
+def test_each_result_says_its_outcome_once(world, held):
+    charge1, _, _, crm = held
+    reviewer = login(world, "reviewer")
+    got = results(bulk(reviewer, [pick(charge1), pick(crm)], "approve"))
+    for outcome, message in got.values():
+        assert outcome not in message, (outcome, message)
+    got = results(bulk(login(world, "reviewer2"), [pick(charge1)], "reject", "too much"))
+    outcome, message = got[charge1.attempt_id]
+    assert outcome == "rejected" and "rejected" not in message and "FAILED" in message

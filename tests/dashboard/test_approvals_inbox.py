@@ -211,3 +211,18 @@ def test_a_page_of_the_inbox_costs_the_same_queries_for_one_item_or_many(world, 
     reviewer = login(world, "reviewer")
     few_me, page = _inbox_queries(reviewer, "me")
     assert "1 of 2 approvals" in page
+
+
+def test_after_approving_all_held_offers_no_second_approval_of_mine(world, held):
+    """One person counts once: the item I approved stays in "All held" without an Approve (or
+    Edit and approve) for me, saying another approver must approve; I may still reject it."""
+    attempt = held[0]
+    reviewer = login(world, "reviewer")
+    reviewer.post(f"/approvals/{attempt.attempt_id}/approve/", _form(attempt))
+    page = reviewer.get("/approvals/?tab=all").content.decode()
+    item = page[page.index(card(attempt)) : page.index(card(held[1]))]
+    assert 'data-testid="approve"' not in item and 'data-testid="edit-link"' not in item
+    assert 'data-testid="approved-by-me"' in item and "another approver" in item
+    assert 'data-testid="reject"' in item
+    other = page[page.index(card(held[1])) :]
+    assert 'data-testid="approve"' in other
