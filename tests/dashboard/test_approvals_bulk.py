@@ -198,9 +198,7 @@ def test_a_bulk_reject_without_a_reason_is_refused_and_keeps_the_selection(world
     page = answer.content.decode()
     assert answer.status_code == 200 and "reason" in page
     assert snapshot() == before
-    checked = {
-        item["attempt"].attempt_id for item in answer.context["items"] if item.get("picked")
-    }
+    checked = {item["attempt"].attempt_id for item in answer.context["items"] if item.get("picked")}
     assert checked == {charge1.attempt_id, crm.attempt_id}
     assert page.count(" checked>") >= 2
     # Given the reason, the same selection is decided.
