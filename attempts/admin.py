@@ -28,6 +28,7 @@ from attempts.models import (
     OwnershipRule,
     PersonSettings,
     RetentionRule,
+    SlackIdentity,
     SlaPolicy,
     Tenant,
     Tool,
@@ -401,6 +402,16 @@ class NotificationRouteAdmin(ReadOnlyAdmin):
     list_display = ["name", "tenant_pattern", "tool_pattern", "kinds", "active"]
     list_filter = ["active"]
     search_fields = ["name", "tenant_pattern", "tool_pattern"]
+
+
+@admin.register(SlackIdentity)
+class SlackIdentityAdmin(ConfigHistoryAdmin):
+    """A Slack user an administrator verified as a ledger user (docs/integrations.md, Slack
+    approvals): that Slack user's clicks decide as the ledger user, by the dashboard's rules."""
+
+    list_display = ["team_id", "slack_user_id", "user"]
+    search_fields = ["slack_user_id", "user__username"]
+    raw_id_fields = ["user"]
 
 
 @admin.register(RetentionRule)

@@ -56,6 +56,7 @@ from attempts.models import (
     NotificationRoute,
     OwnershipRule,
     RetentionRule,
+    SlackIdentity,
     SlaPolicy,
     SsoGroupRole,
     SsoIdentity,
@@ -186,6 +187,14 @@ AUTHORITIES: list[Authority] = [
         related=("user",),
     ),
     Authority(SsoGroupRole, "sso_group", lambda r: f"{r.group}/{r.tenant_id}", {"role": "role"}),
+    # Which ledger user a Slack user's Approve / Reject clicks decide as (attempts/slack.py).
+    Authority(
+        SlackIdentity,
+        "slack_identity",
+        lambda r: f"{r.team_id}/{r.slack_user_id}",
+        {"user": _username("user")},
+        related=("user",),
+    ),
     Authority(
         SsoIdentity,
         "sso_identity",
@@ -256,6 +265,7 @@ AUTHORITIES: list[Authority] = [
             "tenant_pattern": "tenant_pattern",
             "tool_pattern": "tool_pattern",
             "kinds": lambda r: sorted(r.kinds),
+            "slack_channel": "slack_channel",
             "active": "active",
         },
         many={"people": ("people", lambda p: p.get_username())},

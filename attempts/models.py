@@ -1865,6 +1865,15 @@ class NotificationRoute(models.Model):
         settings.AUTH_USER_MODEL, related_name="notification_routes", blank=True
     )
     active = models.BooleanField(default=True)
+    # A Slack channel's id: held calls this route matches are posted there with Approve / Reject
+    # buttons (attempts/slack.py), beside the notices to the route's people.
+    slack_channel = models.CharField(
+        max_length=80,
+        blank=True,
+        default="",
+        help_text="Slack channel id (C...) where held calls this route matches are posted with "
+        "Approve / Reject buttons (empty: none).",
+    )
 
     class Meta:
         ordering = ["name"]
@@ -1941,6 +1950,75 @@ class NotifyCursor(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} read to event {self.last_event_id}"
+
+
+class SlackIdentity(models.Model):
+    """A Slack user an administrator verified as one ledger user: a click on an Approve or
+    Reject button by this Slack user decides as ``user`` (attempts/slack.py). Without a row, a
+    Slack user is mapped only by an email Slack confirmed that equals the email of exactly one
+    active ledger user who signs in through the identity provider."""
+
+    team_id = models.CharField(max_length=40)
+    slack_user_id = models.CharField(max_length=40)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="slack_identities"
+    )
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["team_id", "slack_user_id"], name="slackidentity_unique"
+            )
+        ]
+        verbose_name_plural = "Slack identities"
+
+    def __str__(self) -> str:
+        return f"Slack {self.team_id}/{self.slack_user_id} is {self.user}"
+
+
+class SlackMessage(models.Model):
+    """The interactive message about one held attempt in one Slack channel: an outbox row like
+    ``Notification``. ``wanted`` goes up whenever what the message should show changes (it was
+    held, approved, decided, expired); the worker posts or updates it under a lease and records
+    the revision it showed in ``shown``, so a change while it was posting is posted again."""
+
+    attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, related_name="slack_messages")
+    channel = models.CharField(max_length=80)
+    ts = models.CharField(max_length=40, blank=True, default="")
+    wanted = models.PositiveIntegerField(default=1)
+    shown = models.PositiveIntegerField(default=0)
+    next_try_at = models.DateTimeField()
+    tries = models.PositiveIntegerField(default=0)
+    claim_token = models.CharField(max_length=40, blank=True, default="")
+    lease_until = models.DateTimeField(null=True, blank=True)
+    dead = models.BooleanField(default=False)
+    last_error = models.CharField(max_length=500, blank=True, default="")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["attempt", "channel"], name="slackmessage_unique")
+        ]
+        indexes = [
+            models.Index(
+                fields=["next_try_at"],
+                name="slackmessage_due_idx",
+                condition=Q(shown__lt=F("wanted"), dead=False),
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"Slack message about {self.attempt_id} in {self.channel}"
+
+
+class SlackRequest(models.Model):
+    """Interaction requests from Slack seen recently (their signature, and the click's own id):
+    a request sent again is refused. Rows older than the signature's five minutes go."""
+
+    key = models.CharField(max_length=200, unique=True)
+    received_at = models.DateTimeField(db_index=True)
+
+    def __str__(self) -> str:
+        return f"Slack request {self.key[:20]} at {self.received_at}"
 
 
 class SlaPolicy(models.Model):

@@ -39,7 +39,7 @@ from django.db.models import Exists, OuterRef, Q
 from django.urls import reverse
 from django.utils import timezone
 
-from attempts import owners
+from attempts import owners, slack
 from attempts.faults import crash_point
 from attempts.models import (
     APPROVAL_ACTION,
@@ -315,6 +315,8 @@ def enqueue_from_events(now: dt.datetime | None = None) -> int:
         Q(action__in=["attempt.owner_changed", APPROVAL_ACTION])
         | (Q(to_state=State.MANUAL_REVIEW) & ~Q(from_state=State.MANUAL_REVIEW))
         | (Q(to_state=State.AWAITING_APPROVAL) & ~Q(from_state=State.AWAITING_APPROVAL))
+        # A held call decided or expired: its Slack messages show what became of it.
+        | (Q(from_state=State.AWAITING_APPROVAL) & ~Q(to_state=State.AWAITING_APPROVAL))
     )
     events = list(
         AttemptEvent.objects.filter(interesting, id__gt=cursor.last_event_id)
@@ -324,6 +326,7 @@ def enqueue_from_events(now: dt.datetime | None = None) -> int:
     made = 0
     for event in events:
         made += enqueue(drafts_for(event, event.attempt), now)
+        slack.note_event(event, event.attempt, now)
     safe = (
         AttemptEvent.objects.filter(id__gt=cursor.last_event_id, created_at__lt=now - OVERLAP)
         .order_by("-id")
@@ -594,7 +597,7 @@ class NotifyStep:
 
     def run(self, now: dt.datetime | None = None) -> dict[str, int]:
         now = now or timezone.now()
-        if not channels() and not SlaPolicy.objects.exists():
+        if not channels() and not slack.enabled() and not SlaPolicy.objects.exists():
             return {}
         done = {"enqueued": enqueue_from_events(now)}
         every = dt.timedelta(seconds=settings.NOTIFY["SLA_EVERY"])
@@ -603,4 +606,5 @@ class NotifyStep:
             done["enqueued"] += enqueue_digests(now)
             self._last_sla = now
         done.update(deliver_due(now))
+        done.update({f"slack_{k}": v for k, v in slack.deliver_due(now).items()})
         return done

@@ -14,6 +14,7 @@ from attempts.views import (
     overview,
     preferences,
     queues,
+    slack,
 )
 
 urlpatterns = [
@@ -33,6 +34,7 @@ urlpatterns = [
         name="password_reset_complete",
     ),
     path("approvals/", approvals.inbox, name="approvals"),
+    path("slack/interactions", slack.interactions, name="slack-interactions"),
     path("approvals/bulk/", approvals.bulk, name="approval-bulk"),
     path("approvals/<str:attempt_id>/edit/", approvals.edit, name="approval-edit"),
     path("approvals/<str:attempt_id>/approve/", approvals.approve, name="approval-approve"),

@@ -485,6 +485,14 @@ NOTIFY = {
     "SLA_EVERY": read("LEDGERWEB_SLA_EVERY"),
 }
 
+# Approve and reject held calls in Slack (attempts/slack.py): on when both secrets are set.
+SLACK = {
+    "BOT_TOKEN": read("LEDGERWEB_SLACK_BOT_TOKEN"),
+    "SIGNING_SECRET": read("LEDGERWEB_SLACK_SIGNING_SECRET"),
+    "API_URL": read("LEDGERWEB_SLACK_API_URL"),
+    "TIMEOUT": read("LEDGERWEB_SLACK_TIMEOUT"),
+}
+
 # Tracing (attempts/tracing.py, docs/operations.md): the traceparent an agent sends is kept on
 # its attempt and linked to the team's tracing UI; the ledger's own steps are exported as spans
 # over OTLP/HTTP only when an endpoint is configured.

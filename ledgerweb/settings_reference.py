@@ -673,6 +673,37 @@ declare(
     minimum=1,
 )
 declare(
+    "LEDGERWEB_SLACK_BOT_TOKEN",
+    "secret",
+    "",
+    "Slack bot token (`xoxb-...`, scopes `chat:write`, `users:read`, `users:read.email`): held "
+    "calls are posted to routes' `slack_channel` with Approve / Reject buttons.",
+    group=_NOTIFY,
+)
+declare(
+    "LEDGERWEB_SLACK_SIGNING_SECRET",
+    "secret",
+    "",
+    "The Slack app's signing secret: clicks on the buttons are verified with it "
+    "(`/slack/interactions`). Slack approvals are off unless it and the bot token are set.",
+    group=_NOTIFY,
+)
+declare(
+    "LEDGERWEB_SLACK_API_URL",
+    "str",
+    "https://slack.com/api/",
+    "Slack's Web API address (a test server's, in tests).",
+    group=_NOTIFY,
+)
+declare(
+    "LEDGERWEB_SLACK_TIMEOUT",
+    "int",
+    5,
+    "Deadline in seconds of each call to Slack's Web API.",
+    group=_NOTIFY,
+    minimum=1,
+)
+declare(
     "LEDGERWEB_BASE_URL",
     "str",
     "",

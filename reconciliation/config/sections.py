@@ -639,6 +639,7 @@ class NotificationRoutes(Section):
         "tool": "*",
         "kinds": [],
         "notify": [],
+        "slack_channel": "",
         "active": True,
     }
     references: ClassVar[dict[str, str]] = {"notify": "users"}
@@ -662,6 +663,7 @@ class NotificationRoutes(Section):
                 "tool": route.tool_pattern,
                 "kinds": sorted(route.kinds),
                 "notify": sorted(p.get_username() for p in route.people.all()),
+                "slack_channel": route.slack_channel,
                 "active": route.active,
             }
             for route in NotificationRoute.objects.prefetch_related("people").order_by("name")
@@ -670,6 +672,7 @@ class NotificationRoutes(Section):
     def _save(self, route: NotificationRoute, entry: dict[str, Any]) -> str:
         route.tenant_pattern, route.tool_pattern = entry["tenant"], entry["tool"]
         route.kinds, route.active = entry["kinds"], entry["active"]
+        route.slack_channel = entry["slack_channel"]
         route.save()
         route.people.set(get_user_model().objects.filter(username__in=entry["notify"]))
         return self.subject(route.name)

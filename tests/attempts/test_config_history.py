@@ -33,6 +33,7 @@ from attempts.models import (
     NotificationRoute,
     OwnershipRule,
     RetentionRule,
+    SlackIdentity,
     SlaPolicy,
     SsoGroupRole,
     SsoIdentity,
@@ -143,6 +144,10 @@ ADMIN_CHANGES = {
     "sso_identity": (
         lambda w: SsoIdentity.objects.create(user=w.viewer, subject="idp-1"),
         {"subject": "idp-2"},
+    ),
+    "slack_identity": (
+        lambda w: SlackIdentity.objects.create(team_id="T1", slack_user_id="U1", user=w.viewer),
+        {"team_id": "T2"},
     ),
     "agent_token": (
         lambda w: AgentToken.issue("bot", ["acme"])[0],

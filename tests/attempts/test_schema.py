@@ -102,7 +102,7 @@ def test_the_unreleased_migrations_are_one_that_a_development_ledger_at_0017_cou
     0010-0017, so a ledger that applied all eight has applied it (and one at 0009 applies it).
     Only migrations made after it follow it (0011: an index, for ledgers already at 0010; 0012:
     the kept live counts and an index; 0013: byte-order identifiers; 0014: who recorded each
-    attempt; 0015: the inbox's index)."""
+    attempt; 0015: the inbox's index; 0016: Slack approvals)."""
     from django.db.migrations.loader import MigrationLoader
 
     loader = MigrationLoader(connection)
@@ -111,9 +111,12 @@ def test_the_unreleased_migrations_are_one_that_a_development_ledger_at_0017_cou
     live_counts = ("attempts", "0012_live_counts")
     byte_order = ("attempts", "0013_byte_order_identifiers")
     recorded_by = ("attempts", "0014_recorded_by")
-    newest = ("attempts", "0015_held_order_idx")
+    held_order = ("attempts", "0015_held_order_idx")
+    newest = ("attempts", "0016_slack_approvals")
     assert loader.graph.leaf_nodes("attempts") == [newest]
-    assert {parent.key for parent in loader.graph.node_map[newest].parents} == {recorded_by}
+    parents = {parent.key for parent in loader.graph.node_map[newest].parents}
+    assert {key for key in parents if key[0] == "attempts"} == {held_order}
+    assert {parent.key for parent in loader.graph.node_map[held_order].parents} == {recorded_by}
     assert {parent.key for parent in loader.graph.node_map[recorded_by].parents} == {byte_order}
     assert {parent.key for parent in loader.graph.node_map[byte_order].parents} == {live_counts}
     assert ("attempts", "0011_event_approval_idx") in {
