@@ -45,6 +45,7 @@ from attempts.verify_export import (
     PUBLIC_DETAILS,
     SALTED_FORMAT,
     ChainChecker,
+    ErasureProof,
     MerkleTree,
     Problem,
     Report,
@@ -411,6 +412,7 @@ class _Verifier:
             hashes.append(stored)
             details_seen.append(details)
         self.check_row(row, events, details_seen)
+        self.erased_texts(attempt_id, events, details_seen, salt)
         if (chain_head, chain_length) != ((hashes[-1] if hashes else ""), len(hashes)):
             self.bad(
                 "attempt",
@@ -447,6 +449,35 @@ class _Verifier:
                     "checkpoint: the row was edited so the sealer would pass them over",
                     attempt_id=attempt_id,
                 )
+
+    def erased_texts(
+        self, attempt_id: Any, events: list[tuple], details: list[Any], salt: str | None
+    ) -> None:
+        """Format 3: an event whose free text is the erasure marker is erased only with a
+        four-eyes erasure after it in the attempt's history (``verify_export.ErasureProof``);
+        without one it was edited (``[content]``), e.g. by one plain UPDATE the append-only
+        guard lets through because it looks like an erasure's."""
+        proof: ErasureProof | None = None
+        for event, detail in zip(events, details, strict=True):
+            action, reason = event[2], event[7]
+            if action != ERASURE_ACTION and reason != ERASED_TEXT:
+                continue  # the common case: nothing erased, nothing erasing
+            proof = proof or ErasureProof()
+            row = {
+                "id": event[1],
+                "action": action,
+                "actor_kind": event[3],
+                "actor": event[4],
+                "reason": reason,
+                "details": detail,
+                "v": event[12] if event[12] is not None else LEGACY_FORMAT,
+                "text_digest": event[13],
+            }
+            for problem in proof.event(attempt_id, row, salt):
+                self.checker.problem(problem)
+        if proof is not None:
+            for problem in proof.finish():
+                self.checker.problem(problem)
 
     def salted_event(
         self,

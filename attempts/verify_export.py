@@ -239,6 +239,84 @@ def text_problem(row: dict[str, Any], salt: str | None) -> str | None:
     return "its reason or details are not the text its hash committed to: they were edited"
 
 
+# -- Erased text must be proven erased (docs/audit-chain.md, "Erasure"): the marker in an
+# event's free text is what a four-eyes erasure writes, and what one plain UPDATE could write
+# too (the append-only guard lets the erasure's UPDATE through). Its proof is in the chain: an
+# ``attempt.erased`` event after it, asked for by one person and approved by another.
+
+
+def erasure_problem(row: dict[str, Any]) -> str | None:
+    """Why an ``attempt.erased`` event does not record a four-eyes erasure, or None: it names
+    who asked and who approved, two different people, and its actor is the approver."""
+    erasure = (
+        row.get("details", {}).get("erasure") if isinstance(row.get("details"), dict) else None
+    )
+    if not isinstance(erasure, dict):
+        return "records no erasure request (who asked, who approved)"
+    asked, approved = erasure.get("requested_by"), erasure.get("approved_by")
+    if not (isinstance(asked, str) and asked and isinstance(approved, str) and approved):
+        return "does not name who asked for it and who approved it"
+    if asked == approved:
+        return f"was asked for and approved by the same person ({asked}): not four eyes"
+    if row.get("actor_kind") != "user" or row.get("actor") != approved:
+        return f"was written by {row.get('actor')!r}, not by its approver {approved!r}"
+    return None
+
+
+def unproven_marker(row: dict[str, Any], salt: str | None) -> bool:
+    """Whether a format-3 event carries the erasure marker as its free text, other than as text
+    its salted digest committed to (a note that says ``[erased]``, checked when the salt is
+    there): such text needs an erasure after it in the attempt's history."""
+    if int(row.get("v", CHAIN_FORMAT)) < SALTED_FORMAT or not is_erased_event(row):
+        return False
+    if salt:
+        try:
+            return text_digest(salt, row["reason"], row["details"]) != row.get("text_digest")
+        except (TypeError, ValueError, KeyError, rfc8785.CanonicalizationError):
+            return True
+    return True
+
+
+ERASED_WITHOUT_ERASURE = (
+    "its free text is the erasure marker, but no four-eyes erasure (an attempt.erased event "
+    "approved by a second person) follows it in its history: the text was edited"
+)
+
+
+@dataclass
+class ErasureProof:
+    """Follows each attempt's events in order: every event whose free text is the erasure
+    marker waits for a valid ``attempt.erased`` event after it; ``finish`` reports those that
+    none came for (``[content]``: the event was edited). An erasure event that is not four-eyes
+    is ``[erasure]``."""
+
+    waiting: dict[Any, list[tuple[int | None, int | None]]] = field(default_factory=dict)
+
+    def event(
+        self, attempt_id: Any, row: dict[str, Any], salt: str | None, *, line: int | None = None
+    ) -> list[Problem]:
+        found = []
+        event_id = int(row["id"]) if row.get("id") is not None else None
+        if row.get("action") == ERASURE_ACTION:
+            why = erasure_problem(row)
+            if why:
+                found.append(Problem("erasure", f"the erasure {why}", event_id, attempt_id, line))
+            else:
+                self.waiting.pop(attempt_id, None)
+        if unproven_marker(row, salt):
+            self.waiting.setdefault(attempt_id, []).append((event_id, line))
+        return found
+
+    def finish(self, attempt_id: Any = None) -> list[Problem]:
+        """The events still waiting (of one attempt, or of all)."""
+        keys = list(self.waiting) if attempt_id is None else [attempt_id]
+        return [
+            Problem("content", ERASED_WITHOUT_ERASURE, event_id, key, line)
+            for key in keys
+            for event_id, line in self.waiting.pop(key, [])
+        ]
+
+
 CONFIG_FIELDS = ("seq", "subject", "action", "actor_kind", "actor", "before", "after", "reason")
 
 
@@ -1016,6 +1094,7 @@ class ExportChecker:
     log_roots: dict[int, list[tuple[int, str]]] = field(default_factory=dict)  # size -> seq, root
     kept_roots: dict[int, bytes] = field(default_factory=dict)
     signed: set[int] = field(default_factory=set)
+    erasures: ErasureProof = field(default_factory=ErasureProof)
 
     def problem(self, problem: Problem) -> None:
         if len(self.problems) < self.max_problems:
@@ -1215,6 +1294,7 @@ class ExportChecker:
             )
         else:
             self.salted_text(row, line)
+        self.erased_text(row, line)
         legacy = int(row.get("v", CHAIN_FORMAT)) == LEGACY_FORMAT
         if legacy and self.whole_ledger:
             expected = self.legacy_last if self.legacy_last is not None else GENESIS
@@ -1293,7 +1373,16 @@ class ExportChecker:
         if problem:
             self.problem(Problem("content", problem, int(row["id"]), row["attempt_id"], line))
 
+    def erased_text(self, row: dict[str, Any], line: int | None) -> None:
+        """Format 3: free text that is the erasure marker needs a four-eyes erasure after it
+        (``ErasureProof``); reported at the end, once every attempt's events are read."""
+        for problem in self.erasures.event(row["attempt_id"], row, row.get("salt"), line=line):
+            self.problem(problem)
+
     def finish(self) -> None:
+        if self.complete_chains:  # a date range may have cut the erasure out of the file
+            for problem in self.erasures.finish():
+                self.problem(problem)
         for attempt_id, seal in self.seals.items():
             chain = self.chains.get(attempt_id)
             if chain is None or not chain[2]:
@@ -1721,6 +1810,11 @@ def archived_attempt_problems(record: dict[str, Any]) -> list[str]:
             if int(event.get("v", CHAIN_FORMAT)) != LEGACY_FORMAT and event["prev_hash"] != prev:
                 found.append(f"event {number} does not link to the event before it")
             prev = event["hash"]
+        proof = ErasureProof()
+        for number, event in enumerate(events, start=1):
+            row = {**event, "id": number}
+            found += [f"event {number}: {p.message}" for p in proof.event(attempt_id, row, salt)]
+        found += [f"event {p.event_id}: {p.message}" for p in proof.finish()]
         head, length = (events[-1]["hash"] if events else ""), len(events)
         if (attempt["chain_head"], int(attempt["chain_length"])) != (head, length):
             found.append("the attempt's chain head and length are not its events'")

@@ -441,3 +441,56 @@ def test_history_tables_are_append_only_in_the_database(sealed, table):
             with transaction.atomic():
                 sql(statement)
     assert run_verify().startswith("OK:")
+
+
+# ---------------------------------------------------------------------------------------------
+# Erased text is proven erased by the four-eyes erasure in the attempt's history
+
+
+def _erase_by_update(event_id: int) -> None:
+    """One plain UPDATE that writes what an erasure writes, and that the append-only guard lets
+    through for that reason: the marker as the reason, the public details kept."""
+    event = AttemptEvent.objects.get(pk=event_id)
+    public, _ = verify_export.split_details(event.details)
+    sql(
+        f"UPDATE {EVENTS} SET reason = %s, details = %s WHERE id = %s",
+        [verify_export.ERASED_TEXT, jcs.dumps(public).decode(), event_id],
+    )
+
+
+def test_the_erasure_marker_without_an_erasure_is_an_edited_event(sealed, tmp_path):
+    from tests.attempts.test_audit_export import export, offline
+
+    victim = sealed[1]  # UNKNOWN, with the reason "timeout"
+    event = victim.events.get(reason="timeout")
+    assert event.chain_format >= verify_export.SALTED_FORMAT
+    _erase_by_update(event.pk)  # the guard stays installed: it allows this update
+    assert AttemptEvent.objects.get(pk=event.pk).reason == verify_export.ERASED_TEXT
+    message = broken()
+    assert "[content]" in message and f"event {event.pk}" in message
+    assert "no four-eyes erasure" in message
+    result = offline(export(tmp_path))
+    assert result.returncode == 1, result.stdout
+    assert "[content]" in result.stdout and "no four-eyes erasure" in result.stdout
+    assert victim.attempt_id in result.stdout
+
+
+def test_an_erasure_event_must_be_four_eyes():
+    proof = verify_export.ErasureProof()
+    erased = {"id": 1, "v": 3, "action": "attempt.noted", "reason": "[erased]", "details": {}}
+    assert proof.event("a", erased, None) == []
+    alone = {
+        "id": 2,
+        "v": 3,
+        "action": verify_export.ERASURE_ACTION,
+        "actor_kind": "user",
+        "actor": "ann",
+        "reason": "DSR-1",
+        "details": {"erasure": {"requested_by": "ann", "approved_by": "ann"}},
+    }
+    (problem,) = proof.event("a", alone, None)
+    assert problem.kind == "erasure" and "not four eyes" in problem.message
+    assert [p.event_id for p in proof.finish()] == [1]  # an invalid erasure proves nothing
+    proof.event("a", erased, None)
+    four_eyes = {**alone, "details": {"erasure": {"requested_by": "bob", "approved_by": "ann"}}}
+    assert proof.event("a", four_eyes, None) == [] and proof.finish() == []
