@@ -720,12 +720,16 @@ def _publish_one(witness: Witness, checkpoint: Checkpoint, note: str, now: dt.da
         if state.status != "ok":
             _record(witness, status="ok", message="")
         return "ok"
-    old = state.size
+    # The size the witness last cosigned (stored only from a cosignature that verified) is
+    # where to start; a 409's size is the witness's unauthenticated word, a hint to retry
+    # from within this pass and never stored, so one wrong answer cannot stop witnessing.
+    old = state.size if state.size <= checkpoint.size else 0
     for _ in range(2):  # a 409 tells us the size the witness holds; one retry from there
         if old > checkpoint.size:
             message = (
-                f"the witness has cosigned a tree of {old} leaves, larger than this log's "
-                f"{checkpoint.size}: the log was rolled back or forked"
+                f"the witness says it holds a tree of {old} leaves, larger than this log's "
+                f"{checkpoint.size}: the log was rolled back or forked, or the witness is wrong "
+                "(asked again at the next pass)"
             )
             _record(witness, status="refused", message=message)
             return "refused"
@@ -749,7 +753,6 @@ def _publish_one(witness: Witness, checkpoint: Checkpoint, note: str, now: dt.da
             if held == old:
                 break  # same size, other root: a fork
             old = held
-            WitnessState.objects.filter(name=witness.key.name).update(size=held)
             continue
         if code == 200:
             return _cosigned(witness, checkpoint, text, now)

@@ -6,6 +6,7 @@ consistency proof that does not verify, 409 a different root at the same size), 
 a timestamped Ed25519 cosignature/v1 (C2SP tlog-cosignature).
 
 Usage: python tests/log_witness.py --state DIR --port N --name NAME --origin ORIGIN --log-key VKEY
+[--lie-once SIZE] (a witness that answers its first request with a 409 claiming SIZE leaves).
 It prints ``witness-key <VKEY>`` once it listens. Signing uses ``cryptography``; the note, proof
 and key formats are checked with attempts/verify_export.py (the standalone file, no Django).
 """
@@ -39,8 +40,11 @@ from attempts.verify_export import (  # noqa: E402
 
 
 class Witness:
-    def __init__(self, state: Path, name: str, origin: str, log_key: VerifierKey) -> None:
+    def __init__(
+        self, state: Path, name: str, origin: str, log_key: VerifierKey, lie_once: int = 0
+    ) -> None:
         self.state, self.name, self.origin, self.log_key = state, name, origin, log_key
+        self.lie_once = lie_once  # the first answer is a 409 claiming this size (0: never)
         self.lock = threading.Lock()
         key_file = state / "witness.key"
         if not key_file.exists():
@@ -66,6 +70,9 @@ class Witness:
 
     def add_checkpoint(self, body: str) -> tuple[int, str, str]:
         """(status, content type, body) for one add-checkpoint request."""
+        if self.lie_once:
+            lie, self.lie_once = self.lie_once, 0
+            return 409, "text/x.tlog.size", f"{lie}\n"
         head, sep, note = body.partition("\n\n")
         lines = head.split("\n")
         if not sep or not lines[0].startswith("old ") or not lines[0][4:].isdigit():
@@ -107,9 +114,15 @@ def main() -> None:
     parser.add_argument("--name", required=True)
     parser.add_argument("--origin", required=True)
     parser.add_argument("--log-key", required=True)
+    parser.add_argument(
+        "--lie-once", type=int, default=0, metavar="SIZE",
+        help="answer the first request with a 409 claiming a tree of SIZE leaves",
+    )  # fmt: skip
     args = parser.parse_args()
     args.state.mkdir(parents=True, exist_ok=True)
-    witness = Witness(args.state, args.name, args.origin, VerifierKey.parse(args.log_key))
+    witness = Witness(
+        args.state, args.name, args.origin, VerifierKey.parse(args.log_key), args.lie_once
+    )
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:  # noqa: N802 -- http.server's name

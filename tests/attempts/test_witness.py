@@ -38,11 +38,12 @@ def signing(tmp_path, settings):
     return verifier
 
 
-def _start_witness(tmp_path: Path, verifier, name: str = "witness.test/w1"):
+def _start_witness(tmp_path: Path, verifier, name: str = "witness.test/w1", *, lie_once: int = 0):
     port = free_port()
     process = subprocess.Popen(  # noqa: S603
         [sys.executable, str(WITNESS), "--state", str(tmp_path / name.replace("/", "_")),
-         "--port", str(port), "--name", name, "--origin", ORIGIN, "--log-key", str(verifier)],
+         "--port", str(port), "--name", name, "--origin", ORIGIN, "--log-key", str(verifier),
+         "--lie-once", str(lie_once)],
         stdout=subprocess.PIPE,
         text=True,
     )  # fmt: skip
@@ -178,3 +179,31 @@ def test_quorum_counts_cosignatures_of_configured_witnesses(world, signing, tmp_
         for process in (first, second):
             process.terminate()
             process.wait(timeout=10)
+
+
+def test_one_409_claiming_a_larger_tree_does_not_stop_witnessing(
+    world, signing, tmp_path, client, settings
+):
+    """A 409's size is the witness's unauthenticated word: a hint to retry from, never stored.
+    The witness is asked again at the next pass, and the metric shows how far behind it is."""
+    process, port, key = _start_witness(tmp_path, signing, lie_once=10**9)
+    settings.TLOG = {**settings.TLOG, "WITNESSES": [f"{key} http://127.0.0.1:{port}"]}
+    settings.OPS = {**settings.OPS, "METRICS_ALLOW_LOOPBACK": True, "HEALTHZ_REQUIRE_WORKER": False}
+    try:
+        build_history(world, 2)
+        seal_all()
+        assert log.publish() == {"witness.test/w1": "refused"}
+        size = log.newest_signed().size
+        assert WitnessState.objects.get().size == 0  # nothing it said is kept as fact
+        metrics = client.get("/metrics").content.decode()
+        assert f'ledger_log_witness_behind{{witness="witness.test/w1"}} {size}' in metrics
+        row = log.status()["witnesses"][0]
+        assert row["status"] == "refused" and "says it holds a tree of 1000000000" in row["message"]
+
+        assert log.publish() == {"witness.test/w1": "ok"}  # contacted again, and cosigns
+        assert log.status()["witnessed"] is True
+        metrics = client.get("/metrics").content.decode()
+        assert 'ledger_log_witness_behind{witness="witness.test/w1"} 0' in metrics
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
