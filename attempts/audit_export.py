@@ -30,6 +30,7 @@ from django.utils import timezone
 
 from attempts import dbadapter, log
 from attempts.models import (
+    ArchivedAttempt,
     Attempt,
     AttemptEvent,
     Checkpoint,
@@ -505,9 +506,10 @@ def _manifest(
     seals: int = 0,
     checkpoints: int = 0,
     config: list[dict[str, Any]] | None = None,
+    archived: int | None = None,
 ) -> dict[str, Any]:
     last_ref = _event_ref(last)
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {} if archived is None else {"archived_count": archived}
     if config is not None:
         complete = plan.config_visible is None or len(config) == plan.config_upto
         extra = {
@@ -517,6 +519,7 @@ def _manifest(
             if config and complete
             else None,
             "authority_digest": plan.authority_digest if complete else None,
+            **extra,
         }
     return {
         "type": "manifest",
@@ -737,6 +740,28 @@ def _log_leaf_lines(plan: ExportPlan) -> Iterator[dict[str, Any]]:
         }
 
 
+def _archived_lines(plan: ExportPlan) -> Iterator[dict[str, Any]]:
+    """An export of every attempt carries the seal of every attempt a checkpoint sealed, the
+    archived ones too (``ledgerweb archive run`` removed them from the database); one
+    ``archived`` line each says which archive holds it and the chain head it was archived at,
+    so the verifier tells an archived attempt from one deleted with its history."""
+    if plan.scoped or plan.checkpoint is None:
+        return
+    rows = (
+        ArchivedAttempt.objects.order_by("attempt_id")
+        .values_list("attempt_id", "archive__name", "chain_length", "chain_head")
+        .iterator(chunk_size=FETCH)
+    )
+    for attempt_id, archive, length, head in rows:
+        yield {
+            "type": "archived",
+            "attempt_id": attempt_id,
+            "archive": archive,
+            "length": length,
+            "head": head,
+        }
+
+
 @dataclass
 class CsvResult:
     manifest: dict[str, Any] | None = None
@@ -845,6 +870,16 @@ def stream_jsonl(plan: ExportPlan) -> Iterator[bytes]:
             batch = []
     if batch:
         yield "".join(batch).encode("utf-8")
+    archived = 0
+    records: list[dict[str, Any]] = []
+    for record in _archived_lines(plan):
+        records.append(record)
+        archived += 1
+        if len(records) >= FETCH:
+            yield _json_lines(records)
+            records = []
+    if records:
+        yield _json_lines(records)
     where, params = _where(plan)
     sql = f"SELECT e.id, {_json_event_sql()} {_FROM} WHERE {where} ORDER BY e.id"  # noqa: S608
     rows = 0
@@ -871,6 +906,7 @@ def stream_jsonl(plan: ExportPlan) -> Iterator[bytes]:
         seals=seals.count,
         checkpoints=len(checkpoints),
         config=config,
+        archived=None if plan.scoped or plan.checkpoint is None else archived,
     )
     parts.append(json.dumps(manifest, ensure_ascii=False) + "\n")
     yield "".join(parts).encode("utf-8")

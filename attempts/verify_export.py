@@ -1095,6 +1095,7 @@ class ExportChecker:
     kept_roots: dict[int, bytes] = field(default_factory=dict)
     signed: set[int] = field(default_factory=set)
     erasures: ErasureProof = field(default_factory=ErasureProof)
+    archived: dict[str, dict[str, Any]] = field(default_factory=dict)  # attempt -> its line
 
     def problem(self, problem: Problem) -> None:
         if len(self.problems) < self.max_problems:
@@ -1379,6 +1380,63 @@ class ExportChecker:
         for problem in self.erasures.event(row["attempt_id"], row, row.get("salt"), line=line):
             self.problem(problem)
 
+    def archived_line(self, record: dict[str, Any], line: int | None) -> None:
+        """An attempt removed from the database by ``ledgerweb archive run``: which archive
+        holds it, and the chain head it was archived at (checked against its seal)."""
+        self.archived[str(record["attempt_id"])] = {
+            "archive": str(record["archive"]),
+            "length": int(record["length"]),
+            "head": str(record["head"]),
+            "line": line,
+        }
+
+    def sealed_without_events(self, manifest: dict[str, Any] | None, *, lenient: bool) -> int:
+        """``[missing]``: every attempt a checkpoint sealed has its events in an export of whole
+        chains, or an ``archived`` line that says which archive holds it, at the head its seal
+        proves. ``lenient``: an export from before archived lines, of a ledger with archives,
+        where the two cannot be told apart; returns how many seals went unaccounted for."""
+        if not self.complete_chains:
+            return 0  # a date range may leave an attempt's every event out of the file
+        unaccounted = 0
+        for attempt_id, seal in self.seals.items():
+            if attempt_id in self.chains:
+                continue
+            listed = self.archived.get(attempt_id)
+            if listed is not None:
+                if (listed["length"], listed["head"]) != (int(seal["length"]), seal["head"]):
+                    self.problem(
+                        Problem(
+                            "archive",
+                            f"archived in {listed['archive']} at {listed['length']} events, but "
+                            f"its seal proves {seal['length']} ending {str(seal['head'])[:16]}…",
+                            attempt_id=attempt_id,
+                            line=listed["line"],
+                        )
+                    )
+                continue
+            if lenient:
+                unaccounted += 1
+                continue
+            self.problem(
+                Problem(
+                    "missing",
+                    "a checkpoint sealed this attempt's history, but the export holds none of "
+                    "its events and no archive lists it: it was deleted with its history",
+                    attempt_id=attempt_id,
+                    line=seal["line"],
+                )
+            )
+        if manifest and "archived_count" in manifest:
+            if manifest["archived_count"] != len(self.archived):
+                self.problem(
+                    Problem(
+                        "manifest",
+                        f"the manifest counts {manifest['archived_count']} archived attempts, "
+                        f"the file {len(self.archived)}",
+                    )
+                )
+        return unaccounted
+
     def finish(self) -> None:
         if self.complete_chains:  # a date range may have cut the erasure out of the file
             for problem in self.erasures.finish():
@@ -1627,6 +1685,8 @@ def verify_jsonl(
                     config.add(record, number)
                 elif kind == "log_leaf":
                     checker.log_leaf(record, number)
+                elif kind == "archived":
+                    checker.archived_line(record, number)
                 elif kind == "manifest":
                     manifest = record
                 elif kind == "header":
@@ -1659,6 +1719,18 @@ def verify_jsonl(
     else:
         _check_manifest(checker, manifest, header or {}, seals, checkpoints)
         (config or ConfigChecker(checker.problem)).finish(checker.checkpoints, manifest)
+    # An export from before ``archived`` lines cannot tell archived attempts from deleted ones
+    # once the ledger has archives; every export since can, and one without archives always.
+    has_archives = config is not None and any(
+        str(r["subject"]).startswith("archive:") for r in config.replayed
+    )
+    lenient = has_archives and "archived_count" not in (manifest or {})
+    unaccounted = checker.sealed_without_events(manifest, lenient=lenient)
+    if unaccounted:
+        report.notes.append(
+            f"{unaccounted} sealed attempts have no events here: archived or deleted (an export "
+            "from before archived lines cannot tell; verify_audit on the database can)"
+        )
     report.notes.append(
         f"{len(checker.chains)} attempts, {seals} sealed heads checked against {checkpoints} checkpoints"
     )

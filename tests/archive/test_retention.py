@@ -249,6 +249,9 @@ def test_a_whole_ledger_export_after_archiving_verifies_offline(ledger_with_rule
     seal_all()
     out = tmp_path / "audit.jsonl"
     call_command("export_audit", "--format", "jsonl", "--out", str(out), stdout=io.StringIO())
+    # The removed attempts' seals are there, each with the archive that holds it: archived,
+    # not deleted (a seal with neither events nor an archive is [missing]).
+    assert out.read_text().count('"type": "archived"') == ArchivedAttempt.objects.count() > 0
     assert verify_export.main([str(out)]) == 0
     assert (
         verify_export.main([str(out), "--archive", str(tmp_path / "archives" / result.name)]) == 0

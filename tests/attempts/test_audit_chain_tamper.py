@@ -494,3 +494,20 @@ def test_an_erasure_event_must_be_four_eyes():
     proof.event("a", erased, None)
     four_eyes = {**alone, "details": {"erasure": {"requested_by": "bob", "approved_by": "ann"}}}
     assert proof.event("a", four_eyes, None) == [] and proof.finish() == []
+
+
+# ---------------------------------------------------------------------------------------------
+# A sealed attempt deleted with its history is missing offline too
+
+
+def test_a_sealed_attempt_deleted_with_its_history_is_missing_from_a_whole_export(sealed, tmp_path):
+    from tests.attempts.test_audit_export import export, offline
+
+    victim = sealed[1]
+    drop_triggers()
+    sql(f"DELETE FROM {EVENTS} WHERE attempt_id = %s", [victim.pk])
+    sql(f"DELETE FROM {ATTEMPTS} WHERE id = %s", [victim.pk])
+    assert "[missing]" in broken()  # the database check
+    result = offline(export(tmp_path))  # the auditor's, on an export of everything
+    assert result.returncode == 1, result.stdout
+    assert "[missing]" in result.stdout and victim.attempt_id in result.stdout
