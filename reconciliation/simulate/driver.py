@@ -1,0 +1,338 @@
+"""The seeded driver: draws histories from a seed, runs each inside a transaction it rolls back,
+checks the invariants, and shrinks a failing history to the shortest one that still fails.
+
+The same seed draws the same steps; a step list printed by a failure replays as it is
+(``manage.py simulate --replay``)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from django.db import transaction
+
+from attempts import log
+from attempts.models import Attempt
+from reconciliation.simulate import invariants, world
+from reconciliation.simulate.history import OPERATIONS, TAMPERINGS, History, Step, Violation
+from reconciliation.simulate.provider import SimAdapter, SimProvider
+from reconciliation.simulate.witness import SimWitness
+
+# Tamperings and checks whose fix has not landed on main yet (issue 39): the CI budget does
+# not draw or check them. Remove a name as its fix lands.
+OPEN_BREAKS = frozenset(
+    {
+        "erasure_marker",  # item 1: an erased text without its erasure verifies
+        "delete_attempt",  # item 2: the offline verifier misses a sealed leaf without attempt
+        "unsign",  # item 3: the newest checkpoint is trusted without its signature
+        "approval_insert",  # item 4: approvals are rows outside the chain
+        "witness_recovers",  # item 5: one lying 409 stops witnessing for good
+        "key_once_after_archive",  # item 7: an archived key is recorded anew
+        "one_attempt_per_effect",  # item 8: one provider effect confirms several attempts
+        "erasure_completes",  # item 9: erasure fails on an approval comment
+        "recorder_not_approver",  # item 10: the token's issuer approves what it recorded
+    }
+)
+# Every tampering must be caught by both verifiers; where the problem's kind is known it must
+# be one of these (None: any problem).
+EXPECTED_KINDS: dict[str, set[str] | None] = {
+    "event_edit": {"content", "link"},
+    "event_delete": None,
+    "erasure_marker": None,
+    "delete_attempt": None,
+    "unsign": None,
+    "approval_insert": None,
+}
+
+
+class _Rollback(Exception):
+    pass
+
+
+@dataclass
+class Outcome:
+    seed: int | None
+    steps: list[Step]
+    violations: list[Violation]
+    tampered: str | None = None
+    tamper_applied: bool = False
+    ran: int = 0
+    seconds: float = 0.0
+    stats: Counter = field(default_factory=Counter)
+    states: Counter = field(default_factory=Counter)
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.violations)
+
+    @property
+    def checks(self) -> set[str]:
+        return {v.check for v in self.violations}
+
+
+@dataclass
+class RunSummary:
+    histories: int = 0
+    steps: int = 0
+    seconds: float = 0.0
+    tampered: dict[str, int] = field(default_factory=dict)
+    failure: Outcome | None = None
+    shrunk: Outcome | None = None
+    found_after: int | None = None
+    stats: Counter = field(default_factory=Counter)
+    states: Counter = field(default_factory=Counter)
+
+    @property
+    def per_minute(self) -> float:
+        return self.histories * 60.0 / self.seconds if self.seconds else 0.0
+
+
+def draw(
+    seed: int,
+    steps: int,
+    *,
+    open_breaks: frozenset[str] = OPEN_BREAKS,
+    tamper_rate: float = 0.3,
+) -> list[Step]:
+    """The steps the seed draws: operations by weight; with ``tamper_rate``, one tampering
+    in the second half, which ends the history."""
+    rng = random.Random(seed)
+    names = [op for op in OPERATIONS if op not in open_breaks]
+    weights = [OPERATIONS[op] for op in names]
+    drawn = [Step(op, rng.randrange(1 << 16)) for op in rng.choices(names, weights, k=steps)]
+    tamperings = [t for t in TAMPERINGS if t not in open_breaks]
+    if tamperings and steps >= 2 and rng.random() < tamper_rate:
+        at = rng.randrange(steps // 2, steps)
+        drawn = drawn[:at] + [Step(rng.choice(tamperings), rng.randrange(1 << 16))]
+    return drawn
+
+
+class Simulation:
+    """What a run of histories shares: a folder, the witness server. Use as a context."""
+
+    def __init__(
+        self,
+        *,
+        open_breaks: frozenset[str] = OPEN_BREAKS,
+        verify_every: int = 10,
+        say: Callable[[str], None] = lambda line: None,
+    ) -> None:
+        self.open_breaks = open_breaks
+        self.verify_every = verify_every
+        self.say = say
+        self._stack = contextlib.ExitStack()
+        self.env: world.Environment | None = None
+        self._count = 0
+
+    def __enter__(self) -> Simulation:
+        folder = Path(self._stack.enter_context(tempfile.TemporaryDirectory(prefix="ledgersim-")))
+        witness = SimWitness("simulation.example/witness", world.ORIGIN)
+        url = witness.start()
+        self._stack.callback(witness.stop)
+        self.env = world.Environment(folder=folder, witness=witness, witness_url=url)
+        # The product's INFO lines (one per intent, per pass) would drown the report.
+        logging.disable(logging.INFO)
+        self._stack.callback(logging.disable, logging.NOTSET)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    # -- one history ----------------------------------------------------------------------------
+
+    def run(self, steps: list[Step], *, seed: int | None = None) -> Outcome:
+        assert self.env is not None, "use Simulation as a context manager"
+        self._count += 1
+        folder = self.env.folder / f"history-{self._count}"
+        folder.mkdir()
+        keys = world.Keys(folder=folder, current=folder / "log.key", verifier=None)
+        keys.verifier = log.write_key_file(keys.current, world.ORIGIN)
+        signer_state = folder / "signer.state"
+        clock = world.SimClock()
+        provider = SimProvider(
+            idempotent_tools={n for n, (c, _) in world.TOOLS.items() if c == "idempotent"}
+        )
+        SimAdapter.provider = provider
+        self.env.witness.reset(keys.verifier)
+        outcome = Outcome(seed, list(steps), [])
+        started = time.monotonic()
+        try:
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(self.env.settings(keys, signer_state))
+                stack.enter_context(clock.installed())
+                with contextlib.suppress(_Rollback), transaction.atomic():
+                    people, token = world.build(folder)
+                    history = History(
+                        env=self.env,
+                        clock=clock,
+                        keys=keys,
+                        provider=provider,
+                        people=people,
+                        token=token,
+                        folder=folder,
+                        open_breaks=self.open_breaks,
+                        settings_stack=stack,
+                        signer_state=signer_state,
+                    )
+                    try:
+                        self._steps(history, steps, folder, outcome)
+                    finally:
+                        history.close()
+                        outcome.violations = history.violations
+                        outcome.tampered = history.tampered
+                        outcome.tamper_applied = history.tamper_applied
+                        outcome.stats = history.stats
+                        outcome.states = Counter(Attempt.objects.values_list("state", flat=True))
+                    raise _Rollback
+        finally:
+            SimAdapter.provider = None
+            outcome.seconds = time.monotonic() - started
+        return outcome
+
+    def _steps(self, history: History, steps: list[Step], folder: Path, outcome: Outcome) -> None:
+        last_event = 0
+        for index, step in enumerate(steps):
+            history.run(step)
+            outcome.ran = index + 1
+            if history.tampered:
+                if history.tamper_applied:
+                    self._expect_detected(history, folder)
+                return
+            last_event = invariants.cheap(history, last_event=last_event)
+            if history.violations:
+                return
+            if (index + 1) % self.verify_every == 0:
+                self._expect_clean(history, folder)
+                if history.violations:
+                    return
+        try:
+            history.seal()
+        except Exception as exc:
+            history.violate("operation_error", f"the final seal raised {type(exc).__name__}: {exc}")
+        if not history.violations:
+            self._expect_clean(history, folder)
+
+    def _expect_clean(self, history: History, folder: Path) -> None:
+        for check, problems in invariants.verifiers(history, folder).items():
+            if problems:
+                history.violate(check, f"an honest history does not verify: {problems[:3]}")
+
+    def _expect_detected(self, history: History, folder: Path) -> None:
+        tampering = history.tampered
+        assert tampering is not None
+        expected = EXPECTED_KINDS.get(tampering)
+        found = invariants.verifiers(history, folder)
+        for check in ("verify_audit", "verify_export"):
+            problems = found[check]
+            kinds = {p.split(":", 1)[0] for p in problems}
+            if not problems:
+                history.violate(f"{check}_detects_{tampering}", f"{check} says OK after it")
+            elif expected is not None and not kinds & expected:
+                history.violate(
+                    f"{check}_detects_{tampering}",
+                    f"{check} named {sorted(kinds)}, not one of {sorted(expected)}: {problems[:2]}",
+                )
+
+    # -- many histories, and shrinking ------------------------------------------------------------
+
+    def many(
+        self,
+        *,
+        seed: int,
+        histories: int,
+        steps: int,
+        tamper_rate: float = 0.3,
+        shrink: bool = True,
+        shrink_budget: int = 60,
+    ) -> RunSummary:
+        summary = RunSummary()
+        started = time.monotonic()
+        for n in range(histories):
+            history_seed = seed + n
+            drawn = draw(history_seed, steps, open_breaks=self.open_breaks, tamper_rate=tamper_rate)
+            outcome = self.run(drawn, seed=history_seed)
+            summary.histories += 1
+            summary.steps += outcome.ran
+            summary.stats.update(outcome.stats)
+            summary.states.update(outcome.states)
+            if outcome.tampered:
+                summary.tampered[outcome.tampered] = summary.tampered.get(outcome.tampered, 0) + 1
+            if outcome.failed:
+                summary.failure = outcome
+                summary.found_after = n + 1
+                summary.seconds = time.monotonic() - started
+                self.say(f"history seed {history_seed} failed: {outcome.violations[0]}")
+                if shrink:
+                    summary.shrunk = self.shrink(outcome, budget=shrink_budget)
+                return summary
+        summary.seconds = time.monotonic() - started
+        return summary
+
+    def shrink(self, failing: Outcome, *, budget: int = 60) -> Outcome:
+        """The shortest history found (delta debugging over the step list, at most ``budget``
+        runs) that still fails one of the same checks."""
+        target = failing.checks
+        best = failing
+        steps = failing.steps[: failing.ran] if failing.ran else failing.steps
+        runs = 0
+
+        def fails(candidate: list[Step]) -> Outcome | None:
+            nonlocal runs
+            runs += 1
+            outcome = self.run(candidate, seed=failing.seed)
+            return outcome if outcome.checks & target else None
+
+        if len(steps) < len(failing.steps):
+            found = fails(steps)
+            if found is not None:
+                best = found
+            else:
+                steps = failing.steps
+        chunks = 2
+        while len(steps) >= 2 and runs < budget:
+            size = max(1, len(steps) // chunks)
+            reduced = False
+            for start in range(0, len(steps), size):
+                if runs >= budget:
+                    break
+                candidate = steps[:start] + steps[start + size :]
+                if not candidate:
+                    continue
+                found = fails(candidate)
+                if found is not None:
+                    best = found
+                    steps = candidate[: found.ran] if found.ran else candidate
+                    chunks = max(chunks - 1, 2)
+                    reduced = True
+                    break
+            if not reduced:
+                if size == 1:
+                    break
+                chunks = min(len(steps), chunks * 2)
+        self.say(f"shrunk to {len(best.steps)} steps in {runs} runs")
+        return best
+
+
+def parse_steps(text: str) -> list[Step]:
+    """Steps written as ``op(choice), op(choice), ...`` (what a failure prints)."""
+    known = set(OPERATIONS) | set(TAMPERINGS)
+    steps = []
+    for part in text.replace("\n", ",").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        op, _, rest = part.partition("(")
+        op = op.strip()
+        if op not in known or not rest.endswith(")") or not rest[:-1].strip().isdigit():
+            raise ValueError(
+                f"not a step: {part!r} (a step is op(choice), op one of {', '.join(sorted(known))})"
+            )
+        steps.append(Step(op, int(rest[:-1])))
+    return steps
