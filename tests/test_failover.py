@@ -60,3 +60,31 @@ def test_healthz_says_whether_a_failover_can_lose_acknowledged_writes() -> None:
     # The shared test server has no standby: nothing to fail over to, nothing to lose.
     assert answer["replication"]["synchronous_commit"] == "on"
     assert answer["replication"]["failover_loss"] == "no_standby"
+
+
+@pytest.mark.slow
+def test_a_failover_under_load_loses_no_acknowledged_write_with_a_synchronous_standby() -> None:
+    """A private primary and streaming standby, agents through gunicorn and two workers on a
+    multi-host URL; the primary is SIGKILLed mid-run (its standby held back a second first, as
+    a slow link would) and the standby promoted. Synchronous: every acknowledged intent and
+    move is there, no key took effect twice at the provider, verify_audit passes and the log
+    goes on. Asynchronous: check --deploy warned, and the writes lost are counted (printed)."""
+    from bench import failover
+
+    if connection.vendor != "postgresql":
+        pytest.skip("runs once, in the PostgreSQL suite (it makes its own pair either way)")
+    if not (failover.PG_BIN / "initdb").exists():
+        pytest.skip(f"PostgreSQL server binaries are not installed ({failover.PG_BIN})")
+    sync, asynchronous = failover.run(failover.parse(["--seconds", "3", "--drain", "30"]))
+
+    assert sync.acknowledged_intents > 0 and sync.acknowledged_moves > 0
+    assert sync.lost_intents == [] and sync.lost_moves == []
+    assert sync.duplicates == []
+    assert sync.unsettled == {}
+    assert sync.verify_ok, sync.verify_output
+    assert sync.checkpoint_after > sync.checkpoint_before
+    assert asynchronous.warned is True
+    # The measured fact behind docs/scaling.md's warning (not a pass condition: it depends on
+    # where the kill lands).
+    print(f"asynchronous failover lost {asynchronous.lost} acknowledged writes", end=" ")
+    print(f"of {asynchronous.acknowledged_intents + asynchronous.acknowledged_moves}")
