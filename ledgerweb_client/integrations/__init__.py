@@ -4,7 +4,9 @@
   (no extra needed; re-exported here);
 * ``ledgerweb_client.integrations.langchain``: LangChain / LangGraph tools (extra ``langchain``);
 * ``ledgerweb_client.integrations.openai_agents``: OpenAI Agents SDK function tools (extra
-  ``openai-agents``).
+  ``openai-agents``);
+* ``ledgerweb_client.integrations.pydantic_ai``: Pydantic AI tools, held calls as deferred tool
+  calls (extra ``pydantic-ai``).
 
 Each records the intent, claims, sends and confirms through ``LedgerClient`` with the shared
 ``ledgerweb_client.guard``, and turns the ledger's refusals into the framework's tool errors.
