@@ -75,31 +75,60 @@ def healthz(request: HttpRequest) -> JsonResponse:
     if degraded:
         # A provider in trouble is not the ledger's: the status stays, the providers are named.
         body["providers_degraded"] = {key: info["state"] for key, info in degraded.items()}
+    slow = providers_past_deadline()
+    if slow:
+        # Every bulkhead whose calls were cut at their deadline lately, with when and the tools.
+        body["providers_past_deadline"] = slow
     _log_health(body)
     if not healthy:
         body["status"] = "unhealthy"
     return JsonResponse(body, status=200 if healthy else 503, headers=_no_store())
 
 
-def degraded_providers() -> dict[str, dict]:
-    """Providers that the reconcile workers with a fresh heartbeat find degraded (breaker open or
-    half-open, holding for Retry-After), by provider key; the worst state when they differ."""
+def _provider_reports() -> list[tuple[str, dict]]:
+    """What the reconcile workers with a fresh heartbeat say of their bulkheads (key, info)."""
     since = timezone.now() - dt.timedelta(seconds=settings.OPS["HEARTBEAT_MAX_AGE"])
+    return [
+        (key, info)
+        for providers in WorkerHeartbeat.objects.filter(last_seen__gte=since).values_list(
+            "providers", flat=True
+        )[:100]
+        for key, info in (providers or {}).items()
+        if isinstance(info, dict)
+    ]
+
+
+def providers_past_deadline() -> dict[str, dict]:
+    """Bulkheads (provider endpoint and operation) whose calls a worker cut at their deadline
+    lately: when it last did, how many, and the tools they serve."""
+    found: dict[str, dict] = {}
+    for key, info in _provider_reports():
+        when = info.get("past_deadline")
+        if not when or info.get("shared_from"):
+            continue
+        seen = found.get(key)
+        if seen is None or str(when) > seen["last"]:
+            found[key] = {
+                "last": str(when),
+                "cut_calls": int(info.get("cut_calls") or 0),
+                "tools": list(info.get("tools") or [])[:20],
+            }
+    return found
+
+
+def degraded_providers() -> dict[str, dict]:
+    """Bulkheads that the reconcile workers with a fresh heartbeat find degraded (breaker open
+    or half-open, holding for Retry-After), by key; the worst state when they differ."""
     rank = {"open": 3, "half_open": 2, "retry_after": 1, "closed": 0}
     found: dict[str, dict] = {}
-    for providers in WorkerHeartbeat.objects.filter(last_seen__gte=since).values_list(
-        "providers", flat=True
-    ):
-        for key, info in (providers or {}).items():
-            if not isinstance(info, dict):
-                continue
-            state = info.get("state", "closed")
-            if state == "closed" and info.get("retry_after"):
-                state = "retry_after"
-            if state == "closed":
-                continue
-            if rank.get(state, 0) > rank.get(found.get(key, {}).get("state", ""), -1):
-                found[key] = {**info, "state": state}
+    for key, info in _provider_reports():
+        state = info.get("state", "closed")
+        if state == "closed" and info.get("retry_after"):
+            state = "retry_after"
+        if state == "closed":
+            continue
+        if rank.get(state, 0) > rank.get(found.get(key, {}).get("state", ""), -1):
+            found[key] = {**info, "state": state}
     return found
 
 

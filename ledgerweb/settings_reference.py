@@ -517,8 +517,9 @@ declare(
     "LEDGERWEB_PROVIDER_CONCURRENCY",
     "int",
     4,
-    "Recovery's calls in flight per provider (a lookup URL's `host:port`, an MCP upstream, a "
-    "Stripe API base), at most half of the worker's `--concurrency`.",
+    "Recovery's calls in flight per bulkhead (an operation, send or lookup, of one endpoint: a "
+    "URL's `host:port/path`, an MCP upstream, a Stripe API base), at most half of the worker's "
+    "`--concurrency`.",
     group=_PROVIDERS,
     minimum=1,
 )
@@ -526,7 +527,8 @@ declare(
     "LEDGERWEB_PROVIDER_CONCURRENCY_BY_KEY",
     "intmap",
     {},
-    "Per-provider caps that replace the one above, `host:port=2,tool-name=8,...`.",
+    "Per-bulkhead caps that replace the one above, by endpoint, provider or tool: "
+    "`host:port/path=1,host:port=2,tool-name=8,...`.",
     group=_PROVIDERS,
     minimum=1,
 )

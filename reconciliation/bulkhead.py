@@ -1,17 +1,33 @@
-"""Each provider behind its own bulkhead, so one slow, failing or rate-limiting provider holds
-up nobody else: a cap on its calls in flight, a circuit breaker, and its ``Retry-After``.
+"""Each provider endpoint and operation behind its own bulkhead, so one slow, failing or
+rate-limiting provider holds up nobody else: a cap on its calls in flight, a circuit breaker,
+and its ``Retry-After``.
 
-The breaker (one per provider, per worker process):
+A bulkhead is keyed by *what fails together*: the endpoint a call goes to (for the generic
+HTTP provider, the URL's host, port and path up to its first placeholder; for Stripe or an MCP
+upstream, the provider) **and** the operation (``send`` or ``lookup``). Tools on one host share
+nothing unless they share the endpoint: a lookup URL answering 503 defers no send of another
+tool on that host, and a breaker opened by lookups does not stop sends that succeed.
+
+The breaker of one bulkhead:
 
 - *closed*: calls go through; ``BREAKER_FAILURES`` failures in a row (no answer within the
   deadline, a refused connection, a 5xx, a 429) open it;
-- *open*: no call is made; attempts due for that provider are deferred until it may be probed
-  again (``BREAKER_OPEN_SECONDS``, doubling while probes keep failing, at most the backoff cap);
+- *open*: no call is made; attempts due for it are deferred until it may be probed again
+  (``BREAKER_OPEN_SECONDS``, doubling while probes keep failing, at most the backoff cap);
 - *half-open*: one call, the probe, goes through; its success closes the breaker, its failure
   opens it again.
 
-A 429 or 503 with ``Retry-After`` holds that provider (only that one) for as long as it asked,
-whatever the breaker says. The reconciler's main thread is the only caller: no lock needed.
+A 429 or 503 with ``Retry-After`` holds that bulkhead (only that one) for as long as it asked,
+whatever the breaker says.
+
+The workers of one deployment share what they find: each publishes its degraded bulkheads in
+its heartbeat (``snapshot``), and each adopts the open breakers and holds of the others
+(``adopt``), so a second worker does not hammer a provider the first found down; it probes it
+when the first one's window ends.
+
+The cap is a ``Limit`` object per bulkhead (``FixedLimit`` today): a limit that adapts to the
+provider's latency replaces it in ``Bulkheads.limit_for`` and nowhere else. The reconciler's
+main thread is the only caller: no lock needed.
 """
 
 from __future__ import annotations
@@ -19,7 +35,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from django.conf import settings
 from django.utils import timezone
@@ -36,14 +52,20 @@ CLOSED = "closed"
 OPEN = "open"
 HALF_OPEN = "half_open"
 
+SEND = "send"
+LOOKUP = "lookup"
+OPERATIONS = (SEND, LOOKUP)
+
 # Statuses after which a provider is asking us to slow down.
 BACKOFF_STATUSES = frozenset({429, 503})
-# A 429/503 without Retry-After still holds the provider this long.
+# A 429/503 without Retry-After still holds the bulkhead this long.
 DEFAULT_RETRY_AFTER = 5.0
+# A bulkhead whose call was cut at its deadline within this many seconds is named by /healthz.
+SLOW_WINDOW = 300.0
 
 
 def failure_of(answer: Any) -> str:
-    """Why this answer counts against its provider ('' when the provider answered soundly)."""
+    """Why this answer counts against its bulkhead ('' when the provider answered soundly)."""
     status = getattr(answer, "http_status", None)
     if isinstance(answer, LookupAnswer):
         if answer.status != LookupStatus.UNAVAILABLE:
@@ -61,26 +83,92 @@ def failure_of(answer: Any) -> str:
     return answer.detail or (f"HTTP {status}" if status else "no answer")
 
 
+def cut_at_deadline(answer: Any) -> bool:
+    """The call ran to its deadline and was cut (the transport says "timeout")."""
+    return getattr(answer, "detail", "").startswith("timeout")
+
+
+def key_of(endpoint: str, operation: str) -> str:
+    return f"{operation} {endpoint}"
+
+
+class Limit(Protocol):
+    """How many calls one bulkhead may have in flight."""
+
+    def allows(self, in_flight: int) -> bool: ...
+
+    def record(self, latency_ms: int, *, failed: bool) -> None: ...
+
+    @property
+    def cap(self) -> int: ...
+
+
 @dataclass
-class ProviderState:
-    key: str
+class FixedLimit:
+    """A cap set by configuration (``PROVIDER_CONCURRENCY`` and its per-key overrides)."""
+
     cap: int
+
+    def allows(self, in_flight: int) -> bool:
+        return in_flight < self.cap
+
+    def record(self, latency_ms: int, *, failed: bool) -> None:
+        pass
+
+
+@dataclass
+class Bulkhead:
+    key: str
+    endpoint: str
+    operation: str
+    limit: Limit
     state: str = CLOSED
     failures: int = 0  # in a row
     opened: int = 0  # times opened in a row without a successful probe
     open_until: float = 0.0  # monotonic
     hold_until: float = 0.0  # Retry-After, monotonic
+    since: dt.datetime | None = None  # when it left closed (or began holding): the cause
     in_flight: int = 0
     probing: bool = False
     last_error: str = ""
+    last_cut: float = 0.0  # monotonic: the last call cut at its deadline
+    cut_calls: int = 0
+    shared_from: str = ""  # another worker's, adopted from its heartbeat
     tools: set[str] = field(default_factory=set)
+
+    @property
+    def cap(self) -> int:
+        return self.limit.cap
 
     def degraded(self, now: float) -> bool:
         return self.state != CLOSED or self.hold_until > now
 
+    def blocked(self, now: float) -> bool:
+        return (
+            self.hold_until > now
+            or (self.state == OPEN and self.open_until > now)
+            or (self.state == HALF_OPEN and self.probing)
+        )
+
+    def next_probe(self, now: float) -> float:
+        """Monotonic time from which a call may be made again."""
+        until = self.hold_until
+        if self.state == OPEN:
+            until = max(until, self.open_until)
+        return max(until, now)
+
+    def cause(self) -> str:
+        """What holds this bulkhead, as one stable string for as long as the trouble lasts."""
+        since = self.since.isoformat() if self.since else ""
+        return f"{self.key}@{since}"
+
+
+# Kept for callers that name the old class.
+ProviderState = Bulkhead
+
 
 class Bulkheads:
-    """The bulkheads of every provider this worker has called."""
+    """The bulkheads of every endpoint and operation this worker has called."""
 
     def __init__(self, *, concurrency: int) -> None:
         ledger = settings.LEDGER
@@ -92,61 +180,108 @@ class Bulkheads:
         # However a provider is configured, it may not take the whole pool: the others must
         # always find a thread.
         self.max_cap = max(1, concurrency // 2)
-        self.providers: dict[str, ProviderState] = {}
+        self.providers: dict[str, Bulkhead] = {}
 
-    def of(self, adapter: Adapter) -> ProviderState:
-        key = adapter.provider_key
+    def limit_for(self, adapter: Adapter, endpoint: str, operation: str) -> Limit:
+        """The cap of a new bulkhead: configured by the bulkhead's key (``lookup host:port/path``),
+        its endpoint, its provider (``host:port``) or its tool, else the default."""
+        for name in (
+            key_of(endpoint, operation),
+            endpoint,
+            adapter.provider_key,
+            adapter.tool.name,
+        ):
+            if name in self.caps:
+                cap = self.caps[name]
+                break
+        else:
+            cap = self.default_cap
+        return FixedLimit(max(1, min(cap, self.max_cap)))
+
+    def of(self, adapter: Adapter, operation: str) -> Bulkhead:
+        endpoint = adapter.endpoint(operation)
+        key = key_of(endpoint, operation)
         state = self.providers.get(key)
         if state is None:
-            cap = self.caps.get(key, self.caps.get(adapter.tool.name, self.default_cap))
-            state = self.providers[key] = ProviderState(key, max(1, min(cap, self.max_cap)))
+            limit = self.limit_for(adapter, endpoint, operation)
+            state = self.providers[key] = Bulkhead(key, endpoint, operation, limit)
         state.tools.add(adapter.tool.name)
         return state
 
-    def refusal(self, adapter: Adapter, *, now: float | None = None) -> tuple[float, str] | None:
-        """(seconds to wait, why) when no call may be started for this provider now; None
-        when one may (given room under its cap). Moves an open breaker to half-open when its
-        time has come."""
-        state = self.of(adapter)
+    def refusal(
+        self, adapter: Adapter, operation: str, *, now: float | None = None
+    ) -> Deferral | None:
+        """Why no call may be started for this bulkhead now (a ``Deferral``); None when one
+        may (given room under its cap). Moves an open breaker to half-open when its time has
+        come."""
+        state = self.of(adapter, operation)
         now = time.monotonic() if now is None else now
         if state.hold_until > now:
-            return state.hold_until - now, (
-                f"provider {state.key} asked to wait (Retry-After) {state.hold_until - now:.0f}s"
-            )
+            return self._deferral(state, now, "asked to wait (Retry-After)")
         if state.state == OPEN:
             if state.open_until > now:
-                return state.open_until - now, (
-                    f"provider {state.key} circuit open after {state.failures} failures "
-                    f"({state.last_error[:120]})"
+                return self._deferral(
+                    state,
+                    now,
+                    f"circuit open after {state.failures} failures ({state.last_error[:120]})",
                 )
             state.state = HALF_OPEN
             state.probing = False
         if state.state == HALF_OPEN and state.probing:
-            return max(1.0, self.open_seconds / 2), (
-                f"provider {state.key} circuit half-open: waiting for its probe"
+            return Deferral(
+                state.key,
+                max(1.0, self.open_seconds / 2),
+                f"{state.operation} at {state.endpoint}: circuit half-open, waiting for its probe",
+                state.cause(),
+                state.since,
             )
         return None
 
-    def blocked_tools(self, *, now: float | None = None) -> set[str]:
-        """Tools whose provider may not be called now (breaker open, probe in flight, holding
-        for Retry-After): the claim leaves their attempts alone until it may."""
+    def deferral_of(self, state: Bulkhead, *, now: float | None = None) -> Deferral:
+        """Why this (holding) bulkhead makes no call now, as ``refusal`` says it."""
         now = time.monotonic() if now is None else now
-        blocked: set[str] = set()
-        for state in self.providers.values():
-            if (
-                state.hold_until > now
-                or (state.state == OPEN and state.open_until > now)
-                or (state.state == HALF_OPEN and state.probing)
-            ):
-                blocked |= state.tools
-        return blocked
+        if state.hold_until > now:
+            return self._deferral(state, now, "asked to wait (Retry-After)")
+        if state.state == HALF_OPEN:
+            return self._deferral(state, now, "circuit half-open, waiting for its probe")
+        return self._deferral(
+            state,
+            now,
+            f"circuit open after {state.failures} failures ({state.last_error[:120]})",
+        )
 
-    def probe_tools(self, *, now: float | None = None) -> dict[str, set[str]]:
-        """Providers due for their probe (breaker open past its window, or half-open with no
-        probe in flight), with their tools: the claim takes one attempt for each."""
+    def _deferral(self, state: Bulkhead, now: float, what: str) -> Deferral:
+        seconds = state.next_probe(now) - now
+        return Deferral(
+            state.key,
+            seconds,
+            f"{state.operation} at {state.endpoint}: {what}",
+            state.cause(),
+            state.since,
+        )
+
+    def blocked(self, *, now: float | None = None) -> dict[str, set[str]]:
+        """Tools whose calls of an operation may not be made now (breaker open, probe in
+        flight, holding for Retry-After), by operation: the claim leaves their attempts alone
+        until they may."""
+        now = time.monotonic() if now is None else now
+        out: dict[str, set[str]] = {operation: set() for operation in OPERATIONS}
+        for state in self.providers.values():
+            if state.blocked(now):
+                out[state.operation] |= state.tools
+        return out
+
+    def holding(self, *, now: float | None = None) -> list[Bulkhead]:
+        """The bulkheads that hold work now (see ``blocked``)."""
+        now = time.monotonic() if now is None else now
+        return [state for state in self.providers.values() if state.blocked(now)]
+
+    def probes_due(self, *, now: float | None = None) -> dict[str, tuple[str, set[str]]]:
+        """Bulkheads due for their probe (breaker open past its window, or half-open with no
+        probe in flight), with their operation and tools: the claim takes one attempt for each."""
         now = time.monotonic() if now is None else now
         return {
-            key: set(state.tools)
+            key: (state.operation, set(state.tools))
             for key, state in self.providers.items()
             if state.hold_until <= now
             and (
@@ -155,76 +290,190 @@ class Bulkheads:
             )
         }
 
-    def failing(self, adapter: Adapter) -> bool:
+    def failing(self, adapter: Adapter, operation: str) -> bool:
         """Its last call failed (or its breaker is not closed): a call in flight to it is
         expected to take its whole deadline, so nobody waits for it to group answers."""
-        state = self.of(adapter)
+        state = self.of(adapter, operation)
         return state.failures > 0 or state.state != CLOSED
 
-    def has_room(self, adapter: Adapter) -> bool:
-        state = self.of(adapter)
+    def has_room(self, adapter: Adapter, operation: str) -> bool:
+        state = self.of(adapter, operation)
         if state.state == HALF_OPEN:
             return not state.probing
-        return state.in_flight < state.cap
+        return state.limit.allows(state.in_flight)
 
-    def started(self, adapter: Adapter) -> None:
-        state = self.of(adapter)
+    def started(self, adapter: Adapter, operation: str) -> None:
+        state = self.of(adapter, operation)
         state.in_flight += 1
         if state.state == HALF_OPEN:
             state.probing = True
 
-    def finished(self, adapter: Adapter, answers: list[Any], *, now: float | None = None) -> None:
-        """Record a call's answers (a send and its confirming lookup are one call)."""
-        state = self.of(adapter)
-        now = time.monotonic() if now is None else now
+    def finished(
+        self,
+        adapter: Adapter,
+        operation: str,
+        answers: list[Any],
+        *,
+        now: float | None = None,
+    ) -> None:
+        """Record a call's answers and free its place under the cap."""
+        state = self.of(adapter, operation)
         state.in_flight = max(0, state.in_flight - 1)
+        self.record(adapter, operation, answers, now=now)
+
+    def record(
+        self,
+        adapter: Adapter,
+        operation: str,
+        answers: list[Any],
+        *,
+        now: float | None = None,
+    ) -> None:
+        """What the provider answered to calls of this bulkhead (a send's confirming lookup is
+        recorded against the lookup's bulkhead this way, with no place under its cap)."""
+        state = self.of(adapter, operation)
+        now = time.monotonic() if now is None else now
         retry_after = [a.retry_after for a in answers if getattr(a, "retry_after", None)]
         statuses = {getattr(a, "http_status", None) for a in answers}
         if retry_after or statuses & BACKOFF_STATUSES:
             wait = max(retry_after, default=DEFAULT_RETRY_AFTER)
+            if state.hold_until <= now and state.state == CLOSED:
+                state.since = timezone.now()
             state.hold_until = max(state.hold_until, now + min(wait, self.open_cap))
         failure = next((why for a in answers if (why := failure_of(a))), "")
+        for answer in answers:
+            state.limit.record(int(getattr(answer, "latency_ms", 0) or 0), failed=bool(failure))
+            if cut_at_deadline(answer):
+                state.last_cut = now
+                state.cut_calls += 1
         if not failure:
             state.failures = 0
             state.opened = 0
             state.state = CLOSED
             state.probing = False
+            state.shared_from = ""
+            if state.hold_until <= now:
+                state.since = None
             return
         state.failures += 1
         state.last_error = failure[:300]
         if state.state == HALF_OPEN or state.failures >= self.failures_to_open:
+            state.since = state.since or timezone.now()
             state.opened += 1
             state.state = OPEN
             state.probing = False
             wait = min(self.open_cap, self.open_seconds * 2 ** min(state.opened - 1, 16))
             state.open_until = now + wait
 
-    def errored(self, adapter: Adapter, error: BaseException) -> None:
+    def errored(self, adapter: Adapter, operation: str, error: BaseException) -> None:
         """The adapter raised: its call is over; the error is the attempt's, not the
         provider's, so the breaker does not count it."""
-        state = self.of(adapter)
+        state = self.of(adapter, operation)
         state.in_flight = max(0, state.in_flight - 1)
         if state.state == HALF_OPEN:
             state.probing = False
 
+    # -----------------------------------------------------------------------------------------
+    # Shared by the workers of a deployment, through their heartbeats
+
     def snapshot(self, *, now: float | None = None) -> dict[str, dict[str, Any]]:
-        """Degraded providers (breaker not closed, or holding for Retry-After), for the
-        heartbeat that /healthz and /metrics read."""
+        """Degraded bulkheads (breaker not closed, holding for Retry-After, failing, or with a
+        call cut at its deadline lately), for the heartbeat that /healthz, /metrics, the
+        overview and the other workers read."""
         now = time.monotonic() if now is None else now
         wall = timezone.now()
         out: dict[str, dict[str, Any]] = {}
         for key, state in sorted(self.providers.items()):
-            if not state.degraded(now) and not state.failures:
+            cut_lately = state.last_cut and now - state.last_cut <= SLOW_WINDOW
+            if not state.degraded(now) and not state.failures and not cut_lately:
                 continue
-            until = max(state.open_until if state.state == OPEN else 0.0, state.hold_until)
+            until = state.next_probe(now) if state.degraded(now) else now
+
+            def wall_at(mono: float) -> str:
+                return (wall + dt.timedelta(seconds=mono - now)).isoformat()
+
             out[key[:200]] = {
                 "state": state.state,
+                "endpoint": state.endpoint[:200],
+                "operation": state.operation,
                 "failures": state.failures,
                 "retry_after": state.hold_until > now,
-                "until": (wall + dt.timedelta(seconds=max(0.0, until - now))).isoformat()
-                if until > now
-                else None,
+                "since": state.since.isoformat() if state.since else None,
+                "until": wall_at(until) if until > now else None,
                 "last_error": state.last_error[:200],
+                "past_deadline": wall_at(state.last_cut) if cut_lately else None,
+                "cut_calls": state.cut_calls,
+                "shared_from": state.shared_from,
                 "tools": sorted(state.tools)[:20],
             }
         return out
+
+    def adopt(
+        self,
+        others: dict[str, dict[str, dict[str, Any]]],
+        adapters: dict[str, Adapter],
+        *,
+        now: float | None = None,
+    ) -> None:
+        """Take on what other workers found (their heartbeats' snapshots, by worker id): an
+        open breaker or a hold this worker does not know yet is opened here until the same
+        moment, so this worker makes no call to it before the other's window ends."""
+        now = time.monotonic() if now is None else now
+        wall = timezone.now()
+        for worker, snapshot in others.items():
+            for info in (snapshot or {}).values():
+                if not isinstance(info, dict) or info.get("shared_from"):
+                    continue  # adopted there: the worker that found it speaks for it
+                operation, endpoint = info.get("operation"), info.get("endpoint")
+                until = _parse(info.get("until"))
+                if operation not in OPERATIONS or not endpoint or until is None:
+                    continue
+                left = (until - wall).total_seconds()
+                if left <= 0:
+                    continue
+                tools = [
+                    adapters[name]
+                    for name in info.get("tools") or []
+                    if name in adapters and adapters[name].endpoint(operation) == endpoint
+                ]
+                if not tools:
+                    continue
+                state = self.of(tools[0], operation)
+                for adapter in tools[1:]:
+                    state.tools.add(adapter.tool.name)
+                if state.in_flight or state.next_probe(now) >= now + left:
+                    continue  # this worker knows as much already, or is calling it now
+                state.shared_from = worker[:100]
+                state.since = _parse(info.get("since")) or state.since or wall
+                state.last_error = str(info.get("last_error") or "")[:300]
+                if info.get("retry_after"):
+                    state.hold_until = max(state.hold_until, now + left)
+                if info.get("state") in (OPEN, HALF_OPEN):
+                    state.state = OPEN
+                    state.probing = False
+                    state.failures = max(state.failures, int(info.get("failures") or 0))
+                    state.opened = max(state.opened, 1)
+                    state.open_until = max(state.open_until, now + left)
+
+
+@dataclass(frozen=True, slots=True)
+class Deferral:
+    """Why a bulkhead makes no call now, and for how long (seconds)."""
+
+    key: str
+    seconds: float
+    why: str
+    cause: str
+    since: dt.datetime | None
+
+    def __iter__(self):  # (seconds, why), as callers unpacked it before
+        return iter((self.seconds, self.why))
+
+
+def _parse(value: Any) -> dt.datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return dt.datetime.fromisoformat(value)
+    except ValueError:
+        return None

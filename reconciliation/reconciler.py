@@ -34,14 +34,14 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F, Q
+from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
 from attempts import authority, ledger, locking, states, tracing
 from attempts.locking import write_transaction
-from attempts.models import Attempt, EffectClass, State
+from attempts.models import Attempt, AttemptEvent, EffectClass, State
 from attempts.states import Actor, TransitionError
-from reconciliation.bulkhead import Bulkheads
+from reconciliation.bulkhead import LOOKUP, SEND, Bulkheads, Deferral
 from reconciliation.faults import arm_kill_timer, crash_point, mutation
 from reconciliation.models import WorkerHeartbeat
 from reconciliation.providers.answers import evidence_of, id_problem
@@ -99,6 +99,38 @@ QUARANTINABLE = frozenset(
 UNSETTLED = frozenset(
     {"still_unknown", "blocked", "failed_retryable", "errors", "quarantined", "deferred"}
 )
+
+# The states whose next call is a lookup (a stale DISPATCHED claim becomes UNKNOWN first) or
+# a send: what a bulkhead of that operation holds.
+OPERATION_STATES = {
+    LOOKUP: (State.UNKNOWN, State.DISPATCHED),
+    SEND: (State.INTENT_RECORDED, State.FAILED_RETRYABLE),
+}
+DEFERRED_ACTION = "attempt.provider_deferred"
+BLOCKED_ACTION = "attempt.recovery_blocked"
+# How often a worker looks for held work that has not been told why it waits yet.
+TELL_EVERY = 2.0
+
+
+def operation_of(attempt: Attempt) -> str:
+    """The call recovery makes next for this attempt: a lookup or a send."""
+    return LOOKUP if attempt.state in OPERATION_STATES[LOOKUP] else SEND
+
+
+@dataclass(frozen=True, slots=True)
+class _Hold:
+    """Work recovery may not call out for now: one bulkhead (breaker open, Retry-After) or one
+    tool it cannot use as configured. Each held attempt is told once per ``cause`` (an event),
+    then left due, so it is taken up in time order as soon as the hold ends."""
+
+    action: str
+    tools: frozenset[str]
+    states: tuple[str, ...]
+    cause: str
+    why: str
+    seconds: float
+    details: dict[str, Any]
+
 
 # A pass that lasts beats this often, so /healthz sees the worker alive whatever a provider does.
 BEAT_EVERY = 5.0
@@ -250,6 +282,9 @@ class Reconciler:
         self._claimed_at = time.monotonic()
         self._unbeaten = Summary()
         self._passes = 0
+        self._tool_holds: list[_Hold] = []
+        self._told_at = -TELL_EVERY
+        self._told_causes: frozenset[str] = frozenset()
 
     # -----------------------------------------------------------------------------------------
     # Claiming
@@ -283,22 +318,33 @@ class Reconciler:
             stale = (
                 Attempt.objects.stale_in_flight(cutoff).filter(free).order_by("updated_at", "id")
             )
-            # Providers that may not be called now: nothing to claim their attempts for. One
-            # due for its probe gets one attempt (below), not all of them.
-            probing = self.bulkheads.probe_tools()
-            held = self.bulkheads.blocked_tools().union(*probing.values())
+            # Work that may not be called out for now (a bulkhead's breaker open or holding for
+            # Retry-After, a tool unusable as configured): not claimed, so it stays due in
+            # its order; it is told why once (``_tell``). A bulkhead due for its probe gets one
+            # attempt (below), the oldest, not all of them.
+            probing = self.bulkheads.probes_due()
+            held = Q()
+            for operation, tools in self.bulkheads.blocked().items():
+                if tools:
+                    held |= Q(tool_name__in=sorted(tools), state__in=OPERATION_STATES[operation])
+            for operation, tools in probing.values():
+                held |= Q(tool_name__in=sorted(tools), state__in=OPERATION_STATES[operation])
+            for hold in self._tool_holds:
+                held |= Q(tool_name__in=sorted(hold.tools))
             candidates = (scheduled, stale)
             if held:
-                scheduled = scheduled.exclude(tool_name__in=sorted(held))
-                stale = stale.exclude(tool_name__in=sorted(held))
+                scheduled = scheduled.exclude(held)
+                stale = stale.exclude(held)
             if connection.vendor == "postgresql":
                 scheduled = scheduled.select_for_update(skip_locked=True)
                 stale = stale.select_for_update(skip_locked=True)
             found = dict(scheduled.values_list("pk", "version")[:limit])
             found.update(stale.values_list("pk", "version")[:limit])
-            for tools in probing.values():
+            for operation, tools in probing.values():
                 for queryset in candidates:
-                    one = queryset.filter(tool_name__in=sorted(tools))
+                    one = queryset.filter(
+                        tool_name__in=sorted(tools), state__in=OPERATION_STATES[operation]
+                    )
                     if connection.vendor == "postgresql":
                         one = one.select_for_update(skip_locked=True)
                     probe = list(one.values_list("pk", "version")[:1])
@@ -341,6 +387,9 @@ class Reconciler:
             summary.outcomes["approval_expired"] += expired
         registry = Registry.load()
         lease = self._lease_for(registry, registry.tool_names)
+        self._tool_holds = self._unusable_tools(registry)
+        self._adopt_shared(registry)
+        self._tell(cutoff, lease, summary)
         finished: list[tuple[_Job, Any]] = []
         first_finished_at = 0.0
         exhausted = False
@@ -406,7 +455,8 @@ class Reconciler:
         """Whether a call in flight (started by that pass, when given) goes to a provider
         whose last call did not fail: an answer worth waiting a moment for."""
         return any(
-            (pass_id is None or job.pass_id == pass_id) and not self.bulkheads.failing(job.adapter)
+            (pass_id is None or job.pass_id == pass_id)
+            and not self.bulkheads.failing(job.adapter, job.kind)
             for job in self._in_flight.values()
         )
 
@@ -419,36 +469,39 @@ class Reconciler:
         job = self._in_flight.pop(future)
         outcome = _outcome(future)
         if isinstance(outcome, _JobError):
-            self.bulkheads.errored(job.adapter, outcome.error)
+            self.bulkheads.errored(job.adapter, job.kind, outcome.error)
         elif isinstance(outcome, _SendResult):
-            self.bulkheads.finished(
-                job.adapter, [a for a in (outcome.send, outcome.confirmation) if a is not None]
-            )
+            # The send counts for the send bulkhead; its confirming lookup for the lookup's.
+            self.bulkheads.finished(job.adapter, SEND, [outcome.send])
+            if outcome.confirmation is not None:
+                self.bulkheads.record(job.adapter, LOOKUP, [outcome.confirmation])
         else:
-            self.bulkheads.finished(job.adapter, [outcome])
+            self.bulkheads.finished(job.adapter, LOOKUP, [outcome])
         return job, outcome
 
     def _start_waiting(self, pool: ThreadPoolExecutor, summary: Summary) -> None:
         """Start the waiting calls that have room (under the pool's size and their provider's
         cap); defer the lookups of a provider that may not be called now."""
         waiting, self._waiting = self._waiting, deque()
-        deferred: list[tuple[_Job, float, str]] = []
+        deferred: list[tuple[_Job, Deferral]] = []
         while waiting:
             job = waiting.popleft()
-            refusal = self.bulkheads.refusal(job.adapter)
+            refusal = self.bulkheads.refusal(job.adapter, job.kind)
             if refusal is not None:
-                deferred.append((job, *refusal))
+                deferred.append((job, refusal))
                 continue
-            if len(self._in_flight) >= self.concurrency or not self.bulkheads.has_room(job.adapter):
+            if len(self._in_flight) >= self.concurrency or not self.bulkheads.has_room(
+                job.adapter, job.kind
+            ):
                 self._waiting.append(job)
                 continue
-            self.bulkheads.started(job.adapter)
+            self.bulkheads.started(job.adapter, job.kind)
             job.pass_id = self._passes
             self._in_flight[pool.submit(_run_job, job)] = job
         if deferred:
             with write_transaction():
-                for job, seconds, why in deferred:
-                    self._guarded(summary, self._defer_job, job.attempt, job, seconds, why, summary)
+                for job, deferral in deferred:
+                    self._guarded(summary, self._defer_job, job.attempt, job, deferral, summary)
 
     def close(self) -> None:
         """Wait for the calls in flight (each bounded by its deadline), write their answers,
@@ -544,14 +597,14 @@ class Reconciler:
     def _prepare(self, batch: list[Attempt], registry: Registry, summary: Summary) -> list[_Job]:
         jobs: list[_Job] = []
         needs_write = []
-        deferred: list[tuple[Attempt, float, str]] = []
+        deferred: list[tuple[Attempt, Deferral]] = []
         for attempt in batch:
             adapter, problems = registry.usable(attempt.tool_name)
             if adapter is not None and not problems:
-                refusal = self.bulkheads.refusal(adapter)
+                refusal = self.bulkheads.refusal(adapter, operation_of(attempt))
                 if refusal is not None:
-                    # Its provider's breaker is open or it asked to wait: not called now.
-                    deferred.append((attempt, *refusal))
+                    # Its bulkhead's breaker is open or it asked to wait: not called now.
+                    deferred.append((attempt, refusal))
                     continue
             if attempt.state == State.UNKNOWN and adapter is not None and not problems:
                 if adapter.can_look_up:
@@ -561,8 +614,8 @@ class Reconciler:
             needs_write.append(attempt)
         if needs_write or deferred:
             with write_transaction():
-                for attempt, seconds, why in deferred:
-                    self._guarded(summary, self._defer, attempt, seconds, why, summary)
+                for attempt, deferral in deferred:
+                    self._guarded(summary, self._defer, attempt, deferral, summary)
                 for attempt in needs_write:
                     job = self._guarded(summary, self._prepare_one, attempt, registry, summary)
                     if job is not None:
@@ -572,24 +625,25 @@ class Reconciler:
     def _defer(
         self,
         attempt: Attempt,
-        seconds: float,
-        why: str,
+        deferral: Deferral,
         summary: Summary,
         *,
         unsent: bool = False,
     ) -> None:
-        """Its provider may not be called now (breaker open, Retry-After): look again when it
-        may, and say so in the attempt's history (the detail page shows it). Nothing is sent
-        and nothing is guessed."""
+        """Its bulkhead may not be called now (breaker open, Retry-After): say so in the
+        attempt's history, once per cause (the attempt page and the queue show it), and leave
+        it due: the claim takes it up, in its turn, as soon as the bulkhead may be called.
+        Nothing is sent and nothing is guessed."""
+        details = {"provider_deferred": self._deferral_details(deferral)}
         if attempt.state == State.DISPATCHED:
             if unsent:
                 # This worker committed the send but never made it: nothing left this machine.
                 self._move(
                     attempt,
                     State.FAILED_RETRYABLE,
-                    reason=f"not sent: {why}",
-                    details={"provider_deferred": {"why": why[:300]}},
-                    next_check_at=self._deferred_until(seconds),
+                    reason=f"not sent: {deferral.why}",
+                    details=details,
+                    next_check_at=self._still_due(attempt),
                 )
                 summary.outcomes["deferred"] += 1
                 return
@@ -602,21 +656,149 @@ class Reconciler:
         self._move(
             attempt,
             None,
-            action="attempt.provider_deferred",
-            reason=f"recovery deferred: {why}",
-            details={"provider_deferred": {"why": why[:300], "seconds": round(seconds, 1)}},
-            next_check_at=self._deferred_until(seconds),
+            action=DEFERRED_ACTION,
+            reason=f"recovery deferred: {deferral.why}",
+            details=details,
+            next_check_at=self._still_due(attempt),
         )
         summary.outcomes["deferred"] += 1
 
-    def _defer_job(
-        self, attempt: Attempt, job: _Job, seconds: float, why: str, summary: Summary
-    ) -> None:
-        self._defer(attempt, seconds, why, summary, unsent=job.kind == "send")
+    def _deferral_details(self, deferral: Deferral) -> dict[str, Any]:
+        next_probe = timezone.now() + dt.timedelta(seconds=max(0.0, deferral.seconds))
+        return {
+            "why": deferral.why[:300],
+            "bulkhead": deferral.key[:200],
+            "cause": deferral.cause[:260],
+            "since": deferral.since.isoformat() if deferral.since else None,
+            "next_probe": next_probe.isoformat(),
+            "seconds": round(deferral.seconds, 1),
+        }
 
-    def _deferred_until(self, seconds: float) -> dt.datetime:
-        # A little jitter, so deferred attempts do not all come back in the same instant.
-        return timezone.now() + dt.timedelta(seconds=seconds + self.rng.uniform(0.0, 1.0))
+    @staticmethod
+    def _still_due(attempt: Attempt) -> dt.datetime:
+        """A held attempt keeps its place: due as it was (or now), never pushed back."""
+        now = timezone.now()
+        if attempt.next_check_at is not None and attempt.next_check_at <= now:
+            return attempt.next_check_at
+        return now
+
+    def _defer_job(self, attempt: Attempt, job: _Job, deferral: Deferral, summary: Summary) -> None:
+        self._defer(attempt, deferral, summary, unsent=job.kind == "send")
+
+    # -----------------------------------------------------------------------------------------
+    # Held work: told why, once per cause
+
+    def _unusable_tools(self, registry: Registry) -> list[_Hold]:
+        """Tools recovery cannot use as configured (a missing key, no URL): their work is held
+        until the configuration is fixed, and used at the first pass after it is."""
+        holds = []
+        for name in registry.tool_names:
+            adapter, problems = registry.usable(name)
+            if adapter is not None and not problems:
+                continue
+            why = "; ".join(problems)[:300]
+            holds.append(
+                _Hold(
+                    BLOCKED_ACTION,
+                    frozenset({name}),
+                    tuple(OPERATION_STATES[LOOKUP] + OPERATION_STATES[SEND]),
+                    f"tool {name}: {why}"[:260],
+                    why,
+                    0.0,
+                    {},
+                )
+            )
+        return holds
+
+    def _bulkhead_holds(self) -> list[_Hold]:
+        holds = []
+        for state in self.bulkheads.holding():
+            deferral = self.bulkheads.deferral_of(state)
+            holds.append(
+                _Hold(
+                    DEFERRED_ACTION,
+                    frozenset(state.tools),
+                    OPERATION_STATES[state.operation],
+                    deferral.cause,
+                    deferral.why,
+                    deferral.seconds,
+                    {"deferral": deferral},
+                )
+            )
+        return holds
+
+    def _tell(self, cutoff: dt.datetime, lease: dt.timedelta, summary: Summary) -> None:
+        """Every held attempt that is due gets one event that says why it waits (which
+        bulkhead or configuration problem, since when, the next probe), once per cause, not
+        once per pass. Bounded: at most a batch per pass, looked for every ``TELL_EVERY``
+        seconds or when a cause appears."""
+        holds = self._tool_holds + self._bulkhead_holds()
+        causes = frozenset(hold.cause for hold in holds)
+        if not holds or (
+            causes <= self._told_causes and time.monotonic() - self._told_at < TELL_EVERY
+        ):
+            return
+        self._told_at = time.monotonic()
+        self._told_causes = causes
+        now = timezone.now()
+        free = Q(lease_until__isnull=True) | Q(lease_until__lt=now)
+        waiting = Attempt.objects.due(cutoff) | Attempt.objects.stale_in_flight(cutoff)
+        left = self.batch_size
+        for hold in holds:
+            if left <= 0:
+                break
+            # Told: an event of this attempt carries this cause (whichever move wrote it).
+            told = AttemptEvent.objects.filter(
+                attempt=OuterRef("pk"),
+                **{f"details__{hold.action.removeprefix('attempt.')}__cause": hold.cause},
+            )
+            candidates = (
+                waiting.filter(free, tool_name__in=sorted(hold.tools), state__in=hold.states)
+                .exclude(Exists(told))
+                .order_by("next_check_at", "id")
+            )
+            with write_transaction():
+                if connection.vendor == "postgresql":
+                    candidates = candidates.select_for_update(skip_locked=True)
+                rows = list(candidates.values_list("pk", "version")[:left])
+                if not rows:
+                    continue
+                claimed = states.claim_lease(rows, owner=self.worker_id, until=now + lease, now=now)
+                left -= len(claimed)
+                for attempt in Attempt.objects.filter(pk__in=claimed, lease_owner=self.worker_id):
+                    if hold.action == DEFERRED_ACTION:
+                        self._guarded(
+                            summary, self._defer, attempt, hold.details["deferral"], summary
+                        )
+                    else:
+                        self._guarded(
+                            summary, self._blocked, attempt, hold.why, summary, hold.cause
+                        )
+
+    def _adopt_shared(self, registry: Registry) -> None:
+        """Open here what the deployment's other workers found open (their heartbeats)."""
+        since = timezone.now() - dt.timedelta(seconds=settings.OPS["HEARTBEAT_MAX_AGE"])
+        others = dict(
+            WorkerHeartbeat.objects.filter(last_seen__gte=since)
+            .exclude(worker_id=self.worker_id)
+            .exclude(providers={})
+            .values_list("worker_id", "providers")[:50]
+        )
+        if not others:
+            return
+        names = {
+            name
+            for snapshot in others.values()
+            for info in (snapshot or {}).values()
+            if isinstance(info, dict)
+            for name in info.get("tools") or []
+        }
+        adapters = {}
+        for name in names:
+            adapter, problems = registry.usable(name)
+            if adapter is not None and not problems:
+                adapters[name] = adapter
+        self.bulkheads.adopt(others, adapters)
 
     def _guarded(
         self,
@@ -727,9 +909,11 @@ class Reconciler:
             return False
         return True
 
-    def _blocked(self, attempt: Attempt, why: str, summary: Summary) -> None:
-        """The tool cannot be reached as configured: wait (UNKNOWN past its maximum age goes to
-        a person); nothing is sent and nothing is guessed."""
+    def _blocked(self, attempt: Attempt, why: str, summary: Summary, cause: str = "") -> None:
+        """The tool cannot be reached as configured: wait, due as it was, until the
+        configuration is fixed (the claim holds the tool's work meanwhile and tells each attempt
+        once; UNKNOWN past its maximum age goes to a person); nothing is sent and nothing is
+        guessed."""
         if attempt.state == State.DISPATCHED:
             self._move(
                 attempt, State.UNKNOWN, reason="stale claim found by recovery", keep_lease=True
@@ -742,11 +926,18 @@ class Reconciler:
         self._move(
             attempt,
             None,
-            action="attempt.recovery_blocked",
+            action=BLOCKED_ACTION,
             reason=f"tool is not usable for recovery: {why}",
-            # A configuration problem waits for a person (reconciliation.W001 reports it): look
-            # again after the longest backoff rather than writing history every few seconds.
-            next_check_at=timezone.now() + dt.timedelta(seconds=settings.LEDGER["BACKOFF_CAP"]),
+            details={
+                "recovery_blocked": {
+                    "why": why[:300],
+                    "cause": (cause or f"tool {attempt.tool_name}: {why}")[:260],
+                }
+            },
+            # A configuration problem waits for a person (reconciliation.W001 reports it); the
+            # claim holds the tool's work meanwhile (no history every few seconds) and takes it
+            # up, in its turn, at the first pass after the configuration is fixed.
+            next_check_at=self._still_due(attempt),
         )
         summary.outcomes["blocked"] += 1
         return None

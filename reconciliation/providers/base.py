@@ -170,6 +170,12 @@ class Adapter:
         breaker, ``Retry-After``): tools on one provider share them. Default: the tool."""
         return f"tool:{self.tool.name}"
 
+    def endpoint(self, operation: str) -> str:
+        """Where calls of ``operation`` (``send`` or ``lookup``) go, as far as they fail
+        together: with the operation, the key of their bulkhead (reconciliation/bulkhead.py).
+        Default: the provider."""
+        return self.provider_key
+
     def check(self) -> list[str]:
         """Configuration problems of this tool for this adapter (empty when usable)."""
         return []

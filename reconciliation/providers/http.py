@@ -135,6 +135,19 @@ class GenericHttpAdapter(Adapter):
             return f"{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
         return super().provider_key
 
+    def endpoint(self, operation: str) -> str:
+        """The URL an operation calls, without its query and from its first placeholder on
+        (``host:port/path``): a lookup URL that fails defers no send of the same host, and one
+        tool's path that fails holds no other tool's."""
+        url = self.tool.dispatch_url if operation == "send" else self.tool.lookup_url
+        try:
+            parts = _split(url)
+        except ValueError:
+            return self.provider_key
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        path = parts.path.split("{", 1)[0] or "/"
+        return f"{parts.hostname}:{port}{path}"
+
     def check(self) -> list[str]:
         problems = []
         if not self.tool.dispatch_url:

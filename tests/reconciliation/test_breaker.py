@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from attempts.models import EffectClass, Tool
 from reconciliation.bulkhead import CLOSED, HALF_OPEN, OPEN, Bulkheads
-from reconciliation.providers.base import LookupAnswer, LookupStatus
+from reconciliation.providers.base import LookupAnswer, LookupStatus, SendAnswer, SendStatus
 from reconciliation.providers.http import GenericHttpAdapter
 
 TIMEOUT = LookupAnswer(LookupStatus.UNAVAILABLE, detail="timeout: no complete answer")
@@ -27,78 +29,143 @@ def bulkheads(settings) -> Bulkheads:
     return Bulkheads(concurrency=16)
 
 
-def adapter(port: int, name: str = "t") -> GenericHttpAdapter:
+def adapter(port: int, name: str = "t", *, path: str = "") -> GenericHttpAdapter:
     return GenericHttpAdapter(
         Tool(
             name=name,
             effect_class=EffectClass.RECONCILABLE,
-            lookup_url=f"http://127.0.0.1:{port}/lookup",
-            dispatch_url=f"http://127.0.0.1:{port}/send",
+            lookup_url=f"http://127.0.0.1:{port}{path}/lookup",
+            dispatch_url=f"http://127.0.0.1:{port}{path}/send",
         )
     )
+
+
+def open_lookups(bulkheads: Bulkheads, a: GenericHttpAdapter, *, now: float = 0.0) -> None:
+    for _ in range(3):
+        bulkheads.started(a, "lookup")
+        bulkheads.finished(a, "lookup", [TIMEOUT], now=now)
+    assert bulkheads.of(a, "lookup").state == OPEN
 
 
 def test_failures_in_a_row_open_the_breaker_and_a_probe_closes_it(bulkheads) -> None:
     a = adapter(9001)
     for _ in range(2):
-        bulkheads.started(a)
-        bulkheads.finished(a, [TIMEOUT], now=100.0)
-    assert bulkheads.of(a).state == CLOSED and bulkheads.refusal(a, now=100.0) is None
-    bulkheads.started(a)
-    bulkheads.finished(a, [TIMEOUT], now=100.0)
-    assert bulkheads.of(a).state == OPEN
-    wait, why = bulkheads.refusal(a, now=105.0)
+        bulkheads.started(a, "lookup")
+        bulkheads.finished(a, "lookup", [TIMEOUT], now=100.0)
+    assert (
+        bulkheads.of(a, "lookup").state == CLOSED
+        and bulkheads.refusal(a, "lookup", now=100.0) is None
+    )
+    bulkheads.started(a, "lookup")
+    bulkheads.finished(a, "lookup", [TIMEOUT], now=100.0)
+    assert bulkheads.of(a, "lookup").state == OPEN
+    wait, why = bulkheads.refusal(a, "lookup", now=105.0)
     assert wait == pytest.approx(5.0) and "circuit open" in why
-    assert a.tool.name in bulkheads.blocked_tools(now=105.0)
-    assert bulkheads.probe_tools(now=111.0) == {"127.0.0.1:9001": {"t"}}
-    assert bulkheads.refusal(a, now=111.0) is None  # half-open: one probe may go
-    assert bulkheads.of(a).state == HALF_OPEN
-    bulkheads.started(a)
-    assert bulkheads.refusal(a, now=111.0) is not None  # only one probe at a time
-    bulkheads.finished(a, [NOT_FOUND], now=112.0)  # a sound answer
-    assert bulkheads.of(a).state == CLOSED and bulkheads.of(a).failures == 0
+    assert a.tool.name in bulkheads.blocked(now=105.0)["lookup"]
+    assert bulkheads.probes_due(now=111.0) == {"lookup 127.0.0.1:9001/lookup": ("lookup", {"t"})}
+    assert bulkheads.refusal(a, "lookup", now=111.0) is None  # half-open: one probe may go
+    assert bulkheads.of(a, "lookup").state == HALF_OPEN
+    bulkheads.started(a, "lookup")
+    assert bulkheads.refusal(a, "lookup", now=111.0) is not None  # only one probe at a time
+    bulkheads.finished(a, "lookup", [NOT_FOUND], now=112.0)  # a sound answer
+    assert bulkheads.of(a, "lookup").state == CLOSED and bulkheads.of(a, "lookup").failures == 0
 
 
 def test_a_failed_probe_opens_the_breaker_again_for_longer(bulkheads) -> None:
     a = adapter(9001)
     for _ in range(3):
-        bulkheads.started(a)
-        bulkheads.finished(a, [TIMEOUT], now=0.0)
-    assert bulkheads.refusal(a, now=11.0) is None
-    bulkheads.started(a)
-    bulkheads.finished(a, [TIMEOUT], now=11.0)
-    assert bulkheads.of(a).state == OPEN
-    assert bulkheads.refusal(a, now=11.0)[0] == pytest.approx(20.0)  # doubled
+        bulkheads.started(a, "lookup")
+        bulkheads.finished(a, "lookup", [TIMEOUT], now=0.0)
+    assert bulkheads.refusal(a, "lookup", now=11.0) is None
+    bulkheads.started(a, "lookup")
+    bulkheads.finished(a, "lookup", [TIMEOUT], now=11.0)
+    assert bulkheads.of(a, "lookup").state == OPEN
+    assert bulkheads.refusal(a, "lookup", now=11.0).seconds == pytest.approx(20.0)  # doubled
 
 
 def test_retry_after_holds_that_provider_only(bulkheads) -> None:
     limited, other = adapter(9001), adapter(9003, "other")
-    bulkheads.started(limited)
-    bulkheads.finished(limited, [LIMITED], now=0.0)
-    wait, why = bulkheads.refusal(limited, now=1.0)
+    bulkheads.started(limited, "lookup")
+    bulkheads.finished(limited, "lookup", [LIMITED], now=0.0)
+    wait, why = bulkheads.refusal(limited, "lookup", now=1.0)
     assert wait == pytest.approx(29.0) and "Retry-After" in why
-    assert bulkheads.refusal(other, now=1.0) is None
+    assert bulkheads.refusal(other, "lookup", now=1.0) is None
     snapshot = bulkheads.snapshot(now=1.0)
-    assert snapshot["127.0.0.1:9001"]["retry_after"] is True
-    assert "127.0.0.1:9003" not in snapshot
+    assert snapshot["lookup 127.0.0.1:9001/lookup"]["retry_after"] is True
+    assert "lookup 127.0.0.1:9003/lookup" not in snapshot
 
 
 def test_the_cap_comes_from_configuration_and_never_takes_the_whole_pool(bulkheads) -> None:
     a, b = adapter(9001), adapter(9002)
-    assert bulkheads.of(a).cap == 2 and bulkheads.of(b).cap == 1
-    bulkheads.started(b)
-    assert not bulkheads.has_room(b)
-    assert Bulkheads(concurrency=2).of(adapter(9004)).cap == 1
+    assert bulkheads.of(a, "lookup").cap == 2 and bulkheads.of(b, "lookup").cap == 1
+    bulkheads.started(b, "lookup")
+    assert not bulkheads.has_room(b, "lookup")
+    assert Bulkheads(concurrency=2).of(adapter(9004), "lookup").cap == 1
 
 
 def test_tools_on_one_provider_share_its_bulkhead(bulkheads) -> None:
-    assert bulkheads.of(adapter(9001, "x")) is bulkheads.of(adapter(9001, "y"))
-    assert bulkheads.of(adapter(9001, "x")).tools == {"x", "y"}
+    assert bulkheads.of(adapter(9001, "x"), "lookup") is bulkheads.of(adapter(9001, "y"), "lookup")
+    assert bulkheads.of(adapter(9001, "x"), "lookup").tools == {"x", "y"}
 
 
 def test_a_found_answer_is_not_a_failure(bulkheads) -> None:
     a = adapter(9001)
     for _ in range(5):
-        bulkheads.started(a)
-        bulkheads.finished(a, [FOUND])
-    assert bulkheads.of(a).state == CLOSED
+        bulkheads.started(a, "lookup")
+        bulkheads.finished(a, "lookup", [FOUND])
+    assert bulkheads.of(a, "lookup").state == CLOSED
+
+
+def test_a_failing_lookup_of_one_tool_defers_no_send_and_no_other_tools_lookup_on_its_host(
+    bulkheads,
+) -> None:
+    """Bulkheads are keyed by what fails together: the endpoint and the operation, not the
+    host. The demo's ticket lookups answering 503 hold no CRM call on the same host."""
+    tickets = adapter(9001, "open_ticket", path="/tools/open_ticket")
+    crm = adapter(9001, "update_crm", path="/tools/update_crm")
+    open_lookups(bulkheads, tickets)
+    assert bulkheads.refusal(tickets, "lookup", now=1.0) is not None
+    assert bulkheads.refusal(tickets, "send", now=1.0) is None
+    assert bulkheads.refusal(crm, "lookup", now=1.0) is None
+    assert bulkheads.refusal(crm, "send", now=1.0) is None
+    assert bulkheads.blocked(now=1.0) == {"lookup": {"open_ticket"}, "send": set()}
+
+
+def test_a_breaker_opened_by_lookups_does_not_stop_sends_that_succeed(bulkheads) -> None:
+    a = adapter(9001)
+    open_lookups(bulkheads, a)
+    accepted = SendAnswer(SendStatus.ACCEPTED, provider_request_id="p1", http_status=201)
+    for _ in range(5):
+        assert bulkheads.refusal(a, "send", now=1.0) is None
+        bulkheads.started(a, "send")
+        bulkheads.finished(a, "send", [accepted], now=1.0)
+    assert bulkheads.of(a, "send").state == CLOSED
+    assert bulkheads.of(a, "lookup").state == OPEN
+
+
+def test_a_second_worker_adopts_the_breaker_another_worker_opened(bulkheads) -> None:
+    """Shared through the heartbeat: the second worker makes no call to a bulkhead the first
+    found down until the first one's window ends, then probes it itself."""
+    a = adapter(9001)
+    open_lookups(bulkheads, a, now=time.monotonic())
+    published = bulkheads.snapshot()
+    second = Bulkheads(concurrency=16)
+    second.adopt({"w1": published}, {"t": a})
+    refusal = second.refusal(a, "lookup")
+    assert refusal is not None and "circuit open" in refusal.why
+    assert second.refusal(a, "send") is None
+    assert second.of(a, "lookup").shared_from == "w1"
+    # It does not publish what it adopted as its own finding.
+    assert second.snapshot()["lookup 127.0.0.1:9001/lookup"]["shared_from"] == "w1"
+    third = Bulkheads(concurrency=16)
+    third.adopt({"w2": second.snapshot()}, {"t": a})
+    assert third.refusal(a, "lookup") is None
+
+
+def test_calls_cut_at_their_deadline_name_their_bulkhead_in_the_snapshot(bulkheads) -> None:
+    a = adapter(9001)
+    bulkheads.started(a, "lookup")
+    bulkheads.finished(a, "lookup", [TIMEOUT], now=50.0)
+    snapshot = bulkheads.snapshot(now=60.0)
+    assert snapshot["lookup 127.0.0.1:9001/lookup"]["past_deadline"]
+    assert snapshot["lookup 127.0.0.1:9001/lookup"]["cut_calls"] == 1

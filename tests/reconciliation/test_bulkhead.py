@@ -162,7 +162,7 @@ def test_one_misbehaving_provider_holds_up_nobody_else(
         looked_up = AttemptEvent.objects.filter(attempt__in=bad, action="attempt.lookup").count()
         assert looked_up <= 6, looked_up
         beat = WorkerHeartbeat.objects.get(worker_id="bulkhead")
-        key = f"127.0.0.1:{bad_provider.port}"
+        key = f"lookup 127.0.0.1:{bad_provider.port}/lookup"
         assert beat.providers[key]["state"] in ("open", "half_open", "closed")
         if mode == "ratelimit":
             assert beat.providers[key]["retry_after"] is True
@@ -278,7 +278,7 @@ def test_a_pass_does_not_wait_for_the_probe_of_a_failing_provider(
     try:
         make_due(unknown(world, BAD_TOOL, "probe", {"n": 1}))
         adapter, _ = Registry.load().usable(BAD_TOOL)
-        provider = reconciler.bulkheads.of(adapter)
+        provider = reconciler.bulkheads.of(adapter, "lookup")
         provider.state, provider.failures, provider.open_until = "open", 3, time.monotonic() - 1
         assert _timed_pass(reconciler) < 2.0
         assert provider.state == "half_open" and provider.probing
