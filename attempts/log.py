@@ -41,6 +41,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from attempts import replication
 from attempts.models import (
     Attempt,
     Checkpoint,
@@ -695,7 +696,11 @@ def publish(*, now: dt.datetime | None = None) -> dict[str, str]:
         return results
     note = signed_note(newest)
     assert note is not None
-    for witness in witnesses():
+    configured = witnesses()
+    if configured:
+        # What a witness cosigns must survive a failover of the database (docs/scaling.md).
+        replication.make_durable()
+    for witness in configured:
         try:
             results[witness.key.name] = _publish_one(witness, newest, note, now or timezone.now())
         except Exception as exc:  # a witness must never stop the worker

@@ -88,3 +88,21 @@ def warning_text(found: Durability) -> str | None:
         f"Replication is asynchronous ({why}) and {who}: a failover can lose writes the ledger "
         "already acknowledged, and the ledger would then send a key again or forget a dispatch."
     )
+
+
+def make_durable() -> None:
+    """Return once everything this session has read is as durable as an acknowledged commit.
+
+    PostgreSQL shows a transaction's writes to other sessions as soon as the primary has them,
+    before a synchronous standby does (the committing session is still waiting). Something read
+    and then sent outside without a write of ours before it (a checkpoint to a witness) could
+    therefore be lost in a failover after the outside world saw it. A transaction that writes
+    (a logical-decoding message, no table) waits at its commit, like every ledger commit, for
+    the standby to have the WAL up to it, and so everything visible before it. A transaction
+    that wrote no WAL would not wait. Nothing to do on SQLite."""
+    if connection.vendor != "postgresql" or connection.in_atomic_block:
+        return  # inside a transaction the caller's own commit is the wait
+    from django.db import transaction
+
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SELECT pg_logical_emit_message(true, 'ledgerweb', 'durable')")
