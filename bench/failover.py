@@ -45,6 +45,8 @@ sys.path.insert(0, str(REPO))
 from bench.soak import PG_BIN, TOOLS, Soak, free_port  # noqa: E402
 
 STANDBY_NAME = "ledger_standby"
+ORIGIN = "failover.test/ledger"
+WITNESS_NAME = "witness.test/failover"
 UNSETTLED = ("INTENT_RECORDED", "DISPATCHED", "UNKNOWN", "FAILED_RETRYABLE")
 
 
@@ -248,6 +250,11 @@ class Round:
     verify_output: str = ""
     checkpoint_before: int = 0
     checkpoint_after: int = 0
+    witnessed_before: int = 0
+    witnessed_after: int = 0
+    witness_status: str = ""
+    witness_message: str = ""
+    signer_refusals: int = 0
     unsettled: dict[str, int] = field(default_factory=dict)
     warned: bool | None = None
     without_primary_seconds: float = 0.0
@@ -271,6 +278,9 @@ class Round:
             f"moves {len(self.lost_moves)})",
             f"keys in effect twice             {len(self.duplicates)}",
             f"log: checkpoint before -> after  {self.checkpoint_before} -> {self.checkpoint_after}",
+            f"witness cosigned before -> after {self.witnessed_before} -> {self.witnessed_after} "
+            f"leaves, {self.witness_status} {self.witness_message[:160]}",
+            f"signer refused to sign (fork)    {self.signer_refusals} time(s)",
             f"unsettled outside MANUAL_REVIEW  {sum(self.unsettled.values())} {self.unsettled or ''}",
             f"verify_audit                     {'passes' if self.verify_ok else 'FAILS'}",
         ]
@@ -289,6 +299,8 @@ class Failover(Soak):
         self.env["DATABASE_URL"] = self.pair.url
         self.env["LEDGERWEB_SEAL_EVERY"] = "1"
         self.env["LEDGERWEB_PG_CONNECT_TIMEOUT"] = "2"
+        self.env["LEDGERWEB_TLOG_ORIGIN"] = ORIGIN
+        self.env["LEDGERWEB_TLOG_KEY_FILE"] = str(workdir / "log.key")
         self.token = ""
 
     def close(self) -> None:
@@ -297,6 +309,10 @@ class Failover(Soak):
         shutil.rmtree(self.pair.root, ignore_errors=True)
 
     def start(self) -> None:
+        verifier = self.manage(
+            "ledger_log", "genkey", "--out", self.env["LEDGERWEB_TLOG_KEY_FILE"]
+        ).stdout.split()[-1]
+        self.start_witness(verifier)
         self.manage("migrate", "--no-input", "-v", "0")
         self.spawn("demo_provider")
         self.manage("seed_demo", "--provider-url", f"http://127.0.0.1:{self.provider_port}")
@@ -307,6 +323,31 @@ class Failover(Soak):
         self.spawn("reconcile_worker")
         self.spawn("reconcile_worker_2")
         self.wait_for_web()
+
+    def start_witness(self, log_key: str) -> None:
+        """A C2SP witness of the log in its own process (tests/log_witness.py), keeping the
+        newest checkpoint it cosigned on its own disk: it refuses a log that forks."""
+        port = free_port()
+        self.processes["witness"] = witness = subprocess.Popen(
+            [sys.executable, str(REPO / "tests" / "log_witness.py"), "--state",
+             str(self.workdir / "witness"), "--port", str(port), "--name", WITNESS_NAME,
+             "--origin", ORIGIN, "--log-key", log_key],
+            stdout=subprocess.PIPE, text=True, start_new_session=True,
+        )  # fmt: skip
+        line = witness.stdout.readline()
+        if not line.startswith("witness-key "):
+            raise RuntimeError(f"the witness did not start: {line!r}")
+        self.env["LEDGERWEB_TLOG_WITNESSES"] = f"{line.split()[1]} http://127.0.0.1:{port}"
+
+    def witness_state(self) -> tuple[int, str, str]:
+        """The size the witness last cosigned, as the ledger recorded it, and its status."""
+        row = self.pair.primary.sql(
+            f"SELECT size, status, message FROM attempts_witnessstate WHERE name = '{WITNESS_NAME}'"  # noqa: S608 (a constant)
+        )
+        if not row:
+            return 0, "none", ""
+        size, status, message = row.split("|", 2)
+        return int(size), status, message
 
     # -- agents -------------------------------------------------------------------------------
 
@@ -388,6 +429,8 @@ class Failover(Soak):
         result.checkpoint_before = int(
             self.pair.primary.sql("SELECT coalesce(max(seq), 0) FROM attempts_checkpoint")
         )
+        result.witnessed_before = self.witness_state()[0]
+        refusals_before = self.signer_refusals()
         say(f"{mode}: the standby falls {self.failover_options.lag}s behind")
         self.pair.hold_back(self.failover_options.lag)
         say(f"{mode}: SIGKILL the primary mid-run, promote the standby")
@@ -395,7 +438,7 @@ class Failover(Soak):
         agents.join()
         result.errors = dict(acks.errors)
         result.unsettled = self.settle(self.failover_options.drain)
-        self.count(result, acks)
+        self.count(result, acks, refusals_before)
         return result
 
     def settle(self, seconds: float) -> dict[str, int]:
@@ -413,7 +456,15 @@ class Failover(Soak):
                 return unsettled
             time.sleep(0.5)
 
-    def count(self, result: Round, acks: Acks) -> None:
+    def signer_refusals(self) -> int:
+        """How often the workers' signer refused a checkpoint that does not extend the tree it
+        signed before (attempts/log.py): a log that forked at the failover."""
+        return sum(
+            path.read_bytes().count(b"refusing to sign")
+            for path in self.workdir.glob("reconcile_worker*.log")
+        )
+
+    def count(self, result: Round, acks: Acks, refusals_before: int) -> None:
         rows = self.pair.primary.sql(
             "SELECT a.idempotency_key, a.state, string_agg(DISTINCT e.to_state, ',') "  # noqa: S608
             "FROM attempts_attempt a LEFT JOIN attempts_attemptevent e ON e.attempt_id = a.id "
@@ -449,6 +500,16 @@ class Failover(Soak):
             if result.checkpoint_after > result.checkpoint_before or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
+        # The witness cosigns a checkpoint sealed on the new primary past the one it held.
+        while True:
+            size, result.witness_status, result.witness_message = self.witness_state()
+            result.witnessed_after = size
+            if size > result.witnessed_before and result.witness_status == "ok":
+                break
+            if result.witness_status == "refused" or time.monotonic() > deadline + 15:
+                break
+            time.sleep(0.5)
+        result.signer_refusals = self.signer_refusals() - refusals_before
         verify = self.manage("verify_audit", check=False)
         result.verify_ok = verify.returncode == 0
         result.verify_output = (verify.stdout + verify.stderr)[-2000:]
@@ -502,6 +563,8 @@ def main(argv: list[str] | None = None) -> int:
     sync = rounds[0]
     ok = sync.lost == 0 and not sync.duplicates and sync.verify_ok
     ok = ok and sync.checkpoint_after > sync.checkpoint_before and bool(rounds[1].warned)
+    ok = ok and sync.witness_status == "ok" and sync.witnessed_after > sync.witnessed_before
+    ok = ok and sync.signer_refusals == 0
     print(json.dumps({r.mode: {"lost": r.lost, "duplicates": len(r.duplicates)} for r in rounds}))
     return 0 if ok else 1
 

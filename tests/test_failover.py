@@ -9,12 +9,20 @@ primary and standby of its own; bench/failover.py holds the pair and the run).""
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
 
 import pytest
 from django.db import connection
 from django.test import Client
 
-from tests.conftest import child_env, manage
+from tests.conftest import REPO, child_env, manage
 
 
 def test_a_multi_host_url_connects_to_the_host_that_takes_writes(tmp_path) -> None:
@@ -83,8 +91,56 @@ def test_a_failover_under_load_loses_no_acknowledged_write_with_a_synchronous_st
     assert sync.unsettled == {}
     assert sync.verify_ok, sync.verify_output
     assert sync.checkpoint_after > sync.checkpoint_before
+    # The witness cosigned a checkpoint of the new primary past the one it held: the same log.
+    assert sync.witness_status == "ok", sync.witness_message
+    assert sync.witnessed_after > sync.witnessed_before
+    assert sync.signer_refusals == 0
     assert asynchronous.warned is True
     # The measured fact behind docs/scaling.md's warning (not a pass condition: it depends on
     # where the kill lands).
     print(f"asynchronous failover lost {asynchronous.lost} acknowledged writes", end=" ")
     print(f"of {asynchronous.acknowledged_intents + asynchronous.acknowledged_moves}")
+
+
+@pytest.mark.slow
+def test_what_is_sent_to_a_witness_is_on_the_synchronous_standby_first(tmp_path) -> None:
+    """PostgreSQL shows a commit to other sessions before its synchronous standby has it. Before
+    the log sends a checkpoint to a witness, ``replication.make_durable`` waits until everything
+    the session can see is on the standby: while the standby receives nothing it does not
+    return, and it returns once the standby has caught up."""
+    if connection.vendor != "postgresql":
+        pytest.skip("runs once, in the PostgreSQL suite")
+    from bench import failover
+
+    if not (failover.PG_BIN / "initdb").exists():
+        pytest.skip(f"PostgreSQL server binaries are not installed ({failover.PG_BIN})")
+    pair = failover.Pair(Path(tempfile.mkdtemp(prefix="ledgerweb-durable-")))
+    waiting = None
+    senders: list[int] = []
+    try:
+        pair.add_standby(synchronous=True)
+        senders = [int(p) for p in pair.primary.sql("SELECT pid FROM pg_stat_replication").split()]
+        for pid in senders:
+            os.kill(pid, signal.SIGSTOP)  # the standby receives nothing from now on
+        waiting = subprocess.Popen(
+            [sys.executable, "manage.py", "shell", "-c",
+             "from attempts import replication; replication.make_durable(); print('durable')"],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=child_env(DATABASE_URL=pair.url, LEDGERWEB_DATA_DIR=str(tmp_path)),
+        )  # fmt: skip
+        time.sleep(3)
+        assert waiting.poll() is None, waiting.communicate()
+        for pid in senders:
+            os.kill(pid, signal.SIGCONT)
+        senders = []
+        out, err = waiting.communicate(timeout=60)
+        assert waiting.returncode == 0, err
+        assert out.splitlines()[-1] == "durable"
+    finally:
+        for pid in senders:
+            os.kill(pid, signal.SIGCONT)
+        if waiting is not None and waiting.poll() is None:
+            waiting.kill()
+            waiting.wait()
+        pair.stop()
+        shutil.rmtree(pair.root, ignore_errors=True)
