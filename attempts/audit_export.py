@@ -679,6 +679,16 @@ def _checkpoint_lines(plan: ExportPlan, oldest: int | None) -> list[dict[str, An
     if plan.checkpoint is None:
         return []
     start = oldest if oldest is not None else plan.checkpoint[0]
+    # From the newest checkpoint witnesses cosigned, too: the verifier checks the witness
+    # quorum on it (the newest ones wait a moment for their cosignatures).
+    witnessed = (
+        Checkpoint.objects.filter(seq__lte=plan.checkpoint[0], signatures__kind="witness")
+        .order_by("-seq")
+        .values_list("seq", flat=True)
+        .first()
+    )
+    if witnessed is not None:
+        start = min(start, witnessed)
     return [
         {
             "type": "checkpoint",

@@ -29,6 +29,7 @@ import hashlib
 import hmac
 import json
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -834,6 +835,7 @@ def verify_database(
     witness_keys: Iterable[Any] = (),
     vendor: str = "sqlite",
     archive_dir: Path | None = None,
+    trust: Trust | None = None,
 ) -> Report:
     """Verify the history and every attempt row. ``cursor_factory`` returns a fresh DB-API
     cursor (``dbadapter.streaming_cursor`` streams on PostgreSQL), or is a
@@ -847,7 +849,8 @@ def verify_database(
     processes, each over ranges of attempt ids; problems are reported in the same order as by
     one process. ``since`` (seq, hash) of a checkpoint an earlier run verified: only attempts
     that changed after it, and the checkpoints after it, are checked (the config chain and the
-    orphan checks always run whole)."""
+    orphan checks always run whole). ``trust``: what configuration says the newest checkpoint
+    must carry (``checkpoint_trust``); None checks only the signatures stored."""
     verifier = _Verifier(
         cursor_factory,
         anchors=anchors,
@@ -864,6 +867,8 @@ def verify_database(
         verifier.orphans_and_missing(lo, hi)
         verifier.checkpoints()
         log_checks(verifier, log_keys=log_keys, witness_keys=witness_keys)
+        if trust is not None:
+            checkpoint_trust(verifier, report, trust)
 
     if jobs > 1 and connect is not None and hi - lo > BATCH:
         if before_fork is not None:
@@ -993,6 +998,208 @@ def log_checks(verifier: _Verifier, *, log_keys=(), witness_keys=()) -> None:
                     f"{where}: the {kind} signature of {signature.name} does not verify: the "
                     "checkpoint was changed after it was signed",
                 )
+
+
+# -- The newest checkpoint verifies on its own (docs/audit-chain.md, "What stands on keys"):
+# decided from configuration and keys, never from rows an attacker can edit. A database writer
+# can recompute every hash, but not make a signature of the log's key or of a witness, nor
+# change the signer's memory (a file beside the key) or this process's configuration.
+
+
+@dataclass(frozen=True)
+class Trust:
+    """What the newest checkpoint must carry, from configuration: the log's verifier keys (the
+    current one and the old ones still trusted), the witnesses' keys and their quorum, and the
+    newest tree the signer remembers signing (``memory``: where, ``signed``: (size, root), or
+    None when it has signed nothing there yet). ``require_signed``: with no log key
+    configured, unsigned checkpoints fail instead of being a note."""
+
+    log_keys: tuple[Any, ...] = ()
+    witness_keys: tuple[Any, ...] = ()
+    quorum: int = 0
+    memory: str = ""
+    signed: tuple[int, bytes] | None = None
+    require_signed: bool = False
+
+
+def configured_trust(*, require_signed: bool = False) -> Trust:
+    """``Trust`` from the settings (``LEDGERWEB_TLOG_*``) and the signer's memory. Raises
+    ``log.LogKeyError`` / ``NoteError`` for a key that is malformed or unreadable."""
+    from attempts import log
+
+    kept = log.signed_tree()
+    return Trust(
+        log_keys=tuple(log.verifier_keys()),
+        witness_keys=tuple(w.key for w in log.witnesses()),
+        quorum=log.quorum(),
+        memory=str(kept[0]) if kept else "",
+        signed=kept[1] if kept else None,
+        require_signed=require_signed,
+    )
+
+
+TRUST_CHECKPOINT_SQL = """
+SELECT id, seq, size, root, note FROM attempts_checkpoint WHERE format >= 2 ORDER BY seq
+"""
+# Problems of one kind listed before "and N more".
+TRUST_LISTED = 5
+
+
+def checkpoint_trust(verifier: _Verifier, report: Report, trust: Trust) -> None:
+    """``[signature]``: with a log key configured, checkpoints are signed by a configured key
+    (or an old verifier key) up to the newest signed one, which is where the signer's memory
+    outside the database says; a log signature by any other key is reported. ``[witness]``:
+    with witnesses configured, a signed checkpoint is cosigned by the quorum of their keys.
+    The newest checkpoints wait a moment for their signature and cosignatures (the worker adds
+    them after sealing): those are a note. Rows (signatures, ``WitnessState``) are evidence
+    checked with the keys, never trusted for what they say."""
+    from attempts.verify_export import NoteError, note_signed_by, split_note
+
+    if not verifier.has_log():
+        return
+    checkpoints = list(verifier.stream(TRUST_CHECKPOINT_SQL))
+    if not checkpoints:
+        return
+    if not trust.log_keys:
+        message = (
+            "checkpoints are not signed: no log key is configured (LEDGERWEB_TLOG_KEY_FILE or "
+            "LEDGERWEB_TLOG_SIGN_COMMAND), so a rewrite of the whole database is seen only "
+            "against a checkpoint hash kept elsewhere (--expect-head)"
+        )
+        if trust.require_signed:
+            verifier.bad("signature", message)
+        else:
+            report.notes.append(message)
+        return
+    lines: dict[int, list[tuple[str, str]]] = {}
+    for checkpoint_id, kind, line in verifier.stream(LOG_SIGNATURE_SQL):
+        lines.setdefault(checkpoint_id, []).append((kind, line))
+    signed: set[int] = set()
+    cosigners: dict[int, set[str]] = {}
+    strangers: list[str] = []
+    unconfigured_witnesses: set[str] = set()
+    for pk, seq, _size, _root, note in checkpoints:
+        for kind, line in lines.get(pk, ()):
+            try:
+                _, (signature,) = split_note("x\n\n" + line)
+            except (NoteError, ValueError):
+                continue  # reported by log_checks
+            if kind == "log":
+                keys = [
+                    k for k in trust.log_keys if (k.name, k.id) == (signature.name, signature.id)
+                ]
+                if not keys:
+                    strangers.append(
+                        f"checkpoint {seq}: signed by {signature.name} (key id "
+                        f"{signature.id.hex()}), which is neither the log's configured key nor "
+                        "a listed old verifier key (LEDGERWEB_TLOG_OLD_VERIFIER_KEYS)"
+                    )
+                elif any(note_signed_by(note, signature, k) for k in keys):
+                    signed.add(seq)
+            else:
+                keys = [
+                    k
+                    for k in trust.witness_keys
+                    if (k.name, k.id) == (signature.name, signature.id)
+                ]
+                if not keys:
+                    unconfigured_witnesses.add(signature.name)
+                elif any(note_signed_by(note, signature, k) for k in keys):
+                    cosigners.setdefault(seq, set()).add(signature.name)
+    for message in strangers[:TRUST_LISTED]:
+        verifier.bad("signature", message)
+    if len(strangers) > TRUST_LISTED:
+        verifier.bad("signature", f"and {len(strangers) - TRUST_LISTED} more such signatures")
+    names = ", ".join(sorted({k.name for k in trust.log_keys}))
+    seqs = [row[1] for row in checkpoints]
+    if not signed:
+        verifier.bad(
+            "signature",
+            f"no checkpoint carries a valid signature of the log's key ({names}): the "
+            f"{len(seqs)} checkpoints were made without it, or history was rewritten and the "
+            "signatures deleted",
+        )
+    else:
+        newest = max(signed)
+        gaps = [seq for seq in seqs if seq < newest and seq not in signed]
+        for seq in gaps[:TRUST_LISTED]:
+            verifier.bad(
+                "signature",
+                f"checkpoint {seq} carries no valid signature of the log's key, though "
+                f"checkpoint {newest} after it does: its signature was deleted, or it was "
+                "inserted",
+            )
+        if len(gaps) > TRUST_LISTED:
+            verifier.bad("signature", f"and {len(gaps) - TRUST_LISTED} more unsigned checkpoints")
+        waiting = sum(1 for seq in seqs if seq > newest)
+        if waiting:
+            report.notes.append(
+                f"{waiting} checkpoints after checkpoint {newest} wait for the log's signature "
+                "(the worker signs each after sealing)"
+            )
+    _signer_memory(verifier, report, trust, checkpoints, signed)
+    _witness_quorum(verifier, report, trust, seqs, signed, cosigners)
+    if unconfigured_witnesses:
+        report.notes.append(
+            "cosignatures by witnesses that are not configured are not counted: "
+            + ", ".join(sorted(unconfigured_witnesses))
+        )
+
+
+def _signer_memory(
+    verifier: _Verifier, report: Report, trust: Trust, checkpoints: list[tuple], signed: set[int]
+) -> None:
+    """The newest tree the signer signed (its memory, outside the database) is a signed
+    checkpoint of this log: deleting the newest signatures, rolling back, or rewriting what
+    they covered shows here even when older signatures were left alone."""
+    if trust.signed is None:
+        report.notes.append(
+            f"the signer's memory of the newest tree it signed ({trust.memory or 'none'}) is "
+            "not on this host or empty: the newest signed checkpoint is pinned by its "
+            "signature and the witnesses only"
+        )
+        return
+    size, root = trust.signed
+    if any(s == size and r == root.hex() and seq in signed for _, seq, s, r, _ in checkpoints):
+        return
+    verifier.bad(
+        "signature",
+        f"the log's signer last signed a tree of {size} leaves with root {root.hex()[:16]}… "
+        f"(its memory outside the database, {trust.memory}), and no checkpoint here is that "
+        "tree with a valid signature: history was rewritten or rolled back, or the signatures "
+        "were deleted",
+    )
+
+
+def _witness_quorum(
+    verifier: _Verifier,
+    report: Report,
+    trust: Trust,
+    seqs: list[int],
+    signed: set[int],
+    cosigners: dict[int, set[str]],
+) -> None:
+    """With witnesses configured, a signed checkpoint is cosigned by the quorum of their keys;
+    the newest wait for them a moment (a note)."""
+    if not trust.witness_keys or trust.quorum < 1 or not signed:
+        return
+    witnessed = [
+        seq for seq in seqs if seq in signed and len(cosigners.get(seq, ())) >= trust.quorum
+    ]
+    names = ", ".join(sorted({k.name for k in trust.witness_keys}))
+    if not witnessed:
+        verifier.bad(
+            "witness",
+            f"no checkpoint is cosigned by {trust.quorum} of the configured witnesses ({names}): "
+            "they are down or behind, or their cosignatures were deleted",
+        )
+        return
+    waiting = sum(1 for seq in seqs if seq > witnessed[-1])
+    if waiting:
+        report.notes.append(
+            f"{waiting} checkpoints after checkpoint {witnessed[-1]} wait for the witnesses' "
+            "cosignatures"
+        )
 
 
 # The worker processes' context (set in the parent before the fork, read in the children).
@@ -1239,10 +1446,12 @@ def verify_django_database(
     log_keys: Iterable[Any] = (),
     witness_keys: Iterable[Any] = (),
     archive_dir: Path | None = None,
+    trust: Trust | None = None,
 ) -> Report:
     """Verify the database Django is configured with (in ``jobs`` processes: see
     ``verify_database``; ``log_keys``/``witness_keys``: verifier keys the stored signatures and
-    cosignatures are checked with)."""
+    cosignatures are checked with; ``trust``: what the newest checkpoint must carry, from
+    configuration, ``configured_trust()``)."""
     from django.db import connections
     from django.db.backends.signals import connection_created
 
@@ -1287,6 +1496,7 @@ def verify_django_database(
             since=since,
             vendor=connection.vendor,
             archive_dir=archive_dir,
+            trust=trust,
         )
     finally:
         if serial:

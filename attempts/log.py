@@ -572,18 +572,37 @@ def _signer_state_path() -> Path:
     return Path(settings.DATA_DIR) / "log_signer.state"
 
 
-def _check_extends(memory: Path, checkpoint: Checkpoint) -> None:
+def _read_state(memory: Path) -> tuple[int, bytes] | None:
+    """(size, root) of the newest tree the signer signed, from its memory outside the
+    database; None when it has signed nothing yet (or the file is not on this host)."""
     try:
         text = memory.read_text()
     except FileNotFoundError:
-        return  # the first checkpoint this signer signs
+        return None
     except OSError as exc:
         raise LogKeyError(f"cannot read the signer's state {memory}: {exc.strerror}") from None
     try:
         held = json.loads(text)
-        size, root = int(held["size"]), base64.b64decode(held["root"])
+        return int(held["size"]), base64.b64decode(held["root"], validate=True)
     except (ValueError, KeyError, TypeError):
         raise LogKeyError(f"the signer's state {memory} is malformed") from None
+
+
+def signed_tree() -> tuple[Path, tuple[int, bytes] | None] | None:
+    """Where the configured signer keeps the newest tree it signed, and that (size, root):
+    what ``verify_audit`` pins the database's log to (it is kept outside the database). None
+    when no signing key is configured."""
+    if signer() is None:
+        return None
+    memory = _signer_state_path()
+    return memory, _read_state(memory)
+
+
+def _check_extends(memory: Path, checkpoint: Checkpoint) -> None:
+    held = _read_state(memory)
+    if held is None:
+        return  # the first checkpoint this signer signs
+    size, root = held
     if checkpoint.size < size:
         raise LogKeyError(
             f"refusing to sign checkpoint {checkpoint.seq}: its tree of {checkpoint.size} leaves "

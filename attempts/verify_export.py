@@ -1095,6 +1095,8 @@ class ExportChecker:
     kept_roots: dict[int, bytes] = field(default_factory=dict)
     signed: set[int] = field(default_factory=set)
     erasures: ErasureProof = field(default_factory=ErasureProof)
+    cosigned: dict[int, int] = field(default_factory=dict)  # seq -> given witnesses' cosignatures
+    unknown_witnesses: set[str] = field(default_factory=set)
     archived: dict[str, dict[str, Any]] = field(default_factory=dict)  # attempt -> its line
 
     def problem(self, problem: Problem) -> None:
@@ -1125,15 +1127,43 @@ class ExportChecker:
         lines = record.get("signatures") or []
         if self.log_keys and lines:
             try:
-                open_checkpoint(
+                _, cosigned = open_checkpoint(
                     record["note"] + "\n" + "".join(lines),
                     self.log_keys,
                     witnesses=self.witness_keys,
                     quorum=0,
                 )
                 self.signed.add(seq)
+                self.cosigned[seq] = len(cosigned)
             except NoteError as exc:
                 self.problem(Problem("signature", f"{where}: {exc}", line=line))
+            self.strange_signatures(seq, lines, line)
+
+    def strange_signatures(self, seq: int, lines: list[str], line: int | None) -> None:
+        """A log signature (plain Ed25519, 64 bytes) by a key not given with ``--log-key`` is
+        reported, not ignored; a cosignature (cosignature/v1) by a witness not given is not
+        counted (a note)."""
+        given = {(k.name, k.id) for k in [*self.log_keys, *self.witness_keys]}
+        for text in lines:
+            try:
+                _, signatures = split_note("x\n\n" + text)
+            except NoteError:
+                continue  # open_checkpoint said so
+            for signature in signatures:
+                if (signature.name, signature.id) in given:
+                    continue
+                if len(signature.signature) == 64:
+                    self.problem(
+                        Problem(
+                            "signature",
+                            f"checkpoint {seq}: signed by {signature.name} (key id "
+                            f"{signature.id.hex()}), a key not given with --log-key (nor "
+                            "--witness-key)",
+                            line=line,
+                        )
+                    )
+                else:
+                    self.unknown_witnesses.add(signature.name)
 
     def log_leaf(self, record: dict[str, Any], line: int | None) -> None:
         index = int(record["index"])
@@ -1175,6 +1205,7 @@ class ExportChecker:
                     "key: it was made without the key, or the history behind it was rewritten",
                 )
             )
+        self.witness_quorum()
         if self.log.size and self.log.size != size:
             self.problem(Problem("log", f"the export holds {self.log.size} log leaves, not {size}"))
         for kept in self.kept:
@@ -1207,6 +1238,21 @@ class ExportChecker:
                         "was rewritten after it was witnessed (a fork)",
                     )
                 )
+
+    def witness_quorum(self) -> None:
+        """``[witness]``: with the log's key, witness keys and a quorum, a signed checkpoint of
+        the export (the newest one its witnesses cosigned, which the export carries) is
+        cosigned by that many of the given witnesses; newer ones may wait for them."""
+        if not (self.log_keys and self.witness_keys and self.quorum > 0):
+            return
+        if not any(self.cosigned.get(seq, 0) >= self.quorum for seq in self.signed):
+            self.problem(
+                Problem(
+                    "witness",
+                    f"no checkpoint of the export is cosigned by {self.quorum} of the given "
+                    "witnesses: they were down or behind, or their cosignatures were removed",
+                )
+            )
 
     def checkpoint(self, record: dict[str, Any], line: int | None) -> None:
         seq = int(record["seq"])
@@ -1709,6 +1755,16 @@ def verify_jsonl(
         report.notes.append(f"the log's {checker.log.size} leaves rebuilt; every root checked")
     if checker.kept:
         report.notes.append(f"{len(checker.kept)} checkpoints kept elsewhere checked")
+    if checker.checkpoints and not checker.log_keys:
+        report.notes.append(
+            "checkpoint signatures not checked: give the log's verifier key (--log-key), and "
+            "the witnesses' (--witness-key, --quorum), to check the newest checkpoint on its own"
+        )
+    if checker.unknown_witnesses:
+        report.notes.append(
+            "cosignatures by witnesses not given are not counted: "
+            + ", ".join(sorted(checker.unknown_witnesses))
+        )
     if checker.checkpoints:
         newest = max(checker.checkpoints)
         report.checkpoint = (newest, checker.checkpoints[newest]["hash"])

@@ -11,11 +11,19 @@ import sys
 from pathlib import Path
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
+from django.utils import timezone
 
 from attempts import log, verify_export
-from attempts.models import Attempt
-from tests.attempts.audit_helpers import build_history, rewrite_history, seal_all
+from attempts.models import Attempt, Checkpoint, CheckpointSignature
+from attempts.verify_export import NoteSignature
+from tests.attempts.audit_helpers import (
+    build_history,
+    drop_triggers,
+    rewrite_history,
+    seal_all,
+    sql,
+)
 from tests.attempts.test_witness import ORIGIN, _start_witness
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -106,3 +114,138 @@ def test_the_pure_python_ed25519_agrees_with_cryptography():
         assert not verify_export._ed25519_plain(public, message + b"x", signature)
         bent = bytes([signature[0] ^ 1]) + signature[1:]
         assert not verify_export._ed25519_plain(public, message, bent)
+
+
+# ---------------------------------------------------------------------------------------------
+# verify_audit: the newest checkpoint verifies on its own, from configuration and keys
+
+
+def _run_verify(*args: str) -> str:
+    out = io.StringIO()
+    call_command("verify_audit", *args, stdout=out)
+    return out.getvalue()
+
+
+def _broken(*args: str) -> str:
+    with pytest.raises(CommandError) as info:
+        _run_verify(*args)
+    return str(info.value)
+
+
+@pytest.fixture
+def signed_ledger(world, tmp_path, settings):
+    """A ledger whose sealer signs (a key file configured), with two signed checkpoints."""
+    key_path = tmp_path / "log.key"
+    verifier = log.write_key_file(key_path, ORIGIN)
+    settings.TLOG = {**settings.TLOG, "KEY_FILE": str(key_path), "ORIGIN": ORIGIN}
+    build_history(world, 3)
+    seal_all()
+    build_history(world, 2, prefix="later")
+    seal_all()
+    assert Checkpoint.objects.filter(signatures__kind="log").count() >= 2
+    return verifier
+
+
+def test_an_honest_signed_ledger_verifies_on_its_keys(signed_ledger):
+    assert "OK:" in _run_verify()
+
+
+def test_a_rewrite_that_recomputes_every_hash_and_deletes_every_signature_fails(signed_ledger):
+    rewrite_history(Attempt.objects.order_by("id").first(), details={"amount": 1})
+    message = _broken()
+    assert "[signature]" in message
+    assert "no checkpoint carries a valid signature of the log's key" in message
+    assert "the log's signer last signed a tree" in message  # its memory, outside the database
+
+
+def test_deleting_only_the_newest_signatures_is_seen_by_the_signers_memory(signed_ledger):
+    newest = Checkpoint.objects.order_by("-seq").first()
+    drop_triggers()
+    sql("DELETE FROM attempts_checkpointsignature WHERE checkpoint_id = %s", [newest.pk])
+    message = _broken()
+    assert "[signature]" in message and "the log's signer last signed a tree" in message
+
+
+def test_a_signature_by_a_key_that_is_not_configured_is_reported(signed_ledger, settings):
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    text, other = log.generate_key(ORIGIN)  # the log's name, another key
+    _, seed = log.parse_private_key(text)
+    checkpoint = Checkpoint.objects.order_by("-seq").first()
+    signature = Ed25519PrivateKey.from_private_bytes(seed).sign(checkpoint.note.encode())
+    CheckpointSignature.objects.create(  # an INSERT: the append-only guard allows it
+        checkpoint=checkpoint,
+        kind="log",
+        name=other.name,
+        key_id=other.id.hex(),
+        line=NoteSignature(other.name, other.id, signature).line(),
+        created_at=timezone.now(),
+    )
+    message = _broken()
+    assert "[signature]" in message and "neither the log's configured key" in message
+    # Listed as an old verifier key (a rotation), it is trusted.
+    settings.TLOG = {**settings.TLOG, "OLD_VERIFIER_KEYS": [str(other)]}
+    assert "OK:" in _run_verify()
+
+
+def test_with_no_key_configured_unsigned_checkpoints_are_a_note_or_a_failure(world):
+    build_history(world, 2)
+    seal_all()
+    assert "no log key is configured" in _run_verify()
+    message = _broken("--require-signed")
+    assert "[signature]" in message and "no log key is configured" in message
+
+
+def test_deleted_cosignatures_fail_the_witness_quorum(witnessed):
+    assert "OK:" in _run_verify()
+    drop_triggers()
+    sql("DELETE FROM attempts_checkpointsignature WHERE kind = 'witness'")
+    message = _broken()
+    assert "[witness]" in message and "no checkpoint is cosigned by 1" in message
+
+
+# The standalone verifier does the same with the keys it is given.
+
+
+def _offline(export: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(VERIFIER), str(export), *args],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_offline_the_witness_quorum_is_checked_on_the_export_with_the_keys_given(
+    witnessed, tmp_path
+):
+    verifier, witness_key, _ = witnessed
+    keys = ["--log-key", str(verifier), "--witness-key", witness_key, "--quorum", "1"]
+    done = _offline(_export(tmp_path), *keys)
+    assert done.returncode == 0, done.stdout + done.stderr
+    drop_triggers()
+    sql("DELETE FROM attempts_checkpointsignature WHERE kind = 'witness'")
+    done = _offline(_export(tmp_path), *keys)
+    assert done.returncode == 1 and "[witness]" in done.stdout, done.stdout
+    assert "no checkpoint of the export is cosigned by 1" in done.stdout
+
+
+def test_offline_a_signature_by_a_key_not_given_is_reported(signed_ledger, tmp_path):
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    text, other = log.generate_key(ORIGIN)
+    _, seed = log.parse_private_key(text)
+    checkpoint = Checkpoint.objects.order_by("-seq").first()
+    signature = Ed25519PrivateKey.from_private_bytes(seed).sign(checkpoint.note.encode())
+    CheckpointSignature.objects.create(
+        checkpoint=checkpoint,
+        kind="log",
+        name=other.name,
+        key_id=other.id.hex(),
+        line=NoteSignature(other.name, other.id, signature).line(),
+        created_at=timezone.now(),
+    )
+    export = _export(tmp_path)
+    done = _offline(export, "--log-key", str(signed_ledger))
+    assert done.returncode == 1 and "[signature]" in done.stdout
+    assert "a key not given with --log-key" in done.stdout
+    done = _offline(export, "--log-key", str(signed_ledger), "--log-key", str(other))
+    assert done.returncode == 0, done.stdout  # an old key, given: trusted

@@ -65,6 +65,14 @@ class Command(BaseCommand):
             "archive's manifest, files, histories and receipts are checked against the ledger",
         )
         parser.add_argument(
+            "--require-signed",
+            action="store_true",
+            help="fail when no log key is configured (checkpoints unsigned); by default that is "
+            "a note. With a key configured, the newest checkpoint must always verify on its own: "
+            "signed by the configured key (or a listed old one), where the signer's memory "
+            "says, and cosigned by the quorum of the configured witnesses",
+        )
+        parser.add_argument(
             "--since",
             metavar="SEQ:HASH",
             help="incremental: check only what changed after checkpoint SEQ, whose hash a "
@@ -114,6 +122,7 @@ class Command(BaseCommand):
                 try:
                     log_keys = log.verifier_keys()
                     witness_keys = [w.key for w in log.witnesses()]
+                    trust = audit_verify.configured_trust(require_signed=options["require_signed"])
                 except (log.LogKeyError, verify_export.NoteError) as exc:
                     raise CommandError(f"the transparency log's keys: {exc}") from None
                 report = audit_verify.verify_django_database(
@@ -125,6 +134,7 @@ class Command(BaseCommand):
                     log_keys=log_keys,
                     witness_keys=witness_keys,
                     archive_dir=options["archive"],
+                    trust=trust,
                 )
                 for problem in log.witness_problems():
                     report.problems.append(problem)
