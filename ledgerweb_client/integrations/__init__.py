@@ -6,7 +6,9 @@
 * ``ledgerweb_client.integrations.openai_agents``: OpenAI Agents SDK function tools (extra
   ``openai-agents``);
 * ``ledgerweb_client.integrations.pydantic_ai``: Pydantic AI tools, held calls as deferred tool
-  calls (extra ``pydantic-ai``).
+  calls (extra ``pydantic-ai``);
+* ``ledgerweb_client.integrations.agent_framework``: Microsoft Agent Framework tools whose
+  approval the ledger decides (extra ``agent-framework``).
 
 Each records the intent, claims, sends and confirms through ``LedgerClient`` with the shared
 ``ledgerweb_client.guard``, and turns the ledger's refusals into the framework's tool errors.

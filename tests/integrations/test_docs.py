@@ -123,6 +123,7 @@ def test_the_page_has_an_example_for_each_integration() -> None:
         "apply_ledger_decisions(",
         "pending_approval",
         "ledger_decisions(",
+        "ledger_approvals(",
     ):
         assert needle in code, needle
 
@@ -152,6 +153,8 @@ def test_every_example_runs_twice_against_one_ledger(
     assert "pending approval:" in outputs[6] and "False {'id': 'T-2'}" in outputs[6]
     assert "held for approval: ['update_crm']" in outputs[7]
     assert "Done: globex-co is now closed" in outputs[7]
+    assert "held for approval: ['update_crm']" in outputs[8]
+    assert "Done: initech-co is now closed" in outputs[8]
     assert set(Attempt.objects.values_list("state", flat=True)) == {State.OUTCOME_CONFIRMED}
     assert sorted(Attempt.objects.values_list("tool_name", flat=True)) == [
         "open_ticket",  # LangGraph's
@@ -162,9 +165,10 @@ def test_every_example_runs_twice_against_one_ledger(
         "update_crm",
         "update_crm",  # the Agents SDK's, held for approval
         "update_crm",  # Pydantic AI's, held for approval
+        "update_crm",  # the Agent Framework's, held for approval
     ]
     held = Attempt.objects.exclude(approval_policy=None)
-    assert held.count() == 4 and set(held.values_list("send_count", flat=True)) == {1}
+    assert held.count() == 5 and set(held.values_list("send_count", flat=True)) == {1}
     # The MCP example's upstream acted once for its two calls, and once for the held one.
     assert (tmp_path / "tickets.json").read_text().count('"id"') == 2
     # Run again as written, against the same ledger and the same ticket system: an agent that
@@ -179,6 +183,7 @@ def test_every_example_runs_twice_against_one_ledger(
     assert "Closed acme-co." in again[5] and "held for approval" not in again[5]
     assert "pending approval:" not in again[6] and "False {'id': 'T-2'}" in again[6]
     assert "Done: globex-co is now closed" in again[7] and "held for approval" not in again[7]
+    assert "Done: initech-co is now closed" in again[8] and "held for approval" not in again[8]
     after = sorted(Attempt.objects.values_list("attempt_id", "state", "send_count", "version"))
     assert after == before
     assert (tmp_path / "tickets.json").read_text().count('"id"') == 2
