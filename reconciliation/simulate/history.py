@@ -659,11 +659,11 @@ class History:
         no erasure behind it (issue 39, item 1)."""
         from attempts.models import AttemptEvent
 
-        ids = list(
-            AttemptEvent.objects.exclude(reason="")
-            .exclude(reason=ERASED)
-            .order_by("id")
-            .values_list("id", flat=True)
+        events = AttemptEvent.objects.exclude(reason=ERASED).order_by("id")
+        # An event with a reason when there is one; any event otherwise (its empty reason
+        # becomes the marker).
+        ids = list(events.exclude(reason="").values_list("id", flat=True)) or list(
+            events.values_list("id", flat=True)
         )
         if ids:
             self.sql(
