@@ -12,7 +12,7 @@ import random
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -118,7 +118,7 @@ class Simulation:
         self,
         *,
         open_breaks: frozenset[str] = OPEN_BREAKS,
-        verify_every: int = 10,
+        verify_every: int = 20,
         say: Callable[[str], None] = lambda line: None,
     ) -> None:
         self.open_breaks = open_breaks
@@ -127,6 +127,7 @@ class Simulation:
         self._stack = contextlib.ExitStack()
         self.env: world.Environment | None = None
         self._count = 0
+        self._world: tuple[world.People, str] | None = None
 
     def __enter__(self) -> Simulation:
         folder = Path(self._stack.enter_context(tempfile.TemporaryDirectory(prefix="ledgersim-")))
@@ -144,8 +145,41 @@ class Simulation:
 
     # -- one history ----------------------------------------------------------------------------
 
-    def run(self, steps: list[Step], *, seed: int | None = None) -> Outcome:
+    @contextlib.contextmanager
+    def session(self) -> Iterator[None]:
+        """The world, built once in a transaction rolled back at the end; each history runs in
+        a savepoint inside it, rolled back after the history (building the world is the
+        costliest part of a short history: every authority row is recorded in the history)."""
         assert self.env is not None, "use Simulation as a context manager"
+        if self._world is not None:
+            yield
+            return
+        from django.conf import settings
+        from django.test.utils import override_settings
+
+        adapters = {**settings.LEDGER["ADAPTERS"], "sim": world.SIM_ADAPTER}
+        try:
+            with (
+                contextlib.suppress(_Rollback),
+                override_settings(LEDGER={**settings.LEDGER, "ADAPTERS": adapters}),
+                transaction.atomic(),
+            ):
+                self._world = world.build(self.env.folder)
+                try:
+                    yield
+                finally:
+                    self._world = None
+                raise _Rollback
+        finally:
+            self._world = None
+
+    def run(self, steps: list[Step], *, seed: int | None = None) -> Outcome:
+        """Run one history (in this run's world) and say what broke."""
+        with self.session():
+            return self._run(steps, seed=seed)
+
+    def _run(self, steps: list[Step], *, seed: int | None) -> Outcome:
+        assert self.env is not None and self._world is not None
         self._count += 1
         folder = self.env.folder / f"history-{self._count}"
         folder.mkdir()
@@ -160,12 +194,12 @@ class Simulation:
         self.env.witness.reset(keys.verifier)
         outcome = Outcome(seed, list(steps), [])
         started = time.monotonic()
+        people, token = self._world
         try:
             with contextlib.ExitStack() as stack:
                 stack.enter_context(self.env.settings(keys, signer_state))
                 stack.enter_context(clock.installed())
                 with contextlib.suppress(_Rollback), transaction.atomic():
-                    people, token = world.build(folder)
                     history = History(
                         env=self.env,
                         clock=clock,
@@ -248,6 +282,26 @@ class Simulation:
         tamper_rate: float = 0.3,
         shrink: bool = True,
         shrink_budget: int = 60,
+    ) -> RunSummary:
+        with self.session():
+            return self._many(
+                seed=seed,
+                histories=histories,
+                steps=steps,
+                tamper_rate=tamper_rate,
+                shrink=shrink,
+                shrink_budget=shrink_budget,
+            )
+
+    def _many(
+        self,
+        *,
+        seed: int,
+        histories: int,
+        steps: int,
+        tamper_rate: float,
+        shrink: bool,
+        shrink_budget: int,
     ) -> RunSummary:
         summary = RunSummary()
         started = time.monotonic()

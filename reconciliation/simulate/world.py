@@ -58,6 +58,7 @@ PEOPLE = {
     "sim-op": Role.OPERATOR,
 }
 SETUP = Actor.system("simulation")
+SIM_ADAPTER = "reconciliation.simulate.provider.SimAdapter"
 
 
 class SimClock:
@@ -131,7 +132,7 @@ class Environment:
                 **settings.LEDGER,
                 "ADAPTERS": {
                     **settings.LEDGER["ADAPTERS"],
-                    "sim": "reconciliation.simulate.provider.SimAdapter",
+                    "sim": SIM_ADAPTER,
                 },
                 "STALE_AFTER": 60,
                 "UNKNOWN_MAX_AGE": 6 * 3600,

@@ -46,7 +46,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--verify-every",
             type=_positive("--verify-every"),
-            default=10,
+            default=20,
             help="run verify_audit, the export verifier and the receipts every N steps",
         )
         parser.add_argument(
