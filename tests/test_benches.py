@@ -149,3 +149,15 @@ def test_scale_bench_builds_a_valid_ledger_and_prints_every_figure(tmp_path):
         assert "sealed in" not in again.stdout
     finally:
         _run("bench/scale.py", *where, "--drop", env=env)
+
+
+def test_sync_commit_bench_prints_both_modes_and_their_ratio():
+    if not os.environ.get("DATABASE_URL"):
+        pytest.skip(
+            "bench/sync_commit.py makes its own PostgreSQL pair: runs on the PostgreSQL pass"
+        )
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    done = _run("bench/sync_commit.py", "--calls", "10", "--rounds", "1", env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "round 1 synchronous" in done.stdout
+    assert re.search(r"ratio: [0-9.]+x", done.stdout), done.stdout
