@@ -187,13 +187,17 @@ class ConfigHistoryAdmin(admin.ModelAdmin):
     person who made it (``attempts.config_history``; the person comes from its middleware)."""
 
 
+DISPLAY_FIELDS = ("amount_arg", "currency", "currency_arg")
+
+
 class ToolForm(forms.ModelForm):
     # A choice among the adapters settings list, never a free-text import path.
     adapter = forms.ChoiceField(choices=lambda: [(name, name) for name in adapter_names()])
 
     class Meta:
         model = Tool
-        fields = ("name", "description", *config_history.TOOL_FIELDS)
+        # The display hints decide nothing, so the history does not record them.
+        fields = ("name", "description", *config_history.TOOL_FIELDS, *DISPLAY_FIELDS)
 
 
 @admin.register(Tool)
@@ -220,6 +224,15 @@ class ToolAdmin(ConfigHistoryAdmin):
                 "'http' is the generic HTTP provider (docs/providers.md), 'mcp' a tool behind the "
                 "MCP gateway (docs/integrations.md), 'stripe' Stripe payment intents; custom "
                 "adapters are added by the deployment (LEDGERWEB_ADAPTERS).",
+            },
+        ),
+        (
+            "Display",
+            {
+                "fields": DISPLAY_FIELDS,
+                "description": "Shown as money on the dashboard: the argument holding an amount "
+                "in the currency's minor units, and its currency (a code, or the argument that "
+                "holds one). Display only: it decides nothing.",
             },
         ),
     )

@@ -7,7 +7,7 @@ from typing import Any
 
 from django.http import HttpRequest
 
-from attempts.models import Role, highest_role
+from attempts.models import Attempt, Role, highest_role
 
 
 def navigation(request: HttpRequest) -> dict[str, Any]:
@@ -21,5 +21,7 @@ def navigation(request: HttpRequest) -> dict[str, Any]:
             "queues": Role.can_view(top),
             "audit": Role.can_review(top) or user.is_superuser,
             "admin": user.is_staff,
+            # Counted only when a page draws the navigation (the template calls it), bounded.
+            "approvals_waiting": lambda: Attempt.objects.held_for(user, "me").count_upto(),
         }
     }

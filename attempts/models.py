@@ -18,12 +18,15 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.core.validators import RegexValidator
 from django.db import connection, models, transaction
-from django.db.models import Exists, F, OuterRef, Q, Subquery
+from django.db.models import Case, Exists, F, OuterRef, Q, Subquery, Value, When
 from django.db.models.expressions import RawSQL
-from django.db.models.functions import Coalesce, Collate
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast, Coalesce, Collate, Upper
 
 from attempts import verify_export
+from attempts.money import known_currency
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
@@ -205,6 +208,12 @@ class SsoIdentity(models.Model):
         return f"{self.user} (sso {self.subject})"
 
 
+# A top-level argument's name a display hint may point at (a JSON key path never: no "__").
+ARGUMENT_NAME = RegexValidator(
+    r"^(?!.*__)[A-Za-z][A-Za-z0-9_]*$", "a top-level argument's name (letters, digits, _)"
+)
+
+
 class Tool(models.Model):
     """A tool agents may call, its effect class, and how to reach its provider.
 
@@ -234,10 +243,41 @@ class Tool(models.Model):
         null=True, blank=True, help_text="Overrides LEDGER['MAX_SENDS'] for this tool."
     )
     active = models.BooleanField(default=True)
+    # Display hints (attempts/money.py): which argument is an amount in the currency's minor
+    # units, and its currency, given as a code or named by another argument. Display only.
+    amount_arg = models.CharField(
+        max_length=100,
+        blank=True,
+        validators=[ARGUMENT_NAME],
+        help_text="The argument holding an amount in minor units.",
+    )
+    currency = models.CharField(
+        max_length=3,
+        blank=True,
+        validators=[RegexValidator(r"^[A-Z]{3}$", "an ISO 4217 code such as EUR")],
+        help_text="The amount's currency (ISO 4217), when every call uses the same one.",
+    )
+    currency_arg = models.CharField(
+        max_length=100,
+        blank=True,
+        validators=[ARGUMENT_NAME],
+        help_text="The argument holding the currency's code.",
+    )
     updated_at = models.DateTimeField(auto_now=True)
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self) -> None:
+        """Display hints that can be read: an amount names its currency one way."""
+        if self.currency and self.currency_arg:
+            raise ValidationError({"currency_arg": "give the currency or its argument, not both"})
+        if self.amount_arg and not (self.currency or self.currency_arg):
+            raise ValidationError(
+                {"amount_arg": "an amount needs its currency: set currency or currency_arg"}
+            )
+        if self.currency and not known_currency(self.currency):
+            raise ValidationError({"currency": f"{self.currency} is not an ISO 4217 currency"})
 
     @property
     def approvals_needed(self) -> int:
@@ -876,6 +916,33 @@ class AttemptQuerySet(models.QuerySet):
         # recorded_by is never NULL here: migration 0014 filled it for every attempt a policy
         # held, and an intent records it since.
         return held.filter(mine).exclude(recorded_by=user.get_username()).exclude(Exists(approved))
+
+    def with_amount(self) -> AttemptQuerySet:
+        """Annotated with ``amount_minor`` and ``amount_currency``: the amount each attempt's
+        arguments carry under its tool's display hints (attempts/money.py), NULL where there is
+        none or the argument is not a whole number, so an inbox can filter and sort by it."""
+        minor, currency = [], []
+        for tool in Tool.objects.exclude(amount_arg=""):
+            whole = Q(
+                tool_name=tool.name, **{f"args__{tool.amount_arg}__regex": r"^-?[0-9]{1,15}$"}
+            )
+            value = Cast(KeyTextTransform(tool.amount_arg, "args"), models.BigIntegerField())
+            minor.append(When(whole, then=value))
+            code = (
+                Upper(KeyTextTransform(tool.currency_arg, "args"))
+                if tool.currency_arg
+                else Value(tool.currency)
+            )
+            currency.append(When(tool_name=tool.name, then=code))
+        if not minor:
+            return self.annotate(
+                amount_minor=Value(None, models.BigIntegerField()),
+                amount_currency=Value(None, models.CharField()),
+            )
+        return self.annotate(
+            amount_minor=Case(*minor, default=None, output_field=models.BigIntegerField()),
+            amount_currency=Case(*currency, default=None, output_field=models.CharField()),
+        )
 
     def count_upto(self, cap: int | None = None) -> tuple[int, bool]:
         """How many rows there are, reading no more than ``cap`` (QUEUE_COUNT_CAP) + 1 of them:

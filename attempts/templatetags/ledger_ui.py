@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from typing import Any
 
 from django import template
+from django.utils.html import format_html
+
+from attempts.money import amount_of, locale_of
 
 register = template.Library()
 
@@ -46,3 +50,30 @@ def details_text(details: dict | None, skip: str = "") -> str:
         shown = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
         parts.append(f"{key}={shown}")
     return " ".join(parts)
+
+
+@register.simple_tag(takes_context=True)
+def money(context: template.Context, attempt: Any) -> str:
+    """The attempt's amount as money in the person's locale, with the raw argument one click
+    away; nothing when its tool declares no amount or the currency is not known (the raw
+    arguments then show it as stored: an amount is never guessed)."""
+    request = context.get("request")
+    tools = getattr(request, "_display_tools", None)
+    if tools is None:
+        from attempts.models import Tool
+
+        tools = Tool.objects.exclude(amount_arg="").in_bulk()
+        if request is not None:
+            request._display_tools = tools
+    amount = amount_of(tools.get(attempt.tool_name), attempt.args, locale_of(request))
+    if amount is None:
+        return ""
+    return format_html(
+        '<details class="money" data-testid="money" data-minor="{}" data-currency="{}">'
+        "<summary>{}</summary><code>{} ({})</code></details>",
+        amount.minor,
+        amount.currency,
+        amount.text,
+        amount.raw,
+        amount.currency,
+    )

@@ -12,9 +12,11 @@ the arguments (``review.edit_and_approve``) after seeing what differs.
 from __future__ import annotations
 
 import json
+from decimal import Decimal, InvalidOperation
 from typing import Any
 from urllib.parse import urlencode
 
+from babel.numbers import get_currency_precision
 from django.db.models import Max, Min
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
@@ -33,6 +35,7 @@ from attempts.models import (
     State,
     read_people,
 )
+from attempts.money import known_currency
 from attempts.templatetags.ledger_ui import duration
 from attempts.views._common import (
     REDACTED,
@@ -97,6 +100,7 @@ def _item(attempt: Attempt, policy, verdict, first, last_event: int, user: Any, 
         "verdict": verdict,
         "age_text": duration(age),
         "wait_left": duration(max(attempt.created_at + policy.max_wait - now, age * 0)),
+        "waited_pct": min(100, int(100 * age / policy.max_wait)) if policy.max_wait else 0,
         "sla": policy.sla_level(age),
         "may_decide": may,
         "why_not": why,
@@ -125,24 +129,99 @@ def _edited_from(attempt: Attempt, first: Any, user: Any) -> dict[str, Any] | No
     }
 
 
+SORTS = {
+    "oldest": ("created_at", "id"),
+    "newest": ("-created_at", "-id"),
+    "amount": ("-amount_minor", "created_at", "id"),
+    "amount_asc": ("amount_minor", "created_at", "id"),
+}
+
+
+class InboxFilters:
+    """The inbox's filters and sort, from the URL: tenant, tool, policy, a currency with an
+    amount range (in that currency's units), and the order."""
+
+    def __init__(self, get: Any) -> None:
+        self.tenant = get.get("tenant", "").strip()[:64]
+        self.tool = get.get("tool", "").strip()[:100]
+        self.policy = get.get("policy", "").strip()[:100]
+        self.currency = get.get("currency", "").strip().upper()[:3]
+        self.sort = get.get("sort", "oldest")
+        self.amount_min = get.get("amount_min", "").strip()
+        self.amount_max = get.get("amount_max", "").strip()
+        if self.sort not in SORTS:
+            raise InvalidIntent(f"sort by one of {', '.join(SORTS)}, not {self.sort!r}")
+        if self.currency and not known_currency(self.currency):
+            raise InvalidIntent(f"{self.currency!r} is not a currency (ISO 4217, e.g. EUR)")
+        if (self.amount_min or self.amount_max or self.sort in ("amount", "amount_asc")) and not (
+            self.currency
+        ):
+            raise InvalidIntent("choose a currency to filter or sort by amount")
+        self.minor_range = [self._minor(v, name) for v, name in self._bounds()]
+
+    def _bounds(self) -> list[tuple[str, str]]:
+        return [(self.amount_min, "the lowest amount"), (self.amount_max, "the highest amount")]
+
+    def _minor(self, text: str, name: str) -> int | None:
+        if not text:
+            return None
+        try:
+            value = Decimal(text.replace(",", ""))
+        except InvalidOperation:
+            raise InvalidIntent(f"{name} must be a number, not {text[:20]!r}") from None
+        if not value.is_finite() or abs(value) > 10**12:
+            raise InvalidIntent(f"{name} is out of range")
+        return int(value.scaleb(get_currency_precision(self.currency)).to_integral_value())
+
+    def apply(self, held: Any) -> Any:
+        if self.tenant:
+            held = held.filter(tenant_id=self.tenant)
+        if self.tool:
+            held = held.filter(tool_name=self.tool)
+        if self.policy:
+            held = held.filter(approval_policy_id=self.policy)
+        if self.currency:
+            held = held.with_amount().filter(amount_currency=self.currency)
+            low, high = self.minor_range
+            if low is not None:
+                held = held.filter(amount_minor__gte=low)
+            if high is not None:
+                held = held.filter(amount_minor__lte=high)
+        return held.order_by(*SORTS[self.sort])
+
+    def params(self) -> dict[str, str]:
+        values = {
+            "tenant": self.tenant,
+            "tool": self.tool,
+            "policy": self.policy,
+            "currency": self.currency,
+            "amount_min": self.amount_min,
+            "amount_max": self.amount_max,
+            "sort": "" if self.sort == "oldest" else self.sort,
+        }
+        return {name: value for name, value in values.items() if value}
+
+
 @require_GET
 @refuse_nul_bytes
 def inbox(request: HttpRequest) -> HttpResponse:
-    """The inbox page: one tab, one page of items, oldest first."""
+    """The inbox page: one tab, one page of held calls as compact rows (oldest first unless
+    sorted), filtered by tenant, tool, policy and amount."""
     which = request.GET.get("tab", "me")
     if which not in TABS:
         return bad_request(request, f"there is no tab {which!r}: choose me, group or all")
     raw_page = request.GET.get("page", "1")
     if not raw_page.isdigit() or not 1 <= int(raw_page) <= 10_000:
         return bad_request(request, "page must be a whole number from 1")
+    try:
+        filters = InboxFilters(request.GET)
+    except InvalidIntent as exc:
+        return bad_request(request, exc.message)
     page = int(raw_page)
     now = timezone.now()
     read_people([request.user])  # fresh, once: the tabs, the list and each item's controls
     by_tab = {key: Attempt.objects.held_for(request.user, key, now) for key in TABS}
-    held = by_tab[which].select_related("owner")
-    tenant = request.GET.get("tenant", "")
-    if tenant:
-        held = held.filter(tenant_id=tenant)
+    held = filters.apply(by_tab[which].select_related("owner"))
     rows = list(held[(page - 1) * PAGE_SIZE : page * PAGE_SIZE + 1])
     items = _items(rows[:PAGE_SIZE], request.user, now)
     bulk_results = request.session.pop(BULK_RESULTS, None)
@@ -150,7 +229,8 @@ def inbox(request: HttpRequest) -> HttpResponse:
     for item in items:
         item["picked"] = item["attempt"].attempt_id in kept
     here = reverse("approvals")
-    params = {"tab": which, **({"tenant": tenant} if tenant else {})}
+    params = {"tab": which, **filters.params()}
+    visible = Attempt.objects.held_for(request.user, "all", now)
     return render(
         request,
         "attempts/approvals.html",
@@ -160,7 +240,16 @@ def inbox(request: HttpRequest) -> HttpResponse:
             "items": items,
             "bulk_results": bulk_results,
             "bulk_comment": request.session.pop(BULK_COMMENT, ""),
-            "tenant": tenant,
+            "filters": filters,
+            "choices": {
+                "tenants": sorted(
+                    visible.order_by().values_list("tenant_id", flat=True).distinct()
+                ),
+                "tools": sorted(visible.order_by().values_list("tool_name", flat=True).distinct()),
+                "policies": sorted(ApprovalPolicy.objects.values_list("name", flat=True)),
+            },
+            "sort_urls": {key: here + "?" + urlencode({**params, "sort": key}) for key in SORTS},
+            "tab_query": urlencode(filters.params()),
             "page": page,
             "next_url": here + "?" + urlencode({**params, "page": page + 1})
             if len(rows) > PAGE_SIZE

@@ -197,6 +197,9 @@ TOOL_DEFAULTS: dict[str, Any] = {
     "timeout_seconds": 10.0,
     "max_sends": None,
     "active": True,
+    "amount_arg": "",
+    "currency": "",
+    "currency_arg": "",
 }
 
 

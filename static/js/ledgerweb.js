@@ -119,7 +119,8 @@
   document.addEventListener("DOMContentLoaded", updateBulk);
 
   // Keyboard shortcuts: "/" search, "j"/"k" next/previous row, Enter opens it, "n" the next
-  // attempt needing attention (on an attempt's page), "?" help.
+  // attempt needing attention (on an attempt's page), "i" the approvals inbox, "?" help; in the
+  // inbox "x" selects a row, "o" opens it, "a"/"r" go to its approve comment / reject reason.
   var selectedId = null;
 
   function rows() { return Array.prototype.slice.call(document.querySelectorAll("tr[data-row]")); }
@@ -149,8 +150,23 @@
     if (dialog && !dialog.open) { dialog.showModal(); }
   }
 
+  // A row's folded details (the approvals inbox): its arguments and the decision forms.
+  function showDetails(group, show) {
+    var details = group.querySelector("[data-row-details]");
+    var toggle = group.querySelector("[data-row-toggle]");
+    if (!details) { return; }
+    details.hidden = !show;
+    if (toggle) { toggle.setAttribute("aria-expanded", show ? "true" : "false"); }
+  }
+
   document.addEventListener("click", function (event) {
     if (event.target.closest("[data-shortcuts-open]")) { openHelp(); }
+    var toggle = event.target.closest("[data-row-toggle]");
+    if (toggle) {
+      var group = toggle.closest("tbody");
+      var details = group && group.querySelector("[data-row-details]");
+      if (details) { showDetails(group, details.hidden); }
+    }
   });
 
   document.addEventListener("keydown", function (event) {
@@ -166,6 +182,27 @@
       var current = all.findIndex(function (r) { return r.classList.contains("selected"); });
       var next = event.key === "j" ? Math.min(all.length - 1, current + 1) : Math.max(0, current - 1);
       select(all[current === -1 ? 0 : next]);
+    } else if (event.key === "x" || event.key === "o" || event.key === "a" || event.key === "r") {
+      // On a list whose rows carry a checkbox and folded details (the approvals inbox): select
+      // the row, open it, or open it at its approve or reject form (Enter there decides).
+      var row = document.querySelector("tr[data-row].selected");
+      if (!row) { return; }
+      var group = row.closest("tbody") || row;
+      var details = group.querySelector("tr[data-row-details]");
+      if (event.key === "x") {
+        var pick = row.querySelector(".bulk-pick");
+        if (pick) { event.preventDefault(); pick.click(); }
+        return;
+      }
+      if (!details) { return; }
+      event.preventDefault();
+      if (event.key === "o") { showDetails(group, details.hidden); return; }
+      showDetails(group, true);
+      var field = details.querySelector(event.key === "a" ? "[data-approve-comment]" : "[data-reject-reason]");
+      if (field) { field.focus(); }
+    } else if (event.key === "i") {
+      var inbox = document.querySelector("[data-testid=nav-approvals]");
+      if (inbox) { event.preventDefault(); window.location.assign(inbox.href); }
     } else if (event.key === "n") {
       var onward = document.querySelector("a[rel=next][data-testid=next-attempt]");
       if (onward) { event.preventDefault(); window.location.assign(onward.href); }

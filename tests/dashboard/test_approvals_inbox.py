@@ -226,3 +226,56 @@ def test_after_approving_all_held_offers_no_second_approval_of_mine(world, held)
     assert 'data-testid="reject"' in item
     other = page[page.index(card(held[1])) :]
     assert 'data-testid="approve"' in other
+
+
+def test_the_inbox_is_a_work_queue_filtered_and_sorted_with_money_as_money(world, held):
+    """Compact rows with the amount as money, filtered by tenant, tool, policy and an amount
+    range in a currency's units, sorted by age or amount; bad filters are a clear 400."""
+    from attempts.models import Tool
+
+    Tool.objects.filter(name="charge_card").update(amount_arg="amount_cents", currency_arg="cur")
+    big = held_intent(world, "charge:acme:big", {"amount_cents": 987654, "cur": "EUR"})
+    yen = held_intent(world, "charge:acme:yen", {"amount_cents": 250000, "cur": "JPY"})
+    reviewer = login(world, "reviewer")
+    page = reviewer.get("/approvals/?tab=all", HTTP_ACCEPT_LANGUAGE="en-US").content.decode()
+    assert "€9,876.54" in page and "¥250,000" in page
+    assert 'data-minor="987654"' in page and "amount_cents = 987654" in page  # raw, one click
+    # held[0] and held[1] carry no currency: shown raw in their arguments, never guessed.
+    row = page[page.index(card(held[0])) : page.index(card(held[1]))]
+    assert 'data-testid="money"' not in row and "amount_cents = 200001" in row
+    german = reviewer.get("/approvals/?tab=all", HTTP_ACCEPT_LANGUAGE="de-DE").content.decode()
+    assert "9.876,54\xa0€" in german
+
+    def shown(query: str) -> list[str]:
+        answer = reviewer.get("/approvals/?tab=all&" + query)
+        assert answer.status_code == 200, answer.content[:300]
+        return [item["attempt"].attempt_id for item in answer.context["items"]]
+
+    assert shown("currency=EUR") == [big.attempt_id]
+    assert shown("currency=eur&amount_min=9000&amount_max=9876.54") == [big.attempt_id]
+    assert shown("currency=EUR&amount_min=9876.55") == []
+    assert shown("currency=JPY&amount_max=250000") == [yen.attempt_id]
+    assert shown("tool=update_crm") == []
+    assert shown("policy=big-charges")[0] == held[0].attempt_id
+    assert shown("sort=newest")[0] == yen.attempt_id
+    assert shown("tenant=globex") == []
+    for query, message in (
+        ("sort=amount", "choose a currency"),
+        ("amount_min=5", "choose a currency"),
+        ("currency=XQQ", "not a currency"),
+        ("currency=EUR&amount_min=lots", "must be a number"),
+        ("sort=sideways", "sort by one of"),
+    ):
+        answer = reviewer.get("/approvals/?tab=all&" + query)
+        assert answer.status_code == 400 and message in answer.content.decode().lower(), query
+
+
+def test_the_navigation_counts_what_awaits_me(world, held):
+    page = login(world, "reviewer").get("/").content.decode()
+    assert 'data-testid="nav-approvals-count"' in page
+    count = page[page.index('data-testid="nav-approvals-count"') :]
+    assert ">2</span>" in count[:200]
+    assert (
+        'data-testid="nav-approvals-count"'
+        not in login(world, "operator").get("/").content.decode()
+    )

@@ -13,6 +13,7 @@ from attempts import ledger
 from attempts.models import Approval, ApprovalPolicy, Attempt, State
 from attempts.states import Actor
 from tests.conftest import agent_intent, clock_ahead, make_world
+from tests.dashboard.conftest import SHOTS
 from tests.dashboard.test_browser_shift import AXE, Tab, _csp_errors
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -44,6 +45,15 @@ def item(tab: Tab, attempt: Attempt) -> str:
     return f"[data-testid=held-item][data-attempt='{attempt.attempt_id}']"
 
 
+def opened(tab: Tab, attempt: Attempt):
+    """The held item's row group with its folded details (arguments, decision) opened."""
+    card = tab.page.locator(item(tab, attempt))
+    card.wait_for()
+    if card.locator("[data-row-details]").get_attribute("hidden") is not None:
+        card.locator("[data-row-toggle]").click()
+    return card
+
+
 def test_inbox_approve_by_two_people_and_reject(live_server, browser):
     world, (first, second) = held_world()
     me = Tab(browser, live_server.url)
@@ -52,7 +62,7 @@ def test_inbox_approve_by_two_people_and_reject(live_server, browser):
     assert me.page.inner_text("[data-testid=count-held]") == "2"
     me.page.click("[data-testid=tile-held]")
     me.page.wait_for_selector(item(me, first))
-    card = me.page.locator(item(me, first))
+    card = opened(me, first)
     assert "amount_cents = 150000" in card.inner_text()
     assert "args.amount_cents > 100000" in card.inner_text()
     assert '"currency": "EUR"' in card.locator("[data-testid=args]").inner_text()
@@ -65,14 +75,14 @@ def test_inbox_approve_by_two_people_and_reject(live_server, browser):
     other = Tab(browser, live_server.url)
     other.login("reviewer2")
     other.goto("/approvals/")
-    card = other.page.locator(item(other, first))
+    card = opened(other, first)
     assert "1 of 2 approvals (reviewer)" in card.inner_text()
     card.locator("[data-testid=approve]").click()
     other.page.wait_for_selector("text=enough approvals, it may be sent now")
     assert Attempt.objects.get(pk=first.pk).state == State.INTENT_RECORDED
     assert Approval.objects.get(attempt=first, approver=world.reviewer).comment == "known customer"
 
-    card = other.page.locator(item(other, second))
+    card = opened(other, second)
     card.locator("input[name=reason]").fill("order was cancelled")
     card.locator("[data-testid=reject]").click()
     other.page.wait_for_selector("text=it will not be sent")
@@ -91,12 +101,12 @@ def test_an_expired_approval_sends_the_item_back_and_the_maximum_wait_ends_it(li
         world, (first, second) = held_world()
         me.login("reviewer")
         me.goto("/approvals/")
-        me.page.locator(item(me, first)).locator("[data-testid=approve]").click()
+        opened(me, first).locator("[data-testid=approve]").click()
         me.page.wait_for_selector("text=it needs another person's approval")
     other = Tab(browser, live_server.url)
     other.login("reviewer2")
     other.goto("/approvals/")
-    other.page.locator(item(other, first)).locator("[data-testid=approve]").click()
+    opened(other, first).locator("[data-testid=approve]").click()
     other.page.wait_for_selector("text=enough approvals")
     # Twenty minutes on, reviewer's approval has expired before the agent claims: void, and
     # the item is back.
@@ -104,7 +114,7 @@ def test_an_expired_approval_sends_the_item_back_and_the_maximum_wait_ends_it(li
         _, claimed = ledger.claim_dispatch(first.attempt_id, actor=world.agent)
         assert not claimed
         me.goto("/approvals/")
-        card = me.page.locator(item(me, first))
+        card = opened(me, first)
         assert "1 of 2 approvals (reviewer2)" in card.inner_text()
         assert "no longer counting: reviewer" in card.inner_text()
         me.shot("approvals-void")
@@ -122,7 +132,7 @@ def test_edit_and_approve_shows_the_diff_and_still_needs_a_second_person(live_se
     me = Tab(browser, live_server.url)
     me.login("reviewer")
     me.goto("/approvals/")
-    me.page.locator(item(me, first)).locator("[data-testid=edit-link]").click()
+    opened(me, first).locator("[data-testid=edit-link]").click()
     editor = me.page.locator("[data-testid=args-editor]")
     editor.wait_for()
     status = me.page.locator("[data-json-status]")
@@ -161,7 +171,7 @@ def test_edit_and_approve_shows_the_diff_and_still_needs_a_second_person(live_se
     other = Tab(browser, live_server.url)
     other.login("reviewer2")
     other.goto("/approvals/")
-    card = other.page.locator(item(other, child))
+    card = opened(other, child)
     assert "Corrected by reviewer" in card.inner_text()
     assert "1 of 2 approvals (reviewer)" in card.inner_text()
     assert "90000" in card.locator("[data-testid=diff]").inner_text()
@@ -199,6 +209,9 @@ def test_bulk_approve_and_reject_with_a_result_each(live_server, browser):
     other.page.click("[data-testid=bulk-reject]")  # no reason: refused, nothing changed
     other.page.wait_for_selector("text=reason must not be empty")
     assert set(Attempt.objects.values_list("state", flat=True)) == {State.AWAITING_APPROVAL}
+    # The refusal keeps the selection: the reviewer narrows it and gives the reason.
+    assert other.page.inner_text("[data-bulk-count]") == "2 selected"
+    other.page.uncheck(f"{item(other, second)} [data-testid=pick]")
     other.page.check(f"{item(other, first)} [data-testid=pick]")
     other.page.fill("[data-testid=bulk-comment]", "duplicate order")
     other.page.click("[data-testid=bulk-reject]")
@@ -241,3 +254,54 @@ def test_axe_finds_nothing_serious_in_the_inbox(live_server, browser, dark):
     if violations := tab.axe():
         found["bulk results"] = violations
     assert not found, found
+
+
+def test_the_inbox_is_a_keyboard_work_queue_of_compact_rows(live_server, browser):
+    """Fifty held calls fit a 1,280 x 800 window ten rows or more above the fold, the amount
+    shown as money; from the overview the oldest is approved in four key presses (i, j, a,
+    Enter); no page is wider than its window at 390, 1,280 or 1,366."""
+    from attempts.models import Tool
+
+    world = make_world()
+    Tool.objects.filter(name="charge_card").update(
+        amount_arg="amount_cents", currency_arg="currency"
+    )
+    ApprovalPolicy.objects.create(
+        name="big-charges", tool_id="charge_card", condition="args.amount_cents > 100000",
+        approvals_needed=2,
+    )  # fmt: skip
+    held = [
+        agent_intent(
+            world, f"charge:acme:q-{n:02d}", tool="charge_card",
+            args={"amount_cents": 115982 + n, "currency": "EUR"}, task=f"q-{n}",
+        )[0]
+        for n in range(50)
+    ]  # fmt: skip
+    me = Tab(browser, live_server.url, viewport={"width": 1280, "height": 800})
+    me.login("reviewer")
+    me.goto("/")
+    me.page.keyboard.press("i")
+    me.page.wait_for_selector("[data-testid=held-item]")
+    assert me.page.url.endswith("/approvals/")
+    above = me.page.evaluate(
+        "Array.from(document.querySelectorAll('[data-testid=held-item] tr[data-row]'))"
+        ".filter(r => r.getBoundingClientRect().bottom <= window.innerHeight).length"
+    )
+    me.shot("inbox-1280")
+    assert above >= 10, above
+    assert "€1,159.82" in me.page.inner_text(item(me, held[0]))
+    assert me.no_sideways_scroll()
+    me.page.keyboard.press("j")
+    me.page.keyboard.press("a")
+    me.page.keyboard.press("Enter")
+    me.page.wait_for_selector("text=it needs another person's approval")
+    assert Approval.objects.filter(attempt=held[0], approver=world.reviewer).exists()
+    assert not Approval.objects.exclude(attempt=held[0]).exists()
+    for width in (390, 1366):
+        tab = Tab(browser, live_server.url, viewport={"width": width, "height": 800})
+        tab.login("reviewer")
+        tab.goto("/approvals/?tab=all")
+        assert tab.no_sideways_scroll(), width
+        if width == 390:
+            tab.page.screenshot(path=str(SHOTS / "shift-inbox-390.png"))  # the first screen
+    assert not _csp_errors(me)
