@@ -14,12 +14,18 @@ __all__ = ["ConfigError", "GatewayConfig", "ToolConfig", "Upstream", "load_confi
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The ``ledgerweb-mcp-gateway`` command."""
+    """The ``ledgerweb-mcp-gateway`` command (``init ...``: draft a configuration from an
+    upstream's tool annotations, ``ledgerweb_client.mcp_gateway.init``)."""
+    import sys
+
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        if argv[:1] == ["init"]:
+            from .init import main as init_main
+
+            return init_main(argv[1:])
         from .gateway import main as gateway_main
     except ImportError as exc:
-        import sys
-
         print(
             f"ledgerweb-mcp-gateway needs the MCP SDK ({exc.name} is missing): "
             "pip install 'ledgerweb-client[mcp]'",

@@ -443,7 +443,8 @@ def main(argv: list[str] | None = None) -> int:
             "records every call to a tool configured as a side effect in the ledgerweb ledger "
             "(intent, claim, upstream call, receipt or UNKNOWN). Serves MCP on stdio, or on "
             "streamable HTTP at 127.0.0.1 with --http. The agent token is read from the "
-            "variable named by [ledger] token_env (default LEDGERWEB_TOKEN)."
+            "variable named by [ledger] token_env (default LEDGERWEB_TOKEN). `ledgerweb-mcp-gateway "
+            "init --help`: draft a configuration from an upstream's tool annotations."
         ),
     )
     parser.add_argument("--config", required=True, help="the gateway's TOML configuration file")
