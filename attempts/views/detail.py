@@ -19,7 +19,7 @@ from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from attempts import authority, ledger, owners, tracing
+from attempts import authority, ledger, owners, tracing, waiting
 from attempts.canonical import canonical_bytes
 from attempts.models import (
     OWNED_STATES,
@@ -233,14 +233,22 @@ def sla_for(attempt: Attempt, now: dt.datetime) -> dict[str, Any]:
     }
 
 
-def _provider_deferred(attempt: Attempt) -> Any:
-    """The attempt's latest event when it is recovery deferring it for its provider."""
+def _waiting(attempt: Attempt, now: dt.datetime) -> tuple[Any, str]:
+    """(the attempt's latest event when it says recovery holds it, what happens next and why
+    in words) for a live attempt."""
     if attempt.is_terminal:
-        return None
-    latest = attempt.events.order_by("-id").first()
-    if latest is not None and "provider_deferred" in (latest.details or {}):
-        return latest
-    return None
+        return None, ""
+    latest = attempt.events.order_by("-id").only("id", "reason", "details").first()
+    details = latest.details if latest is not None else None
+    why = waiting.why_waiting(
+        state=attempt.state,
+        updated_at=attempt.updated_at,
+        next_check_at=attempt.next_check_at,
+        approval_policy=attempt.approval_policy_id is not None,
+        latest_details=details,
+        now=now,
+    )
+    return (latest if waiting.held(details) else None), why
 
 
 def live_context(request: HttpRequest, attempt: Attempt) -> dict[str, Any]:
@@ -272,6 +280,7 @@ def live_context(request: HttpRequest, attempt: Attempt) -> dict[str, Any]:
         from attempts.review import describe_change
 
         changed = [describe_change(e) for e in attempt.decisive_changes_since(int(since))]
+    held, why_waiting = _waiting(attempt, now)
     return {
         "attempt": attempt,
         "age": attempt.attention_age(now),
@@ -293,7 +302,8 @@ def live_context(request: HttpRequest, attempt: Attempt) -> dict[str, Any]:
         "live_url": f"{request.path}?since={since}" if since.isdigit() else "",
         # Recovery could not ask the provider (breaker open, Retry-After): say so on the page
         # while that is the attempt's latest news.
-        "provider_deferred": _provider_deferred(attempt),
+        "provider_deferred": held,
+        "why_waiting": why_waiting,
     }
 
 

@@ -25,7 +25,7 @@ from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
-from attempts import ledger, owners, review
+from attempts import ledger, owners, review, waiting
 from attempts.models import (
     ATTENTION_STATES,
     MIN_PREFIX,
@@ -329,6 +329,7 @@ def _decorate(rows: list[dict[str, Any]], now: dt.datetime, user: Any) -> None:
         if attention and policies
         else set()
     )
+    whys = _whys(rows, last_events, now)
     zone = timezone.get_current_timezone()
     detail_base = reverse("attempt-detail", args=["-"])[:-2]
     for row in rows:
@@ -347,6 +348,46 @@ def _decorate(rows: list[dict[str, Any]], now: dt.datetime, user: Any) -> None:
         policy = SlaPolicy.pick(policies, row["tool_name"], row["tenant_id"]) if policies else None
         row["sla"] = SlaPolicy.level(policy, row["state"], age)
         row["sla_ack"] = (row["id"], row["state"]) in acknowledged
+        row["why"] = whys.get(row["id"], "")
+
+
+# States whose rows say what happens next (attempts.waiting): recovery's work.
+WHY_STATES = (State.UNKNOWN, State.INTENT_RECORDED, State.DISPATCHED, State.FAILED_RETRYABLE)
+
+
+def _whys(
+    rows: list[dict[str, Any]], last_events: dict[int, int], now: dt.datetime
+) -> dict[int, str]:
+    """What happens next to each UNKNOWN, stale, approved or held row, and why: two bounded
+    queries for the page (the rows' schedule, their latest events' details)."""
+    pks = [r["id"] for r in rows if r["state"] in WHY_STATES]
+    if not pks:
+        return {}
+    schedule = {
+        pk: (updated, next_check, policy)
+        for pk, updated, next_check, policy in Attempt.objects.filter(pk__in=pks).values_list(
+            "pk", "updated_at", "next_check_at", "approval_policy_id"
+        )
+    }
+    details = dict(
+        AttemptEvent.objects.filter(
+            id__in=[last_events[pk] for pk in pks if pk in last_events]
+        ).values_list("attempt_id", "details")
+    )
+    out = {}
+    for row in rows:
+        if row["id"] not in schedule:
+            continue
+        updated, next_check, policy = schedule[row["id"]]
+        out[row["id"]] = waiting.why_waiting(
+            state=row["state"],
+            updated_at=updated,
+            next_check_at=next_check,
+            approval_policy=policy is not None,
+            latest_details=details.get(row["id"]),
+            now=now,
+        )
+    return out
 
 
 def _tool_names() -> list[str]:

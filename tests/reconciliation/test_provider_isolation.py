@@ -201,3 +201,32 @@ def test_healthz_names_every_provider_whose_calls_run_past_their_deadline(world,
     key = f"lookup 127.0.0.1:{bad_provider.port}/lookup"
     assert key in body["providers_past_deadline"], body
     assert body["providers_past_deadline"][key]["tools"] == ["open_ticket"]
+
+
+def test_the_queue_says_why_for_every_unknown_stale_or_held_row(world, outage, settings) -> None:
+    from django.urls import reverse
+
+    settings.LEDGER = {**settings.LEDGER, "PROVIDER_BREAKER_OPEN_SECONDS": 60}
+    tickets = [make_due(unknown(world, "open_ticket", f"q:{i}", {"i": i})) for i in range(8)]
+    reconciler = Reconciler(worker_id="w", concurrency=4)
+    reconciler.run_pass()
+    reconciler._told_at = -1e9
+    reconciler.run_pass()
+    stale = _stale(intent(world, "update_crm", "stale-row", {"n": 1}))
+    settings.LEDGER = {**settings.LEDGER, "STALE_AFTER": 2}
+    client = Client()
+    client.force_login(world.operator)
+    page = client.get(reverse("queue", args=["unknown"]) + "?size=100").content.decode()
+    held = [
+        t
+        for t in tickets
+        if t.events.filter(action="attempt.provider_deferred").exists()
+        and not t.events.filter(action="attempt.lookup").exists()
+    ]
+    assert held
+    assert page.count('data-testid="why"') >= len(tickets)
+    assert "Held by the provider" in page and "open_ticket/lookup" in page
+    assert "recovery looks it up at the provider" in page
+    page = client.get(reverse("queue", args=["stale"])).content.decode()
+    assert stale.attempt_id in page
+    assert "Stale: no word from its agent" in page
