@@ -103,6 +103,7 @@ TEMPLATES = [
                 "django.contrib.messages.context_processors.messages",
                 "django.template.context_processors.csp",
                 "attempts.context_processors.navigation",
+                "ledgerweb.health.health_band",
             ],
         },
     },

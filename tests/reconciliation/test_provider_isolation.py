@@ -230,3 +230,27 @@ def test_the_queue_says_why_for_every_unknown_stale_or_held_row(world, outage, s
     page = client.get(reverse("queue", args=["stale"])).content.decode()
     assert stale.attempt_id in page
     assert "Stale: no word from its agent" in page
+
+
+def test_the_overview_health_band_shows_whether_work_moves_with_links_to_its_queues(
+    world, outage, settings
+) -> None:
+    """For every role: worker heartbeat age and reconcile lag, the providers that hold work
+    with the tools they hold, approved-but-not-sent and stale counts, each a link."""
+    settings.LEDGER = {**settings.LEDGER, "PROVIDER_BREAKER_OPEN_SECONDS": 60, "STALE_AFTER": 2}
+    for i in range(6):
+        make_due(unknown(world, "open_ticket", f"b:{i}", {"i": i}))
+    reconciler = Reconciler(worker_id="band", concurrency=4)
+    reconciler.run_once()
+    _stale(intent(world, "update_crm", "band-stale", {"n": 1}))  # recorded after the pass
+    for user in (world.viewer, world.operator, world.reviewer):
+        client = Client()
+        client.force_login(user)
+        page = client.get("/").content.decode()
+        assert 'data-testid="health-band"' in page, user
+        assert "Reconcile worker: last heartbeat" in page
+        assert "Reconcile lag:" in page
+        assert "Stale in flight: 1" in page and 'href="/queues/stale/"' in page
+        assert "Approved, not sent after the grace: 0" in page
+        assert "Provider held:" in page and "/tools/open_ticket/lookup" in page
+        assert 'data-testid="band-provider-tool">open_ticket</a>' in page
