@@ -217,7 +217,7 @@ class Bulkheads:
         state = self.of(adapter, operation)
         now = time.monotonic() if now is None else now
         if state.hold_until > now:
-            return self._deferral(state, now, "asked to wait (Retry-After)")
+            return self._deferral(state, now, self._asked_to_wait(state))
         if state.state == OPEN:
             if state.open_until > now:
                 return self._deferral(
@@ -241,7 +241,7 @@ class Bulkheads:
         """Why this (holding) bulkhead makes no call now, as ``refusal`` says it."""
         now = time.monotonic() if now is None else now
         if state.hold_until > now:
-            return self._deferral(state, now, "asked to wait (Retry-After)")
+            return self._deferral(state, now, self._asked_to_wait(state))
         if state.state == HALF_OPEN:
             return self._deferral(state, now, "circuit half-open, waiting for its probe")
         return self._deferral(
@@ -249,6 +249,11 @@ class Bulkheads:
             now,
             f"circuit open after {state.failures} failures ({state.last_error[:120]})",
         )
+
+    @staticmethod
+    def _asked_to_wait(state: Bulkhead) -> str:
+        said = f" ({state.last_error[:120]})" if state.last_error else ""
+        return f"asked to wait (Retry-After){said}"
 
     def _deferral(self, state: Bulkhead, now: float, what: str) -> Deferral:
         seconds = state.next_probe(now) - now

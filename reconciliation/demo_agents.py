@@ -81,6 +81,7 @@ LOOKUP_FLAKY = ("send_invoice_email",)
 # The ticket system's lookup API is down for the whole demo (always 503): its UNKNOWN work stays
 # UNKNOWN, backing off, until a person decides or the maximum age hands it to review.
 LOOKUP_OUTAGE_DEFAULT = ("open_ticket",)
+OUTAGE_LABELS = {"open_ticket": "ticket", "send_invoice_email": "mailer"}
 CUSTOMERS = [
     ("Northwind Traders", "ap@northwind.example"),
     ("Initech", "billing@initech.example"),
@@ -279,12 +280,21 @@ def configure_provider(
                 {
                     "lookup_mode": "error_5xx",
                     "lookup_fault_rate": 1.0,
+                    # Shown wherever the ledger shows the provider's error (the overview's
+                    # health band, the attempt page): the outage is the demo's, on purpose.
+                    "outage_message": outage_message(tool),
                     "send_fault_rate": max(timeout_rate, 0.5) if timeout_rate else 0,
                 }
             )
         elif tool in LOOKUP_FLAKY:
             tools[tool].update({"lookup_mode": "error_5xx", "lookup_fault_rate": lookup_fault_rate})
     provider.control({"hang_seconds": hang_seconds, "tools": tools})
+
+
+def outage_message(tool: str) -> str:
+    """What the demo's outage of ``tool`` says, so nobody takes it for a real one."""
+    label = OUTAGE_LABELS.get(tool, tool)
+    return f"demo: the {label} provider is down on purpose"
 
 
 def calm_sends(provider: Provider) -> None:

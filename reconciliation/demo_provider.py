@@ -62,6 +62,9 @@ value of a tool) removes that tool's overrides.
   (commit, close the connection without any HTTP answer).
 * ``lookup_mode``: ``ok`` | ``error_5xx`` (503) | ``hang`` (wait ``hang_seconds``, then 503) |
   ``not_found`` (404 even when the effect exists).
+* ``outage_message`` (text, at most 200 characters): the message of the 503 answers a fault
+  gives, so that an outage injected on purpose says so wherever the ledger shows the provider's
+  error (the demo: "demo: the ticket provider is down on purpose").
 * ``send_fault_rate`` / ``lookup_fault_rate`` (0..1, default 1): probability that a non-``ok`` mode
   applies to a request (drawn from a generator seeded by ``--seed``).
 * ``remaining_faults`` (int): only the next N faults are applied, then requests behave as ``ok``.
@@ -372,6 +375,11 @@ def _check_count(value: Any) -> None:
         raise ValueError("must be a non-negative integer")
 
 
+def _check_message(value: Any) -> None:
+    if not isinstance(value, str) or not value.isprintable() or len(value) > 200:
+        raise ValueError("must be printable text of at most 200 characters")
+
+
 def _one_of(choices: tuple[Any, ...]) -> Callable[[Any], None]:
     def check(value: Any) -> None:
         if value not in choices or isinstance(value, bool):
@@ -391,6 +399,7 @@ SETTING_CHECKS: dict[str, Callable[[Any], None]] = {
     "lookup_fault_rate": _check_rate,
     "remaining_faults": _check_count,
     "retryable_status": _one_of(RETRYABLE_STATUSES),
+    "outage_message": _check_message,
 }
 
 
@@ -406,6 +415,7 @@ def default_settings(honour_keys: bool, latency_ms: float) -> dict[str, Any]:
         "lookup_fault_rate": None,
         "remaining_faults": None,
         "retryable_status": 429,
+        "outage_message": None,
     }
 
 
@@ -447,6 +457,7 @@ class SendPlan:
     latency_s: float
     hang_s: float
     retryable_status: int
+    message: str = ""
 
 
 @dataclass(frozen=True)
@@ -454,6 +465,7 @@ class LookupPlan:
     mode: str
     latency_s: float
     hang_s: float
+    message: str = ""
 
 
 class FaultConfig:
@@ -535,6 +547,7 @@ class FaultConfig:
                 latency_s=float(self._get(tool, "latency_ms")) / 1000,
                 hang_s=float(self._get(tool, "hang_seconds")),
                 retryable_status=int(self._get(tool, "retryable_status")),
+                message=self._get(tool, "outage_message") or "",
             )
 
     def plan_lookup(self, tool: str) -> LookupPlan:
@@ -546,6 +559,7 @@ class FaultConfig:
                 mode=self._draw(tool, "lookup_mode", "lookup_fault_rate"),
                 latency_s=float(latency) / 1000,
                 hang_s=float(self._get(tool, "hang_seconds")),
+                message=self._get(tool, "outage_message") or "",
             )
 
 
@@ -746,9 +760,9 @@ class ProviderHandler(BaseHTTPRequestHandler):
         self.server.pause(plan.latency_s)
         if plan.mode == "hang":
             self.server.pause(plan.hang_s)
-            return 503, unavailable()
+            return 503, unavailable(plan.message)
         if plan.mode == "error_5xx":
-            return 503, unavailable()
+            return 503, unavailable(plan.message)
         first, count = self.server.store.lookup(tool, key)
         if plan.mode == "not_found" or first is None:
             return 404, {"error": "not_found"}
@@ -817,14 +831,20 @@ STATIC_ROUTES: dict[tuple[str, str], Callable[[ProviderHandler, dict[str, str], 
 }
 
 
-def unavailable() -> dict[str, Any]:
-    return {"error": {"code": "unavailable", "message": "try again later", "retryable": True}}
+def unavailable(message: str = "") -> dict[str, Any]:
+    return {
+        "error": {
+            "code": "unavailable",
+            "message": message or "try again later",
+            "retryable": True,
+        }
+    }
 
 
 def refusal_answer(plan: SendPlan) -> Answer | None:
     """The answer of a send fault that performs nothing, or None if the send goes ahead."""
     if plan.mode == "error_5xx":
-        return 503, unavailable()
+        return 503, unavailable(plan.message)
     if plan.mode == "refuse":
         message = "the provider refused this request for good"
         return 400, {"error": {"code": "refused", "message": message, "retryable": False}}

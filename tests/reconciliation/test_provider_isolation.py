@@ -254,3 +254,34 @@ def test_the_overview_health_band_shows_whether_work_moves_with_links_to_its_que
         assert "Approved, not sent after the grace: 0" in page
         assert "Provider held:" in page and "/tools/open_ticket/lookup" in page
         assert 'data-testid="band-provider-tool">open_ticket</a>' in page
+
+
+def test_the_demo_shows_its_injected_outage_as_what_it_is(world, demo, settings) -> None:
+    """The demo's ticket incident (demo_agents.configure_provider) answers 503 with a message
+    that says it is on purpose; the health band and the held attempt's page show it; the
+    demo's other tools on the same host are not held."""
+    from reconciliation import demo_agents
+
+    settings.LEDGER = {**settings.LEDGER, "PROVIDER_BREAKER_OPEN_SECONDS": 60, "STALE_AFTER": 2}
+    demo.configure_tools(timeout=1.0)
+    demo_agents.configure_provider(
+        demo_agents.Provider(demo.base, 5.0),
+        timeout_rate=0.0,
+        lookup_fault_rate=0.0,
+        hang_seconds=1.0,
+    )
+    tickets = [make_due(unknown(world, "open_ticket", f"d:{i}", {"i": i})) for i in range(6)]
+    crm = _stale(intent(world, "update_crm", "demo-crm", {"n": 1}))
+    reconciler = Reconciler(worker_id="demo", concurrency=4)
+    reconciler.run_once()
+    reconciler._told_at = -1e9
+    reconciler.run_once()
+    crm.refresh_from_db()
+    assert crm.state == State.OUTCOME_CONFIRMED
+    said = "demo: the ticket provider is down on purpose"
+    client = Client()
+    client.force_login(world.viewer)
+    assert said in client.get("/").content.decode()
+    held = next(t for t in tickets if t.events.filter(action="attempt.provider_deferred").exists())
+    page = client.get(f"/attempts/{held.attempt_id}/").content.decode()
+    assert said in page
