@@ -10,6 +10,7 @@ from django import template
 from django.utils.html import format_html
 
 from attempts.money import amount_of, locale_of
+from attempts.reasons import EFFECT_CLASSES, reason_text
 
 register = template.Library()
 
@@ -77,3 +78,15 @@ def money(context: template.Context, attempt: Any) -> str:
         amount.raw,
         amount.currency,
     )
+
+
+@register.filter
+def why(code: str) -> str:
+    """A ``review_reason`` code as the sentence an operator acts on."""
+    return reason_text(code)
+
+
+@register.filter
+def effect_class_text(effect_class: str) -> str:
+    """What an effect class means for recovery, in words."""
+    return EFFECT_CLASSES.get(effect_class, "")

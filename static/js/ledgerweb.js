@@ -115,6 +115,13 @@
     for (var i = 0; i < areas.length; i++) { checkJson(areas[i]); }
   });
 
+  // A page whose first job is a decision (an attempt's Actions) starts there: the next Tab
+  // reaches its first control, whatever the navigation above it holds.
+  document.addEventListener("DOMContentLoaded", function () {
+    var first = document.querySelector("[data-focus-first]");
+    if (first && !window.location.hash) { first.focus({ preventScroll: true }); }
+  });
+
   document.addEventListener("htmx:afterSwap", function () { updateBulk(); reselect(); });
   document.addEventListener("DOMContentLoaded", updateBulk);
 

@@ -107,3 +107,34 @@ def test_n_goes_from_a_decided_attempt_to_the_next_one_needing_attention(live_se
     tab.page.keyboard.press("n")
     tab.page.wait_for_url(f"**/attempts/{second.attempt_id}/")
     assert not tab.errors, tab.errors
+
+
+@pytest.mark.parametrize("viewport", [LAPTOP, PHONE, {"width": 1366, "height": 768}], ids=str)
+def test_an_attempts_decisions_come_first(live_server, browser, viewport):
+    """The first decision is at most five Tab presses into the attempt's page (the page starts
+    at its Actions, before the identifiers and their Copy buttons), above the identifiers on a
+    phone, the cause is said in words, and the page is never wider than its window."""
+    world, unknown, review_item = _busy_world()
+    review_item.refresh_from_db()
+    tab = Tab(browser, live_server.url, viewport=viewport)
+    tab.login("reviewer")
+    tab.goto(f"/attempts/{review_item.attempt_id}/")
+    presses = 0
+    while presses < 5:
+        tab.page.keyboard.press("Tab")
+        presses += 1
+        focused = tab.page.evaluate(
+            "(() => { const e = document.activeElement; return e && e.closest('#decide') ?"
+            " (e.tagName + ':' + (e.textContent || '').trim()) : ''; })()"
+        )
+        if focused:
+            break
+    assert focused.startswith("SUMMARY:Mark confirmed") or focused.startswith("BUTTON"), focused
+    if viewport is PHONE:
+        decide = tab.page.locator("#decide").bounding_box()
+        identity = tab.page.locator("#attempt-live").bounding_box()
+        assert decide["y"] < identity["y"]
+        tab.shot("layout-phone-detail")
+    if review_item.review_reason:
+        assert tab.page.inner_text("[data-testid=review-why]").endswith(".")
+    assert tab.no_sideways_scroll()
