@@ -154,6 +154,44 @@ def attempt_json(attempt: Attempt) -> dict[str, Any]:
     }
 
 
+def archived_attempt_json(attempt: Attempt) -> dict[str, Any]:
+    """The stand-in of an archived attempt (``ledger.record_intent``'s answer to its key) in
+    ``attempt_json``'s shape: what the ledger kept of it (ids, tenant, tool, key, args hash,
+    state, provider request id, result reference, when it was recorded and archived); what
+    only its archive file holds is null."""
+    known = {
+        "attempt_id": attempt.attempt_id,
+        "tenant": attempt.tenant_id,
+        "tool_name": attempt.tool_name,
+        "idempotency_key": attempt.idempotency_key,
+        "args_hash": attempt.args_hash,
+        "state": attempt.state,
+        "provider_request_id": attempt.provider_request_id or None,
+        "result_ref": attempt.result_ref or None,
+        "created_at": _iso(attempt.created_at),
+        "updated_at": _iso(attempt.updated_at),
+    }
+    return {**dict.fromkeys(ARCHIVED_UNKNOWN), **known}
+
+
+# attempt_json's fields that only an archive file holds for an archived attempt.
+ARCHIVED_UNKNOWN = (
+    "task_id",
+    "args",
+    "version",
+    "policy_version",
+    "credential_scope",
+    "parent_attempt_id",
+    "linked_attempt_id",
+    "owner",
+    "review_reason",
+    "approval_policy",
+    "send_count",
+    "traceparent",
+    "trace_id",
+)
+
+
 def _attempt_response(attempt: Attempt, status: int = 200, **extra: Any) -> JsonResponse:
     response = JsonResponse({"attempt": attempt_json(attempt), **extra}, status=status)
     response["Cache-Control"] = "no-store"
@@ -372,6 +410,20 @@ def _record_intent(request: HttpRequest, token: AgentIdentity) -> JsonResponse:
         if exc.code == "args_too_large":
             raise ApiError(413, "too_large", exc.message) from None
         raise
+    if attempt.archived is not None:
+        # The key's attempt was archived: its outcome, marked, and nothing to claim or send.
+        response = JsonResponse(
+            {
+                "attempt": archived_attempt_json(attempt),
+                "created": False,
+                "archived": {
+                    "archive": attempt.archived.archive.name,
+                    "archived_at": _iso(attempt.archived.archived_at),
+                },
+            }
+        )
+        response["Cache-Control"] = "no-store"
+        return response
     if created:
         _log("attempt.intent_recorded", attempt, token, key=attempt.idempotency_key)
     # 202: recorded, but held by an approval policy until enough people approve (section 11).

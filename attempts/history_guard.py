@@ -30,6 +30,10 @@ TABLES = (
     "attempts_checkpointsignature",
     "attempts_archive",
     "attempts_archivedattempt",
+    # The permanent indexes of keys and provider effects: a removed row would let a key take
+    # effect twice, or an effect confirm two attempts.
+    "attempts_recordedkey",
+    "attempts_providereffect",
 )
 
 # The one DELETE history allows: the events of an attempt that ``ledgerweb archive run`` wrote

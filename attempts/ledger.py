@@ -25,10 +25,13 @@ from attempts.locking import write_transaction
 from attempts.models import (
     ATTEMPT_ID,
     ApprovalPolicy,
+    ArchivedAttempt,
     Attempt,
+    RecordedKey,
     State,
     Tenant,
     Tool,
+    key_digest,
 )
 from attempts.states import Actor
 
@@ -332,7 +335,7 @@ def _record_intent(
         )
     except (LedgerError, authority.NotGranted) as exc:
         # A replay of an intent already recorded is answered with it, whatever changed since.
-        existing = Attempt.objects.filter(idempotency_key=idempotency_key).first()
+        existing = _recorded(idempotency_key)
         if existing is not None:
             return _same_intent_or_conflict(
                 existing, tenant, tool_name, normalized.args_hash
@@ -361,8 +364,9 @@ def _record_intent(
             **held,
         )
     except IntegrityError:
-        # The key is already recorded: a replay of the same intent, a race, or a conflict.
-        existing = Attempt.objects.filter(idempotency_key=idempotency_key).first()
+        # The key is already recorded: a replay of the same intent, a race, or a conflict;
+        # its attempt live or archived.
+        existing = _recorded(idempotency_key)
         if existing is None:
             raise
         return _same_intent_or_conflict(existing, tenant, tool_name, normalized.args_hash), False
@@ -408,9 +412,61 @@ def _explain_missing_grant(tenant: str, tool_name: str) -> None:
     )
 
 
+def _recorded(idempotency_key: str) -> Attempt | None:
+    """The attempt that recorded ``idempotency_key``: the live one, else, from the permanent key
+    index (``RecordedKey``), a stand-in for the archived one (``Attempt.archived`` set: its
+    outcome as archived, not in the database, never claimable). None for a key never recorded.
+    Read only on a replay or a conflict, never by a new intent."""
+    live = Attempt.objects.filter(idempotency_key=idempotency_key).first()
+    if live is not None:
+        return live
+    entry = RecordedKey.objects.filter(key_digest=key_digest(idempotency_key)).first()
+    if entry is None:
+        return None
+    stand_in = Attempt(
+        attempt_id=entry.attempt_id,
+        tenant_id=entry.tenant_id,
+        tool_name=entry.tool_name,
+        idempotency_key=idempotency_key,
+        args_hash=entry.args_hash,
+        args=None,
+        credential_scope=[],
+        version=0,
+    )
+    archived = ArchivedAttempt.objects.select_related("archive").filter(attempt_id=entry.attempt_id)
+    stand_in.archived = archived.first()
+    if stand_in.archived is None:
+        # Indexed, yet neither live nor archived (removed behind the ledger's back, or a
+        # restore's scratch database): nothing may be recorded again under the key.
+        stand_in.state = ""
+        return stand_in
+    stand_in.state = stand_in.archived.state
+    stand_in.provider_request_id = stand_in.archived.provider_request_id
+    stand_in.result_ref = stand_in.archived.result_ref or ""
+    stand_in.created_at = stand_in.archived.created_at
+    stand_in.updated_at = stand_in.archived.archived_at
+    return stand_in
+
+
 def _same_intent_or_conflict(
     existing: Attempt, tenant: str, tool_name: str, args_hash: str
 ) -> Attempt:
+    if existing.pk is None and existing.archived is None:
+        raise IdempotencyConflict(
+            f"idempotency key {existing.idempotency_key!r} was recorded by attempt "
+            f"{existing.attempt_id}, which is neither in the ledger nor in an archive it knows: "
+            "nothing is recorded or sent under the key again",
+            existing,
+        )
+    if existing.pk is None and not existing.args_hash:
+        raise IdempotencyConflict(
+            f"idempotency key {existing.idempotency_key!r} was recorded by attempt "
+            f"{existing.attempt_id}, now in archive {existing.archived.archive.name}, archived "
+            "before the ledger kept archived attempts' arguments hashes: a repeat cannot be "
+            "proven the same call, so it is refused and nothing is sent (an operator can "
+            "compare it with the archive)",
+            existing,
+        )
     if (existing.tenant_id, existing.tool_name, existing.args_hash) == (
         tenant,
         tool_name,
@@ -438,8 +494,12 @@ def claim_dispatch(attempt: Attempt | str, *, actor: Actor, tenants: set[str] | 
     """Claim the send (INTENT_RECORDED or FAILED_RETRYABLE -> DISPATCHED), committed before any
     byte leaves. Returns (attempt, claimed); only the caller that got ``claimed`` may send.
 
-    UNKNOWN is never claimable here: only reconciliation resends it, after a lookup.
+    UNKNOWN is never claimable here: only reconciliation resends it, after a lookup. The
+    stand-in of an archived attempt (``record_intent``'s answer to a key replayed after its
+    attempt was archived) is never claimed.
     """
+    if isinstance(attempt, Attempt) and attempt.archived is not None:
+        return attempt, False
     current = _current(attempt, tenants, (State.INTENT_RECORDED, State.FAILED_RETRYABLE))
     if current.state not in (State.INTENT_RECORDED, State.FAILED_RETRYABLE):
         return current, False
@@ -565,13 +625,16 @@ def attach_provider_request(
             code="not_in_flight",
             attempt=current,
         )
-    return states.move(
-        current,
-        None,
-        actor=actor,
-        action="attempt.provider_request_attached",
-        fields={"provider_request_id": provider_request_id},
-    )
+    try:
+        return states.move(
+            current,
+            None,
+            actor=actor,
+            action="attempt.provider_request_attached",
+            fields={"provider_request_id": provider_request_id},
+        )
+    except states.EffectClaimed as claim:
+        raise _claimed_refusal(effect_claimed(claim, actor=actor)) from None
 
 
 @_refreshes_caller
@@ -614,15 +677,89 @@ def confirm(
             )
         fields["provider_request_id"] = provider_request_id
     with tracing.span("ledger.confirm", current) as s:
-        confirmed = states.move(
-            current,
-            State.OUTCOME_CONFIRMED,
-            actor=actor,
-            fields=fields,
-            details=evidence or {},
-        )
+        try:
+            confirmed = states.move(
+                current,
+                State.OUTCOME_CONFIRMED,
+                actor=actor,
+                fields=fields,
+                details=evidence or {},
+            )
+        except states.EffectClaimed as claim:
+            raise _claimed_refusal(
+                effect_claimed(claim, actor=actor, details=evidence or {})
+            ) from None
         tracing.describe(s, confirmed)
     return confirmed
+
+
+# The review reason, and the event on the attempt that claimed the effect first, when a second
+# attempt claims a provider effect (protocol section 7, invariant 12).
+EFFECT_CLAIMED = "effect_claimed"
+EFFECT_CONTESTED = "attempt.effect_contested"
+
+
+def effect_claimed(
+    claim: states.EffectClaimed,
+    *,
+    actor: Actor,
+    details: dict[str, Any] | None = None,
+    fields: dict[str, Any] | None = None,
+    increments: dict[str, int] | None = None,
+) -> Attempt:
+    """The one decision when an attempt claims a provider effect another attempt already
+    claimed (``states.EffectClaimed``), from wherever the claim came (the agent's confirm or
+    provider-request call, the reconciler's lookup or send): the attempt goes to MANUAL_REVIEW
+    (``effect_claimed``, with an owner as every attempt in review) without the provider's id,
+    its event naming the other attempt, and the other attempt, if it is still in the ledger,
+    gets an ``attempt.effect_contested`` event naming this one. One transaction. ``fields``
+    and ``increments`` are the caller's own (the reconciler's lease and counters). Returns the
+    attempt, in review."""
+    attempt = claim.attempt
+    effect = {
+        "tool_name": attempt.tool_name,
+        "provider_request_id": claim.provider_request_id,
+    }
+    with write_transaction():
+        moved = states.move(
+            attempt,
+            State.MANUAL_REVIEW,
+            actor=actor,
+            reason=(
+                f"the provider's effect {claim.provider_request_id!r} is already claimed by "
+                f"attempt {claim.claimed_by}: one effect confirms one attempt, a person decides"
+            ),
+            details={
+                **(details or {}),
+                EFFECT_CLAIMED: {**effect, "claimed_by": claim.claimed_by},
+            },
+            fields={**(fields or {}), "review_reason": EFFECT_CLAIMED},
+            increments=increments,
+            next_check_at=None,
+        )
+        other = Attempt.objects.filter(attempt_id=claim.claimed_by).first()
+        if other is not None:
+            states.move(
+                other,
+                None,
+                actor=actor,
+                action=EFFECT_CONTESTED,
+                reason=(
+                    f"attempt {attempt.attempt_id} also claimed this attempt's provider effect "
+                    f"{claim.provider_request_id!r}; it went to review"
+                ),
+                details={"effect_contested": {**effect, "contested_by": attempt.attempt_id}},
+            )
+    return moved
+
+
+def _claimed_refusal(attempt: Attempt) -> StateConflict:
+    return StateConflict(
+        f"the provider request id is already claimed by another attempt: attempt "
+        f"{attempt.attempt_id} went to MANUAL_REVIEW ({EFFECT_CLAIMED}) for a person to decide",
+        code=EFFECT_CLAIMED,
+        attempt=attempt,
+    )
 
 
 @_refreshes_caller
@@ -742,6 +879,8 @@ def run_tool_call(
         credential_scope=credential_scope,
     )
     crash_point("intent_committed")
+    if attempt.archived is not None:
+        return CallOutcome(attempt, sent=False)  # its outcome is in an archive: never again
     if mutation("claim_after_send"):  # crashtest's self-test: the unsafe order, on purpose
         return _send_then_claim(attempt, send, actor)
     attempt, claimed = claim_dispatch(attempt, actor=actor)

@@ -37,7 +37,17 @@ from django.db.models import Field
 from attempts import dbadapter
 from attempts.chain import EventRow
 from attempts.locking import lock_errors, sqlite_transaction, write_transaction
-from attempts.models import AgentToken, ApprovalPolicy, Attempt, AttemptEvent, Grant, Tool
+from attempts.models import (
+    AgentToken,
+    ApprovalPolicy,
+    Attempt,
+    AttemptEvent,
+    Grant,
+    ProviderEffect,
+    RecordedKey,
+    Tool,
+    key_digest,
+)
 
 
 def _db() -> BaseDatabaseWrapper:
@@ -127,6 +137,28 @@ def _attempt_insert() -> str:
     )
 
 
+# What an intent writes to the permanent key index, and a move that first names a provider
+# effect to the effects' index: one narrow row each, of plain text columns.
+_KEY_COLUMNS = ("key_digest", "tenant_id", "tool_name", "args_hash", "attempt_id")
+_EFFECT_COLUMNS = ("tool_name", "provider_request_id", "attempt_id")
+
+
+@functools.cache
+def _index_insert(model: type, columns: tuple[str, ...]) -> str:
+    names = ", ".join(_q(model._meta.get_field(name).column) for name in columns)
+    return f"INSERT INTO {_q(model._meta.db_table)} ({names})"
+
+
+def _key_values(attempt: Attempt) -> list[str]:
+    return [
+        key_digest(attempt.idempotency_key),
+        attempt.tenant_id,
+        attempt.tool_name,
+        attempt.args_hash,
+        attempt.attempt_id,
+    ]
+
+
 @functools.cache
 def _event_fields() -> tuple[_Column, ...]:
     return tuple(_Column(AttemptEvent._meta.get_field(name)) for name in EventRow._fields)
@@ -199,9 +231,13 @@ def _atomic(db: BaseDatabaseWrapper, statements: int) -> contextlib.AbstractCont
 
 
 def insert_attempt(attempt: Attempt, event: EventRow) -> None:
-    """Insert a new attempt with its first event and set the attempt's primary key. The
-    idempotency key's unique index raises IntegrityError for a key already recorded."""
+    """Insert a new attempt with its first event and its key's row in the permanent key index
+    (``RecordedKey``), and set the attempt's primary key. The index's primary key raises
+    IntegrityError for a key ever recorded, its attempt live or archived (the attempts' own
+    unique index also does while the attempt is live)."""
     db = _db()
+    key_values = _key_values(attempt)
+    key_insert = f"{_index_insert(RecordedKey, _KEY_COLUMNS)} VALUES ({_marks(len(key_values))})"
     columns = _attempt_fields()
     saved = [
         getattr(attempt, c.attname) if c.attname else c.field.pre_save(attempt, True)
@@ -210,15 +246,20 @@ def insert_attempt(attempt: Attempt, event: EventRow) -> None:
     values = _prepared(columns, saved, db)
     event_values = _event_values(event, db)
     if db.vendor == "postgresql":
-        sql = f"WITH new AS ({_attempt_insert()}) {_event_insert('new')} RETURNING attempt_id"
+        # One statement: the key's index row, the attempt and its event.
+        sql = (
+            f"WITH k AS ({key_insert}), new AS ({_attempt_insert()}) "
+            f"{_event_insert('new')} RETURNING attempt_id"
+        )
         # A savepoint when nested: a key already recorded (IntegrityError) must not abort the
         # caller's transaction.
         with write_transaction() if db.in_atomic_block else lock_errors(), _cursor(db) as cursor:
-            cursor.execute(sql, values + event_values)
+            cursor.execute(sql, key_values + values + event_values)
             attempt.pk = cursor.fetchone()[0]
     else:
         # A savepoint when nested, as above; else a transaction of its own.
-        with write_transaction() if db.in_atomic_block else _atomic(db, 2), _cursor(db) as cursor:
+        with write_transaction() if db.in_atomic_block else _atomic(db, 3), _cursor(db) as cursor:
+            cursor.execute(key_insert, key_values)
             cursor.execute(_attempt_insert(), values)
             attempt.pk = cursor.fetchone()[0]
             cursor.execute(_event_insert(""), [attempt.pk, *event_values])
@@ -235,11 +276,17 @@ def compare_and_set(
     increments: Mapping[str, int],
     event: EventRow,
     granted: bool = False,
+    effect: tuple[str, str, str] | None = None,
 ) -> bool:
     """Set ``values`` and add ``increments`` on attempt ``pk`` and append ``event``, if the
     attempt is still in ``state`` at ``version`` (and, with ``granted``, its grant still
     covers it: ``_grant_covers``). Returns whether it was (False: someone else changed it
-    first, or the grant no longer covers it, and nothing was written)."""
+    first, or the grant no longer covers it, and nothing was written).
+
+    ``effect`` (tool name, provider request id, attempt id): the move claims that provider
+    effect for the attempt in the effects' index, in the same statement (PostgreSQL) or
+    transaction. An effect another attempt claimed raises IntegrityError (its unique
+    constraint) and nothing is written; a savepoint keeps the caller's transaction usable."""
     db = _db()
     names = tuple(values)
     update = _update(names, tuple(increments), granted)
@@ -247,6 +294,8 @@ def compare_and_set(
     params += [int(amount) for amount in increments.values()]
     params += [pk, state, version]
     event_values = _event_values(event, db)
+    if effect is not None:
+        return _compare_and_set_claiming(db, update, params, event_values, list(effect))
     if db.vendor == "postgresql":
         sql = f"WITH moved AS ({update} RETURNING {_q('id')}) {_event_insert('moved')}"
         with _atomic(db, 1), _cursor(db) as cursor:
@@ -257,6 +306,33 @@ def compare_and_set(
         if cursor.rowcount != 1:
             return False
         cursor.execute(_event_insert(""), [pk, *event_values])
+        return True
+
+
+def _compare_and_set_claiming(
+    db: BaseDatabaseWrapper,
+    update: str,
+    params: list[Any],
+    event_values: list[Any],
+    effect: list[str],
+) -> bool:
+    claim = _index_insert(ProviderEffect, _EFFECT_COLUMNS)
+    nested = write_transaction() if db.in_atomic_block else None
+    if db.vendor == "postgresql":
+        sql = (
+            f"WITH moved AS ({update} RETURNING {_q('id')}), "
+            f"claimed AS ({claim} SELECT {_marks(len(effect))} FROM moved) "
+            f"{_event_insert('moved')}"
+        )
+        with nested or lock_errors(), _cursor(db) as cursor:
+            cursor.execute(sql, params + effect + event_values)
+            return cursor.rowcount == 1
+    with nested or _atomic(db, 3), _cursor(db) as cursor:
+        cursor.execute(update, params)
+        if cursor.rowcount != 1:
+            return False
+        cursor.execute(f"{claim} VALUES ({_marks(len(effect))})", effect)
+        cursor.execute(_event_insert(""), [params[-3], *event_values])
         return True
 
 

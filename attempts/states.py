@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
+from django.db import IntegrityError, connection
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -27,6 +27,7 @@ from attempts.models import (
     Approval,
     ApprovalVerdict,
     Attempt,
+    ProviderEffect,
     State,
 )
 
@@ -114,6 +115,33 @@ class ApprovalsNotValid(TransitionError):
         )
         self.attempt = attempt
         self.verdict = verdict
+
+
+class EffectClaimed(TransitionError):
+    """The move would give the attempt a provider request id that names an effect another
+    attempt already claimed (protocol section 7, invariant 12: one provider effect confirms at
+    most one attempt). Nothing was changed; ``claimed_by`` is the other attempt's public id.
+    Whoever decided the move hands the attempt to a person (``ledger.effect_claimed``)."""
+
+    code = "effect_claimed"
+
+    def __init__(self, attempt: Attempt, provider_request_id: str, claimed_by: str) -> None:
+        super().__init__(
+            f"provider request id {provider_request_id!r} of {attempt.tool_name} is already "
+            f"claimed by attempt {claimed_by}; attempt {attempt.attempt_id} cannot claim it"
+        )
+        self.attempt = attempt
+        self.provider_request_id = provider_request_id
+        self.claimed_by = claimed_by
+
+
+def effect_holder(tool_name: str, provider_request_id: str) -> str | None:
+    """The public id of the attempt that claimed the provider effect, or None."""
+    return (
+        ProviderEffect.objects.filter(tool_name=tool_name, provider_request_id=provider_request_id)
+        .values_list("attempt_id", flat=True)
+        .first()
+    )
 
 
 def check_approvals(attempt: Attempt, now: dt.datetime) -> ApprovalVerdict:
@@ -288,15 +316,31 @@ def move(
     if next_check_at is not ...:
         values["next_check_at"] = next_check_at
     added = {**(increments or {}), "version": 1, "chain_length": 1}
-    if not rows.compare_and_set(
-        attempt.pk,
-        state=from_state,
-        version=attempt.version,
-        values=values,
-        increments=added,
-        event=event,
-        granted=granted,
-    ):
+    # A provider request id the attempt did not hold yet claims that effect for it, in the
+    # same compare-and-set (the effects' unique constraint decides between racing claims).
+    claimed = fields.get("provider_request_id") or ""
+    effect = (
+        (attempt.tool_name, claimed, attempt.attempt_id)
+        if claimed and claimed != attempt.provider_request_id
+        else None
+    )
+    try:
+        done = rows.compare_and_set(
+            attempt.pk,
+            state=from_state,
+            version=attempt.version,
+            values=values,
+            increments=added,
+            event=event,
+            granted=granted,
+            effect=effect,
+        )
+    except IntegrityError:
+        holder = effect_holder(attempt.tool_name, claimed) if effect else None
+        if holder is None or holder == attempt.attempt_id:
+            raise
+        raise EffectClaimed(attempt, claimed, holder) from None
+    if not done:
         if granted:
             # The compare-and-set does not say which condition failed: a read does, and only
             # on this rare path.

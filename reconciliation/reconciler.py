@@ -1172,21 +1172,26 @@ class Reconciler:
                 increments=lookup_increment,
             )
             return
-        self._move(
-            attempt,
-            State.OUTCOME_CONFIRMED,
-            reason="sent and confirmed by lookup"
-            if from_send
-            else "found by lookup, payload matches",
-            details=details,
-            fields={
-                "provider_request_id": answer.provider_request_id,
-                "result_ref": answer.result_ref or f"lookup:{answer.provider_request_id}",
-                "review_reason": "",
-            },
-            increments=lookup_increment,
-            next_check_at=None,
-        )
+        try:
+            self._move(
+                attempt,
+                State.OUTCOME_CONFIRMED,
+                reason="sent and confirmed by lookup"
+                if from_send
+                else "found by lookup, payload matches",
+                details=details,
+                fields={
+                    "provider_request_id": answer.provider_request_id,
+                    "result_ref": answer.result_ref or f"lookup:{answer.provider_request_id}",
+                    "review_reason": "",
+                },
+                increments=lookup_increment,
+                next_check_at=None,
+            )
+        except states.EffectClaimed as claim:
+            # The answer names an effect another attempt claimed: never a second confirmation.
+            self._effect_claimed(claim, summary, details, increments=lookup_increment)
+            return
         summary.outcomes["confirmed"] += 1
 
     def _after_send(
@@ -1237,13 +1242,17 @@ class Reconciler:
             return
         if answer.status == SendStatus.ACCEPTED and answer.provider_request_id:
             if not attempt.provider_request_id:
-                self._move(
-                    attempt,
-                    None,
-                    action="attempt.provider_request_attached",
-                    fields={"provider_request_id": answer.provider_request_id},
-                    keep_lease=True,
-                )
+                try:
+                    self._move(
+                        attempt,
+                        None,
+                        action="attempt.provider_request_attached",
+                        fields={"provider_request_id": answer.provider_request_id},
+                        keep_lease=True,
+                    )
+                except states.EffectClaimed as claim:
+                    self._effect_claimed(claim, summary, details)
+                    return
         confirmation = result.confirmation
         if confirmation is not None:
             details["lookup"] = confirmation.as_details()
@@ -1315,6 +1324,25 @@ class Reconciler:
             fields={"review_reason": review_reason},
             increments=increments,
             next_check_at=None,
+        )
+        summary.outcomes["manual_review"] += 1
+
+    def _effect_claimed(
+        self,
+        claim: states.EffectClaimed,
+        summary: Summary,
+        details: dict[str, Any],
+        *,
+        increments: dict[str, int] | None = None,
+    ) -> None:
+        """The provider's answer names an effect another attempt claimed: the ledger's one
+        decision for that (``ledger.effect_claimed``), with this worker's lease released."""
+        ledger.effect_claimed(
+            claim,
+            actor=self.actor,
+            details=details,
+            fields={"lease_owner": "", "lease_until": None},
+            increments=increments,
         )
         summary.outcomes["manual_review"] += 1
 

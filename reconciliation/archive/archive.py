@@ -82,6 +82,7 @@ class Written:
     tool_name: str
     idempotency_key: str
     provider_request_id: str
+    result_ref: str
     state: str
     chain_length: int
     chain_head: str
@@ -376,6 +377,7 @@ def _written(attempt: Attempt, erasure_requests: int) -> Written:
         tool_name=attempt.tool_name,
         idempotency_key=attempt.idempotency_key,
         provider_request_id=attempt.provider_request_id,
+        result_ref=attempt.result_ref,
         state=attempt.state,
         chain_length=attempt.chain_length,
         chain_head=attempt.chain_head,
@@ -457,6 +459,7 @@ def _remove(archive: Archive, batch: list[Written], *, now: dt.datetime) -> tupl
                 tool_name=w.tool_name,
                 idempotency_key=w.idempotency_key,
                 provider_request_id=w.provider_request_id,
+                result_ref=w.result_ref,
                 state=w.state,
                 chain_length=w.chain_length,
                 chain_head=w.chain_head,

@@ -26,7 +26,15 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 
-from attempts.models import Attempt, AttemptEvent, Checkpoint, Tenant
+from attempts.models import (
+    Attempt,
+    AttemptEvent,
+    Checkpoint,
+    ProviderEffect,
+    RecordedKey,
+    Tenant,
+    key_digest,
+)
 from attempts.verify_export import LogTrust, VerifierKey, check_archive
 from reconciliation.archive.record import ATTEMPT_COLUMNS, EVENT_COLUMNS, from_line
 from reconciliation.archive.store import Store
@@ -107,6 +115,38 @@ def restore(
     )
 
 
+def _index(fresh: list[dict[str, Any]]) -> None:
+    """The restored attempts' keys and provider effects in the scratch database's permanent
+    indexes, as the ledger's write path would have put them, so a key replayed there is
+    answered by its restored attempt and never recorded twice. What an index already holds
+    (loaded before, from an earlier restore) is kept as it is."""
+    RecordedKey.objects.bulk_create(
+        [
+            RecordedKey(
+                key_digest=key_digest(a["idempotency_key"]),
+                tenant_id=a["tenant"],
+                tool_name=a["tool_name"],
+                args_hash=a["args_hash"],
+                attempt_id=a["attempt_id"],
+            )
+            for a in (r["attempt"] for r in fresh)
+        ],
+        ignore_conflicts=True,
+    )
+    ProviderEffect.objects.bulk_create(
+        [
+            ProviderEffect(
+                tool_name=a["tool_name"],
+                provider_request_id=a["provider_request_id"],
+                attempt_id=a["attempt_id"],
+            )
+            for a in (r["attempt"] for r in fresh)
+            if a.get("provider_request_id")
+        ],
+        ignore_conflicts=True,
+    )
+
+
 def load(
     *,
     store: Store,
@@ -163,6 +203,7 @@ def load(
                 AttemptEvent(attempt=row, **from_line(EVENT_COLUMNS, e)) for e in record["events"]
             )
             loaded += 1
+        _index(fresh)
         by_id = dict(
             Attempt.objects.filter(
                 attempt_id__in=[r["attempt"]["attempt_id"] for r in fresh]

@@ -49,7 +49,8 @@ def settled_attempt(world, *, key: str = "erase:acme:1", tool: str = "update_crm
         world, key, tool=tool, args={"to": SECRET, "amount": 12}, task="task-erase"
     )
     attempt, _ = ledger.claim_dispatch(attempt, actor=world.agent)
-    attempt = ledger.attach_provider_request(attempt, "req-erase-1", actor=world.agent)
+    # One provider effect per attempt (protocol section 7, invariant 12).
+    attempt = ledger.attach_provider_request(attempt, f"req-{key}", actor=world.agent)
     review.add_note(attempt, user=world.operator, text=NOTE)
     ledger.fail(attempt, reason=REFUSAL, retryable=False, actor=world.agent)
     return Attempt.objects.get(pk=attempt.pk)
