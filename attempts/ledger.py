@@ -27,6 +27,7 @@ from attempts.models import (
     ApprovalPolicy,
     ArchivedAttempt,
     Attempt,
+    ProviderEffect,
     RecordedKey,
     State,
     Tenant,
@@ -668,6 +669,11 @@ def confirm(
     if current.state not in (State.DISPATCHED, State.UNKNOWN):
         raise StateConflict(f"cannot confirm an attempt in {current.state}", attempt=current)
     fields: dict[str, Any] = {"result_ref": result_ref, "review_reason": ""}
+    if not provider_request_id and not current.provider_request_id:
+        # Confirmed by its receipt alone: the receipt names the effect (docs/api.md).
+        claim = receipt_claim(current, result_ref)
+        if claim is not None:
+            raise _claimed_refusal(effect_claimed(claim, actor=actor, details=evidence or {}))
     if provider_request_id:
         if current.provider_request_id and current.provider_request_id != provider_request_id:
             raise StateConflict(
@@ -751,6 +757,24 @@ def effect_claimed(
                 details={"effect_contested": {**effect, "contested_by": attempt.attempt_id}},
             )
     return moved
+
+
+def receipt_claim(attempt: Attempt, result_ref: str) -> states.EffectClaimed | None:
+    """Whether a receipt that confirms ``attempt`` without a provider request id names a
+    provider effect another attempt of its tool claimed: the receipt itself, or what follows
+    its scheme (``receipt:<id>``, ``lookup:<id>``), is that effect's id. Asked by every
+    confirm made without an id (the agent's, a reviewer's); one indexed read."""
+    names = {result_ref}
+    _, colon, rest = result_ref.partition(":")
+    if colon and rest:
+        names.add(rest)
+    held = (
+        ProviderEffect.objects.filter(tool_name=attempt.tool_name, provider_request_id__in=names)
+        .exclude(attempt_id=attempt.attempt_id)
+        .values_list("provider_request_id", "attempt_id")
+        .first()
+    )
+    return states.EffectClaimed(attempt, *held) if held else None
 
 
 def _claimed_refusal(attempt: Attempt) -> StateConflict:
@@ -932,13 +956,14 @@ def _send_then_claim(attempt: Attempt, send: Callable[[Attempt], SendResult], ac
 def _next_link_key(original: Attempt) -> str:
     """``<root key>~r<n>`` for the n-th link of a lineage. A lineage is a chain (a superseded
     attempt is terminal, so it has one link at most); the name comes from the original's own key
-    and is checked free through the unique index, never by scanning keys."""
+    and is checked free through the permanent key index, never by scanning keys."""
     root_key, n = original.idempotency_key, 1
     if original.parent_id is not None and "~r" in root_key:
         head, _, tail = root_key.rpartition("~r")
         if tail.isdigit():
             root_key, n = head, int(tail) + 1
-    while Attempt.objects.filter(idempotency_key=f"{root_key}~r{n}").exists():
+    # Free for the life of the ledger: never used, its attempt live or archived.
+    while RecordedKey.objects.filter(key_digest=key_digest(f"{root_key}~r{n}")).exists():
         n += 1
     key = f"{root_key}~r{n}"
     if len(key) > MAX_TEXT["idempotency_key"]:

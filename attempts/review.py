@@ -22,6 +22,7 @@ from django.utils import timezone
 from attempts import authority, owners, states
 from attempts.canonical import CanonicalArgs, InvalidArguments, normalize_args
 from attempts.ledger import (
+    EFFECT_CLAIMED,
     InvalidIntent,
     LedgerError,
     NotAllowed,
@@ -31,6 +32,7 @@ from attempts.ledger import (
     _text,
     linked_fields,
     linked_preview,
+    receipt_claim,
 )
 from attempts.locking import write_transaction
 from attempts.models import (
@@ -225,6 +227,14 @@ def review_confirm(
         check_seen(current, _seen(expected_version, seen), user=user)
         if current.state not in (State.MANUAL_REVIEW, State.UNKNOWN) or current.awaiting_approval:
             raise StateConflict(f"cannot confirm an attempt in {current.state}", attempt=current)
+        claim = None if current.provider_request_id else receipt_claim(current, result_ref)
+        if claim is not None:
+            # One provider effect confirms one attempt, whoever confirms (invariant 12).
+            raise StateConflict(
+                f"{claim}: confirm it with evidence of its own effect, or mark it failed",
+                code=EFFECT_CLAIMED,
+                attempt=current,
+            )
         return states.move(
             current,
             State.OUTCOME_CONFIRMED,

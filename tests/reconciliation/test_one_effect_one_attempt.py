@@ -166,3 +166,36 @@ def test_the_same_id_under_another_tool_is_another_effect(world) -> None:
         attempt, result_ref="receipt-2", provider_request_id=EFFECT, actor=world.agent
     )
     assert confirmed.state == State.OUTCOME_CONFIRMED
+
+
+def test_a_confirm_by_a_receipt_naming_a_claimed_effect_sends_its_attempt_to_review(
+    world,
+) -> None:
+    """Confirmed without a provider request id, the receipt names the effect (docs/api.md)."""
+    first = _sent(world, "crm:acme:receipt:1")
+    ledger.confirm(first, result_ref="r-1", provider_request_id=EFFECT, actor=world.agent)
+    second = _sent(world, "crm:acme:receipt:2")
+    with pytest.raises(ledger.StateConflict) as refused:
+        ledger.confirm(second, result_ref=f"receipt:{EFFECT}", actor=world.agent)
+    assert refused.value.code == EFFECT_CLAIMED
+    _assert_linked(first, second)
+
+
+def test_a_reviewer_cannot_confirm_an_attempt_by_another_attempts_effect(world) -> None:
+    from attempts import review
+
+    first = _sent(world, "crm:acme:review:1")
+    ledger.confirm(first, result_ref="r-1", provider_request_id=EFFECT, actor=world.agent)
+    second = _sent(world, "crm:acme:review:2")
+    second = ledger.mark_unknown(second, reason="timeout", actor=world.agent)
+    with pytest.raises(ledger.StateConflict) as refused:
+        review.review_confirm(
+            second, user=world.reviewer, result_ref=f"lookup:{EFFECT}", evidence="saw it"
+        )
+    assert refused.value.code == EFFECT_CLAIMED
+    assert ledger.get_attempt(second.attempt_id).state == State.UNKNOWN
+    # Evidence of an effect of its own is a reviewer's to accept.
+    confirmed = review.review_confirm(
+        second, user=world.reviewer, result_ref="ticket-77", evidence="its own effect"
+    )
+    assert confirmed.state == State.OUTCOME_CONFIRMED
