@@ -3,7 +3,8 @@
 Builds a fresh SQLite ledger under var/bench/, starts the demo provider for the healthy tool and
 four misbehaving providers (tests/reconciliation/bad_provider.py, real processes on 127.0.0.1):
 one trickling its answer a byte a second, one black hole, one answering 429 with
-``Retry-After``, one answering 30 MB. A real ``manage.py reconcile`` loop runs throughout. In the
+``Retry-After``, one answering 30 MB; or (``--modes framings``) four trickles, one per answer
+framing: ``Content-Length`` with ``Connection: close``, HTTP/1.0, close-delimited, chunked. A real ``manage.py reconcile`` loop runs throughout. In the
 same run it measures, for ``--healthy`` UNKNOWN attempts of the healthy tool made due one after
 another (the provider holds each effect, so each is confirmed by its lookup), the time from due
 to OUTCOME_CONFIRMED:
@@ -17,6 +18,7 @@ phases), so both sample the whole of the worker's polling cycle (``--interval``)
 median and 95th percentile of both and their ratio. Target: at most 1.5x.
 
 Usage: .venv/bin/python bench/providers.py [--healthy 30] [--bad 40] [--timeout 2] [--interval 0.1]
+       [--modes trickle,blackhole,ratelimit,huge | --modes framings]
 """
 
 from __future__ import annotations
@@ -38,6 +40,10 @@ from bench.reconcile import _post, _setup_django, _start_provider, _unknown_atte
 from bench.soak import stop_processes  # noqa: E402
 
 BAD_MODES = ("trickle", "blackhole", "ratelimit", "huge")
+# Trickles in every answer framing (each cut at the whole-call deadline by the transport):
+# Content-Length with Connection: close, HTTP/1.0, close-delimited, chunked.
+FRAMING_MODES = ("trickle_close", "trickle_http10", "trickle_closedelim", "trickle_chunked")
+ALL_MODES = BAD_MODES + FRAMING_MODES
 
 
 def _start_bad(workdir: Path, mode: str) -> tuple[subprocess.Popen[bytes], int]:
@@ -122,12 +128,15 @@ def main() -> None:
     parser.add_argument(
         "--modes",
         default=",".join(BAD_MODES),
-        help=f"misbehaving providers present, comma-separated (default {','.join(BAD_MODES)})",
+        help=f"misbehaving providers present, comma-separated, among {', '.join(ALL_MODES)}, "
+        f"or 'framings' for the trickles in every framing (default {','.join(BAD_MODES)})",
     )
     options = parser.parse_args()
     modes = [m for m in options.modes.split(",") if m]
-    if not modes or set(modes) - set(BAD_MODES):
-        parser.error(f"--modes: choose among {', '.join(BAD_MODES)}")
+    if modes == ["framings"]:
+        modes = list(FRAMING_MODES)
+    if not modes or set(modes) - set(ALL_MODES):
+        parser.error(f"--modes: choose among {', '.join(ALL_MODES)} (or 'framings')")
     if options.healthy < 1 or options.bad < 1 or min(options.timeout, options.interval) <= 0:
         parser.error("--healthy, --bad, --timeout and --interval must be positive")
 

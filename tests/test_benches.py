@@ -72,6 +72,20 @@ def test_providers_bench_prints_the_healthy_tools_latency_ratio():
     assert "ratio with/alone: median" in done.stdout
 
 
+def test_providers_bench_runs_the_trickles_of_every_framing():
+    """bench/providers.py --modes framings: Content-Length with Connection: close, HTTP/1.0,
+    close-delimited and chunked trickles beside the healthy tool, short."""
+    if os.environ.get("DATABASE_URL"):
+        pytest.skip("bench/providers.py measures on SQLite: runs once, on the SQLite pass")
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    done = _run(
+        "bench/providers.py", "--healthy", "4", "--bad", "4", "--modes", "framings", env=env
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "trickle_closedelim" in done.stdout and "trickle_chunked" in done.stdout
+    assert "ratio with/alone: median" in done.stdout
+
+
 def test_verify_bench_verifies_a_ledger_loaded_as_the_write_path_writes_it(tmp_path):
     """bench/verify.py, short: its loader's ledger verifies (verify_audit says OK with one job
     and with two), and it prints the ratios against the write path and a bare SHA-256 loop."""

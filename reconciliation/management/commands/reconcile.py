@@ -12,9 +12,8 @@ from typing import Any
 
 from django.conf import settings
 from django.core import checks
-from django.core.checks import Tags
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DatabaseError, close_old_connections
+from django.db import DatabaseError, InterfaceError, OperationalError, close_old_connections
 
 from attempts import chain, counts, locking
 from attempts import log as tlog
@@ -48,6 +47,11 @@ class Command(BaseCommand):
         "breaches and deliver notifications from the outbox. Runs in a loop until SIGTERM (or "
         "once with --once). Safe to run on many machines at once."
     )
+
+    # The system checks run in handle(), where a database that cannot be opened yet (an
+    # unwritable SQLite folder, as an unreachable PostgreSQL) is waited for, not a traceback:
+    # on SQLite the model checks open the database.
+    requires_system_checks: list[str] = []
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
@@ -113,13 +117,6 @@ class Command(BaseCommand):
             restarts=max(0, options["restarts"]),
             last_exit=options["last_exit"],
         )
-        # The checks that read the database (an owner for attention work, reconcilable tools)
-        # matter here, where attempts are moved to people: warnings are printed, not fatal.
-        self._startup_checks()
-        tune_worker_process()
-        logs.skip_unused_record_fields()  # this process logs a line per settled attempt
-        logs.warnings_as_log_lines()
-        self.notify = None if options["no_notify"] else NotifyStep()
         stop = threading.Event()
         previous = {
             sig: signal.signal(sig, lambda *_: stop.set())
@@ -127,7 +124,17 @@ class Command(BaseCommand):
         }
         started = time.monotonic()
         try:
-            if options["once"]:
+            # The checks that read the database (an owner for attention work, reconcilable
+            # tools) matter here, where attempts are moved to people: warnings are printed,
+            # not fatal. A database that cannot be opened yet is waited for.
+            self._checks_when_the_database_opens(stop, options["interval"], once=options["once"])
+            tune_worker_process()
+            logs.skip_unused_record_fields()  # this process logs a line per settled attempt
+            logs.warnings_as_log_lines()
+            self.notify = None if options["no_notify"] else NotifyStep()
+            if stop.is_set():
+                total = Summary()
+            elif options["once"]:
                 try:
                     try:
                         total = reconciler.run_once(stop=stop)
@@ -242,15 +249,34 @@ class Command(BaseCommand):
     def _json(self) -> bool:
         return settings.LOGGING["handlers"]["console"]["formatter"] == "json"
 
+    def _checks_when_the_database_opens(
+        self, stop: threading.Event, interval: float, *, once: bool
+    ) -> None:
+        """The system checks, once the database can be opened: until then (an unwritable
+        SQLite folder, an unreachable server) say so and try again every ``interval`` seconds,
+        as the loop does when the database goes away later (``--once`` fails at once)."""
+        while not stop.is_set():
+            try:
+                self._startup_checks()
+                return
+            except (OperationalError, InterfaceError) as exc:
+                if once:
+                    raise CommandError(f"the database cannot be opened: {exc}") from exc
+                self._say(
+                    f"the database cannot be opened yet, retrying in {interval}s: "
+                    f"{type(exc).__name__}: {exc}",
+                    event="worker.database_away",
+                    level=logging.ERROR,
+                    error=type(exc).__name__,
+                )
+                self._reconnect()
+                stop.wait(interval)
+
     def _startup_checks(self) -> None:
         if not self._json():
-            self.check(tags=[Tags.database], databases=["default"], display_num_errors=False)
+            self.check(databases=["default"], display_num_errors=False)
             return
-        found = [
-            m
-            for m in checks.run_checks(tags=[Tags.database], databases=["default"])
-            if not m.is_silenced()
-        ]
+        found = [m for m in checks.run_checks(databases=["default"]) if not m.is_silenced()]
         for message in found:
             self._say(
                 f"{message.id}: {message.msg}",

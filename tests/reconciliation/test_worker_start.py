@@ -1,0 +1,66 @@
+"""The worker waits for a SQLite database it cannot open yet, as it does for an unreachable
+PostgreSQL: it says so and tries again, with no traceback, and starts working as soon as the
+database opens (issue 40). A real ``manage.py reconcile`` process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import time
+from pathlib import Path
+
+from tests.conftest import PYTHON, REPO
+
+
+def _env(path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    env.update(
+        LEDGERWEB_SQLITE_PATH=str(path),
+        DJANGO_SETTINGS_MODULE="ledgerweb.settings",
+        PYTHONPATH=str(REPO),
+    )
+    return env
+
+
+def test_the_worker_waits_at_start_for_a_sqlite_folder_it_cannot_open(tmp_path: Path) -> None:
+    folder = tmp_path / "ledger-folder"
+    folder.write_text("not a folder: the database file cannot be created under it")
+    database = folder / "ledger.sqlite3"
+    env = _env(database)
+    worker = subprocess.Popen(
+        [PYTHON, "manage.py", "reconcile", "--interval", "0.3", "--worker-id", "waits"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(3.0)
+        assert worker.poll() is None, worker.communicate()
+        # The folder becomes usable (a volume mounted, permissions fixed) and is migrated.
+        folder.unlink()
+        folder.mkdir()
+        migrated = subprocess.run(
+            [PYTHON, "manage.py", "migrate", "-v0"], cwd=REPO, env=env, capture_output=True
+        )
+        assert migrated.returncode == 0, migrated.stderr
+        deadline = time.monotonic() + 30
+        while True:
+            assert worker.poll() is None, worker.communicate()
+            with sqlite3.connect(database) as db:
+                beats = db.execute(
+                    "SELECT count(*) FROM reconciliation_workerheartbeat WHERE worker_id = 'waits'"
+                ).fetchone()[0]
+            if beats:
+                break
+            assert time.monotonic() < deadline, "the worker never started once it could"
+            time.sleep(0.2)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        out, err = worker.communicate(timeout=30)
+    assert worker.returncode == 0, err
+    assert "the database cannot be opened yet, retrying" in err
+    assert "Traceback" not in err and "Traceback" not in out
