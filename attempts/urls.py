@@ -63,6 +63,8 @@ urlpatterns = [
     path("audit/", exports.audit_exports, name="audit_exports"),
     path("audit/export.<str:fmt>", exports.audit_download, name="audit_download"),
     path("audit/config/", config_changes.config_history, name="config_history"),
+    path("audit/log/", exports.log_page, name="audit_log"),
+    path("audit/verify_export.py", exports.verifier_script, name="audit_verifier_script"),
     path("audit/report/", exports.report_lookup, name="audit_report_lookup"),
     path("audit/report/<str:attempt_id>/", exports.attempt_report, name="audit_report"),
 ]

@@ -4,6 +4,7 @@ logical effect across its lineage. Reviewers and admins only, always within thei
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
@@ -273,3 +274,49 @@ def report_lookup(request: HttpRequest) -> HttpResponse:
             "give an attempt id (letters, digits, _ and -, at most 32)", content_type="text/plain"
         )
     return redirect("audit_report", attempt_id=attempt_id)
+
+
+@require_GET
+@refuse_politely
+def log_page(request: HttpRequest) -> HttpResponse:
+    """The transparency log for an operator or an auditor: the newest signed checkpoint, who
+    cosigned it and when, the verifier key to copy, and how to check an export with the
+    standalone verifier (a link that downloads it)."""
+    _allowed_tenants(request)  # reviewers and admins, as the exports
+    signed = log.newest_signed()
+    cosigners = []
+    if signed is not None:
+        cosigners = list(
+            signed.signatures.filter(kind="witness").order_by("name").values("name", "created_at")
+        )
+    try:
+        keys = [str(key) for key in log.verifier_keys()]
+    except log.LogKeyError as exc:
+        keys, key_problem = [], str(exc)
+    else:
+        key_problem = ""
+    return render(
+        request,
+        "attempts/log.html",
+        {
+            "signed": signed,
+            "note": log.signed_note(signed) if signed else None,
+            "cosigners": cosigners,
+            "keys": keys,
+            "key_problem": key_problem,
+            "tlog": _log_status(),
+        },
+    )
+
+
+@require_GET
+@refuse_politely
+def verifier_script(request: HttpRequest) -> HttpResponse:
+    """The standalone verifier (``verify_export.py``: standard library and ``rfc8785``), the
+    exact file this server checks with, to run where the server is not trusted."""
+    _allowed_tenants(request)
+    response = HttpResponse(
+        Path(verify_export.__file__).read_bytes(), content_type="text/x-python; charset=utf-8"
+    )
+    response["Content-Disposition"] = 'attachment; filename="verify_export.py"'
+    return response

@@ -238,3 +238,44 @@ def test_the_printable_report_carries_the_receipt(client, history, tmp_path, set
     assert verify_export.receipt_problems(receipt, [verifier]) == []
     assert receipt["inclusion_proof"][0] in text
     assert "example.test/ledger" in text and "\u2014 example.test/ledger " in text
+
+
+def test_the_log_page_explains_the_newest_checkpoint_and_how_to_check_an_export(
+    client, history, tmp_path, settings
+):
+    """An operator-facing page: the newest signed checkpoint, who cosigned it and when, the
+    verifier key to copy, and the standalone verifier to download (the very file the server
+    checks with); for reviewers and admins, as the exports."""
+    from pathlib import Path
+
+    from attempts import log
+    from attempts.models import CheckpointSignature
+
+    path = tmp_path / "log.key"
+    verifier = log.write_key_file(path, "example.test/ledger")
+    settings.TLOG = {**settings.TLOG, "KEY_FILE": str(path)}
+    login(client, "reviewer")
+    text = client.get(reverse("audit_log")).content.decode()
+    assert "No checkpoint is signed yet" in text and str(verifier) in text
+    seal_all()
+    newest = log.newest_signed()
+    CheckpointSignature.objects.create(
+        checkpoint=newest, kind="witness", name="witness.test/w1", key_id="00000000",
+        line="\u2014 witness.test/w1 AAAA\n", created_at=newest.sealed_at,
+    )  # fmt: skip
+    text = client.get(reverse("audit_log")).content.decode()
+    assert f"Checkpoint <strong>{newest.seq}</strong>" in text
+    assert f"<strong>{newest.size}</strong> sealed attempt states" in text
+    assert "Cosigned by <strong>witness.test/w1</strong>" in text
+    assert f'data-copy="{verifier}"' in text and "--log-key" in text
+    assert log.signed_note(newest).splitlines()[0] in text
+    audit = client.get(reverse("audit_exports")).content.decode()
+    assert reverse("audit_verifier_script") in audit and reverse("audit_log") in audit
+    assert "<h3>" not in audit  # headings in order: h1, then h2s
+    script = client.get(reverse("audit_verifier_script"))
+    assert script.status_code == 200 and "attachment" in script["Content-Disposition"]
+    assert script.content == Path(verify_export.__file__).read_bytes()
+    client.logout()
+    login(client, "viewer")
+    assert client.get(reverse("audit_log")).status_code == 403
+    assert client.get(reverse("audit_verifier_script")).status_code == 403
