@@ -1012,7 +1012,9 @@ class Trust:
     current one and the old ones still trusted), the witnesses' keys and their quorum, and the
     newest tree the signer remembers signing (``memory``: where, ``signed``: (size, root), or
     None when it has signed nothing there yet). ``require_signed``: with no log key
-    configured, unsigned checkpoints fail instead of being a note."""
+    configured, unsigned checkpoints fail instead of being a note. ``restored``: the database
+    is a restored copy (a backup), older than the signer's memory may be: a remembered tree
+    larger than its log is then a note, not a rollback."""
 
     log_keys: tuple[Any, ...] = ()
     witness_keys: tuple[Any, ...] = ()
@@ -1020,9 +1022,10 @@ class Trust:
     memory: str = ""
     signed: tuple[int, bytes] | None = None
     require_signed: bool = False
+    restored: bool = False
 
 
-def configured_trust(*, require_signed: bool = False) -> Trust:
+def configured_trust(*, require_signed: bool = False, restored: bool = False) -> Trust:
     """``Trust`` from the settings (``LEDGERWEB_TLOG_*``) and the signer's memory. Raises
     ``log.LogKeyError`` / ``NoteError`` for a key that is malformed or unreadable."""
     from attempts import log
@@ -1035,6 +1038,7 @@ def configured_trust(*, require_signed: bool = False) -> Trust:
         memory=str(kept[0]) if kept else "",
         signed=kept[1] if kept else None,
         require_signed=require_signed,
+        restored=restored,
     )
 
 
@@ -1161,6 +1165,12 @@ def _signer_memory(
         return
     size, root = trust.signed
     if any(s == size and r == root.hex() and seq in signed for _, seq, s, r, _ in checkpoints):
+        return
+    if trust.restored and size > max(row[2] for row in checkpoints):
+        report.notes.append(
+            f"the log's signer has since signed a tree of {size} leaves: this restored copy is "
+            "older, as a backup is (its own checkpoints verify with the keys)"
+        )
         return
     verifier.bad(
         "signature",

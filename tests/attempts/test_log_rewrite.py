@@ -249,3 +249,19 @@ def test_offline_a_signature_by_a_key_not_given_is_reported(signed_ledger, tmp_p
     assert "a key not given with --log-key" in done.stdout
     done = _offline(export, "--log-key", str(signed_ledger), "--log-key", str(other))
     assert done.returncode == 0, done.stdout  # an old key, given: trusted
+
+
+def test_a_restored_copy_may_be_older_than_the_signers_memory(signed_ledger):
+    """A restore drill checks a copy the signer has signed past since: with --restored that is
+    a note; without it, the same database is a rollback."""
+    import base64
+    import json
+
+    size = Checkpoint.objects.order_by("-seq").first().size
+    memory = log._signer_state_path()
+    later = {"size": size + 3, "root": base64.b64encode(bytes(32)).decode()}
+    memory.write_text(json.dumps(later))  # what the signer remembers after signing on
+    message = _broken()
+    assert "[signature]" in message and f"last signed a tree of {size + 3} leaves" in message
+    out = _run_verify("--restored")
+    assert "OK:" in out and "this restored copy is older" in out

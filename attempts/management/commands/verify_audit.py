@@ -73,6 +73,13 @@ class Command(BaseCommand):
             "says, and cosigned by the quorum of the configured witnesses",
         )
         parser.add_argument(
+            "--restored",
+            action="store_true",
+            help="the configured database is a restored copy (a restore drill, a backup being "
+            "checked): the log's signer may since have signed a larger tree than it holds, "
+            "which is then a note instead of a rollback",
+        )
+        parser.add_argument(
             "--since",
             metavar="SEQ:HASH",
             help="incremental: check only what changed after checkpoint SEQ, whose hash a "
@@ -122,7 +129,9 @@ class Command(BaseCommand):
                 try:
                     log_keys = log.verifier_keys()
                     witness_keys = [w.key for w in log.witnesses()]
-                    trust = audit_verify.configured_trust(require_signed=options["require_signed"])
+                    trust = audit_verify.configured_trust(
+                        require_signed=options["require_signed"], restored=options["restored"]
+                    )
                 except (log.LogKeyError, verify_export.NoteError) as exc:
                     raise CommandError(f"the transparency log's keys: {exc}") from None
                 report = audit_verify.verify_django_database(
