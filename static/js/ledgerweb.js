@@ -168,6 +168,14 @@
 
   document.addEventListener("click", function (event) {
     if (event.target.closest("[data-shortcuts-open]")) { openHelp(); }
+    var filters = event.target.closest("[data-filters-toggle]");
+    if (filters) {
+      var more = document.getElementById(filters.getAttribute("aria-controls"));
+      if (more) {
+        var open = more.classList.toggle("open");
+        filters.setAttribute("aria-expanded", open ? "true" : "false");
+      }
+    }
     var toggle = event.target.closest("[data-row-toggle]");
     if (toggle) {
       var group = toggle.closest("tbody");

@@ -138,3 +138,24 @@ def test_an_attempts_decisions_come_first(live_server, browser, viewport):
     if review_item.review_reason:
         assert tab.page.inner_text("[data-testid=review-why]").endswith(".")
     assert tab.no_sideways_scroll()
+
+
+def test_the_overviews_tiles_fit_one_row_and_a_phones_queue_shows_rows_first(live_server, browser):
+    """At 1,280 px the overview's tiles stand in one row (the sixth wrapped alone); on a phone
+    the queue's filters fold behind one button, so the first row is on the first screen."""
+    _busy_world()
+    tab = Tab(browser, live_server.url, viewport=LAPTOP)
+    tab.login("reviewer")
+    tab.goto("/")
+    tops = tab.page.evaluate(
+        "Array.from(document.querySelectorAll('.tiles .tile')).map(t => t.getBoundingClientRect().top)"
+    )
+    assert len(tops) >= 6 and len(set(tops)) == 1, tops
+    phone = Tab(browser, live_server.url, viewport=PHONE)
+    phone.login("reviewer")
+    phone.goto("/queues/all/")
+    first = phone.page.locator("tr[data-row]").first.bounding_box()
+    assert first["y"] < PHONE["height"], first
+    phone.page.click("[data-filters-toggle]")
+    assert phone.page.locator("select[name=tenant]").is_visible()
+    assert phone.no_sideways_scroll()
