@@ -50,8 +50,11 @@ WITNESS_NAME = "witness.test/failover"
 UNSETTLED = ("INTENT_RECORDED", "DISPATCHED", "UNKNOWN", "FAILED_RETRYABLE")
 
 
+STARTED = time.monotonic()
+
+
 def say(message: str) -> None:
-    print(f"failover: {message}", flush=True)
+    print(f"failover: {time.monotonic() - STARTED:6.1f}s {message}", flush=True)
 
 
 class Server:
@@ -255,6 +258,7 @@ class Round:
     witness_status: str = ""
     witness_message: str = ""
     signer_refusals: int = 0
+    confirmed_after_promotion: int = 0
     unsettled: dict[str, int] = field(default_factory=dict)
     warned: bool | None = None
     without_primary_seconds: float = 0.0
@@ -272,6 +276,7 @@ class Round:
             f"{self.acknowledged_moves}",
             f"standby held back before kill    {self.lag:.1f} s",
             f"seconds without a primary        {self.without_primary_seconds:.1f}",
+            f"calls confirmed after promotion  {self.confirmed_after_promotion}",
             f"errors seen by agents            {self.errors or '{}'}",
             f"check --deploy warned (W045)     {self.warned}",
             f"LOST acknowledged writes         {self.lost}  (intents {len(self.lost_intents)}, "
@@ -283,7 +288,7 @@ class Round:
             f"signer refused to sign (fork)    {self.signer_refusals} time(s)",
             f"unsettled outside MANUAL_REVIEW  {sum(self.unsettled.values())} {self.unsettled or ''}",
             f"verify_audit                     {'passes' if self.verify_ok else 'FAILS'}",
-        ]
+        ] + ([] if self.verify_ok else [f"  {self.verify_output[-600:]}"])
 
 
 class Failover(Soak):
@@ -313,7 +318,9 @@ class Failover(Soak):
             "ledger_log", "genkey", "--out", self.env["LEDGERWEB_TLOG_KEY_FILE"]
         ).stdout.split()[-1]
         self.start_witness(verifier)
+        say("migrating")
         self.manage("migrate", "--no-input", "-v", "0")
+        say("starting the provider, gunicorn and two workers")
         self.spawn("demo_provider")
         self.manage("seed_demo", "--provider-url", f"http://127.0.0.1:{self.provider_port}")
         self.token = self.manage(
@@ -351,11 +358,11 @@ class Failover(Soak):
 
     # -- agents -------------------------------------------------------------------------------
 
-    def run_agents(self, prefix: str, seconds: float, acks: Acks) -> None:
+    def run_agents(self, prefix: str, stop: threading.Event, acks: Acks) -> None:
+        """Agent threads calling the API until ``stop`` is set; each call runs to its end."""
         from ledgerweb_client import LedgerClient, LedgerError, LedgerUnavailable
 
         base = f"http://127.0.0.1:{self.web_port}"
-        stop_at = time.monotonic() + seconds
 
         def repeat(call):
             """A ledger call, repeated while the ledger is unavailable (every call is
@@ -372,7 +379,7 @@ class Failover(Soak):
         def agent(n: int) -> None:
             client = LedgerClient(base, self.token, timeout=10)
             i = 0
-            while time.monotonic() < stop_at:
+            while not stop.is_set():
                 i += 1
                 tool = ("update_crm", "open_ticket", "charge_card")[i % 3]
                 key = f"{prefix}:{n}:{i}"
@@ -409,7 +416,7 @@ class Failover(Soak):
         for thread in threads:
             thread.start()
         for thread in threads:
-            thread.join(timeout=seconds + 60)
+            thread.join(timeout=120)
 
     # -- one round ----------------------------------------------------------------------------
 
@@ -423,7 +430,8 @@ class Failover(Soak):
             result.warned = "attempts.W045" in check.stdout + check.stderr
         acks = Acks()
         seconds = self.failover_options.seconds
-        agents = threading.Thread(target=self.run_agents, args=(mode, seconds * 2, acks))
+        stop = threading.Event()
+        agents = threading.Thread(target=self.run_agents, args=(mode, stop, acks))
         agents.start()
         time.sleep(seconds)
         result.checkpoint_before = int(
@@ -435,10 +443,18 @@ class Failover(Soak):
         self.pair.hold_back(self.failover_options.lag)
         say(f"{mode}: SIGKILL the primary mid-run, promote the standby")
         result.without_primary_seconds = self.pair.fail_over(standby)
+        before = sum(1 for moves in list(acks.moves.values()) if "OUTCOME_CONFIRMED" in moves)
+        time.sleep(seconds)  # the agents go on against the new primary
+        stop.set()
         agents.join()
+        after = sum(1 for moves in list(acks.moves.values()) if "OUTCOME_CONFIRMED" in moves)
+        result.confirmed_after_promotion = after - before
         result.errors = dict(acks.errors)
+        say(f"{mode}: agents done; recovery settles the rest")
         result.unsettled = self.settle(self.failover_options.drain)
+        say(f"{mode}: counting")
         self.count(result, acks, refusals_before)
+        say(f"{mode}: counted")
         return result
 
     def settle(self, seconds: float) -> dict[str, int]:
@@ -508,8 +524,11 @@ class Failover(Soak):
                 break
             if result.witness_status == "refused" or time.monotonic() > deadline + 15:
                 break
+            if self.signer_refusals() > refusals_before:
+                break  # a forked log: nothing new is signed, so nothing reaches the witness
             time.sleep(0.5)
         result.signer_refusals = self.signer_refusals() - refusals_before
+        say(f"{result.mode}: verify_audit")
         verify = self.manage("verify_audit", check=False)
         result.verify_ok = verify.returncode == 0
         result.verify_output = (verify.stdout + verify.stderr)[-2000:]
@@ -564,7 +583,7 @@ def main(argv: list[str] | None = None) -> int:
     ok = sync.lost == 0 and not sync.duplicates and sync.verify_ok
     ok = ok and sync.checkpoint_after > sync.checkpoint_before and bool(rounds[1].warned)
     ok = ok and sync.witness_status == "ok" and sync.witnessed_after > sync.witnessed_before
-    ok = ok and sync.signer_refusals == 0
+    ok = ok and sync.signer_refusals == 0 and sync.confirmed_after_promotion > 0
     print(json.dumps({r.mode: {"lost": r.lost, "duplicates": len(r.duplicates)} for r in rounds}))
     return 0 if ok else 1
 

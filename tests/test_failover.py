@@ -86,6 +86,8 @@ def test_a_failover_under_load_loses_no_acknowledged_write_with_a_synchronous_st
     sync, asynchronous = failover.run(failover.parse(["--seconds", "3", "--drain", "30"]))
 
     assert sync.acknowledged_intents > 0 and sync.acknowledged_moves > 0
+    # The agents' calls went on through the same multi-host URL to the new primary.
+    assert sync.confirmed_after_promotion > 0
     assert sync.lost_intents == [] and sync.lost_moves == []
     assert sync.duplicates == []
     assert sync.unsettled == {}
