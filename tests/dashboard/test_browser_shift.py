@@ -265,7 +265,11 @@ def _every_page(world) -> list[tuple[str, str]]:
         ("reviewer", f"/attempts/{awaiting.attempt_id}/"),
         ("reviewer", f"/attempts/{awaiting.attempt_id}/approve/"),
         ("reviewer", "/settings/"),
+        ("reviewer", "/approvals/"),
+        ("reviewer", "/approvals/?tab=all"),
         ("reviewer", "/audit/"),
+        ("reviewer", "/audit/config/"),
+        ("reviewer", "/audit/log/"),
         ("reviewer", f"/audit/report/{review_item.attempt_id}/"),
         ("operator", "/audit/"),  # 403
         ("reviewer", "/attempts/att_missing/"),  # 404
@@ -273,8 +277,10 @@ def _every_page(world) -> list[tuple[str, str]]:
     ]
 
 
-@pytest.mark.parametrize("dark", [False, True], ids=["light", "dark"])
-def test_axe_finds_nothing_serious_on_any_page(live_server, browser, dark):
+@pytest.mark.parametrize(
+    ("dark", "width"), [(False, 1280), (False, 390), (True, 1280)], ids=["light", "phone", "dark"]
+)
+def test_axe_finds_nothing_serious_on_any_page(live_server, browser, dark, width):
     if not AXE.exists():
         pytest.skip("axe-core is not installed (scripts/setup runs npm ci)")
     world = make_world()
@@ -283,7 +289,8 @@ def test_axe_finds_nothing_serious_on_any_page(live_server, browser, dark):
     found = {}
     for who, path in pages:
         if who not in tabs:
-            tabs[who] = Tab(browser, live_server.url, dark=dark, axe=True)
+            viewport = {"width": width, "height": 844 if width < 600 else 800}
+            tabs[who] = Tab(browser, live_server.url, viewport=viewport, dark=dark, axe=True)
             if who:
                 tabs[who].login(who)
         tab = tabs[who]
