@@ -165,6 +165,9 @@ def test_a_signed_click_approves_once_and_the_message_says_who(world, posted, fa
 
 def test_a_forged_a_stale_and_a_replayed_click_are_refused_and_change_nothing(posted, fake_slack):
     before = unchanged(posted)
+    body = click_body("U0REVIEW", slack.APPROVE, button(posted))
+    unsigned = Client().post(URL, body, "application/x-www-form-urlencoded")
+    assert unsigned.status_code == 401 and "no Slack signature" in unsigned.json()["text"]
     forged = click("U0REVIEW", posted, secret="not-the-signing-secret")
     assert forged["status"] == 401 and "signature does not match" in forged["text"]
     stale = click("U0REVIEW", posted, timestamp=int(time.time()) - 6 * 60)
