@@ -15,10 +15,12 @@ class Actor:
     kind: str
     name: str
     user_id: int | None = None
+    # An agent token's issuer (username; empty when none): a recorder of what the token records.
+    issuer: str = ""
 
     @classmethod
-    def agent(cls, name: str) -> Actor:
-        return cls(ActorKind.AGENT, name)
+    def agent(cls, name: str, *, issuer: str = "") -> Actor:
+        return cls(ActorKind.AGENT, name, issuer=issuer or "")
 
     @classmethod
     def worker(cls, name: str) -> Actor:

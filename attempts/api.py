@@ -329,7 +329,7 @@ def _scoped_attempt(token: AgentIdentity, attempt_id: str) -> Attempt:
 
 
 def _actor(token: AgentIdentity) -> Actor:
-    return Actor.agent(token.name)
+    return Actor.agent(token.name, issuer=token.issuer)
 
 
 def _log(event: str, attempt: Attempt, token: AgentIdentity, **fields: Any) -> None:

@@ -31,7 +31,6 @@ from attempts import chain, states
 from attempts.ledger import AttemptNotFound, InvalidIntent, NotAllowed, StateConflict, _text
 from attempts.locking import write_transaction
 from attempts.models import (
-    Approval,
     Attempt,
     AttemptEvent,
     ErasureRequest,
@@ -244,13 +243,10 @@ def _erase(
         private_keys.update(private)
         texts += bool(event.reason)
         AttemptEvent.objects.filter(pk=event.pk).update(reason=ERASED_TEXT, details=public)
-    comments = Approval.objects.filter(attempt=attempt).exclude(comment="").update(comment="")
     fields = ["args", "salt"]
     if texts:
         fields.append("reason")
     fields += [f"details.{key}" for key in sorted(private_keys)]
-    if comments:
-        fields.append("approval comments")
     # The erasure's own event is committed with the new salt (its reason is free text too).
     salt = chain.new_salt()
     attempt.args_salt = salt

@@ -396,7 +396,9 @@ def _held_fields(tenant: str, tool_name: str, args: Any) -> dict[str, Any]:
                 "approvals_needed": policy.approvals_for(tool_name),
                 "wait_until": (now + policy.max_wait).isoformat(),
                 **decided,
-            }
+            },
+            # In the clear: what the verifiers check this hold's release against.
+            "hold": policy.hold_record(tool_name),
         },
     }
 
@@ -558,6 +560,7 @@ def void_approvals(
         reason="approvals expired or no longer valid before the claim; waiting again",
         details={
             "approval": {"policy": policy.name, "policy_version": policy.version},
+            "hold": policy.hold_record(current.tool_name),
             **verdict.as_dict(),
         },
         fields=fields,

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import rfc8785
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import RegexValidator
@@ -59,8 +60,12 @@ ATTENTION_STATES = (State.UNKNOWN, State.MANUAL_REVIEW)
 OWNED_STATES = (State.MANUAL_REVIEW, State.AWAITING_APPROVAL)
 # Sent or about to be sent by an agent that may still be at work: stale after STALE_AFTER.
 IN_FLIGHT_STATES = (State.INTENT_RECORDED, State.DISPATCHED)
-# A reviewer's approval of a linked attempt or retry (recorded without a move).
+# One person's approval, of a held intent or of a linked attempt or retry (recorded without a
+# move): the only record an approval check reads (``Attempt.approval_verdicts``).
 APPROVAL_ACTION = "attempt.approval"
+# The ``kind`` of an approval event of a held intent (bound to args_hash, policy version and
+# an expiry); the others (linked_retry, linked_attempt) approve an attempt in review.
+HELD_APPROVAL_KINDS = ("held", "edit_and_approve")
 # Field-only events that change what an operator decides on (an open form is stale after one).
 DECISIVE_ACTIONS = (
     "attempt.owner_changed",
@@ -574,6 +579,25 @@ class ApprovalPolicy(models.Model):
             by_tool = Tool(critical=critical).approvals_needed
         return max(self.approvals_needed, by_tool)
 
+    def approver_rule_digest(self) -> str:
+        """SHA-256 (RFC 8785) of who may approve under this version (role and group): what a
+        hold records in the chain, so an auditor can tell which rule applied without the
+        policy table."""
+        rule = {"approver_role": self.approver_role, "approver_group": self.approver_group}
+        return hashlib.sha256(rfc8785.dumps(rule)).hexdigest()
+
+    def hold_record(self, tool_name: str, *, critical: bool | None = None) -> dict[str, Any]:
+        """What a hold (and each move that relied on approvals) records in the attempt's chain,
+        in the clear (``verify_export.PUBLIC_DETAILS``): the policy, its version, how many
+        approvals it requires and the digest of who may approve. The verifiers check the
+        approvals against it offline."""
+        return {
+            "name": self.name,
+            "version": self.version,
+            "needed": self.approvals_for(tool_name, critical=critical),
+            "approver_rule": self.approver_rule_digest(),
+        }
+
     def may_approve(self, user: Any, tenant: str, *, fresh: bool = True) -> tuple[bool, str]:
         """Whether ``user`` may approve under this policy in ``tenant``, and why not: roles and
         groups read fresh, or (``fresh=False``) as ``read_people`` read them for this request."""
@@ -914,8 +938,16 @@ class AttemptQuerySet(models.QuerySet):
             policy_version=OuterRef("approval_policy__version"),
         )
         # recorded_by is never NULL here: migration 0014 filled it for every attempt a policy
-        # held, and an intent records it since.
-        return held.filter(mine).exclude(recorded_by=user.get_username()).exclude(Exists(approved))
+        # held, and an intent records it since. Whoever issued the recording token is a
+        # recorder too (``Attempt.recorders``); rows here only choose what to list, the
+        # verdict shown on each item is read from the chain.
+        me = user.get_username()
+        return (
+            held.filter(mine)
+            .exclude(recorded_by=me)
+            .exclude(recorded_by_issuer=me)
+            .exclude(Exists(approved))
+        )
 
     def with_amount(self) -> AttemptQuerySet:
         """Annotated with ``amount_minor`` and ``amount_currency``: the amount each attempt's
@@ -1164,6 +1196,12 @@ class Attempt(models.Model):
     recorded_by = models.CharField(  # noqa: DJ001
         max_length=150, null=True, blank=True, editable=False
     )
+    # Who issued the agent token that recorded the intent (empty: not recorded through a
+    # token, or a token nobody issued): with ``recorded_by`` the recorder an approval check
+    # refuses (``recorders``); the creation event records it too (``token_issuer``).
+    recorded_by_issuer = models.CharField(
+        max_length=150, blank=True, default="", db_default="", editable=False
+    )
     send_count = models.PositiveIntegerField(default=0)
     lookup_count = models.PositiveIntegerField(default=0)
     # When recovery should next look at this attempt; NULL once it rests or is terminal.
@@ -1297,19 +1335,135 @@ class Attempt(models.Model):
         """How many distinct reviewers must approve a linked attempt or retry of this one."""
         return Tool.approvals_needed_for(self.tool_name)
 
+    def recorders(self) -> frozenset[str]:
+        """The one home of "who recorded this intent": the recorder of the lineage's original
+        intent (a person, or an agent token's name) and, for a token, whoever issued it. None
+        of them may approve, reject or correct it or a linked attempt of it (protocol invariant
+        13). A linked attempt's own creator is the person (or worker) who decided it, not its
+        recorder: an editor's approval of their correction counts."""
+        cached = self.__dict__.get("_recorders")
+        if cached is not None:
+            return cached
+        original: Attempt = self
+        for _ in range(100):  # a lineage is a few links; the bound only guards a cycle
+            if original.parent_id is None:
+                break
+            original = Attempt.objects.only(
+                "id", "parent_id", "recorded_by", "recorded_by_issuer"
+            ).get(pk=original.parent_id)
+        names = {original.recorded_by or "", original.recorded_by_issuer or ""}
+        if original.recorded_by is None:  # recorded before migration 0014: its first event says
+            first = original.events.order_by("id").values_list("actor", flat=True).first()
+            names.add(first or "")
+        self.__dict__["_recorders"] = found = frozenset(names - {""})
+        return found
+
     def approvers_since_last_move(self) -> list[str]:
-        """The one home of "which approvals count": distinct reviewers (oldest first) who
-        approved since the attempt last changed state. A move starts the count again."""
-        last_move = self.events.filter(MOVED).order_by("-id").values_list("id", flat=True).first()
-        names: list[str] = []
-        for name in (
-            self.events.filter(action=APPROVAL_ACTION, id__gt=last_move or 0)
-            .order_by("id")
-            .values_list("actor", flat=True)
-        ):
-            if name not in names:
-                names.append(name)
-        return names
+        """Distinct reviewers (oldest first) whose approval of this attempt in review counts
+        now (``approval_verdicts``)."""
+        return list(self.approval_verdict().valid)
+
+    def approval_verdict(self, now: dt.datetime | None = None) -> ApprovalVerdict:
+        """What this attempt's approvals amount to at ``now`` (``approval_verdicts`` of one)."""
+        return Attempt.approval_verdicts([self], now)[self.pk]
+
+    @classmethod
+    def approval_verdicts(
+        cls, attempts: list[Attempt], now: dt.datetime | None = None
+    ) -> dict[int, ApprovalVerdict]:
+        """The one home of "which approvals count", for every approval alike (held intents
+        and linked attempts and retries): the ``attempt.approval`` events of the attempt's own
+        chain, never rows beside it. The claim (``states.check_approvals``), the inbox, the
+        review functions and notifications ask it; the verifiers check the same rule offline
+        (``verify_export.approval_problems``).
+
+        - An attempt an approval policy holds (not in MANUAL_REVIEW): distinct people, each
+          still allowed to approve under the policy (read fresh by ``read_people``), none of
+          them its recorders, whose approval event is for the attempt's args_hash and its
+          policy's current version and has not expired at ``now``.
+        - An attempt in MANUAL_REVIEW (a linked retry or a prepared linked attempt): distinct
+          reviewers who approved since it last moved (a move starts the count again), none of
+          them its recorders; the tool's four-eyes rule says how many.
+
+        Several attempts are read at once (a page of the inbox): policies, tools, approval
+        events and approvers in a few queries."""
+        from django.contrib.auth import get_user_model
+        from django.utils import timezone
+
+        now = now or timezone.now()
+        attempts = [a for a in attempts]
+        critical = dict(
+            Tool.objects.filter(name__in={a.tool_name for a in attempts}).values_list(
+                "name", "critical"
+            )
+        )
+        names = {a.approval_policy_id for a in attempts if a.approval_policy_id}
+        policies = {p.name: p for p in ApprovalPolicy.objects.filter(name__in=names)}
+        found: dict[int, list[AttemptEvent]] = {a.pk: [] for a in attempts}
+        approvals = AttemptEvent.objects.filter(
+            attempt_id__in=list(found), action=APPROVAL_ACTION, actor_kind=ActorKind.USER
+        ).only("id", "attempt_id", "actor", "details", "created_at")
+        for event in approvals.order_by("id"):
+            found[event.attempt_id].append(event)
+        since: dict[int, int] = {}
+        for attempt in attempts:
+            if attempt.state == State.MANUAL_REVIEW and found[attempt.pk]:
+                since[attempt.pk] = (
+                    attempt.events.filter(MOVED)
+                    .order_by("-id")
+                    .values_list("id", flat=True)
+                    .first()
+                    or 0
+                )
+        usernames = {e.actor for listed in found.values() for e in listed}
+        user_model = get_user_model()
+        people = {
+            u.get_username(): u
+            for u in user_model.objects.filter(**{f"{user_model.USERNAME_FIELD}__in": usernames})
+        }
+        read_people(list(people.values()))
+        verdicts: dict[int, ApprovalVerdict] = {}
+        for attempt in attempts:
+            recorders = attempt.recorders()
+            valid: list[str] = []
+            void: list[str] = []
+            if attempt.state == State.MANUAL_REVIEW or attempt.approval_policy_id is None:
+                for event in found[attempt.pk]:
+                    if event.id > since.get(attempt.pk, 0) and event.actor not in recorders:
+                        if event.actor not in valid:
+                            valid.append(event.actor)
+                needed = Tool(critical=bool(critical.get(attempt.tool_name))).approvals_needed
+                verdicts[attempt.pk] = ApprovalVerdict(needed, tuple(valid), ())
+                continue
+            policy = policies[attempt.approval_policy_id]
+            for event in found[attempt.pk]:
+                terms = approval_terms(event.details)
+                person = people.get(event.actor)
+                counts = (
+                    terms is not None
+                    and terms["args_hash"] == attempt.args_hash
+                    and terms["policy_version"] == policy.version
+                    and terms["expires_at"] is not None
+                    and terms["expires_at"] > now
+                    and event.actor not in recorders
+                    and person is not None
+                    and person.is_active
+                    and policy.may_approve(person, attempt.tenant_id, fresh=False)[0]
+                )
+                if terms is None:
+                    continue  # a linked attempt's approval, before this attempt was held
+                if counts and event.actor not in valid:
+                    valid.append(event.actor)
+                elif not counts and event.actor not in void:
+                    void.append(event.actor)
+            void = [name for name in void if name not in valid]
+            needed = policy.approvals_for(
+                attempt.tool_name, critical=critical.get(attempt.tool_name, False)
+            )
+            verdicts[attempt.pk] = ApprovalVerdict(
+                needed, tuple(valid), tuple(void), policy.version, policy.approver_rule_digest()
+            )
+        return verdicts
 
     def last_event_id(self) -> int:
         """The id of the newest event of this attempt (0 when it has none): what a form saw."""
@@ -1447,6 +1601,7 @@ class ApprovalVerdict:
     valid: tuple[str, ...]
     void: tuple[str, ...]
     policy_version: int = 0
+    approver_rule: str = ""
 
     @property
     def enough(self) -> bool:
@@ -1461,10 +1616,34 @@ class ApprovalVerdict:
         }
 
 
+def approval_terms(details: Any) -> dict[str, Any] | None:
+    """What one held approval event approved: its args_hash, policy version and expiry (None
+    for an approval of a linked attempt in review, which binds to no policy). Events written
+    since approvals became chain-only keep the expiry in the clear (``valid_until``); older
+    ones kept it with their private details (``expires_at``), and still count."""
+    if not isinstance(details, dict) or details.get("kind") not in HELD_APPROVAL_KINDS:
+        return None
+    expires = details.get("valid_until") or details.get("expires_at")
+    try:
+        expires_at = dt.datetime.fromisoformat(expires) if isinstance(expires, str) else None
+    except ValueError:
+        expires_at = None
+    if expires_at is not None and expires_at.tzinfo is None:
+        expires_at = expires_at.replace(tzinfo=dt.UTC)
+    return {
+        "args_hash": details.get("args_hash"),
+        "policy_version": details.get("policy_version"),
+        "expires_at": expires_at,
+    }
+
+
 class Approval(models.Model):
-    """One person's approval of an attempt an approval policy held: bound to the arguments
-    (``args_hash``) and the policy ``version`` it saw, counted until ``expires_at``.
-    Append-only: a void approval stays, and a new one is a new row."""
+    """An index of held approvals (one row per ``attempt.approval`` event of a held attempt,
+    written in the same transaction): who approved which attempt, under which policy version,
+    until when, for the admin and the archives. Rows never decide: which approvals count is
+    read from the attempt's chain (``Attempt.approval_verdicts``), so a row inserted behind
+    the ledger's back releases nothing. Comments live in the event's reason only (erasure
+    redacts them there). Append-only: a void approval stays, and a new one is a new row."""
 
     attempt = models.ForeignKey(Attempt, on_delete=models.PROTECT, related_name="approvals")
     approver = models.ForeignKey(
@@ -1473,7 +1652,6 @@ class Approval(models.Model):
     args_hash = models.CharField(max_length=64)
     policy = models.ForeignKey(ApprovalPolicy, on_delete=models.PROTECT, related_name="approvals")
     policy_version = models.PositiveIntegerField()
-    comment = models.TextField(blank=True, default="")
     created_at = models.DateTimeField()
     expires_at = models.DateTimeField()
 
@@ -1483,55 +1661,6 @@ class Approval(models.Model):
 
     def __str__(self) -> str:
         return f"{self.approver_id} approved {self.attempt_id} (v{self.policy_version})"
-
-    @classmethod
-    def verdict(cls, attempt: Attempt, now: dt.datetime) -> ApprovalVerdict:
-        """What ``attempt``'s approvals amount to at ``now`` (``verdicts`` of one)."""
-        return cls.verdicts([attempt], now)[attempt.pk]
-
-    @classmethod
-    def verdicts(cls, attempts: list[Attempt], now: dt.datetime) -> dict[int, ApprovalVerdict]:
-        """The one home of "which approvals count": distinct people, each still allowed to
-        approve (read fresh), whose approval is for the attempt's args_hash and its policy's
-        current version and has not expired at ``now``. Several attempts are read at once (a
-        page of the inbox): policies, tools, approvals and approvers in a few queries."""
-        names = {a.approval_policy_id for a in attempts}
-        policies = {p.name: p for p in ApprovalPolicy.objects.filter(name__in=names)}
-        critical = dict(
-            Tool.objects.filter(name__in={a.tool_name for a in attempts}).values_list(
-                "name", "critical"
-            )
-        )
-        rows: dict[int, list[Approval]] = {a.pk: [] for a in attempts}
-        found = cls.objects.filter(attempt_id__in=list(rows)).select_related("approver")
-        for row in found.order_by("id"):
-            rows[row.attempt_id].append(row)
-        read_people([row.approver for listed in rows.values() for row in listed])
-        verdicts = {}
-        for attempt in attempts:
-            policy = policies[attempt.approval_policy_id]
-            valid: list[str] = []
-            void: list[str] = []
-            for row in rows[attempt.pk]:
-                name = row.approver.get_username()
-                counts = (
-                    row.args_hash == attempt.args_hash
-                    and row.policy_version == policy.version
-                    and row.expires_at > now
-                    and row.approver.is_active
-                    and policy.may_approve(row.approver, attempt.tenant_id, fresh=False)[0]
-                )
-                if counts and name not in valid:
-                    valid.append(name)
-                elif not counts and name not in void:
-                    void.append(name)
-            void = [name for name in void if name not in valid]
-            tool = attempt.tool_name
-            needed = policy.approvals_for(tool, critical=critical.get(tool, False))
-            verdicts[attempt.pk] = ApprovalVerdict(
-                needed, tuple(valid), tuple(void), policy.version
-            )
-        return verdicts
 
 
 class ConfigEventQuerySet(models.QuerySet):
@@ -1751,6 +1880,8 @@ class AgentIdentity:
     id: int
     name: str
     tenant_slugs: frozenset[str]
+    # The username of whoever issued the token ("" when nobody did): a recorder of its intents.
+    issuer: str = ""
 
 
 class AgentToken(models.Model):
@@ -1816,7 +1947,7 @@ class AgentToken(models.Model):
         found = rows.live_token_rows(token_hash, used_after=cutoff)
         if not found:
             return None
-        token_id, name, _, recent = found[0]
+        token_id, name, _, recent, issuer = found[0]
         if not recent:
             cls(id=token_id, name=name, token_hash=token_hash).touch()
         # A live token without tenants authenticates, and is refused by every tenant check.
@@ -1824,6 +1955,7 @@ class AgentToken(models.Model):
             id=token_id,
             name=name,
             tenant_slugs=frozenset(row[2] for row in found if row[2] is not None),
+            issuer=issuer or "",
         )
 
     def touch(self) -> None:

@@ -232,8 +232,8 @@ def drafts_for(event: AttemptEvent, attempt: Attempt) -> list[Draft]:
                 )
             )
     if event.action == APPROVAL_ACTION and attempt.state == State.MANUAL_REVIEW:
-        approved = set(attempt.approvers_since_last_move())
-        needed = attempt.approvals_needed()
+        verdict = attempt.approval_verdict()
+        approved, needed = set(verdict.valid), verdict.needed
         if len(approved) < needed:
             for person in owners.reviewers_of(attempt.tenant_id):
                 if person.get_username() in approved:
@@ -263,10 +263,10 @@ def _held_drafts(event: AttemptEvent, attempt: Attempt, key: str) -> list[Draft]
     entered = event.from_state != event.to_state and event.to_state == State.AWAITING_APPROVAL
     if not entered and event.action != APPROVAL_ACTION:
         return []
-    from attempts.models import Approval, ApprovalPolicy
+    from attempts.models import ApprovalPolicy
 
     policy = ApprovalPolicy.objects.get(pk=attempt.approval_policy_id)
-    verdict = Approval.verdict(attempt, timezone.now())
+    verdict = attempt.approval_verdict(timezone.now())
     if event.action == "attempt.approval_void":
         subject = f"[ledgerweb] Approval expired, approve again: {attempt.attempt_id}"
         what = f"The approvals of {_about(attempt)} expired before it was sent; it waits again"

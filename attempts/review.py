@@ -288,25 +288,27 @@ def _failed_with(attempt: Attempt, reason: str) -> bool:
 
 
 def _approve(current: Attempt, user: Any, kind: str, comment: str) -> tuple[bool, int]:
-    """Record one reviewer's approval; returns (enough approvals now, approvals needed)."""
+    """Record one reviewer's approval of an attempt in review, as an ``attempt.approval``
+    event of its chain (the last one too: the move that follows is checked against these
+    events by ``states``); returns (enough approvals now, approvals needed)."""
     require_role(user, current, Role.REVIEWER)
-    needed = current.approvals_needed()
-    approved_by = current.approvers_since_last_move()
-    if user.get_username() in approved_by:
+    if recorded_it(user, current):
+        raise NotAllowed(RECORDER_REFUSED)
+    verdict = current.approval_verdict()
+    if user.get_username() in verdict.valid:
         raise StateConflict(
             "you already approved this; a second, different reviewer must approve it",
             code="needs_second_reviewer",
             attempt=current,
         )
-    if len(approved_by) + 1 < needed:
-        _approval_event(
-            current,
-            user,
-            comment,
-            {"kind": kind, "approvals": len(approved_by) + 1, "needed": needed},
-        )
-        return False, needed
-    return True, needed
+    count = len(verdict.valid) + 1
+    _approval_event(
+        current,
+        user,
+        comment,
+        {"kind": kind, "approvals": count, "approvals_needed": verdict.needed},
+    )
+    return count >= verdict.needed, verdict.needed
 
 
 def _approval_event(
@@ -472,17 +474,31 @@ def _recorded_by(current: Attempt) -> str | None:
     return current.events.order_by("id").values_list("actor", flat=True).first()
 
 
+RECORDER_REFUSED = (
+    "whoever recorded an intent (or issued the agent token that recorded it) cannot approve, "
+    "reject or correct it"
+)
+
+
+def recorded_it(user: Any, attempt: Attempt) -> bool:
+    """Whether ``user`` is one of the attempt's recorders (``Attempt.recorders``: the recorder,
+    and for an agent token whoever issued it). Held intents and attempts in review alike."""
+    return user.get_username() in attempt.recorders()
+
+
 def may_decide_held(
     user: Any, attempt: Attempt, policy: ApprovalPolicy, *, fresh: bool = True
 ) -> tuple[bool, str]:
     """Whether ``user`` may approve, reject or correct this held attempt, and why not: the
     policy's approvers only (read fresh, or as ``read_people`` read them for this request),
-    never whoever recorded the intent."""
+    never whoever recorded the intent nor whoever issued the token that recorded it
+    (``recorded_it``), nor whoever made this attempt (an editor's correction needs another
+    person)."""
     allowed, why = policy.may_approve(user, attempt.tenant_id, fresh=fresh)
     if not allowed:
         return False, why
-    if _recorded_by(attempt) == user.get_username():
-        return False, "whoever recorded an intent cannot approve, reject or correct it"
+    if recorded_it(user, attempt) or _recorded_by(attempt) == user.get_username():
+        return False, RECORDER_REFUSED
     return True, ""
 
 
@@ -527,12 +543,13 @@ def _record_held_approval(
     now: dt.datetime,
     kind: str = "held",
 ) -> Attempt:
-    """One person's approval of a held attempt, inside the caller's write transaction: an
-    ``Approval`` bound to its args_hash and the policy's version, expiring after the policy's
-    ``approval_ttl``, and its event; with enough valid approvals (``Approval.verdict``) the
-    attempt moves to INTENT_RECORDED, and past ``LEDGERWEB_APPROVAL_GRACE`` seconds unclaimed
-    the reconcile worker sends it."""
-    verdict = Approval.verdict(current, now)
+    """One person's approval of a held attempt, inside the caller's write transaction: its
+    ``attempt.approval`` event, bound to the args_hash and the policy's version and expiring
+    after the policy's ``approval_ttl`` (with an ``Approval`` row indexing it); with enough
+    valid approvals (``Attempt.approval_verdicts``, read from the events) the attempt moves to
+    INTENT_RECORDED, and past ``LEDGERWEB_APPROVAL_GRACE`` seconds unclaimed the reconcile
+    worker sends it."""
+    verdict = current.approval_verdict(now)
     if user.get_username() in verdict.valid:
         raise StateConflict(
             "you already approved this; a different person must give the next approval",
@@ -546,7 +563,6 @@ def _record_held_approval(
         args_hash=current.args_hash,
         policy=policy,
         policy_version=policy.version,
-        comment=comment,
         created_at=now,
         expires_at=expires,
     )
@@ -560,9 +576,9 @@ def _record_held_approval(
             "args_hash": current.args_hash,
             "policy": policy.name,
             "policy_version": policy.version,
-            "expires_at": expires.isoformat(),
+            "valid_until": expires.isoformat(),
             "approvals": count,
-            "needed": verdict.needed,
+            "approvals_needed": verdict.needed,
         },
         now=now,
     )
@@ -599,7 +615,7 @@ def approve_held(
         _may_decide(user, current, policy)
         now = timezone.now()
         if current.state != State.AWAITING_APPROVAL:
-            verdict = Approval.verdict(current, now)
+            verdict = current.approval_verdict(now)
             if current.state == State.INTENT_RECORDED and user.get_username() in verdict.valid:
                 return current  # the same approval again: nothing new
             raise StateConflict(
@@ -867,7 +883,7 @@ def decide_held_many(
                         )
                     )
                 else:
-                    verdict = Approval.verdict(after, timezone.now())
+                    verdict = after.approval_verdict()
                     results.append(
                         HeldDecision(
                             attempt_id,

@@ -418,19 +418,25 @@ def grant_terms(
 def _token_select() -> str:
     # One statement rather than the ORM's many-to-many machinery, which was a large share of an
     # intent's CPU (docs/scaling.md).
+    # The issuer's username comes with it (a recorder of what the token records), in the same
+    # statement: an intent costs no extra query for it.
     token = AgentToken._meta
     through = AgentToken.tenants.through._meta
+    people = token.get_field("created_by").related_model._meta
+    username = people.get_field(people.model.USERNAME_FIELD).column
     return (
         f"SELECT t.id, t.name, m.tenant_id, "  # noqa: S608 (table names, not input)
-        f"CASE WHEN t.last_used_at IS NOT NULL AND t.last_used_at > %s THEN 1 ELSE 0 END "
+        f"CASE WHEN t.last_used_at IS NOT NULL AND t.last_used_at > %s THEN 1 ELSE 0 END, "
+        f"u.{_q(username)} "
         f"FROM {token.db_table} t LEFT JOIN {through.db_table} m ON m.agenttoken_id = t.id "
+        f"LEFT JOIN {people.db_table} u ON u.{_q(people.pk.column)} = t.created_by_id "
         f"WHERE t.token_hash = %s AND t.revoked_at IS NULL"
     )
 
 
 def live_token_rows(token_hash: str, *, used_after: dt.datetime) -> list[tuple[Any, ...]]:
-    """(token id, name, tenant slug or None, whether its use was recorded after ``used_after``)
-    for the live (not revoked) token whose hash is ``token_hash``: one row per tenant (one row
+    """(token id, name, tenant slug or None, whether its use was recorded after ``used_after``,
+    the issuer's username or None) for the live (not revoked) token whose hash is ``token_hash``: one row per tenant (one row
     with no tenant when it has none), no row for no such token."""
     db = _db()
     with db.cursor() as cursor:

@@ -24,7 +24,6 @@ from attempts.actors import Actor
 from attempts.models import (
     ATTENTION_STATES,
     OWNED_STATES,
-    Approval,
     ApprovalVerdict,
     Attempt,
     ProviderEffect,
@@ -57,6 +56,11 @@ INITIAL_STATES = frozenset({S.INTENT_RECORDED, S.MANUAL_REVIEW, S.AWAITING_APPRO
 # same transaction as the compare-and-set: released to INTENT_RECORDED, and the claim.
 APPROVED_MOVES = frozenset(
     {(S.AWAITING_APPROVAL, S.INTENT_RECORDED), (S.INTENT_RECORDED, S.DISPATCHED)}
+)
+# Moves of an attempt in review that a reviewer's approval makes (a linked retry approved, a
+# prepared linked attempt approved): they need the tool's approvals too, from the same events.
+REVIEW_APPROVED_MOVES = frozenset(
+    {(S.MANUAL_REVIEW, S.RECONCILED), (S.MANUAL_REVIEW, S.INTENT_RECORDED)}
 )
 
 
@@ -145,10 +149,11 @@ def effect_holder(tool_name: str, provider_request_id: str) -> str | None:
 
 
 def check_approvals(attempt: Attempt, now: dt.datetime) -> ApprovalVerdict:
-    """The approvals of a held attempt as they count at ``now``; ApprovalsNotValid unless
-    enough. Read inside the caller's write transaction, so the move it guards commits with it."""
+    """The approvals of an attempt as they count at ``now`` (``Attempt.approval_verdicts``:
+    the approval events of its chain, never rows beside it); ApprovalsNotValid unless enough.
+    Read inside the caller's write transaction, so the move it guards commits with it."""
     _require_write_transaction()
-    verdict = Approval.verdict(attempt, now)
+    verdict = attempt.approval_verdict(now)
     if not verdict.enough:
         raise ApprovalsNotValid(attempt, verdict)
     return verdict
@@ -200,7 +205,14 @@ def create(
         raise TransitionError("an attempt is created AWAITING_APPROVAL under an approval policy")
     now = now or timezone.now()
     fields.setdefault("next_check_at", default_next_check(state, now))
-    attempt = Attempt(state=state, created_at=now, updated_at=now, recorded_by=actor.name, **fields)
+    attempt = Attempt(
+        state=state,
+        created_at=now,
+        updated_at=now,
+        recorded_by=actor.name,
+        recorded_by_issuer=actor.issuer,
+        **fields,
+    )
     extra: dict[str, Any] = {}
     _owner_on_attention(attempt, state, extra)
     if "owner_id" in extra:
@@ -224,6 +236,9 @@ def create(
         record["owner_id"] = attempt.owner_id
     if attempt.traceparent:
         record["traceparent"] = attempt.traceparent
+    if actor.issuer:
+        # The token's issuer is its recorder too (invariant 13): in the chain, for the verifier.
+        record["token_issuer"] = actor.issuer
     event = chain.attempt_event(
         attempt,
         action="attempt.created",
@@ -278,6 +293,8 @@ def move(
             verdict = check_approvals(attempt, now)
     elif changing_state and to_state == S.AWAITING_APPROVAL:
         raise TransitionError("only an attempt an approval policy holds waits for approval")
+    if changing_state and (from_state, to_state) in REVIEW_APPROVED_MOVES:
+        verdict = check_approvals(attempt, now)
     fields = dict(fields or {})
     if _OWN_FIELDS & (fields.keys() | (increments or {}).keys()):
         raise TransitionError("state, version and the chain are set by the state machine only")
@@ -291,7 +308,10 @@ def move(
         event_details["approvals"] = {
             "policy_version": verdict.policy_version,
             "approvers": list(verdict.valid),
+            "needed": verdict.needed,
         }
+        if verdict.approver_rule:
+            event_details["approvals"]["approver_rule"] = verdict.approver_rule
     for name in ("owner_id", "provider_request_id", "result_ref", "review_reason"):
         if name in fields:
             event_details.setdefault(name, fields[name])

@@ -164,6 +164,11 @@ PUBLIC_DETAILS = frozenset(
         "count",
         "kind",
         "erasure",
+        # Approvals in the chain (invariant 13): a hold's policy, version, count and approver
+        # rule; an approval's expiry; the issuer of the agent token that recorded an intent.
+        "hold",
+        "valid_until",
+        "token_issuer",
     }
 )
 # What erased free text, and erased arguments, are replaced by.

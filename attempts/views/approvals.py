@@ -28,7 +28,6 @@ from attempts import review, states
 from attempts.ledger import InvalidIntent, LedgerError, StateConflict
 from attempts.models import (
     ATTEMPT_ID,
-    Approval,
     ApprovalPolicy,
     Attempt,
     AttemptEvent,
@@ -60,7 +59,7 @@ PAGE_SIZE = 50
 def _items(attempts: list[Attempt], user: Any, now) -> list[dict]:
     """A page of items, read at once: the page costs the same few queries for 1 item or 50."""
     policies = {p.name: p for p in ApprovalPolicy.objects.all()}
-    verdicts = Approval.verdicts(attempts, now)
+    verdicts = Attempt.approval_verdicts(attempts, now)
     ends = (
         AttemptEvent.objects.filter(attempt_id__in=[a.pk for a in attempts])
         .values("attempt_id")
@@ -485,7 +484,7 @@ def edit(request: HttpRequest, attempt_id: str) -> HttpResponse:
         if child.state == State.INTENT_RECORDED:
             told = "it is approved and may be sent now"
         else:
-            verdict = Approval.verdict(child, timezone.now())
+            verdict = child.approval_verdict()
             told = (
                 f"your approval is 1 of the {verdict.needed} it needs: another person "
                 "must approve it before it is sent"

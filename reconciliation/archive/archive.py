@@ -183,7 +183,6 @@ def _approval_line(approval: Approval) -> dict[str, Any]:
         "args_hash": approval.args_hash,
         "policy": approval.policy.name,
         "policy_version": approval.policy_version,
-        "comment": approval.comment,
         "created_at": _when(approval.created_at),
         "expires_at": _when(approval.expires_at),
     }

@@ -36,10 +36,10 @@ def test_the_database_refuses_to_change_or_remove_an_approval(approval):
                 cursor.execute(sql, params)
         assert "append-only" in str(exc.value)
     with pytest.raises((DatabaseError, IntegrityError)), transaction.atomic():
-        Approval.objects.filter(pk=approval.pk).update(comment="edited")
+        Approval.objects.filter(pk=approval.pk).update(policy_version=99)
     stored = Approval.objects.get()
-    assert (stored.comment, stored.expires_at, stored.args_hash) == (
-        "fine",
+    assert (stored.policy_version, stored.expires_at, stored.args_hash) == (
+        approval.policy_version,
         approval.expires_at,
         approval.args_hash,
     )

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from attempts import ledger, states
 from attempts.locking import write_transaction
-from attempts.models import Approval, ApprovalPolicy, Attempt, AttemptEvent, State
+from attempts.models import APPROVAL_ACTION, ApprovalPolicy, Attempt, AttemptEvent, State
 from attempts.states import LEGAL_MOVES, IllegalMove, StaleAttempt
 from tests.conftest import agent_intent
 
@@ -68,16 +68,33 @@ def _intent(world, key="k-1", *, held=False):
         assert attempt.state == S.AWAITING_APPROVAL
         policy = ApprovalPolicy.objects.get(name="big-crm-updates")
         now = timezone.now()
-        Approval.objects.create(
-            attempt=attempt,
-            approver=world.reviewer,
-            args_hash=attempt.args_hash,
-            policy=policy,
-            policy_version=policy.version,
-            created_at=now,
-            expires_at=now + dt.timedelta(hours=1),
-        )
+        # An approval is its event in the attempt's chain (a row alone counts for nothing).
+        with write_transaction():
+            states.move(
+                attempt,
+                None,
+                action=APPROVAL_ACTION,
+                actor=states.Actor.user(world.reviewer),
+                details={
+                    "kind": "held",
+                    "args_hash": attempt.args_hash,
+                    "policy_version": policy.version,
+                    "valid_until": (now + dt.timedelta(hours=1)).isoformat(),
+                },
+            )
     return attempt
+
+
+def _reviewer_approves(world, attempt):
+    """A reviewer's approval of an attempt in review (a linked retry or linked attempt)."""
+    with write_transaction():
+        states.move(
+            attempt,
+            None,
+            action=APPROVAL_ACTION,
+            actor=states.Actor.user(world.reviewer),
+            details={"kind": "linked_retry"},
+        )
 
 
 def _start(world, from_state, to_state):
@@ -129,6 +146,8 @@ def test_every_illegal_move_is_refused_and_changes_nothing(world, from_state, to
 @pytest.mark.parametrize(("from_state", "to_state"), sorted(PROTOCOL_MOVES))
 def test_every_legal_move_writes_one_event_and_bumps_the_version(world, from_state, to_state):
     attempt = _start(world, from_state, to_state)
+    if (from_state, to_state) in states.REVIEW_APPROVED_MOVES:
+        _reviewer_approves(world, attempt)
     version = attempt.version
     events = AttemptEvent.objects.filter(attempt=attempt).count()
     with write_transaction():

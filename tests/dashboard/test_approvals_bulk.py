@@ -70,7 +70,9 @@ def test_approve_several_with_one_comment_and_a_result_each(world, held):
     assert "1 of 2" in got[charge1.attempt_id][1]
     assert got[crm.attempt_id][0] == "approved"
     assert Attempt.objects.get(pk=crm.pk).state == State.INTENT_RECORDED
-    assert set(Approval.objects.values_list("comment", flat=True)) == {"ok"}
+    assert set(
+        AttemptEvent.objects.filter(action="attempt.approval").values_list("reason", flat=True)
+    ) == {"ok"}
     page = answer.content.decode()
     assert 'data-testid="bulk-results"' in page and 'data-outcome="recorded"' in page
     # The results are shown once.

@@ -115,10 +115,13 @@ def test_confirm_links_a_corrected_attempt_approved_by_the_editor(world, held):
     assert child.idempotency_key == "charge:acme:order-7~r1"
     assert child.approval_policy_id == "big-charges"
     approval = Approval.objects.get(attempt=child)
-    assert (approval.approver, approval.args_hash, approval.comment) == (
-        world.reviewer,
-        child.args_hash,
+    assert (approval.approver, approval.args_hash) == (world.reviewer, child.args_hash)
+    # The comment is the approval event's reason: the record that counts.
+    event = child.events.get(action="attempt.approval")
+    assert (event.actor, event.reason, event.details["kind"]) == (
+        "reviewer",
         "typo",
+        "edit_and_approve",
     )
     assert not Approval.objects.filter(attempt=held).exists()
     moved = held.events.get(to_state=State.RECONCILED)
@@ -312,7 +315,7 @@ def test_a_stricter_policy_for_the_corrected_arguments_holds_the_linked_attempt(
     preview_and_confirm(login(world, "reviewer"), held, corrected(5000000))
     child = Attempt.objects.get(parent=held)
     assert child.approval_policy_id == "huge-charges"
-    assert Approval.verdict(child, child.created_at).needed == 3
+    assert child.approval_verdict(child.created_at).needed == 3
 
 
 @pytest.mark.parametrize("who", ["viewer", "operator"])

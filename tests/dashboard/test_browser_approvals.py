@@ -80,7 +80,7 @@ def test_inbox_approve_by_two_people_and_reject(live_server, browser):
     card.locator("[data-testid=approve]").click()
     other.page.wait_for_selector("text=enough approvals, it may be sent now")
     assert Attempt.objects.get(pk=first.pk).state == State.INTENT_RECORDED
-    assert Approval.objects.get(attempt=first, approver=world.reviewer).comment == "known customer"
+    assert first.events.get(action="attempt.approval", actor="reviewer").reason == "known customer"
 
     card = opened(other, second)
     card.locator("input[name=reason]").fill("order was cancelled")
@@ -163,7 +163,7 @@ def test_edit_and_approve_shows_the_diff_and_still_needs_a_second_person(live_se
     assert first.state == State.RECONCILED and child.state == State.AWAITING_APPROVAL
     assert child.args == {"amount_cents": 90000, "currency": "EUR"}
     assert me.page.url.endswith(f"/attempts/{child.attempt_id}/")
-    assert Approval.objects.get(attempt=child).comment == "customer asked for 900.00"
+    assert child.events.get(action="attempt.approval").reason == "customer asked for 900.00"
     # Not in the editor's own inbox: a different person must approve.
     me.goto("/approvals/")
     assert me.page.locator(item(me, child)).count() == 0

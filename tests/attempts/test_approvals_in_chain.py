@@ -1,0 +1,224 @@
+"""Approvals are one mechanism inside the tamper-evident history (issue 39, items 4, 9, 10;
+protocol invariants 9 and 13): every approval is an event of the attempt's chain, which
+approvals count is read from those events alone (a row beside them releases nothing), erasure
+redacts an approval's comment like any free text, and the recorder of a token's intent is the
+token and whoever issued it."""
+
+from __future__ import annotations
+
+import pytest
+from django.utils import timezone
+
+from attempts import audit_verify, erasure, ledger, review, states
+from attempts.locking import write_transaction
+from attempts.models import (
+    AgentToken,
+    Approval,
+    ApprovalPolicy,
+    Attempt,
+    AttemptEvent,
+    Membership,
+    Role,
+    State,
+)
+from attempts.states import Actor
+from attempts.verify_export import ERASED_TEXT
+from tests.api.conftest import Api
+from tests.conftest import _user
+from tests.dashboard.approvals_helpers import held_intent, hold_big_charges, login
+
+BIG = {"amount_cents": 250000, "currency": "EUR"}
+COMMENT = "customer Zelda Quixote asked for 900.00 on the phone"
+
+
+def insert_approval_row(attempt: Attempt, approver, policy: ApprovalPolicy) -> None:
+    """What a database user can do without the ledger: one INSERT into the approvals table
+    (no event, no move)."""
+    now = timezone.now()
+    Approval.objects.create(
+        attempt=attempt,
+        approver=approver,
+        args_hash=attempt.args_hash,
+        policy=policy,
+        policy_version=policy.version,
+        created_at=now,
+        expires_at=now + policy.approval_ttl,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. Which approvals count is read from the chain
+
+
+def test_an_approval_row_inserted_behind_the_ledger_releases_nothing(world):
+    policy = hold_big_charges()
+    attempt = held_intent(world, "charge:acme:row", BIG)
+    insert_approval_row(attempt, world.reviewer2, policy)
+    # One real approval of the two the critical charge needs: the row does not count as the other.
+    review.approve_held(attempt, user=world.reviewer)
+    assert Attempt.objects.get(pk=attempt.pk).state == State.AWAITING_APPROVAL
+    verdict = attempt.approval_verdict()
+    assert (verdict.valid, verdict.needed) == (("reviewer",), 2)
+    _, sent = ledger.claim_dispatch(attempt.attempt_id, actor=world.agent)
+    assert not sent
+    # Nor can a move out of the hold be forced past the check: states decides from the events.
+    with pytest.raises(states.ApprovalsNotValid), write_transaction():
+        states.move(Attempt.objects.get(pk=attempt.pk), State.INTENT_RECORDED, actor=world.agent)
+
+
+def test_every_decision_on_a_held_attempt_is_an_event_of_its_chain(world):
+    hold_big_charges()
+    approved = held_intent(world, "charge:acme:a", BIG)
+    review.approve_held(approved, user=world.reviewer, comment="ok")
+    review.approve_held(approved, user=world.reviewer2)
+    rejected = held_intent(world, "charge:acme:r", BIG)
+    review.reject_held(rejected, user=world.reviewer, reason="not this customer")
+    actions = list(approved.events.order_by("id").values_list("action", "actor"))
+    assert actions[1:] == [
+        ("attempt.approval", "reviewer"),
+        ("attempt.approval", "reviewer2"),
+        ("attempt.approved", "reviewer2"),
+    ]
+    created = approved.events.order_by("id").first()
+    assert created.details["hold"] == {
+        "name": "big-charges",
+        "version": 1,
+        "needed": 2,
+        "approver_rule": ApprovalPolicy.objects.get().approver_rule_digest(),
+    }
+    first = approved.events.filter(action="attempt.approval").first()
+    assert first.details["kind"] == "held" and first.details["valid_until"]
+    released = approved.events.get(action="attempt.approved")
+    assert released.details["approvals"]["approvers"] == ["reviewer", "reviewer2"]
+    assert released.details["approvals"]["needed"] == 2
+    assert rejected.events.order_by("id").last().action == "attempt.approval_rejected"
+
+
+def test_a_linked_retrys_approvals_are_events_checked_by_the_state_machine(world):
+    attempt, _ = ledger.record_intent(
+        tenant="acme",
+        task_id="t",
+        tool_name="charge_card",
+        idempotency_key="charge:acme:retry",
+        args={"amount_cents": 10},
+        actor=world.agent,
+    )
+    with write_transaction():
+        states.move(attempt, State.MANUAL_REVIEW, actor=world.agent)
+    # The critical tool needs two reviewers: no move out of review without their events.
+    with pytest.raises(states.ApprovalsNotValid), write_transaction():
+        states.move(attempt, State.RECONCILED, actor=Actor.user(world.reviewer))
+    assert review.approve_linked_retry(attempt, user=world.reviewer) is None
+    child = review.approve_linked_retry(attempt, user=world.reviewer2)
+    assert child.state == State.INTENT_RECORDED
+    approvals = attempt.events.filter(action="attempt.approval").values_list("actor", flat=True)
+    assert list(approvals) == ["reviewer", "reviewer2"]
+    moved = attempt.events.get(to_state=State.RECONCILED)
+    assert moved.details["approvals"]["approvers"] == ["reviewer", "reviewer2"]
+
+
+# ---------------------------------------------------------------------------------------------
+# 9. Erasure redacts approval comments like other free text
+
+
+def edited_and_settled(world) -> tuple[Attempt, Attempt]:
+    """A held charge corrected by edit-and-approve with a comment, whose corrected attempt is
+    then rejected: the lineage is settled and erasable."""
+    hold_big_charges()
+    held = held_intent(world, "charge:acme:erase", BIG)
+    child = review.edit_and_approve(
+        held, user=world.reviewer, args={**BIG, "amount_cents": 90000}, comment=COMMENT
+    )
+    review.reject_held(child, user=world.reviewer2, reason="customer withdrew")
+    return Attempt.objects.get(pk=held.pk), Attempt.objects.get(pk=child.pk)
+
+
+def second_admin(world):
+    person = _user("admin2")
+    Membership.objects.create(user=person, tenant=world.acme, role=Role.ADMIN)
+    return person
+
+
+def assert_comment_erased(held: Attempt, child: Attempt) -> None:
+    for attempt in (held, child):
+        assert Attempt.objects.get(pk=attempt.pk).args == {ERASED_TEXT: True}
+    texts = AttemptEvent.objects.filter(attempt__in=[held, child]).values_list("reason", "details")
+    assert not any("Zelda" in reason or "Zelda" in str(details) for reason, details in texts)
+    approval = child.events.get(action="attempt.approval")
+    assert approval.reason == ERASED_TEXT and approval.details["kind"] == "edit_and_approve"
+    report = audit_verify.verify_django_database()
+    assert report.ok, report.render()
+
+
+def test_erasure_of_an_edited_and_approved_lineage_redacts_the_comment(world):
+    held, child = edited_and_settled(world)
+    erasure.request_erasure(held, user=world.admin, reason="DSR-39")
+    erasure.approve_erasure(held, user=second_admin(world))
+    assert_comment_erased(held, child)
+
+
+def test_erasure_through_the_attempt_page_with_an_approval_comment_is_no_500(world):
+    held, child = edited_and_settled(world)
+    url = f"/attempts/{held.attempt_id}/"
+    login(world, "admin").post(f"{url}erasure/request/", {"reason": "DSR-39"})
+    second = login(world, "admin")
+    second.force_login(second_admin(world))
+    response = second.post(f"{url}erasure/approve/", follow=True)
+    assert response.status_code == 200
+    assert "Erased" in response.content.decode()
+    assert_comment_erased(held, child)
+
+
+# ---------------------------------------------------------------------------------------------
+# 10. The recorder of a token's intent is the token and whoever issued it
+
+
+@pytest.fixture
+def issued_by_reviewer(world, client):
+    """An agent token the reviewer issued, and an API client that records with it."""
+    token, raw = AgentToken.issue("agent-of-reviewer", ["acme"], created_by=world.reviewer)
+    return Api(client, raw)
+
+
+def api_intent(api: Api, key: str, tool: str, args: dict) -> Attempt:
+    answer = api.intent(key, tool_name=tool, args=args)
+    assert answer.status in (201, 202), answer.body
+    return Attempt.objects.get(attempt_id=answer.body["attempt"]["attempt_id"])
+
+
+def test_the_issuer_of_the_token_cannot_approve_what_it_recorded(world, issued_by_reviewer):
+    hold_big_charges()
+    attempt = api_intent(issued_by_reviewer, "charge:acme:tok", "charge_card", BIG)
+    assert attempt.state == State.AWAITING_APPROVAL
+    created = attempt.events.order_by("id").first()
+    assert (created.actor, created.details["token_issuer"]) == ("agent-of-reviewer", "reviewer")
+    assert attempt.recorders() == {"agent-of-reviewer", "reviewer"}
+    policy = ApprovalPolicy.objects.get()
+    allowed, why = review.may_decide_held(world.reviewer, attempt, policy)
+    assert not allowed and "issued the agent token" in why
+    for decide in (
+        lambda: review.approve_held(attempt, user=world.reviewer),
+        lambda: review.reject_held(attempt, user=world.reviewer, reason="mine"),
+        lambda: review.edit_and_approve(
+            attempt, user=world.reviewer, args={**BIG, "amount_cents": 1}
+        ),
+    ):
+        with pytest.raises(ledger.NotAllowed):
+            decide()
+    # Nor is it in their inbox; two other people release it.
+    page = login(world, "reviewer").get("/approvals/?tab=me").content.decode()
+    assert attempt.attempt_id not in page
+    review.approve_held(attempt, user=world.reviewer2)
+    review.approve_held(attempt, user=world.admin)
+    assert Attempt.objects.get(pk=attempt.pk).state == State.INTENT_RECORDED
+
+
+def test_the_issuer_of_the_token_cannot_approve_a_linked_retry_of_it(world, issued_by_reviewer):
+    attempt = api_intent(issued_by_reviewer, "ticket:acme:tok", "open_ticket", {"title": "t"})
+    with write_transaction():
+        states.move(attempt, State.MANUAL_REVIEW, actor=world.agent)
+    with pytest.raises(ledger.NotAllowed):
+        review.approve_linked_retry(attempt, user=world.reviewer)
+    assert not attempt.events.filter(action="attempt.approval").exists()
+    child = review.approve_linked_retry(attempt, user=world.reviewer2)
+    assert child is not None and child.state == State.INTENT_RECORDED
