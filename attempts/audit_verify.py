@@ -18,7 +18,11 @@ an export. Checks, each naming the first event, attempt or checkpoint where it f
 6. ``[checkpoint]`` checkpoints run 1, 2, 3, ... each hashing the one before, each root is the
    Merkle root of its leaves; ``[config]`` the config chain links and matches every checkpoint;
 7. ``[anchor]`` checkpoint hashes (or, for old ledgers, head hashes) kept elsewhere are still
-   there; ``[window]`` optionally, nothing has stayed unsealed longer than allowed.
+   there; ``[window]`` optionally, nothing has stayed unsealed longer than allowed;
+8. ``[approvals]`` every move out of AWAITING_APPROVAL (and each held claim, and each
+   reviewer's approval out of MANUAL_REVIEW) had the approvals its policy version required in
+   the attempt's own chain (``verify_export.approval_problems``), and every approvals-table row
+   is one of those events.
 """
 
 from __future__ import annotations
@@ -37,6 +41,9 @@ import rfc8785
 
 from attempts import jcs
 from attempts.verify_export import (
+    APPROVAL_EVENT,
+    APPROVALS_CHECK,
+    AWAITING,
     ERASED_ARGS,
     ERASED_TEXT,
     ERASURE_ACTION,
@@ -44,12 +51,14 @@ from attempts.verify_export import (
     LEGACY_FORMAT,
     LOG_FORMAT,
     PUBLIC_DETAILS,
+    REVIEW,
     SALTED_FORMAT,
     ChainChecker,
     ErasureProof,
     MerkleTree,
     Problem,
     Report,
+    approval_problems,
     args_commitment,
     authority_digest_of,
     cannot_hash,
@@ -166,6 +175,18 @@ CONFIG_SQL = f"""
 SELECT id, seq, subject, action, actor_kind, actor, before, after, reason, created_at,
        prev_hash, hash FROM {CONFIG} ORDER BY seq
 """  # noqa: S608
+
+# [approvals]: approval rows (an index of the approval events) without their event.
+APPROVAL_ROWS = "attempts_approval"
+ORPHAN_APPROVAL_SQL = f"""
+SELECT r.id, a.attempt_id, u.username FROM {APPROVAL_ROWS} r
+JOIN {ATTEMPTS} a ON a.id = r.attempt_id
+JOIN auth_user u ON u.id = r.approver_id
+WHERE NOT EXISTS (SELECT 1 FROM {EVENTS} e WHERE e.attempt_id = r.attempt_id
+                  AND e.action = 'attempt.approval' AND e.actor = u.username
+                  AND e.created_at = r.created_at)
+ORDER BY r.id
+"""  # noqa: S608 -- constant table names only
 
 # Attempt columns that must equal the creation event's details.
 KEY_FIELDS = (
@@ -414,6 +435,7 @@ class _Verifier:
             details_seen.append(details)
         self.check_row(row, events, details_seen)
         self.erased_texts(attempt_id, events, details_seen, salt)
+        self.approvals(attempt_id, events, details_seen)
         if (chain_head, chain_length) != ((hashes[-1] if hashes else ""), len(hashes)):
             self.bad(
                 "attempt",
@@ -658,6 +680,50 @@ class _Verifier:
                     last_event_id,
                 )
 
+    # -- 8: approvals (invariant 13), from the chain alone, as the offline verifier checks them
+    def approvals(self, attempt_id: Any, events: list[tuple], details: list[Any]) -> None:
+        """``[approvals]`` (``verify_export.approval_problems``): every move that needed
+        approvals had them in the attempt's own chain. Most attempts never waited for one:
+        only chains with an approval event or a move out of a hold or of review are read."""
+        if not any(e[2] == APPROVAL_EVENT or e[5] in (AWAITING, REVIEW) for e in events):
+            return
+        rows = [
+            {
+                "id": e[1],
+                "action": e[2],
+                "actor_kind": e[3],
+                "actor": e[4],
+                "from_state": e[5],
+                "to_state": e[6],
+                "details": d,
+                "created_at": e[9],
+            }
+            for e, d in zip(events, details, strict=True)
+        ]
+        for event_id, message in approval_problems(rows):
+            self.bad(APPROVALS_CHECK, message, event_id, attempt_id)
+
+    def approval_rows(self) -> None:
+        """``[approvals]``: every row of the approvals table (an index) is one approval event
+        of its attempt's chain, by the same person at the same moment. A row without its event
+        decides nothing, but says that someone wrote behind the ledger's back."""
+        if not self.has_table(APPROVAL_ROWS):
+            return
+        for row_id, attempt_id, who in self.stream(ORPHAN_APPROVAL_SQL):
+            self.bad(
+                APPROVALS_CHECK,
+                f"approval row {row_id} (by {who}) has no approval event in the attempt's "
+                "chain: it was written behind the ledger's back, and counts for nothing",
+                attempt_id=attempt_id,
+            )
+
+    def has_table(self, table: str) -> bool:
+        if self.vendor == "postgresql":
+            sql = f"SELECT to_regclass('{table}') IS NOT NULL"
+        else:
+            sql = f"SELECT count(*) > 0 FROM sqlite_master WHERE name = '{table}'"  # noqa: S608
+        return bool(next(iter(self.stream(sql)))[0])
+
     # -- 6: checkpoints and the config chain
     def checkpoints(self) -> None:
         config_hashes: list[str] = []
@@ -865,6 +931,7 @@ def verify_database(
 
     def rest() -> None:  # everything but the attempts' chains, in the order it is reported
         verifier.orphans_and_missing(lo, hi)
+        verifier.approval_rows()
         verifier.checkpoints()
         log_checks(verifier, log_keys=log_keys, witness_keys=witness_keys)
         if trust is not None:

@@ -804,6 +804,7 @@ def edit_and_approve(
                     "wait_until": (now + linked_policy.max_wait).isoformat(),
                     **decided,
                 },
+                "hold": linked_policy.hold_record(current.tool_name),
             },
             fields={
                 **fields,

@@ -239,6 +239,10 @@ def create(
     if actor.issuer:
         # The token's issuer is its recorder too (invariant 13): in the chain, for the verifier.
         record["token_issuer"] = actor.issuer
+    if attempt.parent_id:
+        # A linked attempt's recorders are its original's (``Attempt.recorders``), not the
+        # person or worker who made it: in the chain, so the verifier needs nothing else.
+        record["recorders"] = sorted(attempt.parent.recorders())
     event = chain.attempt_event(
         attempt,
         action="attempt.created",

@@ -169,12 +169,233 @@ PUBLIC_DETAILS = frozenset(
         "hold",
         "valid_until",
         "token_issuer",
+        "recorders",
     }
 )
 # What erased free text, and erased arguments, are replaced by.
 ERASED_TEXT = "[erased]"
 ERASED_ARGS = {ERASED_TEXT: True}
 ERASURE_ACTION = "attempt.erased"
+
+
+# ---------------------------------------------------------------------------------------------
+# Approvals (protocol invariant 13): the check ``[approvals]``, online (attempts.audit_verify)
+# and offline (this file) alike, from an attempt's chain alone.
+
+APPROVALS_CHECK = "approvals"
+APPROVAL_EVENT = "attempt.approval"
+HELD_APPROVAL_KINDS = ("held", "edit_and_approve")
+AWAITING = "AWAITING_APPROVAL"
+REVIEW = "MANUAL_REVIEW"
+# Moves that need approvals: out of a hold, the claim of a held attempt (its event records the
+# approvals it relied on), and a reviewer's approval out of review (a linked retry, a linked
+# attempt).
+HELD_MOVES = frozenset({(AWAITING, "INTENT_RECORDED"), ("INTENT_RECORDED", "DISPATCHED")})
+REVIEW_MOVES = frozenset({(REVIEW, "RECONCILED"), (REVIEW, "INTENT_RECORDED")})
+
+
+# What of a creation event's details ``approval_problems`` reads.
+CREATION_KEYS = ("recorders", "token_issuer", "args_hash", "hold", "approval")
+
+
+def _slim(row: dict[str, Any], details: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": row.get("id"),
+        "action": row.get("action"),
+        "actor_kind": row.get("actor_kind"),
+        "actor": row.get("actor"),
+        "from_state": row.get("from_state"),
+        "to_state": row.get("to_state"),
+        "created_at": row.get("created_at"),
+        "details": details,
+    }
+
+
+def _moment_of(value: Any) -> dt.datetime | None:
+    """A chain time, an ISO text or a datetime as an aware datetime (None if unreadable)."""
+    try:
+        if isinstance(value, dt.datetime):
+            moment = value
+        else:
+            moment = dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except (TypeError, ValueError):
+        return None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=dt.UTC)
+
+
+def _as_dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def approval_problems(events: list[dict[str, Any]]) -> list[tuple[Any, str]]:
+    """``[approvals]``: every move of this attempt that needed approvals had them, in its own
+    chain (``events``: its events in order, each with ``id``, ``action``, ``actor_kind``,
+    ``actor``, ``from_state``, ``to_state``, ``details`` and ``created_at``). Returns
+    (event id, message) for each move that did not.
+
+    - A move out of AWAITING_APPROVAL (and the claim of a held attempt, whose event records
+      the approvals it relied on): approval events before it, each by a person, bound to the
+      attempt's args_hash (while it is not erased) and to the policy version the move records
+      (else the hold's), unexpired at the move, from distinct people, none of them the
+      recorders (the creation event's actor and its agent token's issuer, or for a linked
+      attempt its original's, ``recorders``); at least as many as the hold (or, for another
+      policy version, the move) records the version required.
+    - A reviewer's approval out of MANUAL_REVIEW (a linked retry approved, a linked attempt
+      approved): approval events since the attempt's last move, distinct people, none of
+      them the recorders, as many as the move records the tool required.
+    Every approver a move names must be among those counted. Events written before approvals
+    were chain-only (no ``hold``, no ``needed`` on the move) are checked with what they carry:
+    the hold's count from its details while they are not erased, and for a linked retry the
+    deciding reviewer as its last approval."""
+    if not events or events[0].get("action") != "attempt.created":
+        return []  # the [attempt] check says so
+    created = events[0]
+    record = _as_dict(created.get("details"))
+    named = record.get("recorders")
+    recorders = set(named) if isinstance(named, list) else {created.get("actor")}
+    if record.get("token_issuer"):
+        recorders.add(record["token_issuer"])
+    args_hash = record.get("args_hash")  # absent once erased: the binding is not checkable
+    hold = _hold_of(record)
+    problems: list[tuple[Any, str]] = []
+    approvals: list[dict[str, Any]] = []
+    last_move = 0
+    for index, event in enumerate(events[1:], start=1):
+        details = _as_dict(event.get("details"))
+        move = (event.get("from_state"), event.get("to_state"))
+        if event.get("action") == APPROVAL_EVENT and move[0] == move[1]:
+            approvals.append({**event, "index": index, "details": details})
+            continue
+        if move[0] == move[1]:
+            continue
+        if move[1] == AWAITING and _hold_of(details) is not None:
+            hold = _hold_of(details)  # waiting again: the hold as it is now
+        relied = _as_dict(details.get("approvals"))
+        if move in HELD_MOVES and (move[0] == AWAITING or relied):
+            problems += _held_move_problems(event, relied, hold, approvals, recorders, args_hash)
+        elif move in REVIEW_MOVES:
+            recent = [a for a in approvals if a["index"] > last_move]
+            problems += _review_move_problems(event, relied, recent, recorders)
+        last_move = index
+    return problems
+
+
+def _hold_of(details: dict[str, Any]) -> dict[str, Any] | None:
+    """A hold's policy version and count: its clear ``hold`` record, or an older event's
+    private ``approval`` details while they are not erased."""
+    hold = details.get("hold")
+    if isinstance(hold, dict):
+        return {"version": hold.get("version"), "needed": hold.get("needed")}
+    old = details.get("approval")
+    if isinstance(old, dict) and "policy_version" in old:
+        return {"version": old.get("policy_version"), "needed": old.get("approvals_needed")}
+    return None
+
+
+def _held_move_problems(
+    event: dict[str, Any],
+    relied: dict[str, Any],
+    hold: dict[str, Any] | None,
+    approvals: list[dict[str, Any]],
+    recorders: set[Any],
+    args_hash: Any,
+) -> list[tuple[Any, str]]:
+    version = relied.get("policy_version", hold.get("version") if hold else None)
+    needed = relied.get("needed")
+    if hold is not None and hold.get("version") == version and isinstance(hold.get("needed"), int):
+        needed = max(hold["needed"], needed if isinstance(needed, int) else 0)
+    at = _moment_of(event.get("created_at"))
+    valid: list[Any] = []
+    why_not: dict[Any, str] = {}
+    for approval in approvals:
+        details, who = approval["details"], approval.get("actor")
+        if details.get("kind") not in HELD_APPROVAL_KINDS:
+            continue
+        expires = _moment_of(details.get("valid_until") or details.get("expires_at"))
+        erased_expiry = "valid_until" not in details and "expires_at" not in details
+        if approval.get("actor_kind") != "user":
+            why_not[who] = "not a person"
+        elif who in recorders:
+            why_not[who] = "a recorder of the intent"
+        elif details.get("policy_version") != version:
+            why_not[who] = f"for policy version {details.get('policy_version')}, not {version}"
+        elif args_hash and details.get("args_hash") not in (None, args_hash):
+            why_not[who] = "for other arguments"
+        elif not erased_expiry and (expires is None or at is None or expires <= at):
+            why_not[who] = "expired before the move"
+        elif who not in valid:
+            valid.append(who)
+    return _verdict_problems(event, relied, valid, needed, why_not, recorders)
+
+
+def _review_move_problems(
+    event: dict[str, Any],
+    relied: dict[str, Any],
+    recent: list[dict[str, Any]],
+    recorders: set[Any],
+) -> list[tuple[Any, str]]:
+    valid: list[Any] = []
+    why_not: dict[Any, str] = {}
+    needed = relied.get("needed")
+    for approval in recent:
+        who = approval.get("actor")
+        if approval.get("actor_kind") != "user":
+            why_not[who] = "not a person"
+        elif who in recorders:
+            why_not[who] = "a recorder of the intent"
+        elif who not in valid:
+            valid.append(who)
+    if "needed" not in relied:
+        # Written before every approval was its event: the deciding reviewer's approval was
+        # the move itself, and the count the first approval recorded (one when there was none).
+        if event.get("actor_kind") == "user" and event.get("actor") not in recorders:
+            if event.get("actor") not in valid:
+                valid.append(event.get("actor"))
+        counts = [a["details"].get("needed") for a in recent]
+        needed = max([n for n in counts if isinstance(n, int)] or [1])
+    return _verdict_problems(event, relied, valid, needed, why_not, recorders)
+
+
+def _verdict_problems(
+    event: dict[str, Any],
+    relied: dict[str, Any],
+    valid: list[Any],
+    needed: Any,
+    why_not: dict[Any, str],
+    recorders: set[Any],
+) -> list[tuple[Any, str]]:
+    move = f"{event.get('from_state')} -> {event.get('to_state')}"
+    problems = []
+    if isinstance(needed, int) and len(valid) < needed:
+        void = "; ".join(f"{who}: {why}" for who, why in why_not.items() if who not in valid)
+        problems.append(
+            (
+                event.get("id"),
+                f"the move {move} had {len(valid)} valid approval(s) in the chain of the "
+                f"{needed} required"
+                + (f" (not counted: {void})" if void else "")
+                + ": an approval event was deleted or edited, or the move was forced",
+            )
+        )
+    named = relied.get("approvers")
+    for who in named if isinstance(named, list) else []:
+        if who in recorders:
+            problems.append(
+                (
+                    event.get("id"),
+                    f"the move {move} names {who}, a recorder of the intent, as an approver",
+                )
+            )
+        elif who not in valid:
+            problems.append(
+                (
+                    event.get("id"),
+                    f"the move {move} names {who} as an approver, but the chain has no valid "
+                    f"approval by {who} before it"
+                    + (f" ({why_not[who]})" if who in why_not else ""),
+                )
+            )
+    return problems
 
 
 def split_details(details: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -1103,6 +1324,11 @@ class ExportChecker:
     cosigned: dict[int, int] = field(default_factory=dict)  # seq -> given witnesses' cosignatures
     unknown_witnesses: set[str] = field(default_factory=set)
     archived: dict[str, dict[str, Any]] = field(default_factory=dict)  # attempt -> its line
+    # [approvals]: each whole chain's creation (what decides who recorded it and what a hold
+    # required), and of the few attempts that wait for approvals, their approval events and the
+    # moves into, out of and relying on a hold or review (``approval_problems``).
+    creations: dict[str, dict[str, Any]] = field(default_factory=dict)
+    approval_events: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     def problem(self, problem: Problem) -> None:
         if len(self.problems) < self.max_problems:
@@ -1411,12 +1637,49 @@ class ExportChecker:
                     )
                 )
             seal["checked"] = True
+        self.note_approval_event(row, state)
         if row["hash"] in self.anchors:
             self.found.add(row["hash"])
         if self.first_event is None:
             self.first_event = row
         self.last_event = row
         self.count += 1
+
+    def note_approval_event(self, row: dict[str, Any], state: list[Any]) -> None:
+        """Keep what ``[approvals]`` needs of this event (most events: nothing)."""
+        details = row.get("details") if isinstance(row.get("details"), dict) else {}
+        moved = row.get("from_state") != row.get("to_state")
+        if row.get("action") == "attempt.created" and state[0] == 1 and state[2]:
+            kept = {k: details[k] for k in CREATION_KEYS if k in details}
+            self.creations[row["attempt_id"]] = _slim(row, kept)
+            if row.get("to_state") not in (AWAITING, REVIEW):
+                return
+        elif row.get("action") == APPROVAL_EVENT and not moved:
+            pass
+        elif not moved or not (
+            row.get("to_state") in (AWAITING, REVIEW)
+            or row.get("from_state") in (AWAITING, REVIEW)
+            or isinstance(details.get("approvals"), dict)
+        ):
+            return
+        self.approval_events.setdefault(row["attempt_id"], []).append(_slim(row, details))
+
+    def approvals(self) -> None:
+        """``[approvals]`` of every attempt whose whole chain is in the file."""
+        for attempt_id, events in self.approval_events.items():
+            created = self.creations.get(attempt_id)
+            if created is None:
+                continue  # the date range left its creation out of the file
+            chain = (
+                events
+                if events[0] is created or events[0]["id"] == created["id"]
+                else [
+                    created,
+                    *events,
+                ]
+            )
+            for event_id, message in approval_problems(chain):
+                self.problem(Problem(APPROVALS_CHECK, message, event_id, attempt_id))
 
     def salted_text(self, row: dict[str, Any], line: int | None) -> None:
         """Format 3: the event's free text is what its salted digest committed to (when the
@@ -1492,6 +1755,7 @@ class ExportChecker:
         if self.complete_chains:  # a date range may have cut the erasure out of the file
             for problem in self.erasures.finish():
                 self.problem(problem)
+        self.approvals()
         for attempt_id, seal in self.seals.items():
             chain = self.chains.get(attempt_id)
             if chain is None or not chain[2]:

@@ -22,8 +22,9 @@ from attempts.models import (
     State,
 )
 from attempts.states import Actor
-from attempts.verify_export import ERASED_TEXT
+from attempts.verify_export import ERASED_TEXT, GENESIS, event_hash, verify_file
 from tests.api.conftest import Api
+from tests.attempts.test_audit_export import export, offline
 from tests.conftest import _user
 from tests.dashboard.approvals_helpers import held_intent, hold_big_charges, login
 
@@ -222,3 +223,118 @@ def test_the_issuer_of_the_token_cannot_approve_a_linked_retry_of_it(world, issu
     assert not attempt.events.filter(action="attempt.approval").exists()
     child = review.approve_linked_retry(attempt, user=world.reviewer2)
     assert child is not None and child.state == State.INTENT_RECORDED
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. The verifiers check the approvals, online and offline, from the chain alone
+
+
+def approvals_problems(report) -> list[str]:
+    return [str(p) for p in report.problems if p.kind == "approvals"]
+
+
+def released_charge(world) -> Attempt:
+    hold_big_charges()
+    attempt = held_intent(world, "charge:acme:verify", BIG)
+    review.approve_held(attempt, user=world.reviewer, comment="known customer")
+    review.approve_held(attempt, user=world.reviewer2)
+    assert attempt.state == State.INTENT_RECORDED
+    return attempt
+
+
+def cut_event_and_relink(attempt: Attempt, event: AttemptEvent) -> None:
+    """A database superuser deletes one event and recomputes the hashes of every event after it
+    and the attempt's head, so every link and content check still holds (the attempt is not
+    sealed yet: nothing outside the database knows its head)."""
+    from tests.attempts.audit_helpers import drop_triggers, event_row, sql
+
+    drop_triggers()
+    sql("DELETE FROM attempts_attemptevent WHERE id = %s", [event.pk])
+    prev = GENESIS
+    ids = list(attempt.events.order_by("id").values_list("id", flat=True))
+    for event_id in ids:
+        row = event_row(event_id)
+        row["prev_hash"] = prev
+        prev = event_hash(row)
+        sql(
+            "UPDATE attempts_attemptevent SET prev_hash = %s, hash = %s WHERE id = %s",
+            [row["prev_hash"], prev, event_id],
+        )
+    sql(
+        "UPDATE attempts_attempt SET chain_head = %s, chain_length = %s WHERE id = %s",
+        [prev, len(ids), attempt.pk],
+    )
+
+
+def test_an_honest_history_of_approvals_verifies_online_and_offline(world, tmp_path):
+    released_charge(world)
+    attempt, _ = ledger.record_intent(
+        tenant="acme",
+        task_id="t",
+        tool_name="charge_card",
+        idempotency_key="charge:acme:small",
+        args={"amount_cents": 10},
+        actor=world.agent,
+    )
+    with write_transaction():
+        states.move(attempt, State.MANUAL_REVIEW, actor=world.agent)
+    review.approve_linked_retry(attempt, user=world.reviewer)
+    review.approve_linked_retry(attempt, user=world.reviewer2)
+    report = audit_verify.verify_django_database()
+    assert report.ok, report.render()
+    result = offline(export(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_an_approval_row_without_its_event_is_named_by_verify_audit(world):
+    policy = hold_big_charges()
+    attempt = held_intent(world, "charge:acme:row", BIG)
+    insert_approval_row(attempt, world.reviewer2, policy)
+    report = audit_verify.verify_django_database()
+    found = approvals_problems(report)
+    assert len(found) == 1 and attempt.attempt_id in found[0], report.render()
+    assert "no approval event" in found[0] and "by reviewer2" in found[0]
+
+
+def test_a_deleted_approval_event_is_reported_online_and_offline(world, tmp_path):
+    attempt = released_charge(world)
+    second = attempt.events.filter(action="attempt.approval").last()
+    cut_event_and_relink(attempt, second)
+    report = audit_verify.verify_django_database()
+    assert [p.kind for p in report.problems] == ["approvals"] * 3, report.render()
+    text = report.render()
+    assert "1 valid approval(s) in the chain of the 2 required" in text
+    assert "names reviewer2 as an approver" in text
+    assert "approval row 2 (by reviewer2) has no approval event" in text
+    # The standalone verifier finds the same from the export alone.
+    path = export(tmp_path)
+    checked = verify_file(path)
+    assert [p.kind for p in checked.problems] == ["approvals", "approvals"], checked.render()
+    result = offline(path)
+    assert result.returncode == 1 and "[approvals]" in result.stdout
+
+
+def test_an_approval_by_the_tokens_issuer_is_reported_offline(world, tmp_path):
+    """A superuser turns an approval into the token issuer's, rewriting its hashes: the
+    recorder check applies offline, from the issuer the creation event recorded."""
+    token, raw = AgentToken.issue("agent-of-admin", ["acme"], created_by=world.admin)
+    hold_big_charges()
+    from django.test import Client
+
+    attempt = api_intent(Api(Client(), raw), "charge:acme:iss", "charge_card", BIG)
+    review.approve_held(attempt, user=world.reviewer)
+    review.approve_held(attempt, user=world.reviewer2)
+    from tests.attempts.audit_helpers import drop_triggers, sql
+
+    drop_triggers()
+    sql(
+        "UPDATE attempts_attemptevent SET actor = 'admin' WHERE attempt_id = %s "
+        "AND action = 'attempt.approval' AND actor = 'reviewer2'",
+        [attempt.pk],
+    )
+    cut_event_and_relink(attempt, AttemptEvent(pk=0))  # relink only: nothing to delete
+    path = export(tmp_path)
+    checked = verify_file(path)
+    kinds = {p.kind for p in checked.problems}
+    assert kinds == {"approvals"}, checked.render()
+    assert "not counted: admin: a recorder of the intent" in checked.render()
