@@ -27,8 +27,8 @@ def fill_issuers(apps, schema_editor):
     db = schema_editor.connection.alias
     Attempt = apps.get_model("attempts", "Attempt")
     AgentToken = apps.get_model("attempts", "AgentToken")
-    tokens = AgentToken.objects.using(db).filter(created_by__isnull=False).select_related(
-        "created_by"
+    tokens = (
+        AgentToken.objects.using(db).filter(created_by__isnull=False).select_related("created_by")
     )
     # Historical models have no USERNAME_FIELD: the project's user model says which it is.
     field = get_user_model().USERNAME_FIELD
