@@ -40,7 +40,6 @@ from attempts import review
 from attempts.ledger import LedgerError
 from attempts.locking import write_transaction
 from attempts.models import (
-    Approval,
     ApprovalPolicy,
     Attempt,
     AttemptEvent,
@@ -168,7 +167,7 @@ def render(attempt: Attempt, now: dt.datetime | None = None) -> tuple[str, list[
 
     now = now or timezone.now()
     policy = ApprovalPolicy.objects.get(pk=attempt.approval_policy_id)
-    verdict = Approval.verdict(attempt, now)
+    verdict = attempt.approval_verdict(now)
     first = AttemptEvent.objects.filter(attempt=attempt).order_by("id").first()
     held = ((first.details or {}).get("approval", {}) if first else {}) or {}
     values, _ = redact(held.get("values", {}))
@@ -460,7 +459,7 @@ def decide(user: Any, attempt_id: str, *, approve: bool, seen: tuple[str, int]) 
         return Answer(200, f"Not decided: nothing changed, it is {after.state} already.")
     if not approve:
         return Answer(200, f"Rejected by {name}.", decided=True)
-    verdict = Approval.verdict(after, timezone.now())
+    verdict = after.approval_verdict()
     if after.state == State.AWAITING_APPROVAL:
         text = f"Approved by {name}: {len(verdict.valid)} of {verdict.needed} approvals."
     else:

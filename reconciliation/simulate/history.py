@@ -707,15 +707,14 @@ class History:
         for name in ("sim-rev2", "sim-rev3")[: max(0, policy.approvals_needed - 1)]:
             self.sql(
                 "INSERT INTO attempts_approval (attempt_id, approver_id, args_hash, policy_id,"
-                " policy_version, comment, created_at, expires_at)"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                " policy_version, created_at, expires_at)"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s)",
                 [
                     attempt.pk,
                     self.person(name).pk,
                     attempt.args_hash,
                     policy.name,
                     policy.version,
-                    "",
                     now,
                     now + dt.timedelta(hours=1),
                 ],

@@ -41,7 +41,7 @@ def fill_issuers(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("attempts", "0015_held_order_idx"),
+        ("attempts", "0018_key_and_effect_index"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
