@@ -53,6 +53,40 @@ def details_text(details: dict | None, skip: str = "") -> str:
     return " ".join(parts)
 
 
+# Labels for the details events carry most often; any other key is shown with its words.
+DETAIL_LABELS = {
+    "args_hash": "args hash",
+    "args_digest": "args digest (salted)",
+    "idempotency_key": "idempotency key",
+    "provider_request_id": "provider request id",
+    "result_ref": "result ref",
+    "owner_id": "owner",
+    "previous_owner_id": "previous owner",
+    "parent_attempt_id": "parent attempt",
+    "linked_attempt_id": "linked attempt",
+    "credential_scope": "credential scopes",
+    "policy_version": "policy version",
+    "http_status": "HTTP status",
+    "retry_after": "Retry-After",
+    "latency_ms": "latency (ms)",
+}
+
+
+@register.filter
+def details_fields(details: dict | None, skip: str = "") -> list[tuple[str, str]]:
+    """An event's details as (label, value) pairs for a list of labelled fields, JSON for lists
+    and objects."""
+    if not isinstance(details, dict):
+        return []
+    fields = []
+    for key, value in details.items():
+        if key == skip:
+            continue
+        shown = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+        fields.append((DETAIL_LABELS.get(key, str(key).replace("_", " ")), shown))
+    return fields
+
+
 @register.simple_tag(takes_context=True)
 def money(context: template.Context, attempt: Any) -> str:
     """The attempt's amount as money in the person's locale, with the raw argument one click

@@ -108,8 +108,10 @@ def test_history_names_owners(world, clients):
     attempt = make_unknown(world)
     review.assign(attempt, user=world.operator, owner=world.reviewer)
     body = clients.viewer.get(f"/attempts/{attempt.attempt_id}/").content.decode()
-    assert "owner=reviewer" in body and "previous_owner=triage" in body
-    assert "owner_id=" not in body
+    # History details are labelled fields, owners by name.
+    assert '<dt>owner</dt><dd class="mono wrap">reviewer</dd>' in body
+    assert '<dt>previous owner</dt><dd class="mono wrap">triage</dd>' in body
+    assert "owner_id" not in body
 
 
 def test_a_terminal_attempt_shows_no_empty_actions_card(world, clients):
