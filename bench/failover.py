@@ -152,10 +152,14 @@ class Pair:
             shutil.chown(root, "postgres", "postgres")
         self.servers: list[Server] = []
         self.primary = self._server("a")
-        self.primary.pg("initdb", "-D", str(self.primary.dir), "-U", "postgres", "-A", "trust")
-        self.primary.options = ["-c wal_level=replica", "-c max_wal_senders=5"]
-        self.primary.start()
-        self.primary.pg("createdb", "-h", "127.0.0.1", "-p", str(self.primary.port), "ledger")
+        try:
+            self.primary.pg("initdb", "-D", str(self.primary.dir), "-U", "postgres", "-A", "trust")
+            self.primary.options = ["-c wal_level=replica", "-c max_wal_senders=5"]
+            self.primary.start()
+            self.primary.pg("createdb", "-h", "127.0.0.1", "-p", str(self.primary.port), "ledger")
+        except BaseException:
+            self.stop()  # nothing started here outlives a failed start
+            raise
         # Ports of the standbys to come are in the URL from the start: libpq skips a host that
         # does not answer, and keeps the one that takes writes.
         self.spare = [self._server(name) for name in ("b", "c")]
@@ -240,6 +244,10 @@ class Acks:
         with self.lock:
             self.moves.setdefault(key, set()).add(move)
 
+    def confirmed(self) -> int:
+        with self.lock:
+            return sum(1 for moves in self.moves.values() if "OUTCOME_CONFIRMED" in moves)
+
 
 @dataclass
 class Round:
@@ -300,13 +308,19 @@ class Failover(Soak):
         )
         super().__init__(soak_options, workdir)
         self.failover_options = options
-        self.pair = Pair(Path(tempfile.mkdtemp(prefix="ledgerweb-failover-pg-")))
+        root = Path(tempfile.mkdtemp(prefix="ledgerweb-failover-pg-"))
+        try:
+            self.pair = Pair(root)
+        except BaseException:
+            shutil.rmtree(root, ignore_errors=True)
+            raise
         self.env["DATABASE_URL"] = self.pair.url
         self.env["LEDGERWEB_SEAL_EVERY"] = "1"
         self.env["LEDGERWEB_PG_CONNECT_TIMEOUT"] = "2"
         self.env["LEDGERWEB_TLOG_ORIGIN"] = ORIGIN
         self.env["LEDGERWEB_TLOG_KEY_FILE"] = str(workdir / "log.key")
         self.token = ""
+        self._refusals_before = 0
 
     def close(self) -> None:
         self.stop_all()
@@ -429,33 +443,39 @@ class Failover(Soak):
             check = self.manage("check", "--deploy", check=False)
             result.warned = "attempts.W045" in check.stdout + check.stderr
         acks = Acks()
-        seconds = self.failover_options.seconds
         stop = threading.Event()
         agents = threading.Thread(target=self.run_agents, args=(mode, stop, acks))
         agents.start()
+        try:
+            self._fail_over_under_load(result, standby, stop, acks)
+        finally:
+            stop.set()  # the agents stop whatever happened
+            agents.join(timeout=150)
+        result.confirmed_after_promotion = acks.confirmed() - result.confirmed_after_promotion
+        result.errors = dict(acks.errors)
+        say(f"{mode}: agents done; recovery settles the rest")
+        result.unsettled = self.settle(self.failover_options.drain)
+        say(f"{mode}: counting")
+        self.count(result, acks, self._refusals_before)
+        say(f"{mode}: counted")
+        return result
+
+    def _fail_over_under_load(
+        self, result: Round, standby: Server, stop: threading.Event, acks: Acks
+    ) -> None:
+        mode, seconds = result.mode, self.failover_options.seconds
         time.sleep(seconds)
         result.checkpoint_before = int(
             self.pair.primary.sql("SELECT coalesce(max(seq), 0) FROM attempts_checkpoint")
         )
         result.witnessed_before = self.witness_state()[0]
-        refusals_before = self.signer_refusals()
+        self._refusals_before = self.signer_refusals()
         say(f"{mode}: the standby falls {self.failover_options.lag}s behind")
         self.pair.hold_back(self.failover_options.lag)
         say(f"{mode}: SIGKILL the primary mid-run, promote the standby")
         result.without_primary_seconds = self.pair.fail_over(standby)
-        before = sum(1 for moves in list(acks.moves.values()) if "OUTCOME_CONFIRMED" in moves)
+        result.confirmed_after_promotion = acks.confirmed()  # the count at the promotion
         time.sleep(seconds)  # the agents go on against the new primary
-        stop.set()
-        agents.join()
-        after = sum(1 for moves in list(acks.moves.values()) if "OUTCOME_CONFIRMED" in moves)
-        result.confirmed_after_promotion = after - before
-        result.errors = dict(acks.errors)
-        say(f"{mode}: agents done; recovery settles the rest")
-        result.unsettled = self.settle(self.failover_options.drain)
-        say(f"{mode}: counting")
-        self.count(result, acks, refusals_before)
-        say(f"{mode}: counted")
-        return result
 
     def settle(self, seconds: float) -> dict[str, int]:
         deadline = time.monotonic() + seconds
