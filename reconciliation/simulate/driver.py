@@ -33,8 +33,6 @@ OPEN_BREAKS = frozenset(
         "approval_insert",  # item 4: approvals are rows outside the chain
         "key_once_after_archive",  # item 7: an archived key is recorded anew
         "one_attempt_per_effect",  # item 8: one provider effect confirms several attempts
-        "erasure_completes",  # item 9: erasure fails on an approval comment
-        "recorder_not_approver",  # item 10: the token's issuer approves what it recorded
     }
 )
 # Every tampering must be caught by both verifiers; where the problem's kind is known it must
