@@ -100,7 +100,11 @@ def money(context: template.Context, attempt: Any) -> str:
         tools = Tool.objects.exclude(amount_arg="").in_bulk()
         if request is not None:
             request._display_tools = tools
-    amount = amount_of(tools.get(attempt.tool_name), attempt.args, locale_of(request))
+    if isinstance(attempt, dict):  # a queue's row: its arguments are read only when needed
+        tool_name, args = attempt.get("tool_name"), attempt.get("args")
+    else:
+        tool_name, args = attempt.tool_name, attempt.args
+    amount = amount_of(tools.get(tool_name), args, locale_of(request))
     if amount is None:
         return ""
     return format_html(

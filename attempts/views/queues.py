@@ -330,6 +330,7 @@ def _decorate(rows: list[dict[str, Any]], now: dt.datetime, user: Any) -> None:
         else set()
     )
     whys = _whys(rows, last_events, now)
+    _amount_args(rows)
     zone = timezone.get_current_timezone()
     detail_base = reverse("attempt-detail", args=["-"])[:-2]
     for row in rows:
@@ -349,6 +350,19 @@ def _decorate(rows: list[dict[str, Any]], now: dt.datetime, user: Any) -> None:
         row["sla"] = SlaPolicy.level(policy, row["state"], age)
         row["sla_ack"] = (row["id"], row["state"]) in acknowledged
         row["why"] = whys.get(row["id"], "")
+
+
+def _amount_args(rows: list[dict[str, Any]]) -> None:
+    """The arguments of the rows whose tool declares an amount (one bounded query), so the
+    row shows it as money; other rows never read their arguments."""
+    money_tools = set(Tool.objects.exclude(amount_arg="").values_list("name", flat=True))
+    wanted = [row["id"] for row in rows if row["tool_name"] in money_tools]
+    if not wanted:
+        return
+    args = dict(Attempt.objects.filter(pk__in=wanted).values_list("pk", "args"))
+    for row in rows:
+        if row["id"] in args:
+            row["args"] = args[row["id"]]
 
 
 # States whose rows say what happens next (attempts.waiting): recovery's work.

@@ -279,3 +279,15 @@ def test_the_navigation_counts_what_awaits_me(world, held):
         'data-testid="nav-approvals-count"'
         not in login(world, "operator").get("/").content.decode()
     )
+
+
+def test_a_queue_shows_a_declared_amount_as_money(world, held):
+    from attempts.models import Tool
+
+    Tool.objects.filter(name="charge_card").update(amount_arg="amount_cents", currency="KWD")
+    page = login(world, "reviewer").get("/queues/all/").content.decode()
+    assert "KWD\xa0200.001" in page or "KWD200.001" in page  # three minor units
+    Tool.objects.filter(name="charge_card").update(amount_arg="", currency="")
+    assert (
+        'data-testid="money"' not in login(world, "reviewer").get("/queues/all/").content.decode()
+    )
