@@ -16,6 +16,7 @@ import datetime as dt
 from typing import Any
 
 from django.conf import settings
+from django.db.models import Q
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils import timezone
@@ -23,6 +24,7 @@ from django.utils import timezone
 from attempts.models import Attempt, State
 from ledgerweb.ops import degraded_providers, providers_past_deadline
 from reconciliation.models import WorkerHeartbeat
+from reconciliation.reconciler import OPERATION_STATES
 
 CAP = 100
 # Reconcile lag above this many seconds is shown as a problem.
@@ -39,9 +41,18 @@ def band(user: Any, now: dt.datetime | None = None) -> dict[str, Any]:
     workers = WorkerHeartbeat.objects.filter(
         last_seen__gte=now - dt.timedelta(seconds=max_age)
     ).count()
-    oldest_due = (
-        visible.due(now).order_by("next_check_at").values_list("next_check_at", flat=True).first()
-    )
+    degraded = degraded_providers()
+    # Work a provider holds is due but waits on purpose (the band names the provider): the lag
+    # is how long work that may be done now has waited.
+    held_work = Q()
+    for info in degraded.values():
+        states = OPERATION_STATES.get(info.get("operation", ""))
+        if states and info.get("tools"):
+            held_work |= Q(tool_name__in=list(info["tools"]), state__in=states)
+    due = visible.due(now)
+    if held_work:
+        due = due.exclude(held_work)
+    oldest_due = due.order_by("next_check_at").values_list("next_check_at", flat=True).first()
     lag = max(0.0, (now - oldest_due).total_seconds()) if oldest_due else 0.0
     approved, approved_more = (
         visible.filter(state=State.INTENT_RECORDED, approval_policy__isnull=False)
@@ -52,7 +63,7 @@ def band(user: Any, now: dt.datetime | None = None) -> dict[str, Any]:
     queue = reverse("queue", args=["all"])
     held = []
     slow = providers_past_deadline()
-    for key, info in sorted(degraded_providers().items()):
+    for key, info in sorted(degraded.items()):
         tools = list(info.get("tools") or [])
         held.append(
             {

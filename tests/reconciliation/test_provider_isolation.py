@@ -243,6 +243,10 @@ def test_the_overview_health_band_shows_whether_work_moves_with_links_to_its_que
     reconciler = Reconciler(worker_id="band", concurrency=4)
     reconciler.run_once()
     _stale(intent(world, "update_crm", "band-stale", {"n": 1}))  # recorded after the pass
+    # The held tickets have been due for a while: held on purpose, they are not lag.
+    Attempt.objects.filter(tool_name="open_ticket", state=State.UNKNOWN).update(
+        next_check_at=timezone.now() - timezone.timedelta(seconds=300)
+    )
     for user in (world.viewer, world.operator, world.reviewer):
         client = Client()
         client.force_login(user)
@@ -254,6 +258,8 @@ def test_the_overview_health_band_shows_whether_work_moves_with_links_to_its_que
         assert "Approved, not sent after the grace: 0" in page
         assert "Provider held:" in page and "/tools/open_ticket/lookup" in page
         assert 'data-testid="band-provider-tool">open_ticket</a>' in page
+        # The held tickets are due but wait on purpose: they are not reconcile lag.
+        assert "Reconcile lag: 0 s" in page
 
 
 def test_the_demo_shows_its_injected_outage_as_what_it_is(world, demo, settings) -> None:
