@@ -7,6 +7,7 @@ token and whoever issued it."""
 from __future__ import annotations
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from attempts import audit_verify, erasure, ledger, review, states
@@ -22,7 +23,13 @@ from attempts.models import (
     State,
 )
 from attempts.states import Actor
-from attempts.verify_export import ERASED_TEXT, GENESIS, event_hash, verify_file
+from attempts.verify_export import (
+    ERASED_TEXT,
+    GENESIS,
+    approval_problems,
+    event_hash,
+    verify_file,
+)
 from tests.api.conftest import Api
 from tests.attempts.test_audit_export import export, offline
 from tests.conftest import _user
@@ -339,3 +346,106 @@ def test_an_approval_by_the_tokens_issuer_is_reported_offline(world, tmp_path):
     kinds = {p.kind for p in checked.problems}
     assert kinds == {"approvals"}, checked.render()
     assert "not counted: admin: a recorder of the intent" in checked.render()
+
+
+# ---------------------------------------------------------------------------------------------
+# Upgrading: approvals written before this release still count and still verify
+
+
+def test_an_approval_event_written_before_valid_until_still_counts(world, tmp_path):
+    """Before approvals were chain-only, an approval event kept its expiry and count among its
+    private details (``expires_at``, ``needed``): the verdict and both verifiers read those."""
+    hold_big_charges()
+    attempt = held_intent(world, "charge:acme:old", BIG)
+    policy = ApprovalPolicy.objects.get()
+    now = timezone.now()
+    with write_transaction():
+        states.move(
+            attempt,
+            None,
+            action="attempt.approval",
+            actor=Actor.user(world.reviewer),
+            details={
+                "kind": "held",
+                "args_hash": attempt.args_hash,
+                "policy": policy.name,
+                "policy_version": policy.version,
+                "expires_at": (now + policy.approval_ttl).isoformat(),
+                "approvals": 1,
+                "needed": 2,
+            },
+        )
+    assert attempt.approval_verdict().valid == ("reviewer",)
+    review.approve_held(attempt, user=world.reviewer2)
+    assert attempt.state == State.INTENT_RECORDED
+    report = audit_verify.verify_django_database()
+    assert report.ok, report.render()
+    assert offline(export(tmp_path)).returncode == 0
+
+
+def test_a_linked_retry_approved_before_every_approval_was_an_event_verifies():
+    """The old linked retry: the first reviewer's approval event (its count private), then the
+    deciding reviewer's move itself, with no ``needed`` recorded on it."""
+
+    def event(number, action, actor, move, details):
+        return {
+            "id": number,
+            "action": action,
+            "actor_kind": "agent" if number == 1 else "user",
+            "actor": actor,
+            "from_state": move[0],
+            "to_state": move[1],
+            "details": details,
+            "created_at": f"2026-01-01T00:00:0{number}.000000Z",
+        }
+
+    def chain(second: str):
+        return [
+            event(1, "attempt.created", "agent-7", ("", "INTENT_RECORDED"), {"args_hash": "a"}),
+            event(2, "attempt.dispatched", "agent-7", ("INTENT_RECORDED", "DISPATCHED"), {}),
+            event(3, "attempt.manual_review", "agent-7", ("DISPATCHED", "MANUAL_REVIEW"), {}),
+            event(
+                4,
+                "attempt.approval",
+                "reviewer",
+                ("MANUAL_REVIEW", "MANUAL_REVIEW"),
+                {"kind": "linked_retry", "approvals": 1, "needed": 2},
+            ),
+            event(
+                5,
+                "attempt.linked_retry_approved",
+                second,
+                ("MANUAL_REVIEW", "RECONCILED"),
+                {"linked_attempt_id": "att_x"},
+            ),
+        ]
+
+    assert approval_problems(chain("reviewer2")) == []
+    (problem,) = approval_problems(chain("reviewer"))
+    assert problem[0] == 5 and "1 valid approval(s) in the chain of the 2 required" in problem[1]
+
+
+def test_the_upgrade_fills_the_token_issuer_of_attempts_still_waiting(world):
+    """Migration 0019's data step: an attempt a token recorded before the issuer was kept, still
+    waiting for a decision, gets the token's issuer (as it is now); a settled one is left."""
+    import importlib
+
+    from django.apps import apps
+
+    upgrade = importlib.import_module("attempts.migrations.0019_approvals_in_the_chain")
+    AgentToken.issue("agent-old", ["acme"], created_by=world.reviewer)
+    hold_big_charges()
+    waiting = held_intent(world, "charge:acme:w", BIG)
+    settled = held_intent(world, "charge:acme:s", BIG)
+    review.reject_held(settled, user=world.reviewer2, reason="no")
+    Attempt.objects.filter(pk__in=[waiting.pk, settled.pk]).update(recorded_by="agent-old")
+
+    class Editor:
+        connection = connection
+
+    upgrade.fill_issuers(apps, Editor())
+    assert Attempt.objects.get(pk=waiting.pk).recorded_by_issuer == "reviewer"
+    assert Attempt.objects.get(pk=settled.pk).recorded_by_issuer == ""
+    assert not review.may_decide_held(
+        world.reviewer, Attempt.objects.get(pk=waiting.pk), ApprovalPolicy.objects.get()
+    )[0]
