@@ -328,3 +328,23 @@ def test_the_pages_slack_route_applies_as_written_and_posts_to_its_channel(world
     held = held_intent(world, "charge:globex:doc", {"amount_cents": 150000}, tenant="globex")
     assert slack.channels_for(held) == []  # the route is acme's
     assert "slack_channel" in config.dump()
+
+
+def test_a_decision_on_the_dashboard_updates_the_slack_message_too(world, posted, fake_slack):
+    """The message follows the attempt's history, whoever decided: the worker's notification
+    step reads the approval event and updates it."""
+    from attempts import review
+
+    review.approve_held(posted, user=world.reviewer)
+    notify.enqueue_from_events()
+    assert slack.deliver_due()["updated"] == 1
+    assert "Approvals: 1 of 2 (reviewer)" in shown(fake_slack)
+    # The notifier has read everything before (its cursor moves once events are old enough).
+    notify.enqueue_from_events(now=timezone.now() + dt.timedelta(minutes=1))
+    slack.deliver_due(now=timezone.now() + dt.timedelta(minutes=1))
+    review.reject_held(posted, user=world.reviewer2, reason="too large")
+    later = timezone.now() + dt.timedelta(minutes=2)
+    notify.enqueue_from_events(now=later)
+    assert slack.deliver_due(now=later)["updated"] == 1
+    assert "Rejected by reviewer2: too large" in shown(fake_slack)
+    assert slack.APPROVE not in shown(fake_slack)
