@@ -56,8 +56,10 @@ from attempts.models import (
     SlaEscalation,
     SlaPolicy,
     State,
+    Tool,
     has_role,
 )
+from attempts.money import amount_of
 
 log = logging.getLogger("ledgerweb.notify")
 
@@ -178,7 +180,11 @@ def routed(drafts: list[Draft]) -> list[Draft]:
 
 
 def _about(attempt: Attempt) -> str:
-    return f"{attempt.attempt_id} ({attempt.tool_name}, tenant {attempt.tenant_id})"
+    """The attempt in a notice: its id, tool and tenant, and its amount as money when the tool
+    declares one (in the deployment's default locale: a notice has no browser)."""
+    amount = amount_of(Tool.objects.filter(name=attempt.tool_name).first(), attempt.args)
+    money = f", {amount.text}" if amount else ""
+    return f"{attempt.attempt_id} ({attempt.tool_name}, tenant {attempt.tenant_id}{money})"
 
 
 def drafts_for(event: AttemptEvent, attempt: Attempt) -> list[Draft]:

@@ -313,6 +313,7 @@ def test_notices_tell_the_people_the_policy_lets_approve(world, settings):
     notice = Notification.objects.filter(recipient=world.reviewer).get()
     assert "Approval needed before sending" in notice.subject
     assert f"/attempts/{attempt.attempt_id}/" in notice.body
+    assert "€" not in notice.body  # the tool declares no amount: none is guessed
     Notification.objects.all().delete()
     review.approve_held(attempt, user=world.reviewer)
     notify.enqueue_from_events()
@@ -338,3 +339,19 @@ def test_a_linked_attempt_of_a_held_call_needs_the_policys_approvals_again(world
     review.approve_held(child, user=world.reviewer2)
     _, claimed = ledger.claim_dispatch(child.attempt_id, actor=world.agent)
     assert claimed
+
+
+def test_a_notice_shows_a_declared_amount_as_money(world, settings):
+    from attempts import notify
+    from attempts.models import Notification, Tool
+
+    settings.NOTIFY = {**settings.NOTIFY, "EMAIL": True, "CHAT_WEBHOOK_URL": ""}
+    Tool.objects.filter(name="charge_card").update(
+        amount_arg="amount_cents", currency_arg="currency"
+    )
+    notify.enqueue_from_events()
+    policy()
+    charge(world, amount=115982)
+    notify.enqueue_from_events()
+    notice = Notification.objects.filter(recipient=world.reviewer).get()
+    assert "€1,159.82" in notice.body
