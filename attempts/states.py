@@ -241,8 +241,10 @@ def create(
         record["token_issuer"] = actor.issuer
     if attempt.parent_id:
         # A linked attempt's recorders are its original's (``Attempt.recorders``), not the
-        # person or worker who made it: in the chain, so the verifier needs nothing else.
+        # person or worker who made it: in the chain, so the verifier needs nothing else; and
+        # its original's token issuer on the row, so the inbox leaves it out for them too.
         record["recorders"] = sorted(attempt.parent.recorders())
+        attempt.recorded_by_issuer = attempt.recorded_by_issuer or attempt.parent.recorded_by_issuer
     event = chain.attempt_event(
         attempt,
         action="attempt.created",

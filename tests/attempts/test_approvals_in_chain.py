@@ -449,3 +449,20 @@ def test_the_upgrade_fills_the_token_issuer_of_attempts_still_waiting(world):
     assert not review.may_decide_held(
         world.reviewer, Attempt.objects.get(pk=waiting.pk), ApprovalPolicy.objects.get()
     )[0]
+
+
+def test_the_issuer_of_the_token_cannot_approve_a_correction_of_it(world, issued_by_reviewer):
+    hold_big_charges()
+    attempt = api_intent(issued_by_reviewer, "charge:acme:tok2", "charge_card", BIG)
+    child = review.edit_and_approve(
+        attempt, user=world.reviewer2, args={**BIG, "amount_cents": 120000}
+    )
+    assert child.recorders() == {"agent-of-reviewer", "reviewer"}
+    created = child.events.order_by("id").first()
+    assert created.details["recorders"] == ["agent-of-reviewer", "reviewer"]
+    page = login(world, "reviewer").get("/approvals/?tab=me").content.decode()
+    assert child.attempt_id not in page
+    with pytest.raises(ledger.NotAllowed):
+        review.approve_held(child, user=world.reviewer)
+    review.approve_held(child, user=world.admin)
+    assert Attempt.objects.get(pk=child.pk).state == State.INTENT_RECORDED
