@@ -12,7 +12,7 @@ from attempts.config_history import save_with_history
 from attempts.models import Grant, Membership, Role, Tenant, Tool
 from attempts.states import Actor
 from tests.conftest import make_world
-from tests.dashboard.conftest import make_attempt, make_review, make_unknown
+from tests.dashboard.conftest import SHOTS, make_attempt, make_review, make_unknown
 from tests.dashboard.test_browser_shift import AXE, PHONE, Tab
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -134,7 +134,7 @@ def test_an_attempts_decisions_come_first(live_server, browser, viewport):
         decide = tab.page.locator("#decide").bounding_box()
         identity = tab.page.locator("#attempt-live").bounding_box()
         assert decide["y"] < identity["y"]
-        tab.shot("layout-phone-detail")
+    tab.page.screenshot(path=str(SHOTS / f"layout-detail-{viewport['width']}.png"))
     if review_item.review_reason:
         assert tab.page.inner_text("[data-testid=review-why]").endswith(".")
     assert tab.no_sideways_scroll()
