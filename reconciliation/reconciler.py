@@ -338,8 +338,11 @@ class Reconciler:
             if connection.vendor == "postgresql":
                 scheduled = scheduled.select_for_update(skip_locked=True)
                 stale = stale.select_for_update(skip_locked=True)
+            # In time order: the scheduled by their due time, then the stale by their age, so
+            # work a hold kept due is taken up oldest first when the hold ends.
             found = dict(scheduled.values_list("pk", "version")[:limit])
             found.update(stale.values_list("pk", "version")[:limit])
+            probes: dict[int, int] = {}
             for operation, tools in probing.values():
                 for queryset in candidates:
                     one = queryset.filter(
@@ -349,9 +352,12 @@ class Reconciler:
                         one = one.select_for_update(skip_locked=True)
                     probe = list(one.values_list("pk", "version")[:1])
                     if probe:
-                        found.update(probe)
+                        probes.update(probe)
                         break
-            rows = sorted(found.items())[:limit]
+            # Probes first, so a full batch never starves them; then the oldest work. The
+            # leases are taken in id order.
+            ordered = list(probes.items()) + [i for i in found.items() if i[0] not in probes]
+            rows = sorted(ordered[:limit])
             if not rows:
                 return []
             claimed = states.claim_lease(rows, owner=self.worker_id, until=now + lease, now=now)

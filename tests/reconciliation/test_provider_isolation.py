@@ -291,3 +291,26 @@ def test_the_demo_shows_its_injected_outage_as_what_it_is(world, demo, settings)
     held = next(t for t in tickets if t.events.filter(action="attempt.provider_deferred").exists())
     page = client.get(f"/attempts/{held.attempt_id}/").content.decode()
     assert said in page
+
+
+def test_held_work_is_taken_up_oldest_first_and_a_full_batch_never_starves_a_probe(
+    world,
+) -> None:
+    from reconciliation.providers.registry import Registry
+
+    now = timezone.now()
+    crm = [make_due(unknown(world, "update_crm", f"o:{i}", {"i": i})) for i in range(5)]
+    # Recorded in one order, due in the reverse one: the claim follows the due time.
+    for i, attempt in enumerate(crm):
+        Attempt.objects.filter(pk=attempt.pk).update(
+            next_check_at=now - timezone.timedelta(seconds=10 + 10 * i)
+        )
+    ticket = make_due(unknown(world, "open_ticket", "probe-me", {"n": 1}))
+    reconciler = Reconciler(worker_id="w")
+    adapter, _ = Registry.load().usable("open_ticket")
+    breaker = reconciler.bulkheads.of(adapter, "lookup")
+    breaker.state, breaker.failures, breaker.open_until = "open", 3, time.monotonic() - 1
+    claimed = reconciler.claim(cutoff=now, limit=3, lease=timezone.timedelta(seconds=60))
+    pks = {a.pk for a in claimed}
+    assert ticket.pk in pks  # the probe, although the batch was full of older work
+    assert pks - {ticket.pk} == {crm[4].pk, crm[3].pk}  # the oldest due, not the lowest ids
