@@ -61,6 +61,7 @@ OPERATIONS: dict[str, int] = {
     "record_new": 14,
     "record_same": 3,
     "record_other_args": 3,
+    "record_archived_key": 3,
     "agent_send": 10,
     "agent_crash_after_claim": 2,
     "agent_crash_after_send": 2,
@@ -307,8 +308,10 @@ class History:
 
     def op_record_same(self, choice: int) -> None:
         acked = self._acked(choice)
-        if acked is None:
-            return
+        if acked is not None:
+            self._same(acked)
+
+    def _same(self, acked: Acked) -> None:
         attempt = self._record(acked.tenant, acked.tool, acked.key, acked.args)
         if attempt._sim_created or attempt.attempt_id != acked.attempt_id:  # type: ignore[attr-defined]
             where = (
@@ -322,10 +325,25 @@ class History:
                     f"(first acknowledged as {acked.attempt_id})",
                 )
 
+    def op_record_archived_key(self, choice: int) -> None:
+        """An agent uses a key again after its attempt was archived: the same arguments (must
+        return the archived outcome, create nothing) or other ones (must be refused)."""
+        archived = sorted(self.model.archived_keys)
+        if not archived:
+            return
+        acked = self.model.acked[archived[choice % len(archived)]]
+        if choice % 2:
+            self._same(acked)
+        else:
+            self._other_args(acked, choice)
+
     def op_record_other_args(self, choice: int) -> None:
         acked = self._acked(choice)
         if acked is None:
             return
+        self._other_args(acked, choice)
+
+    def _other_args(self, acked: Acked, choice: int) -> None:
         args = dict(acked.args)
         args["changed"] = choice % 5
         before = Attempt.objects.filter(attempt_id=acked.attempt_id).first()
@@ -584,6 +602,8 @@ class History:
                 )
 
     def op_archive(self, choice: int) -> None:
+        """Two days on (the retention rules archive after one), seal and archive."""
+        self.clock.advance(2 * 86400)
         self.seal()
         before = set(Attempt.objects.values_list("idempotency_key", flat=True))
         archive.run(

@@ -205,6 +205,7 @@ def build(folder: Path) -> tuple[People, str]:
         policy.full_clean()
         policy.save()
         for tenant in TENANTS:
-            RetentionRule.objects.create(tenant_id=tenant, tool_id="sim_crm", archive_after_days=1)
+            for tool in ("sim_crm", "sim_ticket"):
+                RetentionRule.objects.create(tenant_id=tenant, tool_id=tool, archive_after_days=1)
         _, raw = AgentToken.issue(AGENT, list(TENANTS), created_by=people[ISSUER])
     return People(people), raw
