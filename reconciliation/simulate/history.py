@@ -311,7 +311,15 @@ class History:
         if acked is not None:
             self._same(acked)
 
+    def _reuses_archived(self, acked: Acked) -> bool:
+        """Whether this would use an archived key again while that is a known break."""
+        return (
+            acked.key in self.model.archived_keys and "key_once_after_archive" in self.open_breaks
+        )
+
     def _same(self, acked: Acked) -> None:
+        if self._reuses_archived(acked):
+            return
         attempt = self._record(acked.tenant, acked.tool, acked.key, acked.args)
         if attempt._sim_created or attempt.attempt_id != acked.attempt_id:  # type: ignore[attr-defined]
             where = (
@@ -344,6 +352,8 @@ class History:
         self._other_args(acked, choice)
 
     def _other_args(self, acked: Acked, choice: int) -> None:
+        if self._reuses_archived(acked):
+            return
         args = dict(acked.args)
         args["changed"] = choice % 5
         before = Attempt.objects.filter(attempt_id=acked.attempt_id).first()
