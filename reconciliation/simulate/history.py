@@ -63,7 +63,7 @@ OPERATIONS: dict[str, int] = {
     "record_other_args": 3,
     "record_archived_key": 3,
     "agent_send": 10,
-    "agent_crash_after_claim": 2,
+    "agent_crash_after_claim": 3,
     "agent_crash_after_send": 2,
     "report_unknown": 2,
     "worker_pass": 10,
@@ -72,7 +72,7 @@ OPERATIONS: dict[str, int] = {
     "advance_clock": 6,
     "provider_mode": 5,
     "approve": 6,
-    "approve_with_comment": 2,
+    "approve_with_comment": 4,
     "reject": 1,
     "edit_and_approve": 2,
     "policy_change": 1,
@@ -447,7 +447,9 @@ class History:
 
     def op_provider_mode(self, choice: int) -> None:
         # "accept" half the time: faults come and go.
-        self.provider.mode = "accept" if choice % 2 else MODES[(choice // 2) % len(MODES)]
+        # Lying lookups weigh more: they matter only when they meet an attempt in recovery.
+        faults = [*MODES, "liar", "liar"]
+        self.provider.mode = "accept" if choice % 2 else faults[(choice // 2) % len(faults)]
         if self.provider.mode == "liar" and "one_attempt_per_effect" in self.open_breaks:
             self.provider.mode = "accept"
 
@@ -589,7 +591,9 @@ class History:
 
     def op_erase(self, choice: int) -> None:
         settled = Attempt.objects.filter(state__in=(S.OUTCOME_CONFIRMED, S.FAILED, S.RECONCILED))
-        attempt = self.pick(settled, choice)
+        if choice % 2:  # half the time, what people decided on (approved, edited)
+            settled = settled.filter(approval_policy__isnull=False)
+        attempt = self.pick(settled, choice // 2)
         if attempt is None:
             return
         erasure.request_erasure(attempt, user=self.person("sim-admin1"), reason="GDPR request")
