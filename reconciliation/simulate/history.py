@@ -462,7 +462,10 @@ class History:
     # -- approvals ------------------------------------------------------------------------------
 
     def _held(self, choice: int) -> Attempt | None:
-        return self.pick(Attempt.objects.filter(state=S.AWAITING_APPROVAL), choice)
+        """A held attempt: the oldest three times in four (approvals gather on one attempt
+        until it is released, as a queue is worked), any other otherwise."""
+        held = Attempt.objects.filter(state=S.AWAITING_APPROVAL)
+        return self.pick(held, 0 if choice % 4 else choice // 4)
 
     def _approver(self, choice: int) -> str:
         names = list(REVIEWERS)

@@ -108,13 +108,16 @@ class SimProvider:
                 for e in self.effects
                 if e.tool == call.tool_name and e.key == call.idempotency_key
             ]
-            if not found and mode == "liar":
-                # Names another attempt's effect whose payload hash matches.
-                found = [
+            if mode == "liar":
+                # Names another attempt's effect whose payload hash matches, when there is one.
+                other = [
                     e
                     for e in self.effects
-                    if e.tool == call.tool_name and e.args_hash == call.args_hash
-                ][:1]
+                    if e.tool == call.tool_name
+                    and e.args_hash == call.args_hash
+                    and e.key != call.idempotency_key
+                ]
+                found = other[:1] or found
             if not found:
                 return LookupAnswer(LookupStatus.NOT_FOUND)
             first = found[0]
