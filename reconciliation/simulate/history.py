@@ -71,6 +71,7 @@ OPERATIONS: dict[str, int] = {
     "worker_restart": 1,
     "advance_clock": 6,
     "provider_mode": 5,
+    "provider_lies": 3,
     "approve": 6,
     "approve_with_comment": 4,
     "reject": 1,
@@ -447,11 +448,11 @@ class History:
 
     def op_provider_mode(self, choice: int) -> None:
         # "accept" half the time: faults come and go.
-        # Lying lookups weigh more: they matter only when they meet an attempt in recovery.
-        faults = [*MODES, "liar", "liar"]
-        self.provider.mode = "accept" if choice % 2 else faults[(choice // 2) % len(faults)]
-        if self.provider.mode == "liar" and "one_attempt_per_effect" in self.open_breaks:
-            self.provider.mode = "accept"
+        self.provider.mode = "accept" if choice % 2 else MODES[(choice // 2) % len(MODES)]
+
+    def op_provider_lies(self, choice: int) -> None:
+        """The provider's lookups start or stop naming other attempts' effects."""
+        self.provider.lying = bool(choice % 2) and "one_attempt_per_effect" not in self.open_breaks
 
     def op_witness_mode(self, choice: int) -> None:
         mode = "up" if choice % 2 else WITNESS_MODES[(choice // 2) % len(WITNESS_MODES)]
@@ -594,8 +595,8 @@ class History:
 
     def op_erase(self, choice: int) -> None:
         settled = Attempt.objects.filter(state__in=(S.OUTCOME_CONFIRMED, S.FAILED, S.RECONCILED))
-        if choice % 2:  # half the time, what people decided on (approved, edited)
-            settled = settled.filter(approval_policy__isnull=False)
+        if choice % 2:  # half the time, what people commented on when they approved
+            settled = settled.filter(approvals__isnull=False).exclude(approvals__comment="")
         attempt = self.pick(settled, choice // 2)
         if attempt is None:
             return

@@ -5,7 +5,7 @@ The provider is the outside world's truth: what it performed is what happened, w
 ledger says. Its fault mode is set by the history's steps and lasts until the next such step:
 it accepts, loses the answer (performs, then the caller hears nothing), delivers twice,
 refuses (for now or for good), is slow (past the tool's deadline: the caller gives up while
-the provider performs), rate-limits, is down, or lies (a lookup names another attempt's
+the provider performs), rate-limits or is down; independently, its lookups may lie (name another attempt's
 effect with the same payload hash).
 """
 
@@ -33,7 +33,6 @@ MODES = (
     "slow",
     "rate_limit",
     "down",
-    "liar",
 )
 
 
@@ -55,6 +54,9 @@ class SimProvider:
 
     idempotent_tools: set[str]
     mode: str = "accept"
+    # Lookups that name another attempt's effect with the same payload hash (a lying or
+    # confused provider), whatever the sends do.
+    lying: bool = False
     effects: list[Effect] = field(default_factory=list)
     sends: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -108,7 +110,7 @@ class SimProvider:
                 for e in self.effects
                 if e.tool == call.tool_name and e.key == call.idempotency_key
             ]
-            if mode == "liar":
+            if self.lying:
                 # Names another attempt's effect whose payload hash matches, when there is one.
                 other = [
                     e
