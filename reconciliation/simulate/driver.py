@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from django.db import transaction
+from django.db.models import Max
 
 from attempts import log
-from attempts.models import Attempt
+from attempts.models import Attempt, AttemptEvent
 from reconciliation.simulate import invariants, world
 from reconciliation.simulate.history import OPERATIONS, TAMPERINGS, History, Step, Violation
 from reconciliation.simulate.provider import SimAdapter, SimProvider
@@ -47,6 +48,10 @@ EXPECTED_KINDS: dict[str, set[str] | None] = {
 }
 
 
+# The share of steps that are tampering steps.
+TAMPER_RATE = 0.05
+
+
 class _Rollback(Exception):
     pass
 
@@ -56,8 +61,8 @@ class Outcome:
     seed: int | None
     steps: list[Step]
     violations: list[Violation]
-    tampered: str | None = None
-    tamper_applied: bool = False
+    tampered: list[str] = field(default_factory=list)
+    tamper_applied: bool = False  # the last tampering changed something
     ran: int = 0
     seconds: float = 0.0
     stats: Counter = field(default_factory=Counter)
@@ -94,18 +99,19 @@ def draw(
     steps: int,
     *,
     open_breaks: frozenset[str] = OPEN_BREAKS,
-    tamper_rate: float = 0.3,
+    tamper_rate: float = TAMPER_RATE,
 ) -> list[Step]:
-    """The steps the seed draws: operations by weight; with ``tamper_rate``, one tampering
-    in the second half, which ends the history."""
+    """The steps the seed draws: operations by weight, and each step a tampering with
+    probability ``tamper_rate`` (undone after the verifiers have seen it)."""
     rng = random.Random(seed)
     names = [op for op in OPERATIONS if op not in open_breaks]
     weights = [OPERATIONS[op] for op in names]
-    drawn = [Step(op, rng.randrange(1 << 16)) for op in rng.choices(names, weights, k=steps)]
-    tamperings = [t for t in TAMPERINGS if t not in open_breaks]
-    if tamperings and steps >= 2 and rng.random() < tamper_rate:
-        at = rng.randrange(steps // 2, steps)
-        drawn = drawn[:at] + [Step(rng.choice(tamperings), rng.randrange(1 << 16))]
+    tamperings = sorted(t for t in TAMPERINGS if t not in open_breaks)
+    drawn = []
+    for op in rng.choices(names, weights, k=steps):
+        if tamperings and rng.random() < tamper_rate:
+            op = rng.choice(tamperings)
+        drawn.append(Step(op, rng.randrange(1 << 16)))
     return drawn
 
 
@@ -215,7 +221,7 @@ class Simulation:
                     finally:
                         history.close()
                         outcome.violations = history.violations
-                        outcome.tampered = history.tampered
+                        outcome.tampered = list(history.tamperings)
                         outcome.tamper_applied = history.tamper_applied
                         outcome.stats = history.stats
                         outcome.states = Counter(Attempt.objects.values_list("state", flat=True))
@@ -228,12 +234,23 @@ class Simulation:
     def _steps(self, history: History, steps: list[Step], folder: Path, outcome: Outcome) -> None:
         last_event = 0
         for index, step in enumerate(steps):
+            if step.op in TAMPERINGS:
+                # The tampering, then both verifiers, then all of it undone: the history goes on.
+                with history.undone():
+                    try:
+                        history.run(step)
+                    except Exception as exc:
+                        history.violate("tampering_error", f"{step}: {type(exc).__name__}: {exc}")
+                    else:
+                        if history.tamper_applied:
+                            self._expect_detected(history, folder)
+                outcome.ran = index + 1
+                if history.violations:
+                    return
+                last_event = AttemptEvent.objects.aggregate(m=Max("id"))["m"] or 0
+                continue
             history.run(step)
             outcome.ran = index + 1
-            if history.tampered:
-                if history.tamper_applied:
-                    self._expect_detected(history, folder)
-                return
             last_event = invariants.cheap(history, last_event=last_event)
             if history.violations:
                 return
@@ -277,7 +294,7 @@ class Simulation:
         seed: int,
         histories: int,
         steps: int,
-        tamper_rate: float = 0.3,
+        tamper_rate: float = TAMPER_RATE,
         shrink: bool = True,
         shrink_budget: int = 60,
     ) -> RunSummary:
@@ -311,8 +328,8 @@ class Simulation:
             summary.steps += outcome.ran
             summary.stats.update(outcome.stats)
             summary.states.update(outcome.states)
-            if outcome.tampered:
-                summary.tampered[outcome.tampered] = summary.tampered.get(outcome.tampered, 0) + 1
+            for name in outcome.tampered:
+                summary.tampered[name] = summary.tampered.get(name, 0) + 1
             if outcome.failed:
                 summary.failure = outcome
                 summary.found_after = n + 1

@@ -13,6 +13,7 @@ import contextlib
 import datetime as dt
 import json
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,7 @@ EXPECTED_ERRORS: tuple[type[BaseException], ...] = (
     log.NotSealed,
 )
 
-# Operations and how often each is drawn (tamperings are drawn separately, once at most).
+# Operations and how often each is drawn (tamperings are drawn separately: see driver.draw).
 OPERATIONS: dict[str, int] = {
     "record_new": 14,
     "record_same": 3,
@@ -190,6 +191,7 @@ class History:
         self.client = Client(HTTP_AUTHORIZATION=f"Bearer {token}")
         self.tampered: str | None = None
         self.tamper_applied = False
+        self.tamperings: list[str] = []
         self.stats: Counter[tuple[str, str]] = Counter()
         policy = ApprovalPolicy.objects.get(name=world.POLICY)
         self.model.policy_versions.append(
@@ -231,6 +233,8 @@ class History:
         self.step_no += 1
         if step.op in TAMPERINGS:
             self.tampered = step.op
+            self.tamper_applied = False
+            self.tamperings.append(step.op)
             getattr(self, f"tamper_{step.op}")(step.choice)
             return
         operation = getattr(self, f"op_{step.op}")
@@ -653,6 +657,28 @@ class History:
         self.settings_stack.enter_context(self.env.settings(self.keys, self.signer_state))
 
     # -- tampering ------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def undone(self) -> Iterator[None]:
+        """Whatever happens inside is undone afterwards: the database (a savepoint), and what
+        lives outside it (the signers' memory files, the witness, the provider's record), as
+        restoring a snapshot would. A tampering runs inside, so a history goes on after it."""
+        memory = {path: path.read_bytes() for path in self.folder.glob("*.state")}
+        witness = (self.env.witness.size, self.env.witness.root)
+        effects = len(self.provider.effects)
+        savepoint = transaction.savepoint()
+        try:
+            yield
+        finally:
+            transaction.savepoint_rollback(savepoint)
+            for path in self.folder.glob("*.state"):
+                if path not in memory:
+                    path.unlink()
+            for path, data in memory.items():
+                path.write_bytes(data)
+            self.env.witness.size, self.env.witness.root = witness
+            del self.provider.effects[effects:]
+            self.tampered = None
 
     def sql(self, statement: str, params: list | tuple = ()) -> None:
         with connection.cursor() as cursor:

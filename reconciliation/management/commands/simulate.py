@@ -8,7 +8,7 @@ import random
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from attempts.models import Attempt, Tenant
-from reconciliation.simulate.driver import OPEN_BREAKS, Simulation, parse_steps
+from reconciliation.simulate.driver import OPEN_BREAKS, TAMPER_RATE, Simulation, parse_steps
 
 
 def _positive(name: str):
@@ -52,8 +52,9 @@ class Command(BaseCommand):
         parser.add_argument(
             "--tamper-rate",
             type=float,
-            default=0.3,
-            help="share of histories that end with a tampering step (0 to 1)",
+            default=TAMPER_RATE,
+            help="share of steps that are tampering steps, each undone after the verifiers "
+            f"have seen it (0 to 1; default {TAMPER_RATE})",
         )
         parser.add_argument(
             "--include-open-breaks",
