@@ -28,28 +28,27 @@ from reconciliation.simulate.witness import SimWitness
 
 # Tamperings and checks whose fix has not landed on main yet (issue 39): the CI budget does
 # not draw or check them. Remove a name as its fix lands.
-OPEN_BREAKS = frozenset(
-    {
-        "unsign",  # item 3: the newest checkpoint is trusted without its signature
-        "approval_insert",  # item 4: approvals are rows outside the chain
-        "key_once_after_archive",  # item 7: an archived key is recorded anew
-        "one_attempt_per_effect",  # item 8: one provider effect confirms several attempts
-    }
-)
+OPEN_BREAKS: frozenset[str] = frozenset()
 # Every tampering must be caught by both verifiers; where the problem's kind is known it must
 # be one of these (None: any problem).
 EXPECTED_KINDS: dict[str, set[str] | None] = {
     "event_edit": {"content", "link"},
-    "event_delete": None,
+    "event_delete": {"link", "seal", "attempt"},
     "erasure_marker": {"content"},
     "delete_attempt": {"missing"},
-    "unsign": None,
-    "approval_insert": None,
+    "unsign": {"signature", "witness"},
+    "approval_insert": {"approvals"},
 }
 
 
 # The share of steps that are tampering steps.
 TAMPER_RATE = 0.05
+
+
+# Which verifiers must see a tampering (both, unless named here). An approval row inserted
+# behind the ledger's back releases nothing (approvals count from the chain's events): the
+# online verifier reports the row; the history, and so an export of it, is unchanged.
+DETECTED_BY: dict[str, tuple[str, ...]] = {"approval_insert": ("verify_audit",)}
 
 
 class _Rollback(Exception):
@@ -275,7 +274,7 @@ class Simulation:
         assert tampering is not None
         expected = EXPECTED_KINDS.get(tampering)
         found = invariants.verifiers(history, folder)
-        for check in ("verify_audit", "verify_export"):
+        for check in DETECTED_BY.get(tampering, ("verify_audit", "verify_export")):
             problems = found[check]
             kinds = {p.split(":", 1)[0] for p in problems}
             if not problems:

@@ -26,6 +26,7 @@ from attempts import chain, erasure, history_guard, ledger, log, review, states
 from attempts.actors import Actor
 from attempts.config_history import acting
 from attempts.models import (
+    APPROVAL_ACTION,
     ATTENTION_STATES,
     ApprovalPolicy,
     Attempt,
@@ -599,8 +600,8 @@ class History:
 
     def op_erase(self, choice: int) -> None:
         settled = Attempt.objects.filter(state__in=(S.OUTCOME_CONFIRMED, S.FAILED, S.RECONCILED))
-        if choice % 2:  # half the time, what people commented on when they approved
-            settled = settled.filter(approvals__isnull=False).exclude(approvals__comment="")
+        if choice % 2:  # half the time, what people decided on (approved, with a comment or not)
+            settled = settled.filter(events__action=APPROVAL_ACTION).distinct()
         attempt = self.pick(settled, choice // 2)
         if attempt is None:
             return
@@ -787,3 +788,10 @@ class History:
             review.approve_held(attempt, user=self.person("sim-admin1"))
             attempt.refresh_from_db()
             ledger.claim_dispatch(attempt, actor=AGENT)
+        attempt.refresh_from_db()
+        if attempt.state not in (S.AWAITING_APPROVAL, S.FAILED):
+            self.violate(
+                "approval_rows_release_nothing",
+                f"inserted approval rows and one real approval moved {attempt.attempt_id} "
+                f"to {attempt.state}",
+            )

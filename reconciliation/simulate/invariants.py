@@ -178,14 +178,18 @@ def verifiers(history: History, folder: Path) -> dict[str, list[str]]:
     receipt. Returns each verifier's problems as ``kind: message`` lines (empty: it passes)."""
     keys = history.keys.all()
     witness_keys = [history.env.witness.verifier]
-    report = audit_verify.verify_django_database(log_keys=keys, witness_keys=witness_keys)
+    # What configuration says the newest checkpoint must carry (keys, witnesses, the signer's
+    # memory), as verify_audit decides it.
+    report = audit_verify.verify_django_database(
+        log_keys=keys, witness_keys=witness_keys, trust=audit_verify.configured_trust()
+    )
     found = {"verify_audit": [f"{p.kind}: {p}" for p in report.problems]}
     plan = audit_export.plan_export(user=None, filters=audit_export.ExportFilters())
     path = folder / "export.jsonl"
     with path.open("wb") as out:
         for chunk in audit_export.stream_jsonl(plan):
             out.write(chunk)
-    trust = verify_export.LogTrust(log_keys=keys, witness_keys=witness_keys, quorum=0)
+    trust = verify_export.LogTrust(log_keys=keys, witness_keys=witness_keys, quorum=log.quorum())
     exported = verify_export.verify_jsonl(path, trust=trust)
     found["verify_export"] = [f"{p.kind}: {p}" for p in exported.problems]
     receipts = []
