@@ -102,7 +102,19 @@ def _settle_time(world, key: str, limit: float, worker: subprocess.Popen) -> flo
 
 @pytest.mark.parametrize(
     "bad_provider",
-    ["trickle", "blackhole", "slow_headers", "huge", "huge_chunked", "ratelimit"],
+    [
+        "trickle",
+        # The same trickle in the framings http.client stops holding the socket for, and
+        # chunked: each call cut at its deadline by the transport (issue 40).
+        "trickle_http10",
+        "trickle_closedelim",
+        "trickle_chunked",
+        "blackhole",
+        "slow_headers",
+        "huge",
+        "huge_chunked",
+        "ratelimit",
+    ],
     indirect=True,
 )
 def test_one_misbehaving_provider_holds_up_nobody_else(
