@@ -21,10 +21,15 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_ROOT_USER_ACTION=ignore
 WORKDIR /src
-# .dockerignore lets in only what the wheel is built from.
-COPY . .
+# The whole dependency tree from the lock (scripts/lock), each file checked against its hash; a
+# layer of its own, so a build whose lock is unchanged reuses it.
+COPY requirements.lock ./
 RUN python3 -m venv /opt/ledgerweb \
- && /opt/ledgerweb/bin/pip install --quiet . \
+ && /opt/ledgerweb/bin/pip install --quiet --require-hashes --no-deps -r requirements.lock
+# .dockerignore lets in only what the wheel is built from; its dependencies are all there.
+COPY . .
+RUN /opt/ledgerweb/bin/pip install --quiet --no-deps . \
+ && /opt/ledgerweb/bin/pip check \
  && /opt/ledgerweb/bin/ledgerweb help >/dev/null
 
 # -- runtime: the virtualenv, the entrypoint, a user without privileges --------------------------
