@@ -8,9 +8,13 @@ Dockerfile names: a minimal Debian bookworm from Debian's packages (debootstrap)
 machine's pyenv build of CPython 3.13 at /usr/local, as the official image has it. It is
 selected with the Dockerfile's PYTHON_IMAGE build argument.
 
-Both builds are slow (minutes) and run once: the images are kept in var/containers (which the
-suite keeps between runs), tagged with the hash of their inputs, and reused while the inputs are
-unchanged. Each step's time is printed and kept in var/containers/timings.json.
+Both builds are slow (minutes) and run once per machine, not once per clone: the images are
+kept outside the checkout (``container_cache()``: ``LEDGERWEB_CACHE_DIR``, else
+``$XDG_CACHE_HOME/ledgerweb``, else /var/cache/ledgerweb as root, else ~/.cache/ledgerweb), each
+tagged with the hash of its inputs and reused by every clone while those are unchanged. The
+image's dependencies are a layer of their own, keyed by the lock file, so a change of the code
+rebuilds only the layers after it. Each step's time is printed and kept in ``timings.json``
+there.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -36,10 +41,24 @@ from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow
 
-CACHE = REPO / "var" / "containers"
+
+def container_cache() -> Path:
+    """Where the images live between runs and clones: shared by every checkout on the machine,
+    as each image is named by the hash of its inputs."""
+    if configured := os.environ.get("LEDGERWEB_CACHE_DIR"):
+        return Path(configured) / "containers"
+    if xdg := os.environ.get("XDG_CACHE_HOME"):
+        return Path(xdg) / "ledgerweb" / "containers"
+    if os.geteuid() == 0:
+        return Path("/var/cache/ledgerweb/containers")
+    return Path.home() / ".cache" / "ledgerweb" / "containers"
+
+
+CACHE = container_cache()
 # What the build context lets in (.dockerignore's allowlist): their contents key the image.
 CONTEXT = (
     "pyproject.toml",
+    "requirements.lock",
     "README.md",
     "attempts",
     "ledgerweb",
@@ -279,7 +298,9 @@ def build_image() -> str:
         "chroot",
         "--format",
         "docker",  # keeps HEALTHCHECK, which the OCI format has no field for
-        "--layers=false",
+        # Each step's result is kept: a change of the code reuses the dependencies' layer (its
+        # key is the lock file), and the layers of older builds are removed below.
+        "--layers",
         "--pull-never",
         "--build-arg",
         f"PYTHON_IMAGE={base}",
@@ -291,15 +312,24 @@ def build_image() -> str:
             "--build-arg",
             "PIP_CERT=/run/host-ca.pem",
         ]
+    before = set(image_ids())
     started = time.monotonic()
-    buildah(*build, "--tag", name, "--file", str(REPO / "Dockerfile"), str(REPO))
+    built = buildah(*build, "--tag", name, "--file", str(REPO / "Dockerfile"), str(REPO))
     record_time("image build", time.monotonic() - started)
-    # Older builds of the image are of no further use; vfs keeps whole copies.
-    listed = buildah("images", "--format", "{{.Name}}:{{.Tag}}").stdout.split()
-    for old in listed:
-        if old.startswith("localhost/ledgerweb:test-") and old != name:
-            buildah("rmi", old, check=False)
+    # Older builds are of no further use, and vfs keeps whole copies of every layer: keep the
+    # base, this build and the cached steps it reused (the dependencies), remove the rest.
+    reused = set(re.findall(r"Using cache ([0-9a-f]{64})", built.stdout + built.stderr))
+    for image_id, names in image_ids().items():
+        if image_id in before and image_id not in reused and base not in names:
+            if not names or any(n.startswith("localhost/ledgerweb:test-") for n in names):
+                buildah("rmi", "--force", image_id, check=False)
     return name
+
+
+def image_ids() -> dict[str, list[str]]:
+    """Every image in the storage, intermediate build steps included, with its names."""
+    listed = buildah("images", "--all", "--json").stdout
+    return {image["id"]: image.get("names") or [] for image in json.loads(listed or "[]")}
 
 
 def free_port() -> int:
