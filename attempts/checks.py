@@ -220,3 +220,55 @@ def check_failover_durability(app_configs=None, **kwargs):
             id="attempts.W045",
         )
     ]
+
+
+@register()
+def check_unknown_settings(app_configs=None, **kwargs):
+    """A ``LEDGERWEB_*`` variable that nothing reads is a typo or a setting that is gone: its
+    value is silently not in force (``LEDGERWEB_HTTSP=1`` leaves HTTPS off), so say so, with the
+    setting it most likely meant."""
+    from ledgerweb import settings_reference as reference
+
+    return [
+        Warning(
+            f"{name} is set, but it is not a ledgerweb setting, so nothing reads it"
+            + (f"; did you mean {meant}?" if meant else "."),
+            hint="docs/settings.md lists every setting.",
+            id="ledgerweb.W001",
+        )
+        for name, meant in reference.unknown_variables()
+    ]
+
+
+@register(Tags.security, deploy=True)
+def check_sso_is_safe(app_configs=None, **kwargs):
+    """Single sign-on in production talks to its provider over TLS only, and takes only signed
+    ID tokens: over plain http anyone on the path can read the client secret and forge the
+    person; ``none`` accepts an ID token nobody signed."""
+    from ledgerweb import settings_reference as reference
+
+    if not settings.SSO["ENABLED"]:
+        return []
+    errors = []
+    for setting in reference.REFERENCE.values():
+        if not setting.name.startswith("LEDGERWEB_OIDC_"):
+            continue
+        if setting.name.endswith(("_ENDPOINT", "_URL")):
+            value = reference.read(setting.name)
+            if value and not value.lower().startswith("https://"):
+                errors.append(
+                    Error(
+                        f"{setting.name} is {value}: single sign-on must reach its provider "
+                        "over https.",
+                        id="ledgerweb.E001",
+                    )
+                )
+    if reference.read("LEDGERWEB_OIDC_SIGN_ALGO").strip().lower() == "none":
+        errors.append(
+            Error(
+                "LEDGERWEB_OIDC_SIGN_ALGO is none: ID tokens would be taken unsigned.",
+                hint="Use the provider's algorithm (RS256 for most).",
+                id="ledgerweb.E002",
+            )
+        )
+    return errors

@@ -45,10 +45,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def manage(args: list[str]) -> int:
     """A Django management command, as ``manage.py`` runs it."""
+    from django.core.exceptions import ImproperlyConfigured
     from django.core.management import execute_from_command_line
 
     try:
         execute_from_command_line(["ledgerweb", *args])
+    except ImproperlyConfigured as exc:  # a setting's bad value: its sentence, no traceback
+        print(f"ledgerweb: configuration error: {exc}", file=sys.stderr)
+        return 2
     except SystemExit as exc:  # argparse and CommandError exit through here
         if exc.code is None or isinstance(exc.code, int):
             return exc.code or 0

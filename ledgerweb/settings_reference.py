@@ -10,8 +10,12 @@ is used. The type decides how the value is parsed (the strict helpers of ``ledge
 
 from __future__ import annotations
 
+import difflib
+import math
 import os
+from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -41,6 +45,7 @@ class Setting:
     choices: tuple[str, ...] = ()
     shown_default: str | None = None  # the documented default when the code computes it
     essential: bool = False  # also in the README's short table
+    from_file: bool = False  # <NAME>_FILE may name a file holding the value (secrets: always)
 
     def documented_default(self) -> str:
         if self.shown_default is not None:
@@ -69,8 +74,12 @@ class Setting:
         if self.kind == "choice":
             return "one of " + ", ".join(f"`{c}`" for c in self.choices)
         if self.kind == "secret" and self.minimum:
-            return f"secret text (>= {self.minimum} characters in production)"
-        return KINDS[self.kind]
+            kind = f"secret text (>= {self.minimum} characters in production)"
+        else:
+            kind = KINDS[self.kind]
+        if self.from_file:
+            kind += f"; or a file: `{self.name}_FILE`"
+        return kind
 
 
 REFERENCE: dict[str, Setting] = {}
@@ -83,6 +92,8 @@ def declare(name: str, kind: str, default: object, description: str, **options) 
         raise ImproperlyConfigured(f"setting {name} is declared twice")
     if kind not in KINDS:
         raise ImproperlyConfigured(f"setting {name}: unknown type {kind!r}")
+    if kind == "secret":
+        options.setdefault("from_file", True)
     setting = Setting(name, kind, default, description, **options)
     if setting.group not in GROUPS:
         GROUPS.append(setting.group)
@@ -104,6 +115,10 @@ def read(name: str, default: object = _DECLARED):
         ) from None
     value = setting.default if default is _DECLARED else default
     if setting.kind in ("str", "secret"):
+        if setting.from_file:
+            found = from_file(name)
+            if found is not None:
+                return found
         return env_str(name, value)
     if setting.kind == "bool":
         return env_bool(name, value)
@@ -131,6 +146,67 @@ def read(name: str, default: object = _DECLARED):
     return raw
 
 
+def from_file(name: str) -> str | None:
+    """The value in the file ``<NAME>_FILE`` names (as container secrets and systemd credentials
+    provide them; a final newline is not part of it), or None when that variable is unset."""
+    path = os.environ.get(f"{name}_FILE", "").strip()
+    if not path:
+        return None
+    if os.environ.get(name, "").strip():
+        raise ImproperlyConfigured(f"{name} and {name}_FILE are both set: set one of them")
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ImproperlyConfigured(
+            f"{name}_FILE names {path}, which cannot be read ({exc.strerror or exc})"
+        ) from None
+    except UnicodeDecodeError:
+        raise ImproperlyConfigured(f"{name}_FILE names {path}, which is not UTF-8 text") from None
+    value = text.rstrip("\r\n")
+    if not value.strip():
+        raise ImproperlyConfigured(f"{name}_FILE names {path}, which is empty")
+    return value
+
+
+# LEDGERWEB_ variables that are not the server's settings: what reads each. Anything else named
+# LEDGERWEB_* in the server's environment is a typo or a setting that no longer exists
+# (``unknown_variables``; ``check`` warns, attempts/checks.py). LEDGERWEB_TEST_* are the suite's.
+NOT_SETTINGS = {
+    "LEDGERWEB_URL": "the agents' clients: the server's address",
+    "LEDGERWEB_TOKEN": "the agents' clients: their bearer token",
+    "LEDGERWEB_RECEIPT_FILE": "the clients' receipt examples",
+    "LEDGERWEB_PYTHON": "scripts/setup: the Python to make .venv with",
+    "LEDGERWEB_VENV": "scripts/run: a virtualenv to use as is",
+    "LEDGERWEB_CACHE_DIR": "the test suite: where built container images are kept",
+    "LEDGERWEB_CRASH_GATE": "scripts/test: the crash gate runs after the suite",
+    "LEDGERWEB_IMAGE": "compose.yaml: the image to run",
+    "LEDGERWEB_BACKUP_DIR": "deploy/restore-drill.sh and the backup service",
+    "LEDGERWEB_DRILL_DATABASE_URL": "deploy/restore-drill.sh",
+    "LEDGERWEB_COMMAND": "deploy/restore-drill.sh",
+    "LEDGERWEB_PG_BIN": "the test suite and benchmarks: PostgreSQL's programs",
+    "LEDGERWEB_BENCH_DATA": "bench/: where benchmarks keep their ledgers",
+    "LEDGERWEB_SCALE_TEST": "bench/scale.py's test",
+    "LEDGERWEB_SCHEMATHESIS_SECONDS": "the API fuzz test",
+    "LEDGERWEB_SCHEMATHESIS_SEED": "the API fuzz test",
+}
+
+
+def unknown_variables(environ=None) -> list[tuple[str, str | None]]:
+    """Each ``LEDGERWEB_*`` variable set in ``environ`` that nothing reads, with the setting it
+    most likely meant (or None)."""
+    environ = os.environ if environ is None else environ
+    settings_names = list(REFERENCE) + [f"{n}_FILE" for n, s in REFERENCE.items() if s.from_file]
+    known = set(settings_names) | set(NOT_SETTINGS)
+    found = []
+    for name in sorted(environ):
+        if not name.startswith("LEDGERWEB_") or name in known or name.startswith("LEDGERWEB_TEST_"):
+            continue
+        tails = {n.removeprefix("LEDGERWEB_"): n for n in settings_names}
+        close = difflib.get_close_matches(name.removeprefix("LEDGERWEB_"), tails, n=1, cutoff=0.6)
+        found.append((name, tails[close[0]] if close else None))
+    return found
+
+
 # Placeholder secrets as example files and guides write them: check --deploy refuses them.
 _PLACEHOLDER_MARKS = (
     "change-me",
@@ -154,6 +230,8 @@ def weak_secret(value: str, minimum_length: int | None) -> str | None:
     system chose (SMTP, the identity provider's client secret) is only checked for placeholders.
     """
     lowered = value.lower()
+    if lowered.startswith("django-insecure-"):
+        return "it is a development key (django-insecure-...), which Django marks as unsafe"
     for mark in _PLACEHOLDER_MARKS:
         if mark in lowered:
             return f"it looks like a placeholder (contains {mark!r})"
@@ -163,7 +241,44 @@ def weak_secret(value: str, minimum_length: int | None) -> str | None:
         return f"it is {len(value)} characters long; at least {minimum_length} are needed"
     if len(set(value)) < MIN_DISTINCT_CHARACTERS:
         return f"it has only {len(set(value))} distinct characters; a random value has many more"
+    if looks_chosen(value):
+        return (
+            "it reads like words a person chose, not a generated key (its letters follow "
+            "English's frequencies and its characters vary too little)"
+        )
     return None
+
+
+# How often each letter appears in English text, in percent (the usual table).
+_ENGLISH = dict(
+    zip(
+        "etaoinshrdlcumwfgypbvkjxqz",
+        (12.7, 9.1, 8.2, 7.5, 7.0, 6.7, 6.3, 6.1, 6.0, 4.3, 4.0, 2.8, 2.8, 2.4, 2.4, 2.2, 2.0)
+        + (2.0, 1.9, 1.5, 1.0, 0.8, 0.15, 0.15, 0.1, 0.07),
+        strict=True,
+    )
+)
+_ENGLISH_TOTAL = sum(_ENGLISH.values())
+
+
+def looks_chosen(value: str) -> bool:
+    """Whether ``value`` reads like a phrase rather than a generated key: its letters are
+    likelier under English's letter frequencies than under chance (by more than 6 bits), and its
+    characters carry less than 4.6 bits each (Shannon's entropy of their frequencies). Keys made
+    by Django or by Python's ``secrets`` pass about 9,998 times in 10,000 (a key that does not
+    is refused with a sentence: generate another); hexadecimal keys are judged by length only.
+    """
+    if set(value.lower()) <= set("0123456789abcdef"):
+        return False
+    letters = [c for c in value.lower() if c in _ENGLISH]
+    english = sum(math.log2(_ENGLISH[c] / _ENGLISH_TOTAL * 26) for c in letters)
+    return english > 6 and bits_per_character(value) < 4.6
+
+
+def bits_per_character(value: str) -> float:
+    """Shannon's entropy of the character frequencies of ``value``, in bits per character."""
+    counts = Counter(value)
+    return -sum(n / len(value) * math.log2(n / len(value)) for n in counts.values())
 
 
 # --- Core: where the data lives, the database, Django's basics -------------------------------
@@ -189,6 +304,7 @@ declare(
     group=_CORE,
     shown_default="(unset: SQLite)",
     essential=True,
+    from_file=True,
 )
 declare(
     "LEDGERWEB_SQLITE_PATH",
@@ -902,7 +1018,13 @@ declare(
     group=_SSO,
     shown_default="from the discovery document; none: logout ends only ledgerweb's session",
 )
-declare("LEDGERWEB_OIDC_SIGN_ALGO", "str", "RS256", "ID token signing algorithm.", group=_SSO)
+declare(
+    "LEDGERWEB_OIDC_SIGN_ALGO",
+    "str",
+    "RS256",
+    "ID token signing algorithm (`check --deploy` refuses `none`).",
+    group=_SSO,
+)
 declare(
     "LEDGERWEB_OIDC_SCOPES",
     "str",
@@ -1032,8 +1154,16 @@ def render_markdown() -> str:
         "",
         "Every setting ledgerweb reads, all from environment variables. A wrong value stops",
         "start-up with a sentence naming the variable; a boolean is one of 1/0, true/false,",
-        "yes/no, on/off. `manage.py check --deploy` refuses",
-        "placeholder and short secrets (the example file's `change-me-...` values).",
+        "yes/no, on/off. `manage.py check --deploy` refuses placeholder and short secrets",
+        "(the example file's `change-me-...` values), Django's `django-insecure-` keys and keys",
+        "that read like chosen words; with single sign-on, plain-http provider addresses and",
+        "`LEDGERWEB_OIDC_SIGN_ALGO=none`.",
+        "",
+        "Every secret, and `DATABASE_URL`, can come from a file instead: `<NAME>_FILE` names it",
+        "(a container's `secrets:`, a systemd credential); a final newline is not part of the",
+        "value, and setting both `<NAME>` and `<NAME>_FILE` is an error. `manage.py check` warns",
+        "about a `LEDGERWEB_*` variable that is not a setting (a typo: `LEDGERWEB_HTTSP` is not",
+        "`LEDGERWEB_HTTPS`), naming the setting it most likely meant.",
         "",
     ]
     for group in GROUPS:
