@@ -53,7 +53,7 @@ __all__ = [
     "State",
 ]
 
-__version__ = "1.0.0"
+__version__ = "1.1.0"
 
 if TYPE_CHECKING:
     from typing import Self  # Python 3.11+; annotations are never evaluated at run time

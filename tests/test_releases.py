@@ -88,3 +88,57 @@ def test_each_release_names_its_commit_truthfully(release) -> None:
     tag = git("rev-parse", "--verify", "--quiet", f"refs/tags/{release['tag']}^{{commit}}")
     if tag.returncode == 0:  # tags need not travel to a fresh clone; when one did, it agrees
         assert tag.stdout.strip() == release["commit"]
+
+
+MIGRATION_NAME = re.compile(r"\b(\d{4}_[a-z0-9_]*[a-z0-9])\b")
+APPS = ("attempts", "reconciliation")
+
+
+def migration_files(read_names) -> set[str]:
+    """The migration names (``0013_byte_order_identifiers``) of both apps in one tree."""
+    return {
+        name.removesuffix(".py")
+        for app in APPS
+        for name in read_names(f"{app}/migrations")
+        if MIGRATION_NAME.fullmatch(name.removesuffix(".py"))
+    }
+
+
+def released_migrations() -> dict[str, set[str]]:
+    """Each release's migration files, for the releases whose commit is in this clone."""
+    found = {}
+    for release in RELEASES:
+        listed = git("ls-tree", "--name-only", f"{release['commit']}:attempts/migrations")
+        if listed.returncode != 0:
+            continue
+        found[release["version"]] = migration_files(
+            lambda folder: git(
+                "ls-tree", "--name-only", f"{release['commit']}:{folder}"
+            ).stdout.split()
+        )
+    return found
+
+
+def test_the_changelog_names_only_migrations_that_exist_and_every_new_one() -> None:
+    """A migration the changelog names is a file of the checkout or of a release; and every
+    migration file added since the newest release is named in the [Unreleased] section, where an
+    operator reads what ``migrate`` will do."""
+    here = migration_files(lambda folder: [p.name for p in (REPO / folder).iterdir()])
+    released = released_migrations()
+    if not released:
+        pytest.skip("no release's commit is in this clone (a shallow clone?)")
+    known = here.union(*released.values())
+    named = set(MIGRATION_NAME.findall(CHANGELOG))
+    assert not named - known, (
+        f"CHANGELOG.md names migrations that are not files: {sorted(named - known)}"
+    )
+    newest = RELEASES[0]["version"]
+    if newest not in released:
+        pytest.skip(f"release {newest}'s commit is not in this clone")
+    unreleased = CHANGELOG.split("\n## [", 2)[1]
+    assert unreleased.startswith("Unreleased]")
+    missing = sorted(here - released[newest] - set(MIGRATION_NAME.findall(unreleased)))
+    assert not missing, (
+        f"new migrations since {newest} that CHANGELOG.md's [Unreleased] section does not name "
+        f"(say what each does under Added/Changed and list it under Upgrade): {missing}"
+    )
