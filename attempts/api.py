@@ -30,6 +30,7 @@ from attempts import log as tlog
 from attempts.locking import LedgerBusy
 from attempts.models import AgentIdentity, AgentToken, Attempt, State
 from attempts.states import Actor, TransitionError
+from ledgerweb import request_context
 from ledgerweb.paths import shipped
 
 log = logging.getLogger("ledgerweb.api")
@@ -334,7 +335,9 @@ def _actor(token: AgentIdentity) -> Actor:
 
 def _log(event: str, attempt: Attempt, token: AgentIdentity, **fields: Any) -> None:
     """One structured log line per change: key=value text, and the same fields as ``extra``
-    (top-level keys with LEDGERWEB_LOG_FORMAT=json)."""
+    (top-level keys with LEDGERWEB_LOG_FORMAT=json). The request's later lines name the
+    attempt too (ledgerweb/request_context.py)."""
+    request_context.note_attempt(attempt.attempt_id)
     if attempt.repeated_call or not log.isEnabledFor(logging.INFO):
         return  # a repeated call changed nothing: nothing to log
     values = {

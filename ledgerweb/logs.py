@@ -24,10 +24,16 @@ class JsonFormatter(logging.Formatter):
             "message": record.getMessage(),
         }
         for name, value in vars(record).items():
-            if name not in _STANDARD and not name.startswith("_"):
-                entry[name] = (
-                    value if isinstance(value, str | int | float | bool | None) else str(value)
-                )
+            if name in _STANDARD or name.startswith("_"):
+                continue
+            if name == "request" and hasattr(value, "method") and hasattr(value, "path"):
+                # Django's request lines pass the request itself: its parts, not its repr.
+                entry.setdefault("method", value.method)
+                entry.setdefault("path", value.path)
+                continue
+            entry[name] = (
+                value if isinstance(value, str | int | float | bool | None) else str(value)
+            )
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry, ensure_ascii=False)
@@ -53,6 +59,10 @@ _ACCESS_FIELDS = {
     "M": "duration_ms",
     "f": "referer",
     "a": "user_agent",
+    # The request's id as the server answered it (ledgerweb/request_context.py), the agent's
+    # trace context as it came.
+    "{x-request-id}o": "request_id",
+    "{traceparent}i": "traceparent",
 }
 
 

@@ -72,6 +72,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: every later line of a request, and its response, carry its X-Request-ID.
+    "ledgerweb.request_context.RequestIdMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -342,9 +344,12 @@ LOGGING = {
         },
         "json": {"()": "ledgerweb.logs.JsonFormatter"},
     },
+    # The running request's id, trace id and attempt id on each of its lines.
+    "filters": {"request": {"()": "ledgerweb.request_context.RequestContextFilter"}},
     "handlers": {
         "console": {
             "class": "logging.StreamHandler",
+            "filters": ["request"],
             # LEDGERWEB_LOG_FORMAT=json: one JSON object per line, attempt ids as fields.
             "formatter": "json" if read("LEDGERWEB_LOG_FORMAT") == "json" else "structured",
         }

@@ -74,6 +74,11 @@ def test_gunicorn_logs_json_and_keeps_its_control_socket_in_the_data_folder(tmp_
                 assert process.poll() is None, err.read_text()
                 assert time.monotonic() < deadline, err.read_text()
                 time.sleep(0.2)
+        probe = urllib.request.Request(
+            f"http://127.0.0.1:{port}/healthz", headers={"X-Request-ID": "probe-7"}
+        )
+        with urllib.request.urlopen(probe, timeout=5) as r:  # noqa: S310
+            assert r.headers["X-Request-ID"] == "probe-7"
         control = data / "gunicorn.ctl"
         deadline = time.monotonic() + 20
         while not control.exists() and time.monotonic() < deadline:
@@ -89,6 +94,8 @@ def test_gunicorn_logs_json_and_keeps_its_control_socket_in_the_data_folder(tmp_
     assert line["logger"] == "gunicorn.access" and line["method"] == "GET"
     assert line["status"] == "200" and isinstance(line["duration_ms"], int)
     assert line["remote_addr"] == "127.0.0.1"
+    # The access line names the request's id as the server answered it.
+    assert line["request_id"] == "probe-7"
     errors = json_lines(err.read_text())
     assert any("Listening at" in e["message"] for e in errors), errors
     # Python's own warnings (no static files collected in this scratch folder) too.
