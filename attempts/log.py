@@ -564,12 +564,21 @@ def sign_pending(*, limit: int = 100, now: dt.datetime | None = None) -> int:
 
 
 def _signer_state_path() -> Path:
+    """LEDGERWEB_TLOG_SIGNER_STATE, else the data folder: the one place the server's processes
+    may write (the shipped units' ProtectSystem=strict leaves the key's folder read-only)."""
     config = settings.TLOG
     if config["SIGNER_STATE"]:
         return Path(config["SIGNER_STATE"])
-    if config["KEY_FILE"]:
-        return Path(config["KEY_FILE"] + ".state")
     return Path(settings.DATA_DIR) / "log_signer.state"
+
+
+def _legacy_signer_state_path() -> Path | None:
+    """Where releases before 0.2.0 kept the state with a key file: beside it. Read when the data
+    folder has none yet, so an upgraded signer still refuses a rollback of what it signed."""
+    config = settings.TLOG
+    if config["SIGNER_STATE"] or not config["KEY_FILE"]:
+        return None
+    return Path(config["KEY_FILE"] + ".state")
 
 
 def _read_state(memory: Path) -> tuple[int, bytes] | None:
@@ -578,7 +587,14 @@ def _read_state(memory: Path) -> tuple[int, bytes] | None:
     try:
         text = memory.read_text()
     except FileNotFoundError:
-        return None
+        legacy = _legacy_signer_state_path()
+        if legacy is None or memory != _signer_state_path():
+            return None
+        try:
+            text = legacy.read_text()
+        except OSError:
+            return None
+        memory = legacy
     except OSError as exc:
         raise LogKeyError(f"cannot read the signer's state {memory}: {exc.strerror}") from None
     try:

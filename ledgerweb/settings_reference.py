@@ -706,7 +706,7 @@ declare(
     "",
     "Where the signer keeps the newest tree it signed (it signs only consistent extensions of it).",
     group=_TLOG,
-    shown_default="beside the key file, or in the data folder with a signing command",
+    shown_default="`$LEDGERWEB_DATA_DIR/log_signer.state`",
 )
 declare(
     "LEDGERWEB_TLOG_OLD_VERIFIER_KEYS",

@@ -72,6 +72,19 @@ post_migrate.connect(_guards_back_after_flush, dispatch_uid="tests-history-guard
 
 
 @pytest.fixture(autouse=True)
+def _no_signer_state_from_another_test():
+    """The log signer keeps the newest tree it signed in the data folder, which the suite's
+    tests share, while each test's database starts empty: one test's state would make the next
+    one's signer refuse a smaller tree as a rollback."""
+    from django.conf import settings
+
+    state = Path(settings.DATA_DIR) / "log_signer.state"
+    state.unlink(missing_ok=True)
+    yield
+    state.unlink(missing_ok=True)
+
+
+@pytest.fixture(autouse=True)
 def _history_guards_allow_flush(request):
     """Tests that commit (transactional_db, live_server) end with a flush, which the append-only
     triggers would refuse: drop them just before the flush; post_migrate (sent by flush)

@@ -8,6 +8,9 @@ import base64
 import datetime as dt
 import hashlib
 import os
+import shutil
+import subprocess
+import sys
 
 import pytest
 from django.utils import timezone
@@ -27,6 +30,7 @@ from attempts.verify_export import (
     open_checkpoint,
 )
 from tests.attempts.audit_helpers import build_history, seal_all
+from tests.conftest import REPO
 
 pytestmark = pytest.mark.django_db
 
@@ -328,3 +332,67 @@ def test_ledger_log_genkey_key_and_status(world, tmp_path, settings):
     path.chmod(0o644)
     with pytest.raises(CommandError, match="chmod 600"):
         call_command("ledger_log", "key")
+
+
+SANDBOXED_SIGN = r"""
+import os, django
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ledgerweb.settings")
+django.setup()
+from attempts import chain, ledger, log
+from attempts.states import Actor
+
+agent = Actor.agent("sandboxed-agent")
+for i in range(2):
+    attempt, _ = ledger.record_intent(
+        tenant="acme", task_id=f"t-{i}", tool_name="open_ticket",
+        idempotency_key=f"sandbox:{i}", args={"i": i}, actor=agent,
+    )
+while chain.seal() is not None:
+    pass
+newest = log.newest_signed()
+print("signed", newest.seq if newest else None)
+"""
+
+
+@pytest.mark.skipif(
+    not shutil.which("unshare") or os.geteuid() != 0, reason="needs unshare as root"
+)
+def test_the_signer_keeps_its_state_in_the_data_folder_under_a_read_only_key_folder(tmp_path):
+    """As the shipped systemd units run it (ProtectSystem=strict: the key's folder is read-only,
+    the data folder is not): checkpoints are signed, and the signer's state is in the data
+    folder. The key folder is made read-only with a bind mount in a mount namespace of its own,
+    which binds root too."""
+    keys, data = tmp_path / "etc-ledgerweb", tmp_path / "data"
+    keys.mkdir()
+    data.mkdir()
+    key = keys / "log.key"
+    log.write_key_file(key, "example.test/ledger")
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "LEDGERWEB_"))},
+        "LEDGERWEB_DATA_DIR": str(data),
+        "LEDGERWEB_TLOG_KEY_FILE": str(key),
+        "LEDGERWEB_TLOG_ORIGIN": "example.test/ledger",
+        "DJANGO_SETTINGS_MODULE": "ledgerweb.settings",
+        "PYTHONPATH": str(REPO),
+    }
+    (tmp_path / "sign.py").write_text(SANDBOXED_SIGN)
+    python = f"{sys.executable} {REPO / 'manage.py'}"
+    script = (
+        f"mount --bind {keys} {keys} && mount -o remount,bind,ro {keys} && "
+        f"! touch {keys}/writable && "
+        f"{python} migrate -v0 && "
+        f"{python} seed_demo --provider-url http://127.0.0.1:9 --password sandbox-pass-1 -v0 && "
+        f"{sys.executable} {tmp_path / 'sign.py'}"
+    )
+    done = subprocess.run(
+        ["unshare", "--mount", "sh", "-c", script],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "signed None" not in done.stdout and "signed " in done.stdout, done.stdout
+    assert (data / "log_signer.state").is_file()
+    assert sorted(p.name for p in keys.iterdir()) == ["log.key"]
