@@ -36,6 +36,31 @@ OPEN_STATES = [state for state in State.values if state not in TERMINAL_STATES]
 
 @login_not_required
 @require_GET
+def livez(request: HttpRequest) -> JsonResponse:
+    """Liveness: 200 while this process answers requests. Reads nothing, so a restart is never
+    caused by the database or by the reconcile worker."""
+    return JsonResponse({"status": "ok"}, headers=_no_store())
+
+
+@login_not_required
+@require_GET
+def readyz(request: HttpRequest) -> JsonResponse:
+    """Readiness, for a load balancer: 200 when this process can serve, i.e. the database
+    answers. A stale reconcile worker does not take the web tier out of service (it is an
+    alert: /healthz and /metrics say so); 503 without the database."""
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+            cursor.fetchone()
+    except DatabaseError:
+        return JsonResponse(
+            {"status": "unready", "database": "unreachable"}, status=503, headers=_no_store()
+        )
+    return JsonResponse({"status": "ok", "database": "ok"}, headers=_no_store())
+
+
+@login_not_required
+@require_GET
 def healthz(request: HttpRequest) -> JsonResponse:
     """200 when the database answers and a reconcile worker beat recently; 503 otherwise."""
     ops = settings.OPS

@@ -14,6 +14,8 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include("attempts.api_urls")),
     path("healthz", ops.healthz, name="healthz"),
+    path("livez", ops.livez, name="livez"),
+    path("readyz", ops.readyz, name="readyz"),
     path("metrics", ops.metrics, name="metrics"),
     # The transparency log, read-only (C2SP tlog-tiles); public unless a token is configured.
     path("log/checkpoint", transparency.checkpoint, name="log-checkpoint"),

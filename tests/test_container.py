@@ -413,17 +413,21 @@ wait $server || true
 
 
 def test_compose_runs_postgres_a_one_shot_migrate_web_and_worker() -> None:
-    compose = yaml.safe_load((REPO / "compose.yaml").read_text())
+    text = (REPO / "compose.yaml").read_text()
+    compose = yaml.safe_load(text)
     services = compose["services"]
-    assert set(services) == {"postgres", "migrate", "web", "worker"}
+    assert set(services) == {"postgres", "migrate", "web", "worker", "backup"}
+    assert "Docker Compose 2.24.0 or newer" in text  # the minimum version is named
     assert services["postgres"]["image"].startswith("docker.io/library/postgres:")
     assert "healthcheck" in services["postgres"]
     for name in ("migrate", "web", "worker"):
         service = services[name]
         assert service["build"]["context"] == "."
-        assert service["environment"]["DATABASE_URL"].startswith("postgres://")
-        assert "@postgres:5432/" in service["environment"]["DATABASE_URL"]
         assert service["volumes"] == ["ledgerweb-data:/var/lib/ledgerweb"]
+        # Secrets come from files compose mounts, never from environment values.
+        environment = service["environment"]
+        assert not {"DATABASE_URL", "LEDGERWEB_SECRET_KEY", "POSTGRES_PASSWORD"} & set(environment)
+        assert environment["LEDGERWEB_TLOG_KEY_FILE"] == "/run/secrets/log_signing.key"
     assert services["migrate"]["command"] == ["migrate"]
     assert services["migrate"]["restart"] == "no"
     assert services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
@@ -432,10 +436,38 @@ def test_compose_runs_postgres_a_one_shot_migrate_web_and_worker() -> None:
         assert services[name]["depends_on"]["migrate"]["condition"] == (
             "service_completed_successfully"
         )
+        assert services[name]["stop_grace_period"]
+    # The worker's health is its heartbeat; the web tier's is its own readiness.
+    assert services["worker"]["healthcheck"]["test"] == [
+        "CMD",
+        "ledgerweb-entrypoint",
+        "healthcheck",
+        "worker",
+    ]
+    assert services["web"]["healthcheck"]["test"] == ["CMD", "ledgerweb-entrypoint", "healthcheck"]
+    assert services["worker"]["stop_grace_period"] == "60s"  # as the systemd unit allows
+    # Every *_FILE names a secret the service mounts, and every secret is a file.
+    declared = compose["secrets"]
+    for name, service in services.items():
+        mounted = set(service.get("secrets", []))
+        assert mounted <= set(declared), name
+        for variable, value in service.get("environment", {}).items():
+            if variable.endswith("_FILE") and str(value).startswith("/run/secrets/"):
+                assert value.removeprefix("/run/secrets/") in mounted, (name, variable)
+    assert all(secret["file"].startswith("./secrets/") for secret in declared.values())
+    assert services["postgres"]["environment"]["POSTGRES_PASSWORD_FILE"] == (
+        "/run/secrets/postgres_password"
+    )
+    # Backups: a profile of their own, with a schedule.
+    backup = services["backup"]
+    assert backup["profiles"] == ["backup"]
+    assert backup["environment"]["BACKUP_INTERVAL_SECONDS"] == "${BACKUP_INTERVAL_SECONDS:-86400}"
+    assert "pg_dump" in backup["command"][0]
     # Each command compose names is one the entrypoint knows.
     entrypoint = (REPO / "deploy" / "container" / "entrypoint").read_text()
     for command in ("serve", "worker", "migrate", "demo", "healthcheck"):
         assert f"{command})" in entrypoint or f"{command}|" in entrypoint, command
+    assert '"${1:-}" = worker' in entrypoint and "worker_health" in entrypoint
 
 
 def test_the_build_context_is_the_dockerignore_allowlist() -> None:
