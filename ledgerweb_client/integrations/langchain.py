@@ -31,8 +31,6 @@ from typing import Any
 
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool, StructuredTool, ToolException
-from langgraph.errors import GraphBubbleUp
-from langgraph.types import interrupt
 
 from ..guard import (
     KeySource,
@@ -92,7 +90,13 @@ def _resume_wait(value: Any) -> float:
 def pause_for_approval(held: ToolCallAwaitingApproval) -> float:
     """Interrupt the graph for a held call (``interrupt(held.approval_request)``); on resume,
     the seconds to wait for the ledger before trying again. Outside a LangGraph run that can
-    pause (no checkpointer), the held call is a ``LedgerToolException``."""
+    pause (no checkpointer), or without LangGraph installed (the ``langchain`` extra alone), the
+    held call is a ``LedgerToolException``."""
+    try:
+        from langgraph.errors import GraphBubbleUp
+        from langgraph.types import interrupt
+    except ImportError as exc:  # LangChain without LangGraph: nothing can pause the run
+        raise LedgerToolException(held) from exc
     try:
         return _resume_wait(interrupt(held.approval_request))
     except GraphBubbleUp:
