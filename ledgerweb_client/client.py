@@ -110,6 +110,15 @@ def _add_note(exc: BaseException, note: str) -> None:
         notes.append(note)
 
 
+def _opt_int(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        return None
+
+
 def _opt_str(value: Any) -> str | None:
     if value is None or isinstance(value, str):
         return value
@@ -149,6 +158,18 @@ class Attempt:
     #: For a RECONCILED attempt, the newest attempt linked to it (a linked retry, or
     #: edit-and-approve with corrected arguments): its work continues there.
     linked_attempt_id: str | None = None
+    #: The attempt's version: it grows by one with each change of its state.
+    version: int | None = None
+    #: Why it is in MANUAL_REVIEW (or was), e.g. ``approval_rejected`` or ``approval_expired``:
+    #: what tells a rejected held call from an expired one.
+    review_reason: str | None = None
+    #: The approval policy that held the intent before dispatch, or None.
+    approval_policy: str | None = None
+    #: How many times the provider request was sent (the worker's sends of approved work count).
+    send_count: int | None = None
+    #: The W3C trace context the agent sent with the intent, and its trace id.
+    traceparent: str | None = None
+    trace_id: str | None = None
     args: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -201,6 +222,12 @@ class Attempt:
             created_at=_opt_str(data.get("created_at")),
             updated_at=_opt_str(data.get("updated_at")),
             linked_attempt_id=_opt_str(data.get("linked_attempt_id")),
+            version=_opt_int(data.get("version")),
+            review_reason=_opt_str(data.get("review_reason")),
+            approval_policy=_opt_str(data.get("approval_policy")),
+            send_count=_opt_int(data.get("send_count")),
+            traceparent=_opt_str(data.get("traceparent")),
+            trace_id=_opt_str(data.get("trace_id")),
             args=dict(args) if isinstance(args, Mapping) else None,
             raw=dict(data),
         )

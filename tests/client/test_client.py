@@ -1003,3 +1003,39 @@ def test_base_url_may_name_the_api_root(ledger: FakeLedger, base: str) -> None:
 def test_bad_base_urls_are_refused(url: str) -> None:
     with pytest.raises(ValueError):
         LedgerClient(url, TOKEN)
+
+
+def test_the_attempt_carries_every_field_of_the_apis_attempt() -> None:
+    """Whatever the API says of an attempt, the Python client's Attempt has a field for (the
+    TypeScript one too): review_reason tells a rejected held call from an expired one."""
+    import dataclasses
+    import json as _json
+
+    from ledgerweb_client import Attempt as ClientAttempt
+    from tests.conftest import REPO as _REPO
+
+    schema = _json.loads((_REPO / "docs" / "openapi.json").read_text())["components"]["schemas"]
+    api_fields = set(schema["Attempt"]["properties"])
+    client_fields = {f.name for f in dataclasses.fields(ClientAttempt)} - {"raw"}
+    assert api_fields - client_fields == set()
+    made = ClientAttempt.from_dict(
+        {
+            "attempt_id": "att_1",
+            "state": "MANUAL_REVIEW",
+            "version": 4,
+            "review_reason": "approval_rejected",
+            "approval_policy": "large-card-charges",
+            "send_count": 0,
+            "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736",
+        }
+    )
+    assert (made.version, made.review_reason, made.approval_policy, made.send_count) == (
+        4,
+        "approval_rejected",
+        "large-card-charges",
+        0,
+    )
+    assert made.trace_id == "4bf92f3577b34da6a3ce929d0e0e4736" and made.traceparent.startswith(
+        "00-"
+    )
