@@ -225,7 +225,7 @@ def check_failover_durability(app_configs=None, **kwargs):
 @register()
 def check_unknown_settings(app_configs=None, **kwargs):
     """A ``LEDGERWEB_*`` variable that nothing reads is a typo or a setting that is gone: its
-    value is silently not in force (``LEDGERWEB_HTTSP=1`` leaves HTTPS off), so say so, with the
+    value is silently not in force (a misspelt ``LEDGERWEB_HTTPS=1`` leaves HTTPS off), so say so, with the
     setting it most likely meant."""
     from ledgerweb import settings_reference as reference
 

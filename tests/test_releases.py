@@ -112,8 +112,8 @@ def released_migrations() -> dict[str, set[str]]:
         if listed.returncode != 0:
             continue
         found[release["version"]] = migration_files(
-            lambda folder: git(
-                "ls-tree", "--name-only", f"{release['commit']}:{folder}"
+            lambda folder, commit=release["commit"]: git(
+                "ls-tree", "--name-only", f"{commit}:{folder}"
             ).stdout.split()
         )
     return found
