@@ -314,3 +314,29 @@ def test_held_work_is_taken_up_oldest_first_and_a_full_batch_never_starves_a_pro
     pks = {a.pk for a in claimed}
     assert ticket.pk in pks  # the probe, although the batch was full of older work
     assert pks - {ticket.pk} == {crm[4].pk, crm[3].pk}  # the oldest due, not the lowest ids
+
+
+@pytest.fixture
+def limiting(tmp_path):
+    provider = BadProvider(tmp_path, "ratelimit")
+    yield provider
+    provider.stop()
+
+
+def test_a_second_worker_does_not_call_a_provider_the_first_found_down(world, limiting) -> None:
+    """Breakers are shared through the heartbeats: the first worker's Retry-After hold (and
+    open breaker) holds the second worker too, which makes no call before it ends."""
+    limiting.point("open_ticket")
+    for i in range(4):
+        make_due(unknown(world, "open_ticket", f"first:{i}", {"i": i}))
+    Reconciler(worker_id="first", concurrency=4).run_once()
+    hits = limiting.hits()
+    assert hits >= 1
+    for i in range(4):
+        make_due(unknown(world, "open_ticket", f"second:{i}", {"i": i}))
+    second = Reconciler(worker_id="second", concurrency=4)
+    second.run_once()
+    second.run_once()
+    assert limiting.hits() == hits
+    bulkhead = next(iter(second.bulkheads.providers.values()))
+    assert bulkhead.shared_from == "first"
