@@ -21,11 +21,13 @@ button links to it.
 from __future__ import annotations
 
 import datetime as dt
+import http.client
 import json
 import logging
 import secrets
 import time
 import urllib.parse
+import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,12 +69,69 @@ def enabled() -> bool:
     return bool(settings.SLACK["BOT_TOKEN"] and settings.SLACK["SIGNING_SECRET"])
 
 
+MAX_ANSWER = 1 << 20
+
+
+def _request(url: str, req: urllib.request.Request, *, timeout: float, ssl: Any) -> dict:
+    """One Web API request with a deadline on the whole of it (connect, send, every read), not
+    per read: a server that answers a byte at a time cannot hold a worker or a click past it.
+    Answers what slack_sdk's own urllib transport answers (status, headers, decoded body)."""
+    deadline = time.monotonic() + timeout
+
+    def left() -> float:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(f"Slack did not answer within {timeout:g} seconds")
+        return remaining
+
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"Slack's API address is http(s)://host/...; got {url!r}")
+    if parts.scheme == "https":
+        connection: http.client.HTTPConnection = http.client.HTTPSConnection(
+            parts.hostname, parts.port, timeout=left(), context=ssl
+        )
+    else:
+        connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=left())
+    try:
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        connection.request(req.get_method(), path, body=req.data, headers=dict(req.header_items()))
+        # The socket itself: the connection lets go of it once an answer says it will close.
+        sock = connection.sock
+        if sock is not None:
+            sock.settimeout(left())
+        response = connection.getresponse()
+        chunks, total = [], 0
+        while not response.isclosed():  # closed: the whole answer is read
+            if sock is not None:
+                sock.settimeout(left())
+            chunk = response.read1(65536)
+            if not chunk:
+                break
+            total += len(chunk)
+            if total > MAX_ANSWER:
+                raise ValueError("Slack answered more than 1 MiB")
+            chunks.append(chunk)
+        left()
+        charset = response.headers.get_content_charset() or "utf-8"
+        body = b"".join(chunks).decode(charset, errors="replace")
+        return {"status": response.status, "headers": response.headers, "body": body}
+    except TimeoutError:
+        raise TimeoutError(f"Slack did not answer within {timeout:g} seconds") from None
+    finally:
+        connection.close()
+
+
 def client() -> Any:
-    """slack_sdk's Web API client, with a deadline on each call and no retries of its own (the
-    outbox retries)."""
+    """slack_sdk's Web API client, with a deadline on the whole of each call and no retries of
+    its own (the outbox retries)."""
     from slack_sdk import WebClient
 
-    return WebClient(
+    class DeadlineClient(WebClient):
+        def _perform_urllib_http_request_internal(self, url: str, req: Any) -> dict:
+            return _request(url, req, timeout=float(self.timeout), ssl=self.ssl)
+
+    return DeadlineClient(
         token=settings.SLACK["BOT_TOKEN"],
         base_url=settings.SLACK["API_URL"],
         timeout=settings.SLACK["TIMEOUT"],

@@ -24,6 +24,8 @@ class FakeSlack:
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.messages: dict[str, dict[str, Any]] = {}  # ts -> the message as last posted
         self.down = False
+        # Answer a byte at a time, each within any per-read timeout, all far past a deadline.
+        self.drip = False
         self._lock = threading.Lock()
         self._next_ts = 1000
         fake = self
@@ -35,7 +37,13 @@ class FakeSlack:
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                self.wfile.write(data)
+                if not fake.drip:
+                    self.wfile.write(data)
+                    return
+                for byte in data[:20]:
+                    self.wfile.write(bytes([byte]))
+                    self.wfile.flush()
+                    time.sleep(0.3)
 
             def _handle(self, args: dict[str, Any]) -> None:
                 method = self.path.split("?")[0].removeprefix("/api/")

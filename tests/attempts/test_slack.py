@@ -348,3 +348,20 @@ def test_a_decision_on_the_dashboard_updates_the_slack_message_too(world, posted
     assert slack.deliver_due(now=later)["updated"] == 1
     assert "Rejected by reviewer2: too large" in shown(fake_slack)
     assert slack.APPROVE not in shown(fake_slack)
+
+
+def test_every_call_to_slack_has_a_deadline_on_the_whole_answer(
+    world, posted, fake_slack, settings
+):
+    """A Web API answer dripping a byte at a time (each read well within any per-read timeout)
+    is cut at the deadline: the worker goes on, the message is retried later."""
+    settings.SLACK = {**settings.SLACK, "TIMEOUT": 1}
+    slack.touch(posted)
+    fake_slack.drip = True
+    started = time.monotonic()
+    assert slack.deliver_due()["failed"] == 1
+    assert time.monotonic() - started < 3
+    (message,) = SlackMessage.objects.all()
+    assert "did not answer within 1 seconds" in message.last_error
+    fake_slack.drip = False
+    assert slack.deliver_due(now=timezone.now() + dt.timedelta(minutes=5))["updated"] == 1
