@@ -172,10 +172,12 @@ def test_a_ledger_of_the_previous_release_migrates_and_verifies(previous_tree, d
             *manage,
             "shell",
             "-c",
-            "from attempts.models import Attempt, AttemptEvent; "
-            "print(Attempt.objects.count(), AttemptEvent.objects.count())",
+            "from attempts.models import Attempt, AttemptEvent, RecordedKey; "
+            "print(Attempt.objects.count(), AttemptEvent.objects.count(), "
+            "RecordedKey.objects.filter(args_hash__gt='').count())",
         ],
         REPO,
         database,
     )
-    assert counted.stdout.split()[-2:] == [str(made["attempts"]), str(made["events"])]
+    # The upgrade filled the permanent key index: every attempt's key, with its args hash.
+    assert counted.stdout.split()[-3:] == [str(made[n]) for n in ("attempts", "events", "attempts")]
