@@ -2,8 +2,8 @@
 
 A call an approval policy holds is posted, as an interactive message, to the Slack channel of
 every notification route that matches it (``NotificationRoute.slack_channel``): the tool, the
-tenant, the values the policy's condition saw (secret fields redacted, amounts in ``*_cents``
-formatted), the approvals so far, and Approve / Reject / Open buttons. The messages are an
+tenant, the values the policy's condition saw (secret fields redacted), the amount as money
+where the tool declares one (``attempts.money``), the approvals so far, and Approve / Reject / Open buttons. The messages are an
 outbox (``SlackMessage``), posted and updated by the reconcile worker's notification step under
 a lease, like ``notify``'s notices: Slack being slow or down never holds up the ledger.
 
@@ -51,7 +51,9 @@ from attempts.models import (
     SlackMessage,
     SlackRequest,
     State,
+    Tool,
 )
+from attempts.money import amount_of
 
 log = logging.getLogger("ledgerweb.slack")
 
@@ -184,13 +186,7 @@ def touch(attempt: Attempt, now: dt.datetime | None = None) -> int:
     )
 
 
-def _amount(name: str, value: Any, args: dict[str, Any]) -> str:
-    """``*_cents`` values as an amount (with the call's ``currency`` when it has one)."""
-    if name.endswith("_cents") and isinstance(value, int) and not isinstance(value, bool):
-        units, cents = divmod(abs(value), 100)
-        currency = args.get("currency") if isinstance(args.get("currency"), str) else ""
-        sign = "-" if value < 0 else ""
-        return f"{sign}{units:,}.{cents:02d}{(' ' + currency.upper()) if currency else ''}"
+def _value(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)[:200]
 
 
@@ -237,7 +233,11 @@ def render(attempt: Attempt, now: dt.datetime | None = None) -> tuple[str, list[
         f"Policy `{policy.name}` (version {policy.version})"
         + (f": `{policy.condition}`" if policy.condition else ""),
     ]
-    lines += [f"• {name} = {_amount(name, value, args)}" for name, value in values.items()]
+    lines += [f"• {name} = {_value(value)}" for name, value in values.items()]
+    # The amount as money only where the tool declares it (attempts/money.py): never guessed.
+    amount = amount_of(Tool.objects.filter(name=attempt.tool_name).first(), args)
+    if amount is not None:
+        lines.append(f"Amount: *{amount.text}* ({amount.raw})")
     approvers = f" ({', '.join(verdict.valid)})" if verdict.valid else ""
     lines.append(f"Approvals: {len(verdict.valid)} of {verdict.needed}{approvers}")
     waiting = attempt.state == State.AWAITING_APPROVAL

@@ -133,7 +133,8 @@ def test_a_held_call_is_posted_to_its_routes_channel_with_its_values_and_buttons
     assert post["channel"] == "C0APPROVE"
     blocks = json.dumps(post["blocks"], ensure_ascii=False)
     assert "charge_card in acme waits for approval" in blocks
-    assert "amount_cents = 2,000.01 EUR" in blocks  # the condition's value, formatted
+    assert "amount_cents = 200001" in blocks  # the condition's value, as it is
+    assert "Amount:" not in blocks  # charge_card declares no amount here: none is guessed
     assert "Approvals: 0 of 2" in blocks
     assert "4242424242424242" not in blocks  # secret fields stay out of Slack
     actions = [b for b in post["blocks"] if b["type"] == "actions"][0]["elements"]
@@ -365,3 +366,15 @@ def test_every_call_to_slack_has_a_deadline_on_the_whole_answer(
     assert "did not answer within 1 seconds" in message.last_error
     fake_slack.drip = False
     assert slack.deliver_due(now=timezone.now() + dt.timedelta(minutes=5))["updated"] == 1
+
+
+def test_the_message_shows_a_declared_amount_as_money(world, fake_slack):
+    from attempts.models import Tool
+
+    Tool.objects.filter(name="charge_card").update(
+        amount_arg="amount_cents", currency_arg="currency"
+    )
+    hold_big_charges()
+    attempt = held_intent(world, "charge:acme:money", {"amount_cents": 200001, "currency": "eur"})
+    text, blocks = slack.render(attempt)
+    assert "Amount: *€2,000.01* (amount_cents = 200001)" in json.dumps(blocks, ensure_ascii=False)
