@@ -389,6 +389,49 @@ export interface components {
             /** @description The salt of the creation event's `args_digest` (hex), or null once the attempt was erased (erasure replaces the salt). */
             args_salt: string | null;
         };
+        /** @description What the ledger kept of an attempt that was archived and removed from the database (docs/api.md, "A key takes effect once"): its ids, tenant, tool, key, args hash and outcome. The fields only its archive file holds are null. It is not in the database: every call on its id is 404, and nothing can claim or send it. */
+        ArchivedAttempt: {
+            attempt_id: string;
+            tenant: string;
+            task_id: null;
+            tool_name: string;
+            idempotency_key: string;
+            args: null;
+            args_hash: string;
+            state: components["schemas"]["State"];
+            version: null;
+            provider_request_id: string | null;
+            /** @description The outcome's durable reference; null when none, or when the attempt was archived before the ledger kept it (the archive file has it). */
+            result_ref: string | null;
+            policy_version: null;
+            credential_scope: null;
+            parent_attempt_id: null;
+            linked_attempt_id: null;
+            owner: null;
+            review_reason: null;
+            approval_policy: null;
+            send_count: null;
+            traceparent: null;
+            trace_id: null;
+            /** Format: date-time */
+            created_at: string;
+            /**
+             * Format: date-time
+             * @description When the attempt was archived.
+             */
+            updated_at: string;
+        };
+        ArchivedAttemptEnvelope: {
+            attempt: components["schemas"]["ArchivedAttempt"];
+            /** @constant */
+            created: false;
+            /** @description The attempt this key recorded was archived: the archive that holds its whole history, and when. */
+            archived: {
+                archive: string;
+                /** Format: date-time */
+                archived_at: string;
+            };
+        };
     };
     responses: {
         /** @description Missing, unknown or revoked token (`unauthorized`); carries `WWW-Authenticate: Bearer`. */
@@ -488,13 +531,13 @@ export interface operations {
             };
         };
         responses: {
-            /** @description The key is already recorded with the same tenant, tool and args hash: the existing attempt, whatever its state (`created: false`). */
+            /** @description The key is already recorded with the same tenant, tool and args hash: the existing attempt, whatever its state (`created: false`). A key is recorded once for the life of the ledger: when its attempt was archived, the answer is what the ledger kept of it, marked `archived` (ArchivedAttemptEnvelope); do not send, act on its state. */
             200: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": components["schemas"]["AttemptEnvelope"];
+                    "application/json": components["schemas"]["AttemptEnvelope"] | components["schemas"]["ArchivedAttemptEnvelope"];
                 };
             };
             /** @description A new attempt was recorded (`created: true`). */
@@ -535,7 +578,7 @@ export interface operations {
                 };
             };
             405: components["responses"]["MethodNotAllowed"];
-            /** @description The key is recorded with different arguments, tenant or tool (`idempotency_conflict`); nothing was changed. */
+            /** @description The key is recorded with different arguments, tenant or tool (`idempotency_conflict`); nothing was changed. Also for a key whose attempt was archived before the ledger kept archived attempts' args hashes: the repeat cannot be proven the same call, nothing is sent. */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -772,7 +815,7 @@ export interface operations {
                 };
             };
             405: components["responses"]["MethodNotAllowed"];
-            /** @description A different id is already recorded (`provider_request_conflict`), the attempt was never dispatched (`not_dispatched`), or it is not in flight: never sent and FAILED, settled, or in MANUAL_REVIEW (`not_in_flight`). */
+            /** @description A different id is already recorded (`provider_request_conflict`), the attempt was never dispatched (`not_dispatched`), or it is not in flight: never sent and FAILED, settled, or in MANUAL_REVIEW (`not_in_flight`); or another attempt of the tool already claimed that id (`effect_claimed`): this attempt went to MANUAL_REVIEW, both attempts' events naming each other. */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -846,7 +889,7 @@ export interface operations {
                 };
             };
             405: components["responses"]["MethodNotAllowed"];
-            /** @description Incompatible state, or already confirmed differently (`state_conflict`, `provider_request_conflict`). */
+            /** @description Incompatible state, or already confirmed differently (`state_conflict`, `provider_request_conflict`); or the `provider_request_id` names an effect another attempt of the tool already claimed (`effect_claimed`): one provider effect confirms one attempt, so this attempt went to MANUAL_REVIEW for a person, both attempts' events naming each other. */
             409: {
                 headers: {
                     [name: string]: unknown;
