@@ -88,7 +88,7 @@ OPERATIONS: dict[str, int] = {
     "archive": 2,
     "authority_change": 2,
     "rotate_key": 1,
-    "witness_mode": 2,
+    "witness_mode": 4,
 }
 
 # Tampering steps: an attacker with the database's superuser. Each ends its history; the
