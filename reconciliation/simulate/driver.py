@@ -257,6 +257,9 @@ class Simulation:
                 self._expect_clean(history, folder)
                 if history.violations:
                     return
+        # The end of a history: the witness is back (as an operator would have it), and the
+        # newest checkpoint must be sealed, signed and cosigned again.
+        self.env.witness.mode = "up"
         try:
             history.seal()
         except Exception as exc:
@@ -266,6 +269,10 @@ class Simulation:
 
     def _expect_clean(self, history: History, folder: Path) -> None:
         for check, problems in invariants.verifiers(history, folder).items():
+            if self.env is not None and self.env.witness.mode != "up":
+                # A witness that is down or misbehaves leaves checkpoints uncosigned: reported
+                # ([witness]), and not a break of the history while it lasts.
+                problems = [p for p in problems if not p.startswith("witness:")]
             if problems:
                 history.violate(check, f"an honest history does not verify: {problems[:3]}")
 
