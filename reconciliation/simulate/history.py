@@ -193,6 +193,7 @@ class History:
         self.tampered: str | None = None
         self.tamper_applied = False
         self.tamperings: list[str] = []
+        self.cosigned = False  # an honest witness has cosigned a checkpoint of this history
         self.stats: Counter[tuple[str, str]] = Counter()
         policy = ApprovalPolicy.objects.get(name=world.POLICY)
         self.model.policy_versions.append(
@@ -617,6 +618,8 @@ class History:
         log.sign_pending()
         witness_mode = self.env.witness.mode
         results = log.publish()
+        if witness_mode == "up" and results and set(results.values()) == {"ok"}:
+            self.cosigned = True
         if witness_mode == "up" and results and set(results.values()) != {"ok"}:
             if "witness_recovers" not in self.open_breaks:
                 self.violate(
