@@ -28,7 +28,15 @@ from reconciliation.simulate.witness import SimWitness
 
 # Tamperings and checks whose fix has not landed on main yet (issue 39): the CI budget does
 # not draw or check them. Remove a name as its fix lands.
-OPEN_BREAKS: frozenset[str] = frozenset()
+OPEN_BREAKS: frozenset[str] = frozenset(
+    {
+        # Found by the simulator: with the signer's one memory (the data folder, the default
+        # since the log signer's state moved there), a key rotated as docs/audit-chain.md says
+        # refuses to sign the older checkpoints it has not signed ("smaller than the N this
+        # key signed before (a rollback)"), and no checkpoint is signed again.
+        "rotate_key",
+    }
+)
 # Every tampering must be caught by both verifiers; where the problem's kind is known it must
 # be one of these (None: any problem).
 EXPECTED_KINDS: dict[str, set[str] | None] = {

@@ -144,8 +144,9 @@ class Environment:
                 "KEY_FILE": str(keys.current),
                 "SIGN_COMMAND": "",
                 "VERIFIER_KEY": "",
-                # Beside each key file (the default): a new key starts its own memory.
-                "SIGNER_STATE": "",
+                # One memory for the history's signer, whatever its key (as the default, the
+                # data folder, keeps it), and none shared between histories.
+                "SIGNER_STATE": str(signer_state),
                 "OLD_VERIFIER_KEYS": [str(k) for k in keys.old],
                 "WITNESSES": [f"{self.witness.verifier} {self.witness_url}"],
                 "WITNESS_QUORUM": 1,
