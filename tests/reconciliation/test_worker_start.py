@@ -15,8 +15,10 @@ from tests.conftest import PYTHON, REPO
 
 
 def _env(path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    # Its own SQLite ledger, whatever database this test run uses.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LEDGERWEB_", "DATABASE_"))}
     env.update(
+        LEDGERWEB_DATA_DIR=str(path.parent.parent / "data"),
         LEDGERWEB_SQLITE_PATH=str(path),
         DJANGO_SETTINGS_MODULE="ledgerweb.settings",
         PYTHONPATH=str(REPO),
@@ -29,17 +31,24 @@ def test_the_worker_waits_at_start_for_a_sqlite_folder_it_cannot_open(tmp_path: 
     folder.write_text("not a folder: the database file cannot be created under it")
     database = folder / "ledger.sqlite3"
     env = _env(database)
-    worker = subprocess.Popen(
-        [PYTHON, "manage.py", "reconcile", "--interval", "0.3", "--worker-id", "waits"],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    errors = tmp_path / "worker.err"
+    with open(errors, "w") as err_file:
+        worker = subprocess.Popen(
+            [PYTHON, "manage.py", "reconcile", "--interval", "0.3", "--worker-id", "waits"],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=err_file,
+            text=True,
+        )
     try:
-        time.sleep(3.0)
-        assert worker.poll() is None, worker.communicate()
+        deadline = time.monotonic() + 60
+        while "the database cannot be opened yet, retrying" not in errors.read_text():
+            assert worker.poll() is None, errors.read_text()
+            assert time.monotonic() < deadline, errors.read_text()
+            time.sleep(0.2)
+        time.sleep(1.0)  # a few more tries
+        assert worker.poll() is None, errors.read_text()
         # The folder becomes usable (a volume mounted, permissions fixed) and is migrated.
         folder.unlink()
         folder.mkdir()
@@ -49,7 +58,7 @@ def test_the_worker_waits_at_start_for_a_sqlite_folder_it_cannot_open(tmp_path: 
         assert migrated.returncode == 0, migrated.stderr
         deadline = time.monotonic() + 30
         while True:
-            assert worker.poll() is None, worker.communicate()
+            assert worker.poll() is None, errors.read_text()
             with sqlite3.connect(database) as db:
                 beats = db.execute(
                     "SELECT count(*) FROM reconciliation_workerheartbeat WHERE worker_id = 'waits'"
@@ -60,7 +69,8 @@ def test_the_worker_waits_at_start_for_a_sqlite_folder_it_cannot_open(tmp_path: 
             time.sleep(0.2)
     finally:
         worker.send_signal(signal.SIGTERM)
-        out, err = worker.communicate(timeout=30)
+        out, _ = worker.communicate(timeout=30)
+    err = errors.read_text()
     assert worker.returncode == 0, err
     assert "the database cannot be opened yet, retrying" in err
     assert "Traceback" not in err and "Traceback" not in out
