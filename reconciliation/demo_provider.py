@@ -44,6 +44,9 @@ Endpoints
 ``POST /_control``          merge a JSON patch into the configuration, answers the new one
 ``POST /_control/reset``    back to the start-up configuration (and the start-up random seed)
 ``POST /_control/effects``  ``{tool, idempotency_key, args}``: record an effect directly
+``GET /_stats``             ``{"in_flight", "peak_in_flight"}``: send and lookup requests being
+                            answered now, and the most at once since the last ``POST /_stats``
+``POST /_stats``            the same, then starts a new peak
 ==========================  ===============================================================
 
 Fault configuration (in memory only)
@@ -61,7 +64,8 @@ value of a tool) removes that tool's overrides.
   ``hang_after_effect`` (commit, wait ``hang_seconds``, then answer) | ``drop_after_effect``
   (commit, close the connection without any HTTP answer).
 * ``lookup_mode``: ``ok`` | ``error_5xx`` (503) | ``hang`` (wait ``hang_seconds``, then 503) |
-  ``not_found`` (404 even when the effect exists).
+  ``not_found`` (404 even when the effect exists) | ``rate_limited`` (429 with
+  ``Retry-After: <retry_after_seconds>``, 1 by default).
 * ``outage_message`` (text, at most 200 characters): the message of the 503 answers a fault
   gives, so that an outage injected on purpose says so wherever the ledger shows the provider's
   error (the demo: "demo: the ticket provider is down on purpose").
@@ -111,7 +115,7 @@ SEND_MODES = (
     "hang_after_effect",
     "drop_after_effect",
 )
-LOOKUP_MODES = ("ok", "error_5xx", "hang", "not_found")
+LOOKUP_MODES = ("ok", "error_5xx", "hang", "not_found", "rate_limited")
 RETRYABLE_STATUSES = (409, 429)
 MAX_BODY_BYTES = 1024 * 1024
 MAX_KEY_LENGTH = 255
@@ -393,6 +397,7 @@ SETTING_CHECKS: dict[str, Callable[[Any], None]] = {
     "latency_ms": _check_non_negative,
     "lookup_latency_ms": _check_non_negative,
     "hang_seconds": _check_non_negative,
+    "retry_after_seconds": _check_count,
     "send_mode": _one_of(SEND_MODES),
     "lookup_mode": _one_of(LOOKUP_MODES),
     "send_fault_rate": _check_rate,
@@ -409,6 +414,7 @@ def default_settings(honour_keys: bool, latency_ms: float) -> dict[str, Any]:
         "latency_ms": latency_ms,
         "lookup_latency_ms": None,
         "hang_seconds": 30.0,
+        "retry_after_seconds": 1,
         "send_mode": "ok",
         "lookup_mode": "ok",
         "send_fault_rate": None,
@@ -466,6 +472,7 @@ class LookupPlan:
     latency_s: float
     hang_s: float
     message: str = ""
+    retry_after_s: int = 1
 
 
 class FaultConfig:
@@ -560,6 +567,7 @@ class FaultConfig:
                 latency_s=float(latency) / 1000,
                 hang_s=float(self._get(tool, "hang_seconds")),
                 message=self._get(tool, "outage_message") or "",
+                retry_after_s=int(self._get(tool, "retry_after_seconds")),
             )
 
 
@@ -587,7 +595,26 @@ class ProviderServer(ThreadingHTTPServer):
         self.faults = faults
         self.access_log = access_log
         self.stopping = threading.Event()
+        self._calls_lock = threading.Lock()
+        self.in_flight = 0
+        self.peak_in_flight = 0
         super().__init__(address, ProviderHandler)
+
+    def call_started(self) -> None:
+        with self._calls_lock:
+            self.in_flight += 1
+            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+
+    def call_finished(self) -> None:
+        with self._calls_lock:
+            self.in_flight -= 1
+
+    def stats(self, *, new_peak: bool = False) -> dict[str, int]:
+        with self._calls_lock:
+            out = {"in_flight": self.in_flight, "peak_in_flight": self.peak_in_flight}
+            if new_peak:
+                self.peak_in_flight = self.in_flight
+            return out
 
     def server_bind(self) -> None:
         # HTTPServer.server_bind does a reverse DNS lookup (getfqdn); loopback needs none.
@@ -687,11 +714,14 @@ class ProviderHandler(BaseHTTPRequestHandler):
             tool = parts[1]
             if not TOOL_NAME.match(tool):
                 raise RequestError("bad_tool", f"invalid tool name {tool!r}", 404)
-            if parts[2] == "send":
-                self._require(method, "POST")
-                return self._send(tool, body)
-            self._require(method, "GET")
-            return (*self._lookup(tool, query), {})
+            self._require(method, "POST" if parts[2] == "send" else "GET")
+            self.server.call_started()
+            try:
+                if parts[2] == "send":
+                    return self._send(tool, body)
+                return self._lookup(tool, query)
+            finally:
+                self.server.call_finished()
         handler = STATIC_ROUTES.get((method, "/" + "/".join(parts)))
         if handler is None:
             known = any(path == "/" + "/".join(parts) for _, path in STATIC_ROUTES)
@@ -752,7 +782,7 @@ class ProviderHandler(BaseHTTPRequestHandler):
             self.server.pause(plan.hang_s)
         return send_answer(result)
 
-    def _lookup(self, tool: str, query: dict[str, str]) -> Answer:
+    def _lookup(self, tool: str, query: dict[str, str]) -> tuple[int, Any, dict[str, str]]:
         key = self._wire_key(query.get("idempotency_key") or query.get("correlation") or "")
         if not key:
             raise RequestError("missing_key", "pass ?idempotency_key= (or ?correlation=)")
@@ -760,22 +790,35 @@ class ProviderHandler(BaseHTTPRequestHandler):
         self.server.pause(plan.latency_s)
         if plan.mode == "hang":
             self.server.pause(plan.hang_s)
-            return 503, unavailable(plan.message)
+            return 503, unavailable(plan.message), {}
         if plan.mode == "error_5xx":
-            return 503, unavailable(plan.message)
+            return 503, unavailable(plan.message), {}
+        if plan.mode == "rate_limited":
+            limited = {"error": {"code": "rate_limited", "message": "slow down", "retryable": True}}
+            return 429, limited, {"Retry-After": str(plan.retry_after_s)}
         first, count = self.server.store.lookup(tool, key)
         if plan.mode == "not_found" or first is None:
-            return 404, {"error": "not_found"}
-        return 200, {
-            "id": first.id,
-            "tool": first.tool,
-            "idempotency_key": first.idempotency_key,
-            "args_hash": first.args_hash,
-            "created_at": first.created_at,
-            "count": count,
-        }
+            return 404, {"error": "not_found"}, {}
+        return (
+            200,
+            {
+                "id": first.id,
+                "tool": first.tool,
+                "idempotency_key": first.idempotency_key,
+                "args_hash": first.args_hash,
+                "created_at": first.created_at,
+                "count": count,
+            },
+            {},
+        )
 
     # -- inspection and control
+
+    def _get_stats(self, query: dict[str, str], body: bytes) -> Answer:
+        return 200, self.server.stats()
+
+    def _new_peak(self, query: dict[str, str], body: bytes) -> Answer:
+        return 200, self.server.stats(new_peak=True)
 
     def _healthz(self, query: dict[str, str], body: bytes) -> Answer:
         return 200, {"status": "ok"}
@@ -828,6 +871,8 @@ STATIC_ROUTES: dict[tuple[str, str], Callable[[ProviderHandler, dict[str, str], 
     ("POST", "/_control"): ProviderHandler._post_control,
     ("POST", "/_control/reset"): ProviderHandler._reset_control,
     ("POST", "/_control/effects"): ProviderHandler._inject_effect,
+    ("GET", "/_stats"): ProviderHandler._get_stats,
+    ("POST", "/_stats"): ProviderHandler._new_peak,
 }
 
 

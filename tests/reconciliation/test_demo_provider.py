@@ -400,6 +400,30 @@ def test_lookup_faults(provider: Provider, mode: str, status: int) -> None:
     assert provider.lookup("charge_card", "lk:1").status == 200
 
 
+def test_a_rate_limited_lookup_answers_429_with_retry_after(provider: Provider) -> None:
+    provider.send("charge_card", "lk:1", {"a": 1})
+    provider.control(lookup_mode="rate_limited", retry_after_seconds=3)
+    answer = provider.lookup("charge_card", "lk:1")
+    assert answer.status == 429 and answer.headers["Retry-After"] == "3"
+    provider.control(lookup_mode="ok")
+    assert provider.lookup("charge_card", "lk:1").status == 200
+
+
+def test_stats_count_the_calls_being_answered_at_once(provider: Provider) -> None:
+    provider.send("charge_card", "st:1", {"a": 1})
+    provider.control(lookup_latency_ms=300)
+    assert provider.request("POST", "/_stats").status == 200  # a new peak from here
+    threads = [
+        threading.Thread(target=provider.lookup, args=("charge_card", "st:1")) for _ in range(3)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    stats = provider.request("GET", "/_stats").body
+    assert stats == {"in_flight": 0, "peak_in_flight": 3}
+
+
 def test_lookup_hang_times_out_then_answers_503(provider: Provider) -> None:
     provider.send("charge_card", "lk:1", {"a": 1})
     provider.control(lookup_mode="hang", hang_seconds=1)
