@@ -632,10 +632,11 @@ _PROVIDERS = "Provider bulkheads"
 declare(
     "LEDGERWEB_PROVIDER_CONCURRENCY",
     "int",
-    4,
-    "Recovery's calls in flight per bulkhead (an operation, send or lookup, of one endpoint: a "
-    "URL's `host:port/path`, an MCP upstream, a Stripe API base), at most half of the worker's "
-    "`--concurrency`.",
+    64,
+    "The most calls in flight recovery allows one bulkhead (an operation, send or lookup, of one "
+    "endpoint: a URL's `host:port/path`, an MCP upstream, a Stripe API base) in one worker, at "
+    "most the worker's `--concurrency`: within it the limit adapts, from 4, growing while the "
+    "provider answers soundly and quickly, shrinking on rising latency, 429, 5xx or timeouts.",
     group=_PROVIDERS,
     minimum=1,
 )
@@ -643,7 +644,7 @@ declare(
     "LEDGERWEB_PROVIDER_CONCURRENCY_BY_KEY",
     "intmap",
     {},
-    "Per-bulkhead caps that replace the one above, by endpoint, provider or tool: "
+    "Per-bulkhead ceilings that replace the one above, by endpoint, provider or tool: "
     "`host:port/path=1,host:port=2,tool-name=8,...`.",
     group=_PROVIDERS,
     minimum=1,

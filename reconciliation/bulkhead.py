@@ -25,9 +25,23 @@ its heartbeat (``snapshot``), and each adopts the open breakers and holds of the
 (``adopt``), so a second worker does not hammer a provider the first found down; it probes it
 when the first one's window ends.
 
-The cap is a ``Limit`` object per bulkhead (``FixedLimit`` today): a limit that adapts to the
-provider's latency replaces it in ``Bulkheads.limit_for`` and nowhere else. The reconciler's
-main thread is the only caller: no lock needed.
+How many calls a bulkhead may have in flight adapts to its provider (``AdaptiveLimit``, in the
+spirit of additive-increase/multiplicative-decrease congestion control): it starts at
+``START_LIMIT`` (at most half of the worker's ``--concurrency``), grows by one for each sound
+answer that came back within ``TOLERANCE`` times the provider's usual latency while the limit
+was in use, shrinks by ``LATENCY_BACKOFF`` for an answer slower than that and by
+``FAILURE_BACKOFF`` for a failure (no answer within the deadline, a refused connection, a 5xx,
+a 429), never below one and never above its ceiling: what the operator allows
+(``PROVIDER_CONCURRENCY`` and its per-key overrides), at most the worker's ``--concurrency``. A
+healthy provider's backlog so drains at the worker's full concurrency and a struggling one is
+sent fewer calls at once, then more again as it recovers. Each worker learns its own limits
+(the ceiling is per worker); what workers share is the breaker and holds above.
+
+A bulkhead may fill the worker's whole ``--concurrency``; the pool keeps ``reserve`` more
+threads (half of it) that only a bulkhead using less than half of it may take, so a provider
+that turns slow while it holds the pool holds up nobody else (``Bulkheads.may_start``).
+
+The reconciler's main thread is the only caller: no lock needed.
 """
 
 from __future__ import annotations
@@ -97,23 +111,89 @@ class Limit(Protocol):
 
     def allows(self, in_flight: int) -> bool: ...
 
-    def record(self, latency_ms: int, *, failed: bool) -> None: ...
+    def record(self, latency_ms: int, *, failed: bool, in_flight: int = 0) -> None: ...
 
     @property
     def cap(self) -> int: ...
 
+    @property
+    def ceiling(self) -> int: ...
+
 
 @dataclass
 class FixedLimit:
-    """A cap set by configuration (``PROVIDER_CONCURRENCY`` and its per-key overrides)."""
+    """A cap that does not move (kept for callers that want one)."""
 
     cap: int
+
+    @property
+    def ceiling(self) -> int:
+        return self.cap
 
     def allows(self, in_flight: int) -> bool:
         return in_flight < self.cap
 
-    def record(self, latency_ms: int, *, failed: bool) -> None:
+    def record(self, latency_ms: int, *, failed: bool, in_flight: int = 0) -> None:
         pass
+
+
+# The adaptive limit's constants (see the module's docstring).
+START_LIMIT = 4
+TOLERANCE = 2.0  # an answer slower than this many times the usual latency is "rising latency"
+LATENCY_SLACK_MS = 10.0  # ... and slower by at least this much (a 2 ms provider's jitter is not)
+LATENCY_BACKOFF = 0.9
+FAILURE_BACKOFF = 0.5
+BASELINE_UP = 0.02  # how fast the usual latency follows answers slower than it (a new normal)
+BASELINE_DOWN = 0.2  # ... and answers faster than it
+
+
+@dataclass
+class AdaptiveLimit:
+    """Calls in flight one bulkhead may have now, learnt from its answers (AIMD on latency
+    and failures, between 1 and ``ceiling``)."""
+
+    ceiling: int
+    limit: float = float(START_LIMIT)
+    baseline_ms: float = 0.0  # the provider's usual latency (0: no answer yet)
+    grown: int = 0  # times the limit grew (for tests and the bench)
+    shrunk: int = 0
+
+    def __post_init__(self) -> None:
+        self.ceiling = max(1, self.ceiling)
+        self.limit = float(max(1, min(self.limit, self.ceiling)))
+
+    @property
+    def cap(self) -> int:
+        return max(1, min(self.ceiling, int(self.limit)))
+
+    def allows(self, in_flight: int) -> bool:
+        return in_flight < self.cap
+
+    def record(self, latency_ms: int, *, failed: bool, in_flight: int = 0) -> None:
+        """One answer (or failure) of a call that had ``in_flight`` calls of its bulkhead in
+        flight with it, itself included."""
+        if failed:
+            self._shrink(FAILURE_BACKOFF)
+            return
+        latency = float(max(0, latency_ms))
+        if not self.baseline_ms:
+            self.baseline_ms = latency
+        slow = latency > max(self.baseline_ms * TOLERANCE, self.baseline_ms + LATENCY_SLACK_MS)
+        rate = BASELINE_UP if latency > self.baseline_ms else BASELINE_DOWN
+        self.baseline_ms += (latency - self.baseline_ms) * rate
+        if slow:
+            self._shrink(LATENCY_BACKOFF)
+        elif 2 * in_flight >= self.cap and self.limit < self.ceiling:
+            # Grow only while the limit is in use: an idle provider earns no room it never
+            # showed it can take.
+            self.limit = min(float(self.ceiling), self.limit + 1.0)
+            self.grown += 1
+
+    def _shrink(self, factor: float) -> None:
+        smaller = max(1.0, self.limit * factor)
+        if smaller < self.limit:
+            self.shrunk += 1
+        self.limit = smaller
 
 
 @dataclass
@@ -177,14 +257,22 @@ class Bulkheads:
         self.failures_to_open = ledger["PROVIDER_BREAKER_FAILURES"]
         self.open_seconds = float(ledger["PROVIDER_BREAKER_OPEN_SECONDS"])
         self.open_cap = float(ledger["BACKOFF_CAP"])
-        # However a provider is configured, it may not take the whole pool: the others must
-        # always find a thread.
-        self.max_cap = max(1, concurrency // 2)
+        # A bulkhead may take the worker's whole concurrency; the pool keeps ``reserve``
+        # threads more for the bulkheads that use less than half of it (``may_start``).
+        self.concurrency = max(1, concurrency)
+        self.max_cap = self.concurrency
+        self.reserve = self.concurrency // 2
         self.providers: dict[str, Bulkhead] = {}
 
+    @property
+    def threads(self) -> int:
+        """The pool's size: the worker's concurrency and the reserve."""
+        return self.concurrency + self.reserve
+
     def limit_for(self, adapter: Adapter, endpoint: str, operation: str) -> Limit:
-        """The cap of a new bulkhead: configured by the bulkhead's key (``lookup host:port/path``),
-        its endpoint, its provider (``host:port``) or its tool, else the default."""
+        """The limit of a new bulkhead, whose ceiling is configured by the bulkhead's key
+        (``lookup host:port/path``), its endpoint, its provider (``host:port``) or its tool,
+        else the default; never above the worker's concurrency."""
         for name in (
             key_of(endpoint, operation),
             endpoint,
@@ -196,7 +284,10 @@ class Bulkheads:
                 break
         else:
             cap = self.default_cap
-        return FixedLimit(max(1, min(cap, self.max_cap)))
+        # A provider not heard from yet gets what the fixed cap gave it: at most START_LIMIT,
+        # at most half of the worker's concurrency.
+        start = max(1, min(START_LIMIT, self.concurrency // 2))
+        return AdaptiveLimit(max(1, min(cap, self.max_cap)), limit=float(start))
 
     def of(self, adapter: Adapter, operation: str) -> Bulkhead:
         endpoint = adapter.endpoint(operation)
@@ -307,6 +398,17 @@ class Bulkheads:
             return not state.probing
         return state.limit.allows(state.in_flight)
 
+    def may_start(self, adapter: Adapter, operation: str, in_flight: int) -> bool:
+        """Whether a call of this bulkhead may start now, with ``in_flight`` calls of all
+        bulkheads in flight: room under its limit, and a thread of the worker's concurrency,
+        or of the reserve when this bulkhead uses less than half of that concurrency."""
+        if not self.has_room(adapter, operation):
+            return False
+        if in_flight < self.concurrency:
+            return True
+        state = self.of(adapter, operation)
+        return in_flight < self.threads and 2 * state.in_flight < self.concurrency
+
     def started(self, adapter: Adapter, operation: str) -> None:
         state = self.of(adapter, operation)
         state.in_flight += 1
@@ -323,8 +425,9 @@ class Bulkheads:
     ) -> None:
         """Record a call's answers and free its place under the cap."""
         state = self.of(adapter, operation)
+        in_flight = state.in_flight
         state.in_flight = max(0, state.in_flight - 1)
-        self.record(adapter, operation, answers, now=now)
+        self.record(adapter, operation, answers, now=now, in_flight=in_flight)
 
     def record(
         self,
@@ -333,9 +436,11 @@ class Bulkheads:
         answers: list[Any],
         *,
         now: float | None = None,
+        in_flight: int | None = None,
     ) -> None:
         """What the provider answered to calls of this bulkhead (a send's confirming lookup is
-        recorded against the lookup's bulkhead this way, with no place under its cap)."""
+        recorded against the lookup's bulkhead this way, with no place under its cap), with
+        ``in_flight`` calls of it in flight when the answer came (this one included)."""
         state = self.of(adapter, operation)
         now = time.monotonic() if now is None else now
         retry_after = [a.retry_after for a in answers if getattr(a, "retry_after", None)]
@@ -346,8 +451,11 @@ class Bulkheads:
                 state.since = timezone.now()
             state.hold_until = max(state.hold_until, now + min(wait, self.open_cap))
         failure = next((why for a in answers if (why := failure_of(a))), "")
+        busy = state.in_flight + 1 if in_flight is None else in_flight
         for answer in answers:
-            state.limit.record(int(getattr(answer, "latency_ms", 0) or 0), failed=bool(failure))
+            state.limit.record(
+                int(getattr(answer, "latency_ms", 0) or 0), failed=bool(failure), in_flight=busy
+            )
             if cut_at_deadline(answer):
                 state.last_cut = now
                 state.cut_calls += 1
@@ -362,6 +470,10 @@ class Bulkheads:
             return
         state.failures += 1
         state.last_error = failure[:300]
+        if state.state == OPEN:
+            # A call started before the breaker opened: its failure is no news, and only a
+            # failed probe doubles the window.
+            return
         if state.state == HALF_OPEN or state.failures >= self.failures_to_open:
             state.since = state.since or timezone.now()
             state.opened += 1

@@ -444,6 +444,9 @@ class Reconciler:
                     or len(finished) >= self.FLUSH_SIZE
                     or time.monotonic() - first_finished_at >= self.FLUSH_AFTER
                 ):
+                    # The answers freed their places: the calls waiting for them start before
+                    # the group is written, so providers work while the ledger commits.
+                    self._start_waiting(pool, summary)
                     self._waiting.extend(self._apply(finished, summary))
                     finished = []
                     continue
@@ -468,7 +471,9 @@ class Reconciler:
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="reconcile")
+            # The worker's concurrency, and a reserve for the bulkheads that use little of it
+            # while another fills it (``Bulkheads.may_start``).
+            self._pool = ThreadPoolExecutor(self.bulkheads.threads, thread_name_prefix="reconcile")
         return self._pool
 
     def _finished(self, future: Future) -> tuple[_Job, Any]:
@@ -486,8 +491,8 @@ class Reconciler:
         return job, outcome
 
     def _start_waiting(self, pool: ThreadPoolExecutor, summary: Summary) -> None:
-        """Start the waiting calls that have room (under the pool's size and their provider's
-        cap); defer the lookups of a provider that may not be called now."""
+        """Start the waiting calls that have room (under the worker's concurrency and their
+        bulkhead's limit); defer the lookups of a provider that may not be called now."""
         waiting, self._waiting = self._waiting, deque()
         deferred: list[tuple[_Job, Deferral]] = []
         while waiting:
@@ -496,9 +501,7 @@ class Reconciler:
             if refusal is not None:
                 deferred.append((job, refusal))
                 continue
-            if len(self._in_flight) >= self.concurrency or not self.bulkheads.has_room(
-                job.adapter, job.kind
-            ):
+            if not self.bulkheads.may_start(job.adapter, job.kind, len(self._in_flight)):
                 self._waiting.append(job)
                 continue
             self.bulkheads.started(job.adapter, job.kind)

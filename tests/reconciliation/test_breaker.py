@@ -7,7 +7,14 @@ import time
 import pytest
 
 from attempts.models import EffectClass, Tool
-from reconciliation.bulkhead import CLOSED, HALF_OPEN, OPEN, Bulkheads
+from reconciliation.bulkhead import (
+    CLOSED,
+    HALF_OPEN,
+    OPEN,
+    START_LIMIT,
+    AdaptiveLimit,
+    Bulkheads,
+)
 from reconciliation.providers.base import LookupAnswer, LookupStatus, SendAnswer, SendStatus
 from reconciliation.providers.http import GenericHttpAdapter
 
@@ -95,12 +102,79 @@ def test_retry_after_holds_that_provider_only(bulkheads) -> None:
     assert "lookup 127.0.0.1:9003/lookup" not in snapshot
 
 
-def test_the_cap_comes_from_configuration_and_never_takes_the_whole_pool(bulkheads) -> None:
+def test_the_ceiling_comes_from_configuration_and_a_reserve_keeps_threads_for_the_others(
+    bulkheads,
+) -> None:
     a, b = adapter(9001), adapter(9002)
-    assert bulkheads.of(a, "lookup").cap == 2 and bulkheads.of(b, "lookup").cap == 1
+    assert bulkheads.of(a, "lookup").limit.ceiling == 2
+    assert bulkheads.of(b, "lookup").limit.ceiling == 1
     bulkheads.started(b, "lookup")
     assert not bulkheads.has_room(b, "lookup")
-    assert Bulkheads(concurrency=2).of(adapter(9004), "lookup").cap == 1
+    # Never above the worker's concurrency, whatever the configuration says.
+    assert Bulkheads(concurrency=2).of(adapter(9004), "lookup").limit.ceiling == 2
+    # One bulkhead may fill the worker's concurrency; a bulkhead using less than half of it
+    # still finds a thread of the reserve.
+    whole = Bulkheads(concurrency=4)
+    hog, other = adapter(9005, "hog"), adapter(9006, "other")
+    learnt = whole.of(hog, "lookup").limit
+    learnt.ceiling, learnt.limit = 4, 4.0  # as a healthy provider's limit grows to
+    for in_flight in range(4):
+        assert whole.may_start(hog, "lookup", in_flight)
+        whole.started(hog, "lookup")
+    assert not whole.may_start(hog, "lookup", 4)
+    assert whole.threads == 6
+    assert whole.may_start(other, "lookup", 4)
+    whole.started(other, "lookup")
+    assert whole.may_start(other, "lookup", 5)
+    whole.started(other, "lookup")
+    assert not whole.may_start(other, "lookup", 6)  # the reserve is spent
+    # A bulkhead using half of the concurrency or more takes no thread of the reserve.
+    third = Bulkheads(concurrency=4)
+    grown = third.of(adapter(9007, "x", path="/x"), "lookup").limit
+    grown.ceiling, grown.limit = 4, 4.0
+    for name in ("x", "y"):
+        for _ in range(2):
+            third.started(adapter(9007, name, path=f"/{name}"), "lookup")
+    assert not third.may_start(adapter(9007, "x", path="/x"), "lookup", 4)
+
+
+def test_the_limit_grows_while_answers_are_sound_and_quick_and_never_passes_its_ceiling() -> None:
+    limit = AdaptiveLimit(ceiling=16)
+    assert limit.cap == START_LIMIT
+    for _ in range(100):
+        limit.record(20, failed=False, in_flight=limit.cap)
+    assert limit.cap == 16
+    # An idle provider earns no room it never used.
+    idle = AdaptiveLimit(ceiling=16)
+    for _ in range(100):
+        idle.record(20, failed=False, in_flight=1)
+    assert idle.cap == START_LIMIT
+
+
+def test_the_limit_shrinks_on_rising_latency_and_failures_then_grows_back() -> None:
+    limit = AdaptiveLimit(ceiling=16)
+    for _ in range(50):
+        limit.record(20, failed=False, in_flight=limit.cap)
+    assert limit.cap == 16
+    for _ in range(10):
+        limit.record(400, failed=False, in_flight=limit.cap)  # latency rises 20x
+    slow = limit.cap
+    assert slow < 8
+    for _ in range(3):
+        limit.record(0, failed=True, in_flight=limit.cap)  # 429, 5xx, a deadline passed
+    assert 1 <= limit.cap < slow
+    for _ in range(60):
+        limit.record(20, failed=False, in_flight=limit.cap)  # recovered
+    assert limit.cap == 16
+
+
+def test_a_provider_slower_for_good_is_its_new_normal() -> None:
+    limit = AdaptiveLimit(ceiling=8)
+    for _ in range(20):
+        limit.record(20, failed=False, in_flight=limit.cap)
+    for _ in range(400):
+        limit.record(200, failed=False, in_flight=limit.cap)
+    assert limit.cap == 8
 
 
 def test_tools_on_one_provider_share_its_bulkhead(bulkheads) -> None:
@@ -169,3 +243,14 @@ def test_calls_cut_at_their_deadline_name_their_bulkhead_in_the_snapshot(bulkhea
     snapshot = bulkheads.snapshot(now=60.0)
     assert snapshot["lookup 127.0.0.1:9001/lookup"]["past_deadline"]
     assert snapshot["lookup 127.0.0.1:9001/lookup"]["cut_calls"] == 1
+
+
+def test_calls_in_flight_when_the_breaker_opened_do_not_lengthen_its_window(bulkheads) -> None:
+    a = adapter(9001)
+    for _ in range(6):
+        bulkheads.started(a, "lookup")
+    for _ in range(6):
+        bulkheads.finished(a, "lookup", [TIMEOUT], now=100.0)
+    state = bulkheads.of(a, "lookup")
+    # Opened once, by the third failure; the three after it were started before it opened.
+    assert state.state == OPEN and state.opened == 1 and state.open_until == 110.0
