@@ -10,10 +10,20 @@ same run:
 3. the same over 5,000 attempts.
 
 It prints wall times, throughput, the speed-up over serial (per attempt, and directly at equal
-size when the serial baseline covered that size) and the 5,000 / 1,000 cost ratio (linear cost
-means about 5). Target: at least 8x faster than serial, linear cost.
+size when the serial baseline covered that size), the process's CPU per attempt, the lookup
+bulkhead's calls in flight and adaptive limit, and the 5,000 / 1,000 cost ratio (linear cost
+means about 5). Target: at least 15x faster than serial, linear cost.
+
+``--mode degrade`` runs the worker's loop over ``--degrade-size`` attempts while the provider
+changes part-way: healthy (``--latency-ms``), then slow (``--slow-ms``), healthy, answering 429
+(``Retry-After: 1``), healthy again, ``--phase-seconds`` each; it prints, every quarter second,
+the calls in flight (the worker's and the provider's own count), the bulkhead's limit and the
+attempts settled, so the calls in flight are seen to fall and rise again. The breaker's open
+window is 2 s there (``LEDGERWEB_PROVIDER_BREAKER_OPEN_SECONDS``, 30 by default), so a run
+takes seconds, not minutes.
 
 Usage: .venv/bin/python bench/reconcile.py [--concurrency 16] [--serial 1000] [--sizes 1000 5000]
+       .venv/bin/python bench/reconcile.py --mode degrade [--degrade-size 3000]
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ import argparse
 import os
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -145,6 +156,49 @@ def _create_unknown_attempts(group: str, count: int, port: int) -> list[int]:
     return ids
 
 
+class _Sampler:
+    """Samples the lookup bulkhead's calls in flight and limit every ``every`` seconds, in a
+    thread of its own, while a pass runs."""
+
+    def __init__(self, reconciler: Any, every: float = 0.05) -> None:
+        self.reconciler = reconciler
+        self.every = every
+        self.samples: list[tuple[float, int, int]] = []  # (seconds, in flight, limit)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> _Sampler:
+        self._started = time.perf_counter()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            bulkheads = [
+                b
+                for b in list(self.reconciler.bulkheads.providers.values())
+                if b.operation == "lookup"
+            ]
+            if bulkheads:
+                b = bulkheads[0]
+                self.samples.append((time.perf_counter() - self._started, b.in_flight, b.cap))
+
+    def describe(self) -> str:
+        if not self.samples:
+            return "no samples"
+        peak = max(s[1] for s in self.samples)
+        busy = [s[1] for s in self.samples]
+        mean = sum(busy) / len(busy)
+        return (
+            f"calls in flight: peak {peak}, mean {mean:.1f} over {len(busy)} samples; "
+            f"limit at the end {self.samples[-1][2]}"
+        )
+
+
 def _run_group(ids: list[int], *, concurrency: int, batch_size: int) -> tuple[float, dict]:
     from django.utils import timezone
 
@@ -157,25 +211,122 @@ def _run_group(ids: list[int], *, concurrency: int, batch_size: int) -> tuple[fl
     reconciler = Reconciler(
         worker_id=f"bench-c{concurrency}", concurrency=concurrency, batch_size=batch_size
     )
-    started = time.perf_counter()
-    summary = reconciler.run_pass()
+    sampler = _Sampler(reconciler)
+    started, cpu = time.perf_counter(), time.process_time()
+    with sampler:
+        summary = reconciler.run_pass()
     elapsed = time.perf_counter() - started
+    cpu = time.process_time() - cpu
+    print(
+        f"    this process's CPU {cpu / len(ids) * 1000:.2f} ms/attempt "
+        f"({cpu / elapsed:.0%} of the wall time)"
+    )
+    if concurrency > 1:
+        print(f"    {sampler.describe()}")
     confirmed = Attempt.objects.filter(pk__in=ids, state=State.OUTCOME_CONFIRMED).count()
     if confirmed != len(ids) or summary.claimed != len(ids):
         raise SystemExit(f"only {confirmed} of {len(ids)} confirmed: {summary}")
     return elapsed, summary.as_dict()
 
 
+def _provider_in_flight(port: int) -> int:
+    import http.client
+    import json
+
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        connection.request("GET", "/_stats")
+        return int(json.loads(connection.getresponse().read())["in_flight"])
+    finally:
+        connection.close()
+
+
+def _degrade(args: argparse.Namespace, port: int) -> None:
+    """The worker's loop while the provider slows down, recovers, answers 429 and recovers."""
+    from reconciliation.reconciler import Reconciler
+
+    print(f"setting up {args.degrade_size} UNKNOWN attempts ...", flush=True)
+    ids = _create_unknown_attempts("degrade", args.degrade_size, port)
+    from django.utils import timezone
+
+    from attempts.models import Attempt
+
+    Attempt.objects.filter(pk__in=ids).update(
+        next_check_at=timezone.now() - timezone.timedelta(seconds=1)
+    )
+    phases = [
+        ("healthy", {"lookup_latency_ms": args.latency_ms, "lookup_mode": "ok"}),
+        ("slow", {"lookup_latency_ms": args.slow_ms}),
+        ("healthy", {"lookup_latency_ms": args.latency_ms}),
+        ("429", {"lookup_mode": "rate_limited", "retry_after_seconds": 1}),
+        ("healthy", {"lookup_mode": "ok"}),
+    ]
+    reconciler = Reconciler(worker_id="bench-degrade", concurrency=args.concurrency)
+    settled = [0]
+    stop = threading.Event()
+
+    def watch() -> None:
+        started = time.perf_counter()
+        phase = -1
+        while not stop.is_set():
+            elapsed = time.perf_counter() - started
+            now = min(int(elapsed // args.phase_seconds), len(phases) - 1)
+            if now != phase:
+                phase = now
+                _post(port, "/_control", phases[phase][1])
+            bulkhead = next(
+                (
+                    b
+                    for b in list(reconciler.bulkheads.providers.values())
+                    if b.operation == "lookup"
+                ),
+                None,
+            )
+            flight, limit = (bulkhead.in_flight, bulkhead.cap) if bulkhead else (0, 0)
+            print(
+                f"t={elapsed:6.2f}s  {phases[phase][0]:<8} calls in flight {flight:>3} "
+                f"(provider {_provider_in_flight(port):>3})  limit {limit:>3}  "
+                f"{'#' * flight:<{args.concurrency}}  settled {settled[0]}",
+                flush=True,
+            )
+            stop.wait(0.25)
+
+    print(
+        f"provider: {args.latency_ms:.0f} ms, then {args.slow_ms:.0f} ms, {args.latency_ms:.0f} "
+        f"ms, 429, {args.latency_ms:.0f} ms; {args.phase_seconds:.0f} s each; "
+        f"--concurrency {args.concurrency}"
+    )
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    deadline = time.monotonic() + args.phase_seconds * len(phases) + 60
+    try:
+        while settled[0] < len(ids) and time.monotonic() < deadline:
+            settled[0] += reconciler.run_pass(stop=stop, carry=True).settled
+            reconciler.wait_for_work(stop, 0.05)
+    finally:
+        stop.set()
+        watcher.join(timeout=5)
+        reconciler.close()
+    left = Attempt.objects.filter(pk__in=ids, state="UNKNOWN").count()
+    print(f"settled {len(ids) - left} of {len(ids)} (the rest wait for their next check)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mode", choices=("throughput", "degrade"), default="throughput")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--serial", type=int, default=1000, help="attempts in the serial baseline")
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 5000])
     parser.add_argument("--latency-ms", type=float, default=20.0)
+    parser.add_argument("--slow-ms", type=float, default=300.0, help="degrade: the slow phase")
+    parser.add_argument("--phase-seconds", type=float, default=3.0, help="degrade: each phase")
+    parser.add_argument("--degrade-size", type=int, default=3000, help="degrade: attempts")
     args = parser.parse_args()
 
     workdir = REPO / "var" / "bench" / f"reconcile-{os.getpid()}"
     workdir.mkdir(parents=True, exist_ok=True)
+    if args.mode == "degrade":
+        os.environ["LEDGERWEB_PROVIDER_BREAKER_OPEN_SECONDS"] = "2"
     _setup_django(workdir / "ledger.sqlite3")
     from attempts.models import EffectClass, Grant, Tenant, Tool
     from reconciliation.reconciler import tune_worker_process
@@ -196,6 +347,9 @@ def main() -> None:
         Grant.objects.create(
             tenant=tenant, tool=tool, policy_version="v1", allowed_scopes=["bench:write"]
         )
+        if args.mode == "degrade":
+            _degrade(args, port)
+            return
         print(f"setting up {args.serial + sum(args.sizes)} UNKNOWN attempts ...", flush=True)
         serial_ids = _create_unknown_attempts("serial", args.serial, port)
         groups = {size: _create_unknown_attempts(f"n{size}", size, port) for size in args.sizes}
