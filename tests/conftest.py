@@ -242,3 +242,22 @@ def pytest_configure(config):
         "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
     }
     Path(settings.STATIC_ROOT).mkdir(parents=True, exist_ok=True)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The container image takes minutes to build: when its tests are selected on the SQLite
+    pass, the build starts now, in a thread, beside the other tests (tests/test_container.py)."""
+    if os.environ.get("DATABASE_URL"):
+        return  # the image's tests run on the SQLite pass only
+    if any(item.nodeid.startswith("tests/test_container.py::test_the_image") for item in items):
+        from tests import test_container
+
+        test_container.start_prebuild()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import sys as _sys
+
+    container = _sys.modules.get("tests.test_container")
+    if container is not None:
+        container.finish_prebuild()
