@@ -620,9 +620,18 @@ def _check_extends(memory: Path, checkpoint: Checkpoint) -> None:
         return  # the first checkpoint this signer signs
     size, root = held
     if checkpoint.size < size:
+        # An older checkpoint (a rotated key catching up): signed only if the tree already signed
+        # extends it, proved against the remembered root, not the database's word.
+        try:
+            prefix = check_consistent(checkpoint.size, bytes.fromhex(checkpoint.root), size, root)
+        except LookupError:
+            prefix = False
+        if prefix:
+            return
         raise LogKeyError(
             f"refusing to sign checkpoint {checkpoint.seq}: its tree of {checkpoint.size} leaves "
-            f"is smaller than the {size} this key signed before (a rollback)"
+            f"is smaller than the {size} this key signed before and not a prefix of it (a "
+            "rollback)"
         )
     if checkpoint.size == size and bytes.fromhex(checkpoint.root) == root:
         return
@@ -638,6 +647,10 @@ def _check_extends(memory: Path, checkpoint: Checkpoint) -> None:
 
 
 def _remember(memory: Path, checkpoint: Checkpoint) -> None:
+    """Keep the newest tree signed: an older checkpoint signed later leaves it as it is."""
+    held = _read_state(memory)
+    if held is not None and held[0] > checkpoint.size:
+        return
     data = json.dumps(
         {"size": checkpoint.size, "root": base64.b64encode(bytes.fromhex(checkpoint.root)).decode()}
     )

@@ -396,3 +396,38 @@ def test_the_signer_keeps_its_state_in_the_data_folder_under_a_read_only_key_fol
     assert "signed None" not in done.stdout and "signed " in done.stdout, done.stdout
     assert (data / "log_signer.state").is_file()
     assert sorted(p.name for p in keys.iterdir()) == ["log.key"]
+
+
+def test_a_rotated_key_signs_the_older_checkpoints_the_remembered_tree_extends(
+    world, key_file, tmp_path, settings
+):
+    """The signer remembers the newest tree signed (outside the database). A new key first
+    signs the checkpoints before it, which that tree extends (a consistency proof checked
+    against the remembered root), then the new ones; a smaller tree that is not a prefix of the
+    remembered one is still refused."""
+    _, first = key_file
+    for prefix in ("a", "b", "c"):
+        build_history(world, 2, prefix=prefix)
+        seal_all()
+    before = log.newest_signed()
+    second_path = tmp_path / "second.key"
+    second = log.write_key_file(second_path, "example.test/ledger")
+    settings.TLOG = {
+        **settings.TLOG,
+        "KEY_FILE": str(second_path),
+        "OLD_VERIFIER_KEYS": [str(first)],
+    }
+    build_history(world, 1, prefix="r")
+    seal_all()
+    newest = log.newest_signed()
+    assert newest.seq > before.seq and newest.size > before.size
+    by_second = CheckpointSignature.objects.filter(kind="log", key_id=second.id.hex())
+    assert by_second.filter(checkpoint=newest).exists()
+    assert by_second.count() == Checkpoint.objects.filter(format__gte=2).count()
+    # The memory still holds the newest tree, not an older one the new key caught up on.
+    assert log.signed_tree()[1][0] == newest.size
+    # A rewritten older checkpoint is not a prefix of the remembered tree: refused.
+    older = Checkpoint.objects.filter(format__gte=2).order_by("seq").first()
+    older.root = "00" * 32
+    with pytest.raises(log.LogKeyError, match="rollback|rewritten"):
+        log._check_extends(log.signed_tree()[0], older)
