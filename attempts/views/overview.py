@@ -4,8 +4,10 @@ Counts of the states that need people (UNKNOWN, MANUAL_REVIEW) and of in-flight 
 and live while the live backlog is small (up to ``counts.LIVE_EXACT`` attempts): a range count on
 the (state, tenant, tool, owner) index. A larger backlog, and the terminal states, which hold
 almost every row of a busy ledger, are read from what the reconcile worker's count pass keeps
-(attempts/counts.py; terminal counts before its first pass are counted here at most once a
-minute per tenant set), and shown with the time they were taken.
+(attempts/counts.py), and shown with the time they were taken. Before its first pass the
+terminal counts are counted here only up to ``TERMINAL_UPTO`` each (one bounded index range per
+state, at most once a minute per tenant set) and shown as "at least": a page load never counts
+the whole ledger.
 """
 
 from __future__ import annotations
@@ -28,33 +30,48 @@ from attempts.views._common import user_tenants
 LIVE_STATES = tuple(s for s in State.values if s not in TERMINAL_STATES)
 TERMINAL_TTL = 60
 CHART_DAYS = 14
+# Before the worker's first count pass, each terminal state is counted up to this many.
+TERMINAL_UPTO = 10_000
 
 
-def _terminal_counts(tenants: list[str], now: dt.datetime) -> tuple[dict[str, int], dt.datetime]:
-    """Counts of the terminal states for these tenants, cached for a minute."""
+def _terminal_counts(
+    tenants: list[str], now: dt.datetime
+) -> tuple[dict[str, int], dt.datetime, set[str]]:
+    """Counts of the terminal states for these tenants, each up to TERMINAL_UPTO (one bounded
+    range of the (tenant, state) index per state), cached for a minute; and the states that
+    have more."""
     key = "overview:terminal:" + ",".join(tenants)
     cached = cache.get(key)
     if cached is not None:
-        return cached["counts"], cached["at"]
-    counts: dict[str, int] = {}
+        return cached["counts"], cached["at"], set(cached["more"])
+    found: dict[str, int] = {}
+    more: set[str] = set()
     for state in sorted(TERMINAL_STATES):
-        counts[state] = sum(
-            Attempt.objects.filter(tenant_id=t, state=state).count() for t in tenants
+        n = (
+            Attempt.objects.filter(tenant_id__in=tenants, state=state)
+            .order_by()
+            .values("id")[: TERMINAL_UPTO + 1]
+            .count()
         )
-    cache.set(key, {"counts": counts, "at": now}, TERMINAL_TTL)
-    return counts, now
+        found[state] = min(n, TERMINAL_UPTO)
+        if n > TERMINAL_UPTO:
+            more.add(state)
+    cache.set(key, {"counts": found, "at": now, "more": sorted(more)}, TERMINAL_TTL)
+    return found, now, more
 
 
 def _terminal_counts_kept(
     tenants: list[str], now: dt.datetime
-) -> tuple[dict[str, int], dt.datetime, bool]:
+) -> tuple[dict[str, int], dt.datetime, bool, set[str]]:
     """Terminal counts as the reconcile worker's count pass keeps them (attempts/counts.py):
     a few summary rows whatever the size of the ledger. Before its first pass they are counted
-    here (cached for a minute). The flag says which."""
+    here up to TERMINAL_UPTO each (cached for a minute). The flag says which; the set names
+    the states with more than were counted."""
     kept = counts.terminal_counts(tenants)
     if kept is not None:
-        return kept[0], kept[1], True
-    return *_terminal_counts(tenants, now), False
+        return kept[0], kept[1], True, set()
+    found, at, more = _terminal_counts(tenants, now)
+    return found, at, False, more
 
 
 def _chart(live: counts.Live, now: dt.datetime) -> dict[str, Any]:
@@ -121,7 +138,7 @@ def overview_context(user: Any, now: dt.datetime) -> dict[str, Any]:
         by_tool[tool][state] += n
         if state == State.UNKNOWN and unowned:
             unassigned += n
-    terminal, terminal_at, terminal_kept = _terminal_counts_kept(tenants, now)
+    terminal, terminal_at, terminal_kept, terminal_more = _terminal_counts_kept(tenants, now)
     oldest = (
         Attempt.objects.visible_to(user)
         .filter(state=State.UNKNOWN)
@@ -158,7 +175,8 @@ def overview_context(user: Any, now: dt.datetime) -> dict[str, Any]:
         for t, c in by_tenant.items()
     ]
     state_rows = [{"state": s, "n": by_state.get(s, 0), "live": True} for s in LIVE_STATES] + [
-        {"state": s, "n": terminal.get(s, 0), "live": False} for s in sorted(TERMINAL_STATES)
+        {"state": s, "n": terminal.get(s, 0), "live": False, "more": s in terminal_more}
+        for s in sorted(TERMINAL_STATES)
     ]
     return {
         "tenants": tenants,
@@ -167,6 +185,7 @@ def overview_context(user: Any, now: dt.datetime) -> dict[str, Any]:
         "tool_rows": tool_rows,
         "terminal_at": terminal_at,
         "terminal_kept": terminal_kept,
+        "terminal_upto": TERMINAL_UPTO,
         "oldest_unknown": oldest,
         "oldest_unknown_age": (now - oldest) if oldest else None,
         "my_counts": {

@@ -211,3 +211,29 @@ def test_a_pass_that_finds_a_newer_pass_stored_keeps_it():
     kept = counts.refresh(now=newer.counted_at - dt.timedelta(seconds=5))
     assert kept.pk == newer.pk and TerminalCountPass.objects.count() == 1
     assert counts.refresh(full=True).counted_at > newer.counted_at
+
+
+def test_before_the_first_count_pass_the_overview_counts_terminal_work_only_up_to_a_bound(
+    world, clients, monkeypatch
+):
+    """No page load counts the whole ledger: before the worker's first count pass each
+    terminal state is counted up to TERMINAL_UPTO, and a state with more reads "at least"."""
+    from attempts.views import overview
+
+    monkeypatch.setattr(overview, "TERMINAL_UPTO", 2)
+    for _ in range(3):
+        confirmed(world)
+    ledger.fail(make_attempt(world), reason="no", retryable=False, actor=WORKER)
+    assert not TerminalCountPass.objects.exists()
+    sql = _overview_queries(clients.viewer)
+    attempt_table = Attempt._meta.db_table
+    terminal_reads = [
+        q for q in sql if attempt_table in q and any(f"'{s}'" in q for s in TERMINAL_STATES)
+    ]
+    assert terminal_reads and all("LIMIT 3" in q for q in terminal_reads), terminal_reads
+    response = clients.viewer.get("/")
+    rows = {row["state"]: row for row in response.context["state_rows"]}
+    assert rows[State.OUTCOME_CONFIRMED]["n"] == 2 and rows[State.OUTCOME_CONFIRMED]["more"]
+    assert rows[State.FAILED]["n"] == 1 and not rows[State.FAILED]["more"]
+    body = response.content.decode()
+    assert "2+" in body and "each counted up to 2 until the reconcile worker" in body
