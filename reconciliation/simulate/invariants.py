@@ -198,7 +198,20 @@ def verifiers(history: History, folder: Path) -> dict[str, list[str]]:
             body = log.receipt(attempt)
         except log.NotSealed:
             continue
-        for problem in verify_export.receipt_problems(body, keys):
+        # As the agent that recorded it checks its receipt: against what it sent (the
+        # arguments only while they are not erased: erasure replaces the salt).
+        acked = history.model.acked.get(attempt.idempotency_key)
+        sent = None
+        if acked is not None and acked.attempt_id == attempt.attempt_id:
+            sent = {
+                "tenant": acked.tenant,
+                "tool_name": acked.tool,
+                "idempotency_key": acked.key,
+                "task_id": f"task-{acked.key}",
+            }
+            if attempt.args != verify_export.ERASED_ARGS:
+                sent["args"] = acked.args
+        for problem in verify_export.receipt_problems(body, keys, sent=sent):
             receipts.append(f"receipt: {attempt.attempt_id}: {problem}")
     found["receipts"] = receipts
     return found
