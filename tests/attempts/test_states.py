@@ -127,11 +127,20 @@ def _force_state(attempt, target):
     return attempt
 
 
-@pytest.mark.parametrize("from_state", list(State))
-@pytest.mark.parametrize("to_state", list(State))
+# Every pair of states the protocol does not move between (a legal move is not a case here,
+# so no case passes without checking anything).
+ILLEGAL_MOVES = [
+    (from_state, to_state)
+    for from_state in State
+    for to_state in State
+    if (from_state, to_state) not in PROTOCOL_MOVES and from_state != to_state
+]
+
+
+@pytest.mark.parametrize(
+    ("from_state", "to_state"), ILLEGAL_MOVES, ids=[f"{f}-{t}" for f, t in ILLEGAL_MOVES]
+)
 def test_every_illegal_move_is_refused_and_changes_nothing(world, from_state, to_state):
-    if (from_state, to_state) in PROTOCOL_MOVES or from_state == to_state:
-        return
     attempt = _start(world, from_state, to_state)
     before = Attempt.objects.values().get(pk=attempt.pk)
     events = AttemptEvent.objects.count()
