@@ -301,8 +301,8 @@ def _sql_text(value: str) -> str:
 
 def _csv_cell(expression: str) -> tuple[str, list[str]]:
     """A quoted CSV cell built by the database: a format pattern and its arguments, with a
-    leading quote when the text starts like a spreadsheet formula (see
-    verify_export.escape_cell) and inner double quotes doubled."""
+    leading quote when the text starts like a spreadsheet formula (verify_export.FORMULA_STARTS;
+    the verifier's unescape_cell takes it off) and inner double quotes doubled."""
     starts = ", ".join(_sql_text(c) for c in FORMULA_STARTS)
     return '"%%s%%s"', [
         f"(CASE WHEN substr({expression}, 1, 1) IN ({starts}) THEN {_sql_text(chr(39))} "

@@ -324,14 +324,6 @@ def authority_for(model: type[models.Model]) -> Authority | None:
     return _BY_MODEL.get(model._meta.concrete_model)
 
 
-def subject_of(instance: models.Model) -> str:
-    """The config subject an instance is recorded under (``tool:<name>`` and so on)."""
-    authority = authority_for(type(instance))
-    if authority is None:
-        raise TypeError(f"{type(instance).__name__} is not tracked configuration")
-    return authority.subject(instance)
-
-
 def snapshot(instance: models.Model) -> dict[str, Any]:
     """The recorded fields of ``instance`` as JSON values."""
     authority = authority_for(type(instance))
@@ -573,12 +565,6 @@ def save_with_history(instance: models.Model, *, actor: Actor, reason: str = "",
         length = _config_length()
         (save or instance.save)()
         return _config_length() != length
-
-
-def delete_with_history(instance: models.Model, *, actor: Actor, reason: str = "") -> None:
-    """Delete ``instance`` as ``actor``'s change, in one transaction."""
-    with acting(actor, reason), write_transaction():
-        instance.delete()
 
 
 def _config_length() -> int:

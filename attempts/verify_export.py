@@ -658,11 +658,6 @@ class MerkleTree:
         return [h.hex() for h in reversed(siblings)]
 
 
-def merkle_root(leaves: list[bytes]) -> str:
-    """The root (hex) of the tree over ``leaves``."""
-    return MerkleTree(leaves).root()
-
-
 def root_from_proof(leaf: bytes, index: int, size: int, proof: list[str]) -> str | None:
     """The root that ``proof`` leads to from ``leaf`` at ``index`` in a tree of ``size`` leaves,
     or None when the proof has the wrong length for that place."""
@@ -1162,14 +1157,9 @@ def receipt_problems(
     return []
 
 
-def escape_cell(value: str) -> str:
-    """Make a text cell safe to open in a spreadsheet (no formula injection), reversibly."""
-    if value and value[0] in FORMULA_STARTS:
-        return "'" + value
-    return value
-
-
 def unescape_cell(value: str) -> str:
+    """A CSV text cell as it was before the export escaped a formula-like start (a leading
+    quote before one of FORMULA_STARTS)."""
     return value[1:] if value.startswith("'") else value
 
 
