@@ -298,9 +298,14 @@ def _degrade(args: argparse.Namespace, port: int) -> None:
     )
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
-    deadline = time.monotonic() + args.phase_seconds * len(phases) + 60
+    began = time.monotonic()
+    phases_end = began + args.phase_seconds * len(phases)
+    deadline = phases_end + 60
     try:
-        while settled[0] < len(ids) and time.monotonic() < deadline:
+        # Every phase is shown, even when the attempts are settled before its end.
+        while (settled[0] < len(ids) or time.monotonic() < phases_end) and (
+            time.monotonic() < deadline
+        ):
             settled[0] += reconciler.run_pass(stop=stop, carry=True).settled
             reconciler.wait_for_work(stop, 0.05)
     finally:

@@ -72,6 +72,22 @@ def test_providers_bench_prints_the_healthy_tools_latency_ratio():
     assert "ratio with/alone: median" in done.stdout
 
 
+def test_reconcile_bench_shows_the_calls_in_flight_fall_and_rise_as_the_provider_degrades():
+    if os.environ.get("DATABASE_URL"):
+        pytest.skip("bench/reconcile.py measures SQLite: runs once, on the SQLite pass")
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    done = _run(
+        "bench/reconcile.py",
+        *("--mode", "degrade", "--degrade-size", "120", "--phase-seconds", "1"),
+        *("--concurrency", "4"),
+        env=env,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    phases = [line.split()[2] for line in done.stdout.splitlines() if line.startswith("t=")]
+    assert {"healthy", "slow", "429"} <= set(phases), done.stdout
+    assert "settled 120 of 120" in done.stdout
+
+
 def test_providers_bench_runs_the_trickles_of_every_framing():
     """bench/providers.py --modes framings: Content-Length with Connection: close, HTTP/1.0,
     close-delimited and chunked trickles beside the healthy tool, short."""
