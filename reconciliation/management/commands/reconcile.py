@@ -61,7 +61,11 @@ class Command(BaseCommand):
             "--concurrency",
             type=_positive_int,
             default=16,
-            help="Provider lookups and sends in flight at once in this process (default 16).",
+            help=(
+                "Provider lookups and sends in flight at once in this process (default 16); "
+                "half as many more only for providers using less than half of it while "
+                "another fills it."
+            ),
         )
         parser.add_argument(
             "--batch-size",
