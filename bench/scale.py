@@ -273,7 +273,8 @@ def write_templates() -> dict[str, int]:
                 next_check_at=None,
             )
         else:
-            attempt = ledger.attach_provider_request(attempt, "req_template", actor=AGENT)
+            # One provider effect confirms one attempt: each template has its own request id.
+            attempt = ledger.attach_provider_request(attempt, f"req_template_{shape}", actor=AGENT)
             if shape == "OUTCOME_CONFIRMED":
                 ledger.confirm(attempt, result_ref="rcpt_template", actor=AGENT)
             elif shape == "FAILED":
