@@ -10,7 +10,7 @@ import pytest
 from django.utils import timezone
 
 from attempts import ledger
-from attempts.models import Approval, ApprovalPolicy, Attempt, State
+from attempts.models import Approval, ApprovalPolicy, Attempt, AttemptEvent, State
 from attempts.states import Actor
 from tests.conftest import agent_intent, clock_ahead, make_world
 from tests.dashboard.conftest import SHOTS
@@ -198,7 +198,8 @@ def test_bulk_approve_and_reject_with_a_result_each(live_server, browser):
     rows = me.page.locator("[data-testid=bulk-result]")
     assert rows.count() == 2
     assert {rows.nth(i).get_attribute("data-outcome") for i in range(2)} == {"recorded"}
-    assert set(Approval.objects.values_list("comment", flat=True)) == {"weekly batch"}
+    approvals = AttemptEvent.objects.filter(action="attempt.approval")  # a comment is its reason
+    assert set(approvals.values_list("reason", flat=True)) == {"weekly batch"}
     me.shot("approvals-bulk-results")
 
     other = Tab(browser, live_server.url)
