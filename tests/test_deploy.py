@@ -12,10 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from django.db import connection
 from django.test import Client
 
-from tests.conftest import PYTHON, REPO, agent_intent, child_env, manage
+from tests.conftest import REPO, agent_intent, child_env, manage
 
 DEPLOY = REPO / "deploy"
 UNITS = sorted((DEPLOY / "systemd").iterdir())
@@ -74,33 +75,86 @@ def test_the_alert_rules_use_metrics_the_server_serves(world, settings) -> None:
     assert used and used <= names, used - names
 
 
-def example_environment() -> dict[str, str]:
+def env_file(path: Path) -> dict[str, str]:
+    """The settings an example environment file sets (its commented lines are suggestions)."""
     env = {}
-    for line in (DEPLOY / "ledgerweb.env.example").read_text().splitlines():
+    for line in path.read_text().splitlines():
         if line.strip() and not line.startswith("#"):
             name, _, value = line.partition("=")
             env[name] = value
     return env
 
 
+def suggested(path: Path, name: str) -> str:
+    """The value an example file suggests for ``name`` on a commented line."""
+    [value] = re.findall(rf"^#{name}=(.+)$", path.read_text(), flags=re.M)
+    return value
+
+
+def compose_environment(dot_env: dict[str, str]) -> dict[str, str]:
+    """What compose.yaml gives the ledgerweb services: its environment, ${...} filled from .env."""
+    compose = yaml.safe_load((REPO / "compose.yaml").read_text())
+
+    def fill(value: str) -> str:
+        def one(match: re.Match[str]) -> str:
+            name, how, default = match.groups()
+            if name in dot_env:
+                return dot_env[name]
+            assert how != ":?", f"compose.yaml requires {name} in .env"
+            return default
+
+        return re.sub(r"\$\{(\w+)(?:(:[-?])([^}]*))?\}", one, str(value))
+
+    return {**dot_env, **{k: fill(v) for k, v in compose["x-ledgerweb"]["environment"].items()}}
+
+
 @database_independent
-def test_the_example_environment_passes_the_deploy_check(tmp_path: Path) -> None:
-    env = child_env(**example_environment())
-    # The example points at PostgreSQL on a production host; the check runs on a scratch SQLite.
+def test_the_example_environments_pass_the_deploy_check_on_a_configured_ledger(
+    tmp_path: Path,
+) -> None:
+    """deploy/ledgerweb.env.example (systemd) and deploy/container/compose.env.example with
+    compose.yaml, their placeholders replaced by real secrets as the guide says (the
+    placeholders themselves are refused: tests/test_settings_reference.py), on a ledger migrated
+    and configured with deploy/ledger.toml: ``check --deploy`` reports nothing."""
+    # A scratch SQLite ledger: the examples point at PostgreSQL on a production host.
+    ledger = {"LEDGERWEB_DATA_DIR": str(tmp_path), "LEDGERWEB_SQLITE_PATH": str(tmp_path / "l.db")}
+    setup = child_env(**ledger)
+    for args in (
+        ["migrate", "-v", "0"],
+        ["ledger_config", "apply", str(DEPLOY / "ledger.toml"), "--actor", "installer"],
+        ["ledger_log", "genkey", "--out", str(tmp_path / "log.key")],  # as the guide says
+    ):
+        done = manage(*args, env=setup)
+        assert done.returncode == 0, (args, done.stdout + done.stderr)
+
+    systemd = DEPLOY / "ledgerweb.env.example"
+    env = child_env(**{**env_file(systemd), **ledger})
     env.pop("DATABASE_URL")
-    env.update(LEDGERWEB_DATA_DIR=str(tmp_path), LEDGERWEB_SQLITE_PATH=str(tmp_path / "l.db"))
-    # With its placeholders replaced by real secrets, as the guide says (the placeholders
-    # themselves are refused: tests/test_settings_reference.py).
     env["LEDGERWEB_SECRET_KEY"] = secrets.token_urlsafe(64)
     env["LEDGERWEB_METRICS_TOKEN"] = secrets.token_urlsafe(32)
-    subprocess.run(  # the log's signing key, made as the deploy guide says
-        [PYTHON, "manage.py", "ledger_log", "genkey", "--out", str(tmp_path / "log.key")],
-        cwd=REPO, env=env, check=True, capture_output=True, timeout=120,
-    )  # fmt: skip
     env["LEDGERWEB_TLOG_KEY_FILE"] = str(tmp_path / "log.key")
-    done = manage("check", "--deploy", "--fail-level", "WARNING", env=env)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "no issues" in done.stdout
+
+    # compose.yaml reads the secrets from files (./secrets/, mounted by compose).
+    compose_file = DEPLOY / "container" / "compose.env.example"
+    (tmp_path / "secret_key").write_text(secrets.token_urlsafe(64))
+    compose = child_env(**{**compose_environment(env_file(compose_file)), **ledger})
+    compose.pop("DATABASE_URL_FILE")
+    compose.update(
+        LEDGERWEB_SECRET_KEY_FILE=str(tmp_path / "secret_key"),
+        LEDGERWEB_TLOG_KEY_FILE=str(tmp_path / "log.key"),
+    )
+
+    # The systemd example as it is (no default owner: ledger.toml's rule owns the work); the
+    # compose one with the default owner it suggests, a person ledger.toml has created.
+    compose["LEDGERWEB_DEFAULT_OWNER"] = suggested(compose_file, "LEDGERWEB_DEFAULT_OWNER")
+    assert suggested(systemd, "LEDGERWEB_DEFAULT_OWNER") == compose["LEDGERWEB_DEFAULT_OWNER"]
+    for name, environment in (("systemd", env), ("compose", compose)):
+        done = manage(
+            "check", "--deploy", "--database", "default", "--fail-level", "WARNING",
+            env=environment,
+        )  # fmt: skip
+        assert done.returncode == 0, (name, done.stdout + done.stderr)
+        assert "no issues" in done.stdout, (name, done.stdout)
 
 
 @pytest.mark.django_db(transaction=True)
