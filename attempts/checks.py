@@ -4,6 +4,8 @@ from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 from django.db import DatabaseError
 
+from ledgerweb.cli import command_line
+
 
 @register(Tags.database)
 def check_owner_configured(app_configs=None, **kwargs):
@@ -23,8 +25,8 @@ def check_owner_configured(app_configs=None, **kwargs):
     return [
         Warning(
             "No owner is configured for UNKNOWN and MANUAL_REVIEW work.",
-            hint="Add an [[ownership_rules]] entry with `manage.py ledger_config apply`, or set "
-            "LEDGERWEB_DEFAULT_OWNER to a username.",
+            hint=f"Add an [[ownership_rules]] entry with `{command_line('ledger_config apply')}`, "
+            "or set LEDGERWEB_DEFAULT_OWNER to a username.",
             id="attempts.W001",
         )
     ]
@@ -47,7 +49,7 @@ def check_history_guards(app_configs=None, **kwargs):
     return [
         Error(
             f"History tables without their append-only triggers: {', '.join(missing)}.",
-            hint='Something dropped them. Put them back with `manage.py shell -c "from '
+            hint=f'Something dropped them. Put them back with `{command_line("shell")} -c "from '
             "django.db import connection; from attempts import history_guard; "
             'history_guard.install(connection)"`, then find out who dropped them and why '
             "(docs/audit-chain.md).",
@@ -75,7 +77,8 @@ def check_default_owner(app_configs=None, **kwargs):
         Error(
             problem + ".",
             hint="Set LEDGERWEB_DEFAULT_OWNER to the username of an operator, reviewer or admin "
-            "(manage.py ledger_config dump lists the users and their roles), or leave it unset.",
+            f"({command_line('ledger_config dump')} lists the users and their roles), or leave it "
+            "unset.",
             id="attempts.E002",
         )
     ]
@@ -181,7 +184,7 @@ def check_log_signing_key(app_configs=None, **kwargs):
             Warning(
                 "No transparency-log signing key: checkpoints stay unsigned, /log/ serves "
                 "nothing and agents get no receipts.",
-                hint="Make one with `manage.py ledger_log genkey --out FILE` and set "
+                hint=f"Make one with `{command_line('ledger_log genkey --out FILE')}` and set "
                 "LEDGERWEB_TLOG_KEY_FILE, or set LEDGERWEB_TLOG_SIGN_COMMAND and "
                 "LEDGERWEB_TLOG_VERIFIER_KEY (docs/audit-chain.md).",
                 id="attempts.W012",

@@ -16,12 +16,38 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
-from ledgerweb.paths import PACKAGE_DIR
+from ledgerweb.paths import IN_CHECKOUT, PACKAGE_DIR
 
 # Short names for the commands a deployment runs; everything else is Django's own name.
 ALIASES = {"worker": "reconcile", "config": "ledger_config"}
 USAGE = __doc__.split("\n\n")[1]
+
+
+def invoked_as() -> str:
+    """The command people run management commands with here: ``ledgerweb`` in a process the
+    installed command started (``ledgerweb serve``'s web workers too), ``manage.py`` in one
+    the checkout's started; any other process (gunicorn or a test runner started directly)
+    says ``manage.py`` in a checkout and ``ledgerweb`` installed from the wheel."""
+    program = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
+    if program.startswith("ledgerweb"):  # "ledgerweb", "ledgerweb serve"
+        return "ledgerweb"
+    if program == "manage.py":
+        return "manage.py"
+    return "manage.py" if IN_CHECKOUT else "ledgerweb"
+
+
+def command_line(command: str) -> str:
+    """``command`` (a management command and its arguments, ``"ledger_config apply FILE"``) as
+    the person who ran this process types it: ``manage.py ledger_config apply FILE``, or
+    ``ledgerweb config apply FILE`` with the installed command's short names. Every message
+    and hint that names a command says it through this."""
+    if invoked_as() == "manage.py":
+        return f"manage.py {command}"
+    name, _, rest = command.partition(" ")
+    short = {django: alias for alias, django in ALIASES.items()}.get(name, name)
+    return " ".join(part for part in ("ledgerweb", short, rest) if part)
 
 
 def main(argv: list[str] | None = None) -> int:

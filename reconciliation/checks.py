@@ -9,6 +9,8 @@ from django.conf import settings
 from django.core.checks import Tags, Warning, register
 from django.db import DatabaseError
 
+from ledgerweb.cli import command_line
+
 
 @register(Tags.database)
 def check_tools_reconcilable(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
@@ -33,7 +35,7 @@ def check_tools_reconcilable(app_configs: Any = None, **kwargs: Any) -> list[War
             warnings.append(
                 Warning(
                     f"Tool {tool.name!r} cannot be reconciled: {'; '.join(problems)}.",
-                    hint="Fix it with `manage.py ledger_config apply` (docs/config.md).",
+                    hint=f"Fix it with `{command_line('ledger_config apply')}` (docs/config.md).",
                     obj=tool.name,
                     id="reconciliation.W001",
                 )

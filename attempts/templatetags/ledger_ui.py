@@ -11,6 +11,7 @@ from django.utils.html import format_html
 
 from attempts.money import amount_of, locale_of
 from attempts.reasons import EFFECT_CLASSES, reason_text
+from ledgerweb.cli import command_line
 
 register = template.Library()
 
@@ -31,6 +32,13 @@ def duration(value: dt.timedelta | None) -> str:
         return f"{hours}h {minutes:02d}m"
     days, hours = divmod(hours, 24)
     return f"{days}d {hours}h"
+
+
+@register.simple_tag
+def command(text: str) -> str:
+    """A management command as the people running this server type it (``manage.py verify_audit``
+    in a checkout, ``ledgerweb verify_audit`` installed)."""
+    return command_line(text)
 
 
 @register.filter

@@ -17,6 +17,7 @@ from typing import Any
 from django.db import DatabaseError, IntegrityError
 
 from attempts.states import Actor
+from ledgerweb.cli import command_line
 from reconciliation.config.document import FORMAT_VERSION, ConfigError, Document, read
 from reconciliation.config.sections import (
     CREATE,
@@ -212,7 +213,8 @@ def dump() -> str:
     """Today's configuration as a file ``apply`` accepts (and finds nothing to change in)."""
     out = [
         "# ledgerweb configuration (docs/config.md; schema: docs/config.schema.json).",
-        "# Passwords are never here: each person sets theirs (manage.py password_link USERNAME).",
+        f"# Passwords are never here: each person sets theirs "
+        f"({command_line('password_link USERNAME')}).",
         f"version = {FORMAT_VERSION}",
     ]
     for section in SECTIONS:

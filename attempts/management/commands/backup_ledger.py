@@ -13,6 +13,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 
 from attempts import audit_verify
+from ledgerweb.cli import command_line
 
 
 def _fsync_dir(path: Path) -> None:
@@ -45,7 +46,7 @@ class Command(BaseCommand):
             raise CommandError(
                 "backup_ledger copies the embedded SQLite ledger; this deployment uses "
                 f"{connection.vendor}. Use pg_dump --format=custom and verify the restored copy "
-                "with manage.py verify_audit (docs/backup.md)."
+                f"with {command_line('verify_audit')} (docs/backup.md)."
             )
         source = Path(settings.DATABASES["default"]["NAME"]).resolve()
         if not source.is_file():

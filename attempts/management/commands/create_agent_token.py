@@ -6,6 +6,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from attempts.config_history import acting, operator
 from attempts.models import AgentToken, Tenant
+from ledgerweb.cli import command_line
 
 
 class Command(BaseCommand):
@@ -51,7 +52,7 @@ class Command(BaseCommand):
             raise CommandError(
                 f"unknown tenant(s): {', '.join(missing)}. Tenants are made from the "
                 'configuration file: add a [[tenants]] entry (slug = "...") and run '
-                "`manage.py ledger_config apply FILE` (docs/config.md). "
+                f"`{command_line('ledger_config apply FILE')}` (docs/config.md). "
                 + (f"Known tenants: {known_list}." if known_list else "There are no tenants yet.")
             )
         if AgentToken.objects.filter(name=name).exists():

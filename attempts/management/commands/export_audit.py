@@ -12,6 +12,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from attempts import audit_export
 from attempts.models import State
+from ledgerweb.cli import command_line
 
 
 class Command(BaseCommand):
@@ -20,8 +21,8 @@ class Command(BaseCommand):
         "the start. --format jsonl writes header, events, chain links and a manifest line in one "
         "file; --format csv writes the events (safe against spreadsheet formula injection) and "
         "FILE.manifest.json (filters, row count, first and last event, head hash, SHA-256). "
-        "Check either later with `manage.py verify_audit --export FILE` or, without ledgerweb, "
-        "`python attempts/verify_export.py FILE`."
+        f"Check either later with `{command_line('verify_audit --export FILE')}` or, without "
+        "ledgerweb, `python attempts/verify_export.py FILE`."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from ledgerweb.cli import command_line
 from reconciliation import crashtest
 from reconciliation.faults import MUTATIONS
 
@@ -79,7 +80,7 @@ class Command(BaseCommand):
         if not settings.LEDGER["FAULTS_ALLOWED"]:
             raise CommandError(
                 "crashtest needs fault injection, which is off unless enabled for this process: "
-                "run it as LEDGERWEB_FAULTS_ALLOWED=1 manage.py crashtest in a staging checkout "
+                f"run it as LEDGERWEB_FAULTS_ALLOWED=1 {command_line('crashtest')} in a staging checkout "
                 "(never with production settings, LEDGERWEB_HTTPS=1)"
             )
         if options["fuzz"] < 0:

@@ -10,6 +10,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
 from attempts.models import ATTENTION_STATES, AgentToken, Attempt, Tenant
+from ledgerweb.cli import command_line
 from reconciliation import demo_agents
 
 
@@ -36,7 +37,9 @@ class Command(BaseCommand):
             slug for slug in demo_agents.TENANTS if Tenant.objects.filter(slug=slug).exists()
         )
         if not tenants:
-            raise CommandError("the demo tenants do not exist: run manage.py seed_demo first")
+            raise CommandError(
+                f"the demo tenants do not exist: run {command_line('seed_demo')} first"
+            )
         if (
             options["if_queues_empty"]
             and Attempt.objects.filter(state__in=ATTENTION_STATES).exists()

@@ -9,6 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from attempts.states import Actor
+from ledgerweb.cli import command_line
 from reconciliation import config
 
 
@@ -63,14 +64,14 @@ class Command(BaseCommand):
             self.stdout.write(line)
         if action == "plan":
             self.stdout.write(
-                "nothing was changed (plan); `ledger_config apply` makes these changes"
+                f"nothing was changed (plan); `{command_line('ledger_config apply')}` makes these changes"
             )
             return
         created = [c.key for c in result.changes if c.section.name == "users" and c.before is None]
         for username in created:
             self.stdout.write(
                 f"user {username} has no password yet: send them the one-time link from "
-                f"`manage.py password_link {username}`"
+                f"`{command_line('password_link ' + username)}`"
             )
 
     def _read(self, path: str) -> config.Document:

@@ -8,6 +8,7 @@ import random
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from attempts.models import Attempt, Tenant
+from ledgerweb.cli import command_line
 from reconciliation.simulate.driver import OPEN_BREAKS, TAMPER_RATE, Simulation, parse_steps
 
 
@@ -81,7 +82,7 @@ class Command(BaseCommand):
         if Attempt.objects.exists() or Tenant.objects.exists():
             raise CommandError(
                 "this database holds tenants or attempts: run the simulator on a scratch "
-                "database (e.g. LEDGERWEB_SQLITE_PATH=/tmp/sim.db, after manage.py migrate); "
+                f"database (e.g. LEDGERWEB_SQLITE_PATH=/tmp/sim.db, after {command_line('migrate')}); "
                 "its histories take table locks while they run"
             )
         unknown = sorted(set(options["include"]) - OPEN_BREAKS)
@@ -146,7 +147,7 @@ class Command(BaseCommand):
         say(f"shortest history ({len(shortest)} steps):")
         say("  " + ", ".join(str(s) for s in shortest))
         say(
-            f"replay: manage.py simulate --seed {summary.failure.seed} --histories 1 "
+            f"replay: {command_line('simulate')} --seed {summary.failure.seed} --histories 1 "
             f"--steps {options['steps']}"
             + (" --include-open-breaks" if options["include_open_breaks"] else "")
             + f"  or  --replay '{', '.join(str(s) for s in shortest)}'"
