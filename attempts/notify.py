@@ -285,15 +285,8 @@ def _held_drafts(event: AttemptEvent, attempt: Attempt, key: str) -> list[Draft]
     body = (
         f"{what} ({len(verdict.valid)} of {verdict.needed} approvals).\n{_link(attempt.attempt_id)}"
     )
-    people = (
-        get_user_model()
-        .objects.filter(is_active=True)
-        .filter(Q(ledger_memberships__tenant_id=attempt.tenant_id) | Q(is_superuser=True))
-        .distinct()
-        .order_by("username")
-    )
     out = []
-    for person in people:
+    for person in owners.members_of(attempt.tenant_id):
         if person.get_username() in verdict.valid or person.get_username() == event.actor:
             continue
         if policy.may_approve(person, attempt.tenant_id)[0]:

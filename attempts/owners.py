@@ -88,12 +88,18 @@ def owner_id_for(tenant: str, tool_name: str) -> int | None:
     return default.pk if default is not None and may_own(default, tenant) else None
 
 
+def active_person(username: str) -> Any | None:
+    """The active person called ``username``, if any: whom "assign to" and the default owner
+    name (whether they may own the attempt is ``may_own``'s question)."""
+    return get_user_model().objects.filter(username=username, is_active=True).first()
+
+
 def default_owner() -> Any | None:
     """The active person ``LEDGERWEB_DEFAULT_OWNER`` names, if any."""
     name = settings.LEDGER["DEFAULT_OWNER"]
     if not name:
         return None
-    return get_user_model().objects.filter(username=name, is_active=True).first()
+    return active_person(name)
 
 
 def default_owner_problem() -> str | None:
@@ -115,14 +121,21 @@ def default_owner_problem() -> str | None:
     return None
 
 
-def reviewers_of(tenant: str) -> list[Any]:
-    """The active people who may review the tenant's attempts, by username."""
-    users = (
+def members_of(tenant: str) -> QuerySet:
+    """The active people with any role in ``tenant``, and the superusers (admin everywhere), by
+    username: the people to ask about each role in it."""
+    return (
         get_user_model()
         .objects.filter(is_active=True)
         .filter(Q(ledger_memberships__tenant_id=tenant) | Q(is_superuser=True))
+        .distinct()
+        .order_by("username")
     )
-    return [u for u in users.distinct().order_by("username") if has_role(u, tenant, Role.REVIEWER)]
+
+
+def reviewers_of(tenant: str) -> list[Any]:
+    """The active people who may review the tenant's attempts, by username."""
+    return [u for u in members_of(tenant) if has_role(u, tenant, Role.REVIEWER)]
 
 
 def told_of_breach(attempt: Any, named: Any | None) -> list[Any]:

@@ -11,13 +11,12 @@ a redirect with the message otherwise).
 
 from __future__ import annotations
 
-from django.contrib.auth import get_user_model
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
-from attempts import ledger, review
+from attempts import ledger, owners, review
 from attempts.ledger import LedgerError
 from attempts.models import Attempt, Role
 from attempts.review import Seen, StaleForm
@@ -152,7 +151,7 @@ def assign(request: HttpRequest, attempt_id: str) -> HttpResponse:
     """Give the attempt to another person (an operator or above in its tenant)."""
     get_attempt_for_user(request.user, attempt_id)
     username = request.POST.get("owner", "").strip()
-    owner = get_user_model().objects.filter(username=username, is_active=True).first()
+    owner = owners.active_person(username)
     if owner is None:
         return bad_request(request, f"there is no active user called {username!r}")
     return _act(

@@ -33,7 +33,7 @@ from attempts.models import (
     Tool,
 )
 from attempts.review import may_decide_held
-from attempts.views._common import get_attempt_for_user, has_role, redact, user_tenants
+from attempts.views._common import get_attempt_for_user, has_role, redact
 from attempts.views.erasure import erasure_context
 
 MAX_EVENTS = 500
@@ -47,12 +47,12 @@ def pretty_json(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
 
 
-def lineage(attempt: Attempt, tenants: list[str]) -> tuple[list[Attempt], list[Attempt]]:
+def lineage(attempt: Attempt, user: Any) -> tuple[list[Attempt], list[Attempt]]:
     """(ancestors oldest first, linked attempts that continue this one). Same tenant always, but
-    scoped anyway."""
+    scoped to what the user may see anyway."""
     ancestors: list[Attempt] = []
     current = attempt
-    scoped = Attempt.objects.filter(tenant_id__in=tenants)
+    scoped = Attempt.objects.visible_to(user)
     while current.parent_id and len(ancestors) < MAX_LINEAGE:
         parent = scoped.filter(pk=current.parent_id).first()
         if parent is None:
@@ -255,7 +255,6 @@ def live_context(request: HttpRequest, attempt: Attempt) -> dict[str, Any]:
     """What the self-refreshing part of the page shows: state, owner, identifiers, arguments,
     lineage, lookups and history (never the forms, so nothing typed is lost)."""
     user = request.user
-    tenants = user_tenants(user)
     now = timezone.now()
     history = attempt.events.exclude(action="attempt.lookup")
     events = list(history.order_by("-id")[:MAX_EVENTS])
@@ -273,7 +272,7 @@ def live_context(request: HttpRequest, attempt: Attempt) -> dict[str, Any]:
         attempt.events.filter(LOOKUP_Q).count() if len(lookups) == MAX_LOOKUPS else (len(lookups))
     )
     shown_args, redacted = redact(attempt.args)
-    ancestors, children = lineage(attempt, tenants)
+    ancestors, children = lineage(attempt, user)
     since = request.GET.get("since", "")
     changed: list[str] = []
     if since.isdigit():

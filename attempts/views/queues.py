@@ -523,21 +523,12 @@ def bulk_action(request: HttpRequest) -> HttpResponse:
         return HttpResponseRedirect(back)
     if len(picked) > 200:
         return bad_request(request, "at most 200 attempts at once")
-    required = {
-        "confirm": ("result_ref", "evidence"),
-        "fail": ("reason",),
-        "note": ("text",),
-    }.get(action, ())
-    missing = [name for name in required if not request.POST.get(name, "").strip()]
-    if missing:
-        messages.error(request, f"Nothing changed: {' and '.join(missing)} required.")
-        return HttpResponseRedirect(back)
     owner = None
     if action == "take":
         owner = request.user
     elif action == "assign":
         username = request.POST.get("owner", "").strip()
-        owner = get_user_model().objects.filter(username=username, is_active=True).first()
+        owner = owners.active_person(username)
         if owner is None:
             return bad_request(request, f"there is no active user called {username!r}")
     done_ids: list[str] = []
@@ -553,6 +544,13 @@ def bulk_action(request: HttpRequest) -> HttpResponse:
             continue
         try:
             _bulk_one(action, attempt_id, seen, request.user, owner, request.POST)
+        except ledger.InvalidIntent as exc:
+            if not done_ids:
+                # What was typed (evidence, a reason, a note) is refused by review before it
+                # reads the attempt: the same answer for every one, said once.
+                messages.error(request, f"Nothing changed: {exc.message}.")
+                return HttpResponseRedirect(back)
+            problems.append(f"{attempt_id}: {exc.message}")
         except ledger.LedgerError as exc:
             problems.append(f"{attempt_id}: {exc.message}")
         else:
