@@ -446,19 +446,18 @@ def _where(plan: ExportPlan) -> tuple[str, list[Any]]:
     params: list[Any] = [plan.upto]
     if plan.scoped:
         try:
-            sub_sql, sub_params = plan.attempts.values("pk").query.sql_with_params()
+            sub_sql, sub_params = dbadapter.sql_with_params(plan.attempts.values("pk"))
         except EmptyResultSet:  # no tenants to export: nothing matches
             clauses.append("1 = 0")
         else:
             clauses.append(f"e.attempt_id IN ({sub_sql})")
             params.extend(sub_params)
-    ops = connection.ops
     if plan.filters.since:
         clauses.append("e.created_at >= %s")
-        params.append(ops.adapt_datetimefield_value(plan.filters.since))
+        params.append(dbadapter.datetime_param(connection, plan.filters.since))
     if plan.filters.until:
         clauses.append("e.created_at < %s")
-        params.append(ops.adapt_datetimefield_value(plan.filters.until))
+        params.append(dbadapter.datetime_param(connection, plan.filters.until))
     return "(" + " AND ".join(clauses) + ")", params
 
 

@@ -1538,7 +1538,7 @@ def verify_django_database(
     name = connection.settings_dict.get("NAME")
     notes = []
     in_memory = connection.vendor == "sqlite" and connection.is_in_memory_db()
-    if jobs > 1 and (connection.in_atomic_block or in_memory):
+    if jobs > 1 and (dbadapter.in_atomic_block(connection) or in_memory):
         # Other processes could not see this transaction's rows, or this in-memory database.
         notes.append(f"verified in one process, not {jobs}: the database is not shareable here")
         jobs = 1
@@ -1548,7 +1548,7 @@ def verify_django_database(
         db = connections[using]
         return Cursors(functools.partial(dbadapter.streaming_cursor, db), db.cursor)
 
-    serial = connection.vendor == "postgresql" and not connection.in_atomic_block
+    serial = connection.vendor == "postgresql" and not dbadapter.in_atomic_block(connection)
     if serial:
         # One plan per batch: the verifier already runs a process per core (--jobs), and a
         # parallel plan for a keyset batch of a few thousand rows costs more (starting its

@@ -15,9 +15,20 @@ here, through these names of ``BaseDatabaseWrapper``, none of them documented:
   Django's own cursor, so they see these statements too;
 - ``connection``: the driver's connection (None until connected);
 - ``chunked_cursor()``: a cursor that streams a large result (server-side on PostgreSQL), which
-  ``QuerySet.iterator()`` uses; the exports and the verifier read whole tables through it.
+  ``QuerySet.iterator()`` uses; the exports and the verifier read whole tables through it;
+- ``in_atomic_block``: whether the connection is inside ``atomic()`` (the write path refuses to
+  run outside its write transaction, and some work waits for the caller's commit).
 
-``PRIVATE_API`` lists them with the shape relied on; ``tests/attempts/test_dbadapter.py`` checks
+And beyond the connection wrapper, the names the hand-written SQL needs:
+
+- ``ops.quote_name()`` and ``ops.adapt_datetimefield_value()``: a table or column name, and a
+  datetime parameter, as this database writes them;
+- ``introspection.table_names()`` and ``introspection.get_table_description()``: which tables
+  and columns exist (the history guards install on what the schema has);
+- ``Query.sql_with_params()``: a queryset's SQL and parameters, to embed it in a statement.
+
+``PRIVATE_API`` lists them with the shape relied on (a dotted name is looked up on the
+connection's ``ops`` or ``introspection``, or on ``Query``); ``tests/attempts/test_dbadapter.py`` checks
 it against the Django version pinned in ``pyproject.toml``, so an upgrade that renames or
 reshapes one fails there, loudly, before it fails in a tool call. Everything else uses the
 public API: ``connection.cursor()`` and ``transaction.atomic()``.
@@ -47,7 +58,23 @@ PRIVATE_API: dict[str, tuple[str, tuple[str, ...]]] = {
     "queries_logged": ("property", ()),
     "connection": ("attribute", ()),
     "chunked_cursor": ("method", ()),
+    "in_atomic_block": ("attribute", ()),
+    "ops.quote_name": ("method", ("name",)),
+    "ops.adapt_datetimefield_value": ("method", ("value",)),
+    "introspection.table_names": ("method", ("cursor", "include_views")),
+    "introspection.get_table_description": ("method", ("cursor", "table_name")),
+    "query.sql_with_params": ("method", ()),
 }
+
+
+def _owner(db: BaseDatabaseWrapper, name: str) -> tuple[Any, str]:
+    """The object (or class) a name of ``PRIVATE_API`` is looked up on, and the bare name."""
+    prefix, _, bare = name.rpartition(".")
+    if prefix == "query":
+        from django.db.models.sql.query import Query
+
+        return Query, bare
+    return (getattr(db, prefix) if prefix else db), bare
 
 
 def private_api_problems(db: BaseDatabaseWrapper) -> list[str]:
@@ -59,10 +86,11 @@ def private_api_problems(db: BaseDatabaseWrapper) -> list[str]:
             f"Django {django.get_version()} is not the pinned "
             f"{'.'.join(map(str, PINNED_DJANGO))}: re-check attempts/dbadapter.py"
         )
-    cls = type(db)
-    for name, (kind, params) in PRIVATE_API.items():
+    for dotted, (kind, params) in PRIVATE_API.items():
+        owner, name = _owner(db, dotted)
+        cls = owner if isinstance(owner, type) else type(owner)
         if kind == "attribute":
-            if name not in vars(db):
+            if name not in vars(owner):
                 problems.append(f"{cls.__name__}.{name} is no longer an instance attribute")
             continue
         found = inspect.getattr_static(cls, name, None)
@@ -155,6 +183,37 @@ def is_connected(db: BaseDatabaseWrapper) -> bool:
     return db.connection is not None
 
 
+def in_atomic_block(db: BaseDatabaseWrapper) -> bool:
+    """Whether ``db`` is inside ``transaction.atomic()`` now."""
+    return db.in_atomic_block
+
+
+def quote_name(db: BaseDatabaseWrapper, name: str) -> str:
+    """A table or column name quoted as ``db`` writes it."""
+    return db.ops.quote_name(name)
+
+
+def datetime_param(db: BaseDatabaseWrapper, value: Any) -> Any:
+    """A datetime as ``db`` takes it as a parameter of hand-written SQL."""
+    return db.ops.adapt_datetimefield_value(value)
+
+
+def table_names(db: BaseDatabaseWrapper) -> list[str]:
+    """The tables that exist in ``db`` now."""
+    return db.introspection.table_names()
+
+
+def column_names(db: BaseDatabaseWrapper, table: str) -> set[str]:
+    """The columns of ``table`` in ``db`` now."""
+    with db.cursor() as cursor:
+        return {column.name for column in db.introspection.get_table_description(cursor, table)}
+
+
+def sql_with_params(queryset: Any) -> tuple[str, tuple[Any, ...]]:
+    """A queryset's SQL and parameters, to embed in a hand-written statement."""
+    return queryset.query.sql_with_params()
+
+
 def streaming_cursor(db: BaseDatabaseWrapper) -> Any:
     """A cursor for reading a whole table in chunks: server-side on PostgreSQL, so memory stays
     flat (Django's, as ``QuerySet.iterator()`` gets it)."""
@@ -177,7 +236,7 @@ def sqlite_own_transaction(
     (how the caller names a lock not had); whatever fails, it is rolled back before the error
     goes on. Django is not told (it stays in autocommit), so only
     ``DriverCursor`` statements may run inside, and never inside ``atomic()``."""
-    if db.in_atomic_block:
+    if in_atomic_block(db):
         raise RuntimeError("sqlite_own_transaction() inside atomic(): join the caller's instead")
     raw = driver_connection(db)
     try:

@@ -27,7 +27,7 @@ from typing import Any
 from django.db import connection
 from django.utils import timezone
 
-from attempts import chain, states
+from attempts import chain, dbadapter, states
 from attempts.ledger import AttemptNotFound, InvalidIntent, NotAllowed, StateConflict, _text
 from attempts.locking import write_transaction
 from attempts.models import (
@@ -216,7 +216,7 @@ def approve_erasure(
         request.status = ErasureRequest.Status.ERASED
         request.decided_by, request.decided_at = user, now
         request.save(update_fields=["status", "decided_by", "decided_at"])
-    if connection.vendor == "sqlite" and not connection.in_atomic_block:
+    if connection.vendor == "sqlite" and not dbadapter.in_atomic_block(connection):
         _checkpoint_sqlite()
     current.refresh_from_db()
     return current

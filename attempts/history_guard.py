@@ -18,6 +18,8 @@ list, the erasable text), so the same code is right at every migration.
 
 from __future__ import annotations
 
+from attempts import dbadapter
+
 TABLES = (
     "attempts_attemptevent",
     # An approval is never changed: a void one stays, and a new one is a new row.
@@ -143,9 +145,7 @@ def _exceptions(connection, existing: set[str]) -> tuple[bool, bool]:
     archived = ARCHIVED in existing
     redaction = False
     if EVENTS in existing:
-        with connection.cursor() as cursor:
-            columns = connection.introspection.get_table_description(cursor, EVENTS)
-        redaction = "text_digest" in {column.name for column in columns}
+        redaction = "text_digest" in dbadapter.column_names(connection, EVENTS)
     return archived, redaction
 
 
@@ -188,7 +188,7 @@ def install_in_migration(tables: tuple[str, ...], *, created: bool = True):
 
     def forwards(apps, schema_editor):
         connection = schema_editor.connection
-        existing = set(connection.introspection.table_names())
+        existing = set(dbadapter.table_names(connection))
         archived, redaction = _exceptions(connection, existing)
         sql = statements(connection.vendor, tables, archived=archived, redaction=redaction)
         for statement in sql:
@@ -204,7 +204,7 @@ def install_in_migration(tables: tuple[str, ...], *, created: bool = True):
 
 
 def _run(connection, install: bool, *, without_archives: bool = False) -> None:
-    existing = set(connection.introspection.table_names())
+    existing = set(dbadapter.table_names(connection))
     if without_archives:
         existing -= {"attempts_archive", ARCHIVED}
     tables = tuple(table for table in TABLES if table in existing)
@@ -230,7 +230,7 @@ def remove(connection) -> None:
 
 def unguarded(connection) -> list[str]:
     """The existing history tables that lack one of their guards."""
-    existing = set(connection.introspection.table_names())
+    existing = set(dbadapter.table_names(connection))
     missing = []
     with connection.cursor() as cursor:
         for table in TABLES:

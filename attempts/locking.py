@@ -86,7 +86,7 @@ def forget_connections() -> None:
     so the next use connects again (to whichever host of ``DATABASE_URL`` takes writes now).
     A connection inside a transaction is left to its caller."""
     for conn in connections.all(initialized_only=True):
-        if conn.connection is None or conn.in_atomic_block:
+        if not dbadapter.is_connected(conn) or dbadapter.in_atomic_block(conn):
             continue
         try:
             usable = conn.is_usable() and not _read_only(conn)
@@ -99,7 +99,9 @@ def forget_connections() -> None:
 def _read_only(conn: BaseDatabaseWrapper) -> bool:
     if conn.vendor != "postgresql":
         return False
-    with conn.connection.cursor() as cursor:  # the driver's cursor: no Django bookkeeping
+    with dbadapter.driver_connection(
+        conn
+    ).cursor() as cursor:  # the driver's cursor: no Django bookkeeping
         cursor.execute(
             "SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool"
         )
@@ -185,7 +187,7 @@ def named_lock(name: str) -> None:
 
     PostgreSQL: a transaction-scoped advisory lock on the name's CRC-32, bounded by
     ``lock_timeout``. SQLite: nothing to do, the write transaction already holds the database."""
-    if not connection.in_atomic_block:
+    if not dbadapter.in_atomic_block(connection):
         raise RuntimeError("named_lock() must be taken inside write_transaction()")
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:

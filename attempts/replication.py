@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass
 
 from django.db import connection
 
+from attempts import dbadapter
+
 # Levels of synchronous_commit at which a commit waits for a synchronous standby (when one is
 # named): remote_write (in the standby's memory), on (on its disk), remote_apply (visible there).
 WAITS_FOR_STANDBY = ("remote_write", "on", "remote_apply")
@@ -100,7 +102,7 @@ def make_durable() -> None:
     (a logical-decoding message, no table) waits at its commit, like every ledger commit, for
     the standby to have the WAL up to it, and so everything visible before it. A transaction
     that wrote no WAL would not wait. Nothing to do on SQLite."""
-    if connection.vendor != "postgresql" or connection.in_atomic_block:
+    if connection.vendor != "postgresql" or dbadapter.in_atomic_block(connection):
         return  # inside a transaction the caller's own commit is the wait
     from django.db import transaction
 

@@ -19,7 +19,7 @@ from django.db import IntegrityError, connection
 from django.db.models import F, Q
 from django.utils import timezone
 
-from attempts import authority, chain, rows
+from attempts import authority, chain, dbadapter, rows
 from attempts.actors import Actor
 from attempts.models import (
     ATTENTION_STATES,
@@ -160,7 +160,7 @@ def check_approvals(attempt: Attempt, now: dt.datetime) -> ApprovalVerdict:
 
 
 def _require_write_transaction() -> None:
-    if not connection.in_atomic_block:
+    if not dbadapter.in_atomic_block(connection):
         raise RuntimeError("ledger writes must run inside locking.write_transaction()")
 
 

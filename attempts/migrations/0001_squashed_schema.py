@@ -16,7 +16,7 @@ from django.core.management import CommandError
 from django.db import migrations, models
 
 import attempts.models
-from attempts import history_guard
+from attempts import dbadapter, history_guard
 
 HISTORY_TABLES = (
     "attempts_attemptevent",
@@ -36,7 +36,7 @@ PREFIX_INDEXES = {
 def refuse_a_ledger_older_than_0_1_0(apps, schema_editor):
     """Tables already here while this migration is not recorded: a ledger from before release
     0.1.0, whose migrations are gone."""
-    if "attempts_attempt" in schema_editor.connection.introspection.table_names():
+    if "attempts_attempt" in dbadapter.table_names(schema_editor.connection):
         raise CommandError(
             "this ledger was created before release 0.1.0 and cannot be migrated by this "
             "version: migrate it with release 0.1.0 first (its `manage.py migrate`), then "
