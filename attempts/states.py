@@ -26,6 +26,7 @@ from attempts.models import (
     OWNED_STATES,
     ApprovalVerdict,
     Attempt,
+    AttemptEvent,
     ProviderEffect,
     State,
 )
@@ -404,3 +405,15 @@ def claim_lease(
         ):
             claimed.append(pk)
     return claimed
+
+
+def restore_archived(
+    fields: dict[str, Any], events: Iterable[dict[str, Any]], *, owner_id: int | None
+) -> Attempt:
+    """Put back an attempt an archive holds, as it was: its state, version, events and chain
+    unchanged, unsealed. Not a move: its history is the one written before, verified from the
+    archive by the caller. Only for a restore's scratch database (``archive load``, which
+    refuses a database that holds checkpoints), never the ledger."""
+    attempt = Attempt.objects.create(**fields, owner_id=owner_id, sealed=False)
+    AttemptEvent.objects.bulk_create(AttemptEvent(attempt=attempt, **e) for e in events)
+    return attempt

@@ -8,9 +8,10 @@ verified on the way (``verify_export.check_archive``: the manifest's SHA-256 as 
 history recorded it when the ledger is at hand, each file's hash, each attempt's history and
 receipt); an archive that does not verify loads nothing.
 
-Restored attempts keep their ids, events and hashes; they are unsealed in the scratch database
-(it has no checkpoints: their receipts are in the archive), so ``verify_audit`` there checks each
-attempt's history and row. Owners become inactive people of the same name without a password;
+Restored attempts keep their ids, states, events and hashes (put back by the state machine's
+``restore_archived``: only ``states.py`` writes ``state``); they are unsealed in the scratch
+database (it has no checkpoints: their receipts are in the archive), so ``verify_audit`` there
+checks each attempt's history and row. Owners become inactive people of the same name without a password;
 approvals and erasure requests stay in the archive file.
 """
 
@@ -26,9 +27,9 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 
+from attempts import states
 from attempts.models import (
     Attempt,
-    AttemptEvent,
     Checkpoint,
     ProviderEffect,
     RecordedKey,
@@ -196,11 +197,10 @@ def load(
         fresh.sort(key=lambda r: r["attempt"]["created_at"])
         for record in fresh:
             a = record["attempt"]
-            row = Attempt.objects.create(
-                **from_line(ATTEMPT_COLUMNS, a), owner_id=owner_pk.get(a["owner"]), sealed=False
-            )
-            AttemptEvent.objects.bulk_create(
-                AttemptEvent(attempt=row, **from_line(EVENT_COLUMNS, e)) for e in record["events"]
+            states.restore_archived(
+                from_line(ATTEMPT_COLUMNS, a),
+                (from_line(EVENT_COLUMNS, e) for e in record["events"]),
+                owner_id=owner_pk.get(a["owner"]),
             )
             loaded += 1
         _index(fresh)
