@@ -9,6 +9,7 @@ the database, so a refused request stores nothing.
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import json
 import logging
@@ -22,6 +23,7 @@ from django.conf import settings
 from django.contrib.auth.decorators import login_not_required
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils import timezone
 from django.utils.html import escape
 from django.views.decorators.csrf import csrf_exempt
 
@@ -29,6 +31,7 @@ from attempts import ledger, locking
 from attempts import log as tlog
 from attempts.locking import LedgerBusy
 from attempts.models import AgentIdentity, AgentToken, Attempt, State
+from attempts.rows import live_token_rows
 from attempts.states import Actor, TransitionError
 from ledgerweb import request_context
 from ledgerweb.paths import shipped
@@ -203,6 +206,29 @@ def _attempt_response(attempt: Attempt, status: int = 200, **extra: Any) -> Json
 # Request handling
 
 
+def authenticate(raw: str) -> AgentIdentity | None:
+    """The live (not revoked) agent token whose secret is ``raw``, with its tenants: one query
+    (``rows.live_token_rows``) for the token, its tenants and whether its use was recorded
+    lately, since every API call starts here."""
+    if not raw or len(raw) > 200:
+        return None
+    token_hash = AgentToken.hash_token(raw)
+    cutoff = timezone.now() - dt.timedelta(seconds=AgentToken.LAST_USED_RESOLUTION)
+    found = live_token_rows(token_hash, used_after=cutoff)
+    if not found:
+        return None
+    token_id, name, _, recent, issuer = found[0]
+    if not recent:
+        AgentToken(id=token_id, name=name, token_hash=token_hash).touch()
+    # A live token without tenants authenticates, and is refused by every tenant check.
+    return AgentIdentity(
+        id=token_id,
+        name=name,
+        tenant_slugs=frozenset(row[2] for row in found if row[2] is not None),
+        issuer=issuer or "",
+    )
+
+
 def _bearer_token(request: HttpRequest) -> AgentIdentity:
     header = request.META.get("HTTP_AUTHORIZATION", "")
     scheme, _, raw = header.partition(" ")
@@ -213,7 +239,7 @@ def _bearer_token(request: HttpRequest) -> AgentIdentity:
             "send the agent token as 'Authorization: Bearer <token>'",
             headers={"WWW-Authenticate": 'Bearer realm="ledgerweb"'},
         )
-    token = AgentToken.authenticate(raw.strip())
+    token = authenticate(raw.strip())
     if token is None:
         raise ApiError(
             401,

@@ -7,9 +7,12 @@ class AttemptsConfig(AppConfig):
 
     def ready(self) -> None:
         from attempts import (  # noqa: F401  (checks registers system checks)
+            chain,
             checks,
-            config_history,  # noqa: F401  (records every authority change)
+            config_history,  # records every authority change (signals)
             faults,
         )
 
+        # Every checkpoint records the authority digest; the sealer is given how to compute it.
+        chain.use_authority_digest(config_history.authority_digest)
         faults.check_environment()  # fault injection asked for in production: refuse to start

@@ -25,7 +25,8 @@ import datetime as dt
 import json
 import logging
 import secrets
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import rfc8785
 from django.conf import settings
@@ -36,6 +37,7 @@ from django.utils import timezone
 
 from attempts import jcs, log
 from attempts.canonical import InvalidArguments
+from attempts.event_row import EventRow
 from attempts.locking import named_lock, write_transaction
 from attempts.models import Attempt, Checkpoint, CheckpointLeaf, ConfigEvent
 from attempts.verify_export import (
@@ -61,23 +63,8 @@ logger = logging.getLogger(__name__)
 SEAL_BATCH = 5000
 # How many (id, length) pairs one "mark sealed" UPDATE names.
 _MARK_CHUNK = 200
-
-
-class EventRow(NamedTuple):
-    """One event of an attempt, linked into its chain, as it is written (``attempts.rows``)."""
-
-    action: str
-    actor_kind: str
-    actor: str
-    from_state: str
-    to_state: str
-    reason: str
-    details: dict[str, Any]
-    created_at: dt.datetime
-    prev_hash: str
-    hash: str
-    chain_format: int
-    text_digest: str
+# The authority digest's function (``use_authority_digest``).
+_authority_digest: Callable[[], str] | None = None
 
 
 def new_salt() -> str:
@@ -206,7 +193,7 @@ def seal(*, limit: int = SEAL_BATCH, now: dt.datetime | None = None) -> Checkpoi
             size=old_size,
         )
         seq = last.seq + 1 if last else 1
-        authority = _authority_digest()
+        authority = _authority()
         fields = {
             "seq": seq,
             "prev_hash": last.hash if last else GENESIS,
@@ -258,11 +245,18 @@ def seal(*, limit: int = SEAL_BATCH, now: dt.datetime | None = None) -> Checkpoi
     return checkpoint
 
 
-def _authority_digest() -> str:
-    # config_history records through this module, so it is imported when sealing, not above.
-    from attempts.config_history import authority_digest
+def use_authority_digest(digest: Callable[[], str]) -> None:
+    """Give sealing the function whose answer each checkpoint records as its authority digest
+    (``config_history.authority_digest``, given by ``AttemptsConfig.ready``). Passed in, not
+    imported: config_history records its own changes through this module."""
+    global _authority_digest
+    _authority_digest = digest
 
-    return authority_digest()
+
+def _authority() -> str:
+    if _authority_digest is None:
+        raise RuntimeError("sealing has no authority digest: AttemptsConfig.ready gives it one")
+    return _authority_digest()
 
 
 def _sign(checkpoint: Checkpoint) -> None:

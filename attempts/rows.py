@@ -16,8 +16,8 @@ SQLite the two statements run in a transaction of their own. Inside a caller's
 Only ``attempts.states`` (and the grant read in ``attempts.authority``) call the write path's
 statements. The module also holds the ledger's two other hand-written reads, on Django's public
 cursor: the agent token lookup every API call starts with (``live_token_rows``, for
-``AgentToken.authenticate``) and the planner's row estimate for a long queue (``planned_rows``,
-for ``AttemptQuerySet.queue_page``).
+``api.authenticate``) and the planner's row estimate for a long queue (``planned_rows``, for
+``queues.queue_page``). The models never import this module: what calls it imports both.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field
 
 from attempts import dbadapter
-from attempts.chain import EventRow
+from attempts.event_row import EventRow
 from attempts.locking import lock_errors, sqlite_transaction, write_transaction
 from attempts.models import (
     AgentToken,

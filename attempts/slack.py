@@ -54,6 +54,7 @@ from attempts.models import (
     Tool,
 )
 from attempts.money import amount_of
+from attempts.redact import redact
 
 log = logging.getLogger("ledgerweb.slack")
 
@@ -218,8 +219,6 @@ def _decision_line(attempt: Attempt, verdict: Any) -> str:
 
 def render(attempt: Attempt, now: dt.datetime | None = None) -> tuple[str, list[dict[str, Any]]]:
     """The message about a held ``attempt``: its fallback text and its Block Kit blocks."""
-    from attempts.views._common import redact  # the dashboard's one home of redaction
-
     now = now or timezone.now()
     policy = ApprovalPolicy.objects.get(pk=attempt.approval_policy_id)
     verdict = attempt.approval_verdict(now)

@@ -29,11 +29,9 @@ from attempts import ledger, owners, review, waiting
 from attempts.models import (
     ATTENTION_STATES,
     MIN_PREFIX,
-    PREFIX_SCAN,
     ArchivedAttempt,
     Attempt,
     AttemptEvent,
-    QueuePage,
     Role,
     SlaEscalation,
     SlaPolicy,
@@ -41,6 +39,7 @@ from attempts.models import (
     Tool,
     attention_age,
 )
+from attempts.queues import PREFIX_SCAN, QueuePage, queue_page
 from attempts.review import Seen
 from attempts.views._common import (
     bad_request,
@@ -249,14 +248,14 @@ def fetch_page(
     now: dt.datetime,
     page_size: int | None = None,
 ) -> QueuePage:
-    """One page of the queue for this user (``Attempt.objects.queue_page``: tenant-scoped,
+    """One page of the queue for this user (``queues.queue_page``: tenant-scoped,
     filtered, keyset-paginated), with what its rows show."""
     states = (filters.state,) if filters.state else queue.states
     if filters.awaiting:
         states = tuple(s for s in states if s == State.MANUAL_REVIEW)
     age = AGES[filters.age]
     stale_after = dt.timedelta(seconds=settings.LEDGER["STALE_AFTER"])
-    page = Attempt.objects.queue_page(
+    page = queue_page(
         user=user,
         # the user's own tenants (the one scoping rule), or one of them
         tenants=[filters.tenant] if filters.tenant else user_tenants(user),

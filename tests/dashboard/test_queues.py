@@ -11,7 +11,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from attempts import models
+from attempts import queues as planner
 from attempts.models import Attempt, State
 from attempts.views import queues
 from tests.conftest import PASSWORD
@@ -209,7 +209,7 @@ def test_queue_pages_never_use_offset_or_count(world, clients):
     # A prefix search walks at most the first PREFIX_SCAN + 1 entries of each range, and counts
     # how far those entries go only when the walk found fewer rows than it stops at: a bounded
     # read, never a count of the queue.
-    bounded = f"LIMIT {models.PREFIX_SCAN + 1})"
+    bounded = f"LIMIT {planner.PREFIX_SCAN + 1})"
     assert [s for s in sql if f'{bounded} AS "WALK"' in s]
     assert not [s for s in sql if "COUNT(" in s and not s.endswith(f"{bounded} SUBQUERY")]
 
@@ -362,7 +362,7 @@ def test_a_broad_prefix_with_more_matches_than_counted_exactly_is_estimated(
 ):
     # Past COUNT_CAP matches PostgreSQL estimates the total from each lane's plan; a lane no
     # field can match (a key prefix is never an args hash) has no plan and is left out.
-    monkeypatch.setattr(models, "QUEUE_COUNT_CAP", 2)
+    monkeypatch.setattr(planner, "QUEUE_COUNT_CAP", 2)
     for _ in range(4):
         make_attempt(world, tool="charge_card")
     response = clients.viewer.get("/queues/all/", {"q": "acme:charge"})
@@ -391,7 +391,7 @@ def test_a_broad_prefix_reads_a_bounded_part_of_its_range(world, clients, monkey
     broad prefix whose matches are rare in a narrow state costs a bounded read. What lies past
     them is said: the total is a lower bound (what the walk found), and the page says the
     search was cut."""
-    monkeypatch.setattr(models, "PREFIX_SCAN", 3)
+    monkeypatch.setattr(planner, "PREFIX_SCAN", 3)
     early = [make_attempt(world, key=f"acme:bulk:{n}") for n in range(4)]  # not UNKNOWN
     late = make_unknown(world, key="acme:bulk:9")  # past the first three keys
     with CaptureQueriesContext(connection) as queries:
@@ -405,15 +405,15 @@ def test_a_broad_prefix_reads_a_bounded_part_of_its_range(world, clients, monkey
     assert late.attempt_id not in body
     # Each lane's range is read in its index's order, at most PREFIX_SCAN + 1 entries of it.
     walks = [q["sql"] for q in queries.captured_queries if 'LIMIT 4) AS "walk"' in q["sql"]]
-    assert len(walks) == len(models.PREFIX_FIELDS) - 1, walks  # no hash starts "acme:"
+    assert len(walks) == len(planner.PREFIX_FIELDS) - 1, walks  # no hash starts "acme:"
 
     # A range within the bound is read whole: exact, not cut.
-    monkeypatch.setattr(models, "PREFIX_SCAN", 10)
+    monkeypatch.setattr(planner, "PREFIX_SCAN", 10)
     page = clients.viewer.get("/queues/unknown/", {"q": "acme:bulk"}).context["page"]
     assert [row["attempt_id"] for row in page.rows] == [late.attempt_id]
     assert page.total == 1 and page.total_exact and not page.search_cut
     # Every state: the matches among the first PREFIX_SCAN + 1 keys, in key order.
-    monkeypatch.setattr(models, "PREFIX_SCAN", 2)
+    monkeypatch.setattr(planner, "PREFIX_SCAN", 2)
     page = clients.viewer.get("/queues/all/", {"q": "acme:bulk"}).context["page"]
     assert {row["attempt_id"] for row in page.rows} == {a.attempt_id for a in early[:3]}
     assert page.search_cut and not page.total_exact and page.total_at_least
