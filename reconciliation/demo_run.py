@@ -28,6 +28,8 @@ from ledgerweb.settings_reference import read
 PR_SET_PDEATHSIG = 1
 # Seconds children get to stop after SIGTERM before SIGKILL (well within 15 s under load).
 STOP_GRACE = 8.0
+# The longest a setup step (migrate, seed_demo, demo_agents...) may take before it is stopped.
+STEP_TIMEOUT = 30 * 60
 # Pause before restarting a worker that died; doubles while it keeps dying at once, up to 30 s.
 RESTART_PAUSE = 1.0
 
@@ -71,7 +73,14 @@ class DemoRun:
 
     def ledgerweb(self, *args: str) -> None:
         """A step that must succeed before the next one."""
-        done = subprocess.run([sys.executable, "-m", "ledgerweb", *args], check=False)
+        command = [sys.executable, "-m", "ledgerweb", *args]
+        try:
+            done = subprocess.run(command, check=False, timeout=STEP_TIMEOUT)  # noqa: S603
+        except subprocess.TimeoutExpired:
+            raise SystemExit(
+                f"run: `ledgerweb {' '.join(args)}` did not finish within "
+                f"{STEP_TIMEOUT // 60} minutes: stopped"
+            ) from None
         if done.returncode != 0:
             raise SystemExit(f"run: `ledgerweb {' '.join(args)}` failed ({done.returncode})")
 

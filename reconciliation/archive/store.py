@@ -56,6 +56,12 @@ class FolderStore:
         return sorted(p.name for p in self.root.iterdir() if (p / "manifest.json").is_file())
 
 
+# Deadlines on every call to the bucket (botocore's own default is a minute each, retried): a
+# bucket that stops answering fails the archive run with a clear error instead of holding it.
+S3_CONNECT_TIMEOUT = 10
+S3_READ_TIMEOUT = 60
+
+
 class S3Store:
     """Archives in an S3-compatible bucket: ``s3://bucket/prefix/<archive>/<file>``. Endpoint
     and credentials come from boto3's own configuration (``AWS_ENDPOINT_URL``,
@@ -72,7 +78,12 @@ class S3Store:
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.client = boto3.client(
-            "s3", config=Config(retries={"max_attempts": 5, "mode": "standard"})
+            "s3",
+            config=Config(
+                connect_timeout=S3_CONNECT_TIMEOUT,
+                read_timeout=S3_READ_TIMEOUT,
+                retries={"max_attempts": 5, "mode": "standard"},
+            ),
         )
 
     def _key(self, archive: str, name: str = "") -> str:

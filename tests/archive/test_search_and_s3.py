@@ -72,6 +72,14 @@ def s3(monkeypatch):
         server.wait(timeout=10)
 
 
+def test_calls_to_the_bucket_have_deadlines(monkeypatch):
+    from reconciliation.archive.store import S3_CONNECT_TIMEOUT, S3_READ_TIMEOUT, S3Store
+
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    config = S3Store("ledger-archives").client.meta.config
+    assert (config.connect_timeout, config.read_timeout) == (S3_CONNECT_TIMEOUT, S3_READ_TIMEOUT)
+
+
 def test_archives_in_an_s3_bucket_run_verify_and_restore(ledger_with_rules, tmp_path, s3):
     due = {a.attempt_id for a in ledger_with_rules.due}
     call_command("archive", "run", "--to", "s3://ledger-archives/prod", "--batch-size", "2")
