@@ -14,8 +14,11 @@ at that place), checks the manifest (counts, first and last event, pinned checkp
 the file's SHA-256), and names the first problem. Exit status 0 means the export verifies; 1 means
 it does not; 2 means it could not be read.
 
-The hash formats here are the only implementation: ``attempts.chain`` writes with them and
-``attempts.audit_verify`` checks the live database with them. See docs/audit-chain.md.
+The server's one implementation of the hash formats: ``attempts.chain`` writes with them and
+``attempts.audit_verify`` checks the live database with them. The Python client's receipt
+checker (``ledgerweb_client/receipts.py``) is a second, independent one on purpose (an agent
+need not trust the server's code); tests/client/test_receipts_formats.py holds the two to the
+same bytes. See docs/audit-chain.md.
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@ next one extends it (RFC 9162 consistency proof): the history cannot be rewritte
 
 Ed25519 needs the ``cryptography`` package: ``pip install 'ledgerweb-client[verify]'``. The
 rest is the standard library. The formats are the server's (docs/audit-chain.md); this is an
-independent implementation of them, so a client need not trust the server's code.
+independent implementation of them, so a client need not trust the server's code. The server's
+own is ``attempts/verify_export.py``; tests/client/test_receipts_formats.py in the server's
+repository holds the two to the same bytes.
 """
 
 from __future__ import annotations
