@@ -251,6 +251,7 @@ def _number(value: float) -> str:
 @login_not_required
 @require_GET
 def metrics(request: HttpRequest) -> HttpResponse:
+    """The Prometheus exposition: each family documented in docs/operations.md."""
     if not _metrics_allowed(request):
         return HttpResponse(
             "metrics need a loopback client or the metrics bearer token\n",
@@ -260,7 +261,24 @@ def metrics(request: HttpRequest) -> HttpResponse:
     started = time.monotonic()
     now = timezone.now()
     out = _Exposition()
+    _attempt_families(out, now)
+    _worker_families(out, now)
+    _audit_families(out, now)
+    out.family(
+        "ledger_metrics_scrape_seconds",
+        "gauge",
+        "Time this scrape took to compute.",
+        [({}, round(time.monotonic() - started, 6))],
+    )
+    return HttpResponse(
+        out.render(),
+        content_type="text/plain; version=0.0.4; charset=utf-8",
+        headers=_no_store(),
+    )
 
+
+def _attempt_families(out: _Exposition, now: dt.datetime) -> None:
+    """The attempts: by state, the open work, the oldest UNKNOWN, what is due, why in review."""
     # All attempts by state and tenant: an index-only scan of (tenant, state, ...).
     by_state = Attempt.objects.values_list("tenant_id", "state").annotate(n=Count("id")).order_by()
     out.family(
@@ -321,6 +339,9 @@ def metrics(request: HttpRequest) -> HttpResponse:
         (({"reason": reason or "unspecified"}, n) for reason, n in reasons),
     )
 
+
+def _worker_families(out: _Exposition, now: dt.datetime) -> None:
+    """The reconcile workers: recent lookup answers, heartbeats, totals, degraded providers."""
     # Lookup answers (found, not_found, unavailable, ambiguous) the workers recorded lately: the
     # newest events only, by primary key, so the scan is bounded whatever the history's size.
     newest_event = AttemptEvent.objects.aggregate(m=Max("id"))["m"] or 0
@@ -387,6 +408,10 @@ def metrics(request: HttpRequest) -> HttpResponse:
         "Failures in a row of each degraded provider, as its worker counted them.",
         (({"provider": key}, int(info.get("failures") or 0)) for key, info in degraded.items()),
     )
+
+
+def _audit_families(out: _Exposition, now: dt.datetime) -> None:
+    """The audit chain's unsealed work and newest checkpoint, and the transparency log's state."""
     window = chain.unsealed_window(now)
     out.family(
         "ledger_audit_unsealed_attempts",
@@ -449,14 +474,3 @@ def metrics(request: HttpRequest) -> HttpResponse:
             "no witness configured).",
             [({}, int(bool(log_state["witnessed"])))] if log_state["quorum"] else [],
         )
-    out.family(
-        "ledger_metrics_scrape_seconds",
-        "gauge",
-        "Time this scrape took to compute.",
-        [({}, round(time.monotonic() - started, 6))],
-    )
-    return HttpResponse(
-        out.render(),
-        content_type="text/plain; version=0.0.4; charset=utf-8",
-        headers=_no_store(),
-    )

@@ -138,59 +138,64 @@ def _split_hosts(url: str) -> tuple[str, list[str], list[str]]:
     return f"{scheme}://{userinfo}{at}{first}:{ports[0]}{slash}{tail}", hosts, ports
 
 
+def _postgresql(url: str) -> dict:
+    """The PostgreSQL database ``DATABASE_URL`` names, with its deadlines and durability."""
+    one_host, hosts, ports = _split_hosts(url)
+    try:
+        config = dj_database_url.parse(one_host, conn_max_age=read("LEDGERWEB_DB_CONN_MAX_AGE"))
+    except Exception as exc:  # dj_database_url raises several types for a bad URL
+        raise ImproperlyConfigured(f"DATABASE_URL is not a valid database URL: {exc}") from None
+    if config["ENGINE"] != "django.db.backends.postgresql":
+        raise ImproperlyConfigured(
+            "DATABASE_URL must be a postgres:// URL (SQLite is configured with "
+            "LEDGERWEB_DATA_DIR instead)"
+        )
+    options = config.setdefault("OPTIONS", {})
+    if hosts:
+        # Failover (docs/scaling.md): libpq tries the hosts in turn and keeps the first that
+        # takes writes, so after a promotion a new connection finds the new primary. A kept
+        # connection to a server that went away or turned read-only is closed on its first
+        # error (a 503 with Retry-After, attempts/locking.py), and the next one looks again:
+        # no health-check query on every request's write path.
+        config["HOST"], config["PORT"] = ",".join(hosts), ",".join(ports)
+        options.setdefault("target_session_attrs", "read-write")
+    # A host that does not answer costs this long, not libpq's default of for ever; a
+    # connection whose peer vanished without a word is found by keepalives, not never.
+    options.setdefault("connect_timeout", read("LEDGERWEB_PG_CONNECT_TIMEOUT"))
+    options.setdefault("keepalives", 1)
+    options.setdefault("keepalives_idle", 10)
+    options.setdefault("keepalives_interval", 5)
+    options.setdefault("keepalives_count", 3)
+    # Durability is the product: never run the ledger with synchronous_commit off or local
+    # (with a synchronous standby, the setting chooses how far the standby has a commit
+    # before it is acknowledged: attempts/replication.py). Every lock
+    # wait, every statement and every idle open transaction is bounded (attempts/locking.py
+    # turns a lock or statement timeout into LedgerBusy; the server ends an idle session).
+    # No JIT: the ledger's reads are short index ranges, and on a big table the planner's
+    # estimates cross jit_above_cost, so compiling would cost more than running.
+    lock_ms = read("LEDGERWEB_LOCK_TIMEOUT_MS")
+    statement_ms = read("LEDGERWEB_PG_STATEMENT_TIMEOUT_MS")
+    idle_ms = read("LEDGERWEB_PG_IDLE_IN_TRANSACTION_TIMEOUT_MS")
+    level = read("LEDGERWEB_PG_SYNCHRONOUS_COMMIT")
+    options["options"] = (
+        f"-c synchronous_commit={level} -c lock_timeout={lock_ms} -c statement_timeout="
+        f"{statement_ms} -c idle_in_transaction_session_timeout={idle_ms} -c jit=off"
+    )
+    # Parameters travel apart from the SQL, and a statement a connection has run a few times
+    # is prepared once and then only executed: the server stops re-planning the same few
+    # writes on every tool call. 0 turns preparing off (for a pooler that cannot keep
+    # prepared statements).
+    config["OPTIONS"]["server_side_binding"] = True
+    prepare = read("LEDGERWEB_PG_PREPARE_THRESHOLD")
+    config["OPTIONS"]["prepare_threshold"] = prepare or None
+    config["TEST"] = {"NAME": read("LEDGERWEB_TEST_DB_NAME")}
+    return config
+
+
 def _databases() -> dict:
     url = read("DATABASE_URL")
     if url:
-        one_host, hosts, ports = _split_hosts(url)
-        try:
-            config = dj_database_url.parse(one_host, conn_max_age=read("LEDGERWEB_DB_CONN_MAX_AGE"))
-        except Exception as exc:  # dj_database_url raises several types for a bad URL
-            raise ImproperlyConfigured(f"DATABASE_URL is not a valid database URL: {exc}") from None
-        if config["ENGINE"] != "django.db.backends.postgresql":
-            raise ImproperlyConfigured(
-                "DATABASE_URL must be a postgres:// URL (SQLite is configured with "
-                "LEDGERWEB_DATA_DIR instead)"
-            )
-        options = config.setdefault("OPTIONS", {})
-        if hosts:
-            # Failover (docs/scaling.md): libpq tries the hosts in turn and keeps the first that
-            # takes writes, so after a promotion a new connection finds the new primary. A kept
-            # connection to a server that went away or turned read-only is closed on its first
-            # error (a 503 with Retry-After, attempts/locking.py), and the next one looks again:
-            # no health-check query on every request's write path.
-            config["HOST"], config["PORT"] = ",".join(hosts), ",".join(ports)
-            options.setdefault("target_session_attrs", "read-write")
-        # A host that does not answer costs this long, not libpq's default of for ever; a
-        # connection whose peer vanished without a word is found by keepalives, not never.
-        options.setdefault("connect_timeout", read("LEDGERWEB_PG_CONNECT_TIMEOUT"))
-        options.setdefault("keepalives", 1)
-        options.setdefault("keepalives_idle", 10)
-        options.setdefault("keepalives_interval", 5)
-        options.setdefault("keepalives_count", 3)
-        # Durability is the product: never run the ledger with synchronous_commit off or local
-        # (with a synchronous standby, the setting chooses how far the standby has a commit
-        # before it is acknowledged: attempts/replication.py). Every lock
-        # wait, every statement and every idle open transaction is bounded (attempts/locking.py
-        # turns a lock or statement timeout into LedgerBusy; the server ends an idle session).
-        # No JIT: the ledger's reads are short index ranges, and on a big table the planner's
-        # estimates cross jit_above_cost, so compiling would cost more than running.
-        lock_ms = read("LEDGERWEB_LOCK_TIMEOUT_MS")
-        statement_ms = read("LEDGERWEB_PG_STATEMENT_TIMEOUT_MS")
-        idle_ms = read("LEDGERWEB_PG_IDLE_IN_TRANSACTION_TIMEOUT_MS")
-        level = read("LEDGERWEB_PG_SYNCHRONOUS_COMMIT")
-        options["options"] = (
-            f"-c synchronous_commit={level} -c lock_timeout={lock_ms} -c statement_timeout="
-            f"{statement_ms} -c idle_in_transaction_session_timeout={idle_ms} -c jit=off"
-        )
-        # Parameters travel apart from the SQL, and a statement a connection has run a few times
-        # is prepared once and then only executed: the server stops re-planning the same few
-        # writes on every tool call. 0 turns preparing off (for a pooler that cannot keep
-        # prepared statements).
-        config["OPTIONS"]["server_side_binding"] = True
-        prepare = read("LEDGERWEB_PG_PREPARE_THRESHOLD")
-        config["OPTIONS"]["prepare_threshold"] = prepare or None
-        config["TEST"] = {"NAME": read("LEDGERWEB_TEST_DB_NAME")}
-        return {"default": config}
+        return {"default": _postgresql(url)}
     busy_ms = read("LEDGERWEB_SQLITE_BUSY_TIMEOUT_MS")
     return {
         "default": {

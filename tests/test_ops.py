@@ -171,3 +171,30 @@ def test_metrics_count_recent_lookup_answers_by_kind(client, world, open_metrics
     assert samples['ledger_reconcile_lookup_answers_recent{answer="found"}'] == 1
     assert samples['ledger_reconcile_lookup_answers_recent{answer="unavailable"}'] == 2
     assert samples['ledger_reconcile_lookup_answers_recent{answer="not_found"}'] == 1
+
+
+def metric_families(source: str) -> set[str]:
+    """The names of the families ``/metrics`` writes (each ``out.family("name", ...)``)."""
+    import ast
+
+    return {
+        node.args[0].value
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "family"
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+    }
+
+
+def test_every_metric_is_documented() -> None:
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    exported = metric_families((root / "ledgerweb" / "ops.py").read_text())
+    assert len(exported) > 20
+    rows = [line for line in (root / "docs/operations.md").read_text().splitlines() if "|" in line]
+    documented = {name for row in rows for name in re.findall(r"`(ledger_[a-z_]+)", row)}
+    assert sorted(exported - documented) == []
