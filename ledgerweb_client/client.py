@@ -56,7 +56,9 @@ __all__ = [
 __version__ = "1.1.0"
 
 if TYPE_CHECKING:
-    from typing import Self  # Python 3.11+; annotations are never evaluated at run time
+    # typing.Self is 3.11+; the checker's own typing_extensions has it for 3.10, and
+    # annotations are never evaluated at run time.
+    from typing_extensions import Self
 
 if sys.version_info >= (3, 11):
     from enum import StrEnum
@@ -64,7 +66,7 @@ else:  # Python 3.10: the same behaviour, str() and format() give the value
 
     class StrEnum(str, Enum):
         __str__ = str.__str__
-        __format__ = str.__format__
+        __format__ = str.__format__  # type: ignore[assignment]  # str's, as 3.11's StrEnum
 
 
 # The longest long-poll the server allows by default (LEDGERWEB_APPROVAL_WAIT_MAX).
@@ -100,13 +102,13 @@ DISPATCHABLE_STATES: frozenset[str] = frozenset({State.INTENT_RECORDED, State.FA
 def _add_note(exc: BaseException, note: str) -> None:
     """``exc.add_note(note)``; Python 3.10 has no notes, so the note goes where 3.11 keeps them
     (``__notes__``, which tracebacks print from 3.11 on) and stays readable by callers."""
-    if hasattr(exc, "add_note"):
+    if sys.version_info >= (3, 11):
         exc.add_note(note)
     else:
         notes = getattr(exc, "__notes__", None)
         if not isinstance(notes, list):
             notes = []
-            exc.__notes__ = notes  # type: ignore[attr-defined]
+            exc.__notes__ = notes  # type: ignore[attr-defined]  # 3.10's BaseException has none
         notes.append(note)
 
 
@@ -794,9 +796,10 @@ class LedgerClient:
         ``not_sealed``) until the sealer has put the attempt's current state in a signed
         checkpoint (a few seconds), ``NotFound`` for an attempt outside the token's tenants."""
         _, answer = self._request("GET", self._path(attempt_id, "receipt"))
-        if not isinstance(answer, dict) or not isinstance(answer.get("receipt"), dict):
+        receipt = answer.get("receipt") if isinstance(answer, dict) else None
+        if not isinstance(receipt, dict):
             raise LedgerError("the ledger's answer holds no receipt", code="malformed_response")
-        return answer["receipt"]
+        return receipt
 
     @staticmethod
     def verify_receipt(

@@ -724,6 +724,7 @@ class ToolSpec:
             provider_id = _field(answer, self.request_id)
         else:
             provider_id = None
+        result_ref: str | None
         if self.receipt is True:
             result_ref = json_receipt(answer)
         elif callable(self.receipt):

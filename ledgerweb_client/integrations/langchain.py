@@ -166,7 +166,10 @@ def _guarded_tool(
     return StructuredTool(
         name=template.name,
         description=template.description,
-        args_schema=template.args_schema,
+        # A tool without a schema of its own: the one its _run's signature gives.
+        args_schema=template.args_schema
+        if template.args_schema is not None
+        else template.get_input_schema(),
         func=run if send is not None else None,
         coroutine=arun if asend is not None else None,
         return_direct=template.return_direct,

@@ -33,7 +33,7 @@ from agents import FunctionTool, RunContextWrapper, RunState, function_tool
 from agents.items import ToolApprovalItem
 from agents.tool import default_tool_error_function
 
-from ..client import State
+from ..client import Attempt, State
 from ..errors import LedgerError
 from ..guard import (
     KeySource,
@@ -137,34 +137,33 @@ def ledgered_function_tool(
             prefix = (run_context,) if own_context else ()
             return lambda args: fn(*prefix, **args)
 
-        if inspect.iscoroutinefunction(fn):
+        async def guarded_async(*args: Any, **kwargs: Any) -> Any:
+            run_context, fn_args = split(args)
+            call_args = bound_arguments(signature, fn_args, kwargs, skip=skip)
+            return await spec.arun(
+                ledger_from_run_context(run_context),
+                call_args,
+                lambda: fn(*fn_args, **kwargs),
+                _replay,
+                send_args=corrected_call(run_context),
+            )
 
-            async def guarded(*args: Any, **kwargs: Any) -> Any:
-                run_context, fn_args = split(args)
-                call_args = bound_arguments(signature, fn_args, kwargs, skip=skip)
-                return await spec.arun(
-                    ledger_from_run_context(run_context),
-                    call_args,
-                    lambda: fn(*fn_args, **kwargs),
-                    _replay,
-                    send_args=corrected_call(run_context),
-                )
+        def guarded_sync(*args: Any, **kwargs: Any) -> Any:
+            run_context, fn_args = split(args)
+            call_args = bound_arguments(signature, fn_args, kwargs, skip=skip)
+            return spec.run(
+                ledger_from_run_context(run_context),
+                call_args,
+                lambda: fn(*fn_args, **kwargs),
+                _replay,
+                send_args=corrected_call(run_context),
+            )
 
-        else:
-
-            def guarded(*args: Any, **kwargs: Any) -> Any:
-                run_context, fn_args = split(args)
-                call_args = bound_arguments(signature, fn_args, kwargs, skip=skip)
-                return spec.run(
-                    ledger_from_run_context(run_context),
-                    call_args,
-                    lambda: fn(*fn_args, **kwargs),
-                    _replay,
-                    send_args=corrected_call(run_context),
-                )
-
+        guarded: Callable[..., Any] = (
+            guarded_async if inspect.iscoroutinefunction(fn) else guarded_sync
+        )
         functools.update_wrapper(guarded, fn, updated=())
-        del guarded.__wrapped__  # the schema is read from the signature below, not from fn's
+        del guarded.__wrapped__  # type: ignore[attr-defined]  # the schema: the signature below
         if own_context:
             guarded.__signature__ = signature  # type: ignore[attr-defined]
             guarded.__annotations__ = hints
@@ -213,7 +212,9 @@ async def _held(spec: ToolSpec, context: LedgerContext, args: dict[str, Any]) ->
     return attempt.state == State.AWAITING_APPROVAL
 
 
-def _current_attempt(spec: ToolSpec, context: LedgerContext, args: dict[str, Any], wait: float):
+def _current_attempt(
+    spec: ToolSpec, context: LedgerContext, args: dict[str, Any], wait: float
+) -> Attempt:
     return context.client.record_and_wait(
         tenant=context.tenant,
         task_id=context.task_id,

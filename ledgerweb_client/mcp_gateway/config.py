@@ -42,7 +42,7 @@ from typing import Any
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # the mcp extra installs the backport there
-    import tomli as tomllib
+    import tomli as tomllib  # type: ignore[import-not-found,unused-ignore]  # 3.10 only
 
 from ..guard import KeyTemplate
 

@@ -56,10 +56,10 @@ from ..guard import (
 from .config import ConfigError, GatewayConfig, ToolConfig, Upstream, load_config
 from .receipts import kept_result, result_ref_for, structured_or_json_text
 from .schema import SchemaMissing, SchemaRefusal, conform
-from .upstream import client_for, result_dict
+from .upstream import client_for, request_meta, result_dict
 
 if sys.version_info < (3, 11):  # anyio's own dependency there: the builtin's backport
-    from exceptiongroup import BaseExceptionGroup
+    from exceptiongroup import BaseExceptionGroup  # type: ignore[import-not-found,unused-ignore]  # 3.10 only
 
 log = logging.getLogger("ledgerweb_client.mcp_gateway")
 
@@ -114,8 +114,8 @@ def approval_result(error: ToolCallAwaitingApproval | ToolCallRejected) -> types
     repeat never causes a second effect)."""
     attempt = error.attempt
     assert attempt is not None
-    pending = isinstance(error, ToolCallAwaitingApproval)
-    if pending:
+    meta = _ledger_meta(attempt, replayed=False)
+    if isinstance(error, ToolCallAwaitingApproval):
         text = (
             f"Pending approval: tool call held for a person's approval (attempt "
             f"{attempt.attempt_id}, state {attempt.state}). Nothing has been done yet. Call "
@@ -124,17 +124,18 @@ def approval_result(error: ToolCallAwaitingApproval | ToolCallRejected) -> types
         )
         if error.dashboard_url:
             text += f" Approvers decide at {error.dashboard_url}"
+        meta[META_LEDGER].update(
+            pending_approval=True,
+            code=error.code,
+            dashboard_url=error.dashboard_url,
+            args_hash=attempt.args_hash,
+        )
     else:
         text = (
             f"Not done: {error.message} (attempt {attempt.attempt_id}, {error.reason}). Do not "
             "retry it; ask for a different action if one is needed."
         )
-    meta = _ledger_meta(attempt, replayed=False)
-    meta[META_LEDGER]["pending_approval"] = pending
-    meta[META_LEDGER]["code"] = error.code
-    if pending:
-        meta[META_LEDGER]["dashboard_url"] = error.dashboard_url
-        meta[META_LEDGER]["args_hash"] = attempt.args_hash
+        meta[META_LEDGER].update(pending_approval=False, code=error.code)
     return types.CallToolResult.model_validate(
         {"content": [{"type": "text", "text": text}], "isError": True, "_meta": meta}
     )
@@ -246,7 +247,9 @@ class Gateway:
         tool = self.config.tools.get(params.name)
         if tool is None:
             # Not a side effect: straight through, unrecorded.
-            result = await route.client.call_tool(params.name, arguments, meta=forwarded or None)
+            result = await route.client.call_tool(
+                params.name, arguments, meta=request_meta(forwarded or None)
+            )
             return result
         # What is recorded (and hashed, and sent) is what the upstream acts on.
         arguments = self.conformed_arguments(route, arguments)
@@ -307,7 +310,9 @@ class Gateway:
         upstream_meta = {**forwarded, META_KEY: key, META_ATTEMPT: attempt.attempt_id}
         try:
             with anyio.fail_after(tool.timeout_seconds):
-                result = await route.client.call_tool(tool.name, arguments, meta=upstream_meta)
+                result = await route.client.call_tool(
+                    tool.name, arguments, meta=request_meta(upstream_meta)
+                )
         except BaseException as exc:
             if isinstance(exc, TimeoutError):
                 report: Exception = ProviderTimeout(

@@ -37,7 +37,7 @@ class SchemaMissing(RuntimeError):
 
 def _validator_for(schema: Mapping[str, Any]) -> Any:
     try:
-        import jsonschema
+        import jsonschema  # type: ignore[import-untyped]  # no inline types; stubs not a dependency
     except ImportError:
         raise SchemaMissing(
             "the MCP gateway validates tool arguments with the jsonschema library: "
@@ -99,7 +99,9 @@ def conform(arguments: dict[str, Any], schema: Mapping[str, Any] | None) -> dict
     if not schema:
         return dict(arguments)
     validator = _validator_for(schema)
-    conformed = _coerce(dict(arguments), {**schema, "type": schema.get("type", "object")})
+    conformed: dict[str, Any] = _coerce(  # the schema's type is "object": a dict stays one
+        dict(arguments), {**schema, "type": schema.get("type", "object")}
+    )
     errors = sorted(validator.iter_errors(conformed), key=lambda e: list(e.absolute_path))
     if errors:
         problems = []

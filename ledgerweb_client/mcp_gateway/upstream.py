@@ -7,7 +7,8 @@ adapter (one short connection per lookup or send, from the reconcile worker).
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 from mcp import Client, StdioServerParameters
@@ -15,7 +16,10 @@ from mcp.types import CallToolResult
 
 from .config import Upstream
 
-__all__ = ["NotSent", "call_tool_once", "client_for", "result_dict"]
+if TYPE_CHECKING:
+    from mcp.types import RequestParamsMeta
+
+__all__ = ["NotSent", "call_tool_once", "client_for", "request_meta", "result_dict"]
 
 
 class NotSent(Exception):
@@ -42,7 +46,13 @@ def client_for(upstream: Upstream, *, read_timeout: float | None = None) -> Clie
 
 def result_dict(result: CallToolResult) -> dict[str, Any]:
     """A tool result in MCP's wire shape (``content``, ``structuredContent``, ``isError``)."""
-    return json.loads(result.model_dump_json(by_alias=True, exclude_none=True))
+    wire: dict[str, Any] = json.loads(result.model_dump_json(by_alias=True, exclude_none=True))
+    return wire
+
+
+def request_meta(meta: Mapping[str, Any] | None) -> RequestParamsMeta | None:
+    """A request's ``_meta`` as the SDK types it: MCP's open map (any keys, each optional)."""
+    return cast("RequestParamsMeta", dict(meta)) if meta is not None else None
 
 
 async def call_tool_once(
@@ -63,7 +73,7 @@ async def call_tool_once(
         with anyio.fail_after(timeout):
             async with client_for(upstream, read_timeout=timeout) as client:
                 connected = True
-                result = await client.call_tool(tool, arguments, meta=meta)
+                result = await client.call_tool(tool, arguments, meta=request_meta(meta))
     except Exception as exc:
         if not connected:
             raise NotSent(f"cannot connect to upstream {upstream.name!r}: {exc!r}") from exc
