@@ -224,6 +224,19 @@ def manage(
     )
 
 
+def machine_cache(name: str) -> Path:
+    """A folder for what the suite builds once per machine rather than once per clone (container
+    images, mypy's cache): ``LEDGERWEB_CACHE_DIR``, else ``$XDG_CACHE_HOME/ledgerweb``, else
+    /var/cache/ledgerweb as root, else ~/.cache/ledgerweb; ``name`` below it."""
+    if configured := os.environ.get("LEDGERWEB_CACHE_DIR"):
+        return Path(configured) / name
+    if xdg := os.environ.get("XDG_CACHE_HOME"):
+        return Path(xdg) / "ledgerweb" / name
+    if os.geteuid() == 0:
+        return Path("/var/cache/ledgerweb") / name
+    return Path.home() / ".cache" / "ledgerweb" / name
+
+
 def free_port() -> int:
     """A port on 127.0.0.1 free right now, for a server a test starts."""
     with socket.socket() as sock:

@@ -37,7 +37,7 @@ import pytest
 import yaml
 from django.db import connection
 
-from tests.conftest import REPO
+from tests.conftest import REPO, machine_cache
 
 pytestmark = pytest.mark.slow
 
@@ -45,13 +45,7 @@ pytestmark = pytest.mark.slow
 def container_cache() -> Path:
     """Where the images live between runs and clones: shared by every checkout on the machine,
     as each image is named by the hash of its inputs."""
-    if configured := os.environ.get("LEDGERWEB_CACHE_DIR"):
-        return Path(configured) / "containers"
-    if xdg := os.environ.get("XDG_CACHE_HOME"):
-        return Path(xdg) / "ledgerweb" / "containers"
-    if os.geteuid() == 0:
-        return Path("/var/cache/ledgerweb/containers")
-    return Path.home() / ".cache" / "ledgerweb" / "containers"
+    return machine_cache("containers")
 
 
 CACHE = container_cache()
