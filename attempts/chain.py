@@ -35,7 +35,7 @@ from django.db import connection
 from django.db.models import Min, Q
 from django.utils import timezone
 
-from attempts import jcs, log
+from attempts import dbadapter, jcs, log
 from attempts.canonical import InvalidArguments
 from attempts.event_row import EventRow
 from attempts.locking import named_lock, write_transaction
@@ -323,7 +323,7 @@ def record_config_change(
     """Append one configuration change (who changed ``subject`` from ``before`` to ``after``) to
     the config chain. Call inside ``write_transaction()``, in the transaction that makes the
     change, so the change and its record commit together."""
-    if not connection.in_atomic_block:
+    if not dbadapter.in_atomic_block(connection):
         raise RuntimeError("record_config_change() must run inside write_transaction()")
     if not subject or not action:
         raise ValueError("a config change needs a subject and an action")

@@ -44,6 +44,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DEFAULT_DB_ALIAS, connection, models, transaction
 from django.db.models import signals
 
+from attempts import dbadapter
 from attempts.actors import Actor
 from attempts.chain import record_config_change
 from attempts.locking import write_transaction
@@ -408,7 +409,7 @@ def _record(subject: str, action: str, before: Any, after: Any, *, note: str = "
 
 
 def _in_transaction(function: Callable[[], None]) -> None:
-    if connection.in_atomic_block:
+    if dbadapter.in_atomic_block(connection):
         function()
     else:  # a change saved outside a transaction: its record follows at once
         with write_transaction():

@@ -20,7 +20,7 @@ from django.db import connection, models
 from django.db.models import Q
 from django.db.models.expressions import RawSQL
 
-from attempts import rows
+from attempts import dbadapter, rows
 from attempts.models import (
     MIN_PREFIX,
     PREFIX_FIELDS,
@@ -141,7 +141,7 @@ def _first_of_range(scope: Q, field: str, term: str, want: int) -> tuple[list[in
     ).values("id", "in_scope")[: PREFIX_SCAN + 1]
     if walk.query.is_empty():  # the term cannot start this identifier (an args hash is hex)
         return [], False
-    sql, params = walk.query.sql_with_params()
+    sql, params = dbadapter.sql_with_params(walk)
     limit = max(QUEUE_COUNT_CAP, want) + 1
     with connection.cursor() as cursor:
         # The ORM has no subquery in FROM: only the walk's rows in scope come back, and the

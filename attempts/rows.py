@@ -55,7 +55,7 @@ def _db() -> BaseDatabaseWrapper:
 
 
 def _q(name: str) -> str:
-    return _db().ops.quote_name(name)
+    return dbadapter.quote_name(_db(), name)
 
 
 def _marks(count: int) -> str:
@@ -223,7 +223,7 @@ def _event_values(event: EventRow, db: BaseDatabaseWrapper) -> list[Any]:
 def _atomic(db: BaseDatabaseWrapper, statements: int) -> contextlib.AbstractContextManager:
     """What makes a write of ``statements`` statements atomic: the caller's transaction if it
     holds one, the statement itself if it is one, else a transaction of its own."""
-    if db.in_atomic_block:
+    if dbadapter.in_atomic_block(db):
         return contextlib.nullcontext()
     if statements == 1:
         return lock_errors()
@@ -253,12 +253,18 @@ def insert_attempt(attempt: Attempt, event: EventRow) -> None:
         )
         # A savepoint when nested: a key already recorded (IntegrityError) must not abort the
         # caller's transaction.
-        with write_transaction() if db.in_atomic_block else lock_errors(), _cursor(db) as cursor:
+        with (
+            write_transaction() if dbadapter.in_atomic_block(db) else lock_errors(),
+            _cursor(db) as cursor,
+        ):
             cursor.execute(sql, key_values + values + event_values)
             attempt.pk = cursor.fetchone()[0]
     else:
         # A savepoint when nested, as above; else a transaction of its own.
-        with write_transaction() if db.in_atomic_block else _atomic(db, 3), _cursor(db) as cursor:
+        with (
+            write_transaction() if dbadapter.in_atomic_block(db) else _atomic(db, 3),
+            _cursor(db) as cursor,
+        ):
             cursor.execute(key_insert, key_values)
             cursor.execute(_attempt_insert(), values)
             attempt.pk = cursor.fetchone()[0]
@@ -317,7 +323,7 @@ def _compare_and_set_claiming(
     effect: list[str],
 ) -> bool:
     claim = _index_insert(ProviderEffect, _EFFECT_COLUMNS)
-    nested = write_transaction() if db.in_atomic_block else None
+    nested = write_transaction() if dbadapter.in_atomic_block(db) else None
     if db.vendor == "postgresql":
         sql = (
             f"WITH moved AS ({update} RETURNING {_q('id')}), "
@@ -440,7 +446,7 @@ def live_token_rows(token_hash: str, *, used_after: dt.datetime) -> list[tuple[A
     with no tenant when it has none), no row for no such token."""
     db = _db()
     with db.cursor() as cursor:
-        cursor.execute(_token_select(), [db.ops.adapt_datetimefield_value(used_after), token_hash])
+        cursor.execute(_token_select(), [dbadapter.datetime_param(db, used_after), token_hash])
         return cursor.fetchall()
 
 
@@ -452,7 +458,7 @@ def planned_rows(queryset: Any) -> int:
     """PostgreSQL's planner estimate of how many rows ``queryset`` returns (``EXPLAIN``, which
     reads no rows); 0 for a queryset that can match nothing."""
     try:
-        sql, params = queryset.query.sql_with_params()
+        sql, params = dbadapter.sql_with_params(queryset)
     except EmptyResultSet:
         return 0
     with _db().cursor() as cursor:
