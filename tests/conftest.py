@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -242,6 +243,35 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def built_checkout(tmp_path_factory) -> Path:
+    """A copy of the checkout's files (tracked and untracked, not ignored) with the server's wheel
+    built in it as docs/deploy.md says, ``pip wheel --no-deps -w dist .``: the copy keeps the
+    checkout free of build folders, and the build runs once per test run
+    (tests/test_packaging.py, tests/test_deploy_guide.py)."""
+    source = tmp_path_factory.mktemp("checkout")
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    for name in files:
+        if (REPO / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, source / name)
+    built = subprocess.run(
+        [PYTHON, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", "dist", "."],
+        cwd=source,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert built.returncode == 0, built.stdout + built.stderr
+    return source
 
 
 def pytest_configure(config):
