@@ -136,7 +136,7 @@ def check_visible(scene: Scene, check: Check, effects: list[dict[str, Any]]) -> 
                 f"{provider_id!r} (provider request id {attempt.provider_request_id!r}) nor, "
                 f"without one, a receipt carrying it ({attempt.result_ref!r})"
             )
-    # The one verifier of the history (attempts/audit_verify.py), on this scene's database.
+    # The one verifier of the history (attempts/audit_verify/), on this scene's database.
     connection = connections[scene.alias]
     report = audit_verify.verify_database(
         functools.partial(dbadapter.streaming_cursor, connection), vendor=connection.vendor

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def small_batches(monkeypatch):
     """Batches of two attempts, so a dozen attempts spread over every worker."""
-    monkeypatch.setattr(audit_verify, "BATCH", 2)
+    monkeypatch.setattr(audit_verify.chains, "BATCH", 2)
 
 
 def lines(report) -> list[str]:

@@ -121,7 +121,7 @@ def test_refusals_are_the_references():
         jcs.dumps({1: "non-string key"})
 
 
-# The verifier writes an event's payload in its fixed key order (audit_verify._event_digest)
+# The verifier writes an event's payload in its fixed key order (audit_verify.digests.event_digest)
 # instead of sorting the keys of each event: its digest must be the reference's for any text in
 # the fields and any details, and a field that is not text (a NULL) must still hash.
 event_fields = st.one_of(interesting_text, st.none())
@@ -147,7 +147,7 @@ event_fields = st.one_of(interesting_text, st.none())
 def test_the_verifiers_event_digest_is_the_references(payload):
     import hashlib
 
-    from attempts.audit_verify import _event_digest
+    from attempts.audit_verify.digests import event_digest as _event_digest
 
     # EVENT_SQL's columns: attempt pk, id, action, actor_kind, actor, from_state, to_state,
     # reason, details (as text: not read here), created_at, prev_hash, hash, chain_format.
@@ -176,7 +176,7 @@ def test_the_verifiers_plain_from_text_agrees_with_jcs_plain(value, ascii_only, 
     import json
     import math
 
-    from attempts.audit_verify import _load_details
+    from attempts.audit_verify.digests import load_details as _load_details
 
     text = json.dumps(value, ensure_ascii=ascii_only, separators=separators)
     parsed, plain = _load_details(text)
@@ -192,7 +192,7 @@ def test_the_verifiers_format_3_digest_is_the_references(details, reason, actor,
     # Format 3 covers the public details and the salted text digest, not the reason.
     import hashlib
 
-    from attempts.audit_verify import _event_digest
+    from attempts.audit_verify.digests import event_digest as _event_digest
     from attempts.verify_export import salted_payload
 
     event = (1, 1, "attempt.updated", "agent", actor, "DISPATCHED", "DISPATCHED", reason, None)
@@ -226,7 +226,7 @@ def test_the_verifiers_format_3_digest_is_the_references(details, reason, actor,
     st.one_of(interesting_text.filter(str.isascii), st.text(max_size=64)),
 )
 def test_the_verifiers_leaf_digest_is_the_references(attempt_id, length, head):
-    from attempts.audit_verify import _leaf_digest
+    from attempts.audit_verify.digests import leaf_digest as _leaf_digest
     from attempts.verify_export import leaf_hash
 
     assert _leaf_digest(attempt_id, length, head) == leaf_hash(attempt_id, length, head)

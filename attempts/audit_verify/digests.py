@@ -1,0 +1,199 @@
+"""The verifier's fast digests: each event's hash, leaf and args digest written with the fast
+encoder (``attempts.jcs``) where its bytes are known to be RFC 8785's, the reference encoder
+(``verify_export``, ``rfc8785``) otherwise and before any mismatch is reported. Held to the
+reference by tests/attempts/test_jcs.py."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import hmac
+import json
+from typing import Any
+
+import rfc8785
+
+from attempts import jcs
+from attempts.verify_export import (
+    SALTED_FORMAT,
+    chain_time,
+    leaf_hash,
+    salted_payload,
+)
+
+_scan_json = json.JSONDecoder().scan_once
+
+
+def load_json(value: Any) -> Any:
+    """A JSON column as Python: SQLite gives text, psycopg may give text or parsed values."""
+    if type(value) is str:
+        # The decoder's C scanner, without ``json.loads``' per-call set-up: a column written by
+        # the ledger is one JSON value with no surrounding space; anything else takes loads.
+        try:
+            parsed, end = _scan_json(value, 0)
+        except StopIteration:
+            return json.loads(value)  # raises the decoder's own error
+        return parsed if end == len(value) else json.loads(value)
+    if isinstance(value, bytes | bytearray | memoryview):
+        return load_json(bytes(value).decode("utf-8"))
+    if isinstance(value, str):
+        return json.loads(value)
+    return value
+
+
+def event_time(value: Any) -> dt.datetime:
+    return dt.datetime.fromisoformat(chain_time(value).replace("Z", "+00:00"))
+
+
+_string = jcs.encode_string
+# What a format-3 event with no reason and no private details commits to (salted per attempt).
+NO_TEXT = jcs.dumps({"details": {}, "reason": ""})
+
+
+class _NotPlain(Exception):
+    pass
+
+
+def _no_float(text: str) -> Any:
+    raise _NotPlain
+
+
+def _small_int(text: str) -> int:
+    # 15 digits are always within JCS's range (below 2**53); longer ones ask jcs.plain.
+    if len(text) > 15:
+        raise _NotPlain
+    return int(text)
+
+
+_scan_plain = json.JSONDecoder(
+    parse_float=_no_float, parse_int=_small_int, parse_constant=_no_float
+).scan_once
+
+
+def load_details(value: Any) -> tuple[Any, bool | None]:
+    """An event's ``details`` column as Python, and whether the fast encoder writes it exactly as
+    RFC 8785 does (``jcs.plain``), told from the text where that is cheap: ASCII JSON with no
+    ``\\u`` escape (so no astral or lone surrogate characters), no number with a fraction or an
+    exponent, no integer that could be out of range. None: not known, ask ``jcs.plain``."""
+    if type(value) is str and value.isascii() and "\\u" not in value:
+        try:
+            parsed, end = _scan_plain(value, 0)
+        except (_NotPlain, StopIteration):
+            return load_json(value), None
+        if end == len(value):
+            return parsed, True
+    return load_json(value), None
+
+
+def event_payload(attempt_id: Any, event: tuple, details: Any) -> dict[str, Any]:
+    """What an event's hash covers (``verify_export.event_payload``), from EVENT_SQL's columns,
+    for the reference encoder."""
+    payload = {
+        "v": int(event[12]),
+        "attempt_id": attempt_id,
+        "action": event[2],
+        "actor_kind": event[3],
+        "actor": event[4],
+        "from_state": event[5],
+        "to_state": event[6],
+        "reason": event[7],
+        "details": details,
+        "created_at": created_text(chain_time(event[9])),
+        "prev_hash": event[10],
+    }
+    if payload["v"] >= SALTED_FORMAT:
+        return salted_payload(payload, event[13] or "")
+    return payload
+
+
+def event_digest(
+    attempt_id: Any,
+    event: tuple,
+    details: Any,
+    plain: bool | None,
+    *,
+    text: str | None = None,
+    quoted: tuple[str | None, str | None] = (None, None),
+) -> str:
+    """The event's hash with the fast encoder: the payload's keys are fixed, so its canonical
+    text is written in their sorted order here (the bytes ``jcs.encode_plain`` gives for
+    ``event_payload``, held to the reference by the tests) rather than sorting the keys of
+    every event again. ``text``: a format-3 event's salted text digest (``details`` are then
+    its public details; ``quoted``: the attempt id and the prev_hash already written as JSON
+    strings, or None). Every field but ``details`` is text (or the format number) as read from
+    the database, which the C encoder writes as RFC 8785 does, so only ``details`` needs
+    checking (``plain``: known from its text, None: ask ``jcs.plain``); anything else, and a
+    field that is not text, goes through ``jcs.dumps``. A mismatch is always recomputed with
+    the reference encoder before it is reported."""
+    if plain or (plain is None and jcs.plain(details)):
+        try:
+            quoted_id, quoted_prev = quoted
+            prev = quoted_prev or _string(event[10])
+            if text is not None:  # format 3: public details and the text digest, no reason
+                body = (
+                    f'"from_state":{_string(event[5])},"prev_hash":{prev},'
+                    f'"text":{_string(text)},"to_state":{_string(event[6])},'
+                )
+            else:
+                body = (
+                    f'"from_state":{_string(event[5])},"prev_hash":{prev},'
+                    f'"reason":{_string(event[7])},"to_state":{_string(event[6])},'
+                )
+            payload = (
+                f'{{"action":{_string(event[2])},"actor":{_string(event[4])},'
+                f'"actor_kind":{_string(event[3])},"attempt_id":{quoted_id or _string(attempt_id)},'
+                f'"created_at":{_string(chain_time(event[9]))},'
+                f'"details":{jcs.encode_plain_text(details)},{body}"v":{int(event[12])}}}'
+            )
+            return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+        except (TypeError, UnicodeEncodeError):
+            pass  # a field that is not text (NULL, say), or a lone surrogate
+    return hashlib.sha256(jcs.dumps(event_payload(attempt_id, event, details))).hexdigest()
+
+
+def created_text(text: Any) -> Any:
+    """The writer's text for an event time PostgreSQL gave as ``to_char`` text: the same, except
+    a year before 1000, which ``chain_time`` writes unpadded."""
+    if isinstance(text, str) and text.startswith("0") and len(text) == 27:
+        return chain_time(event_time(text))
+    return text
+
+
+def leaf_digest(attempt_id: Any, length: Any, head: Any) -> bytes:
+    """``leaf_hash`` with the fast encoder (text and a small integer, as JCS writes them)."""
+    if type(attempt_id) is str and type(head) is str and attempt_id.isascii() and head.isascii():
+        leaf = f'\x00{{"attempt_id":{_string(attempt_id)},"head":{_string(head)},"length":{int(length)}}}'
+        return hashlib.sha256(leaf.encode()).digest()
+    return leaf_hash(attempt_id, length, head)
+
+
+def reference_digest(args: Any) -> str:
+    return hashlib.sha256(rfc8785.dumps(args)).hexdigest()
+
+
+class Args:
+    """An attempt's args column, read and encoded once for the checks that hash it (the
+    unsalted args_hash and format 3's salted commitment, ``{"args": ...}`` around the same
+    canonical bytes); each raises what reading or encoding raises."""
+
+    def __init__(self, column: Any) -> None:
+        self.column = column
+        self._value: Any = Args
+        self._encoded: bytes | None = None
+
+    def value(self) -> Any:
+        if self._value is Args:
+            self._value = load_json(self.column)
+        return self._value
+
+    def encoded(self) -> bytes:
+        if self._encoded is None:
+            self._encoded = jcs.dumps(self.value())
+        return self._encoded
+
+    def digest(self) -> str:
+        return hashlib.sha256(self.encoded()).hexdigest()
+
+    def commitment(self, salt: str) -> str:
+        message = b'{"args":' + self.encoded() + b"}"
+        return hmac.digest(bytes.fromhex(salt), message, "sha256").hex()
