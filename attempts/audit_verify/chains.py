@@ -307,8 +307,7 @@ class Verifier:
     def attempt(self, row: tuple, events: list[tuple]) -> None:
         """One attempt (``row``: ATTEMPT_SQL's columns) and its events in order (EVENT_SQL's)."""
         attempt_id = row[1]
-        chain_head, chain_length, sealed = row[14], row[15], row[16]
-        leaf_length, leaf_head = row[17], row[18]
+        chain_head, chain_length = row[14], row[15]
         self.attempts += 1
         self.events += len(events)
         hashes: list[str] = []
@@ -377,7 +376,13 @@ class Verifier:
                 f"its history has {len(hashes)}: events were deleted or the row was edited",
                 attempt_id=attempt_id,
             )
-        # 5: the newest sealed head is the hash at that place of the chain.
+        self.sealed(row, events, hashes)
+
+    def sealed(self, row: tuple, events: list[tuple], hashes: list[str]) -> None:
+        """5: the newest sealed head is the hash at that place of the chain; what came after it
+        is unsealed (counted for ``[window]``) and the row does not say otherwise."""
+        attempt_id, sealed = row[1], row[16]
+        leaf_length, leaf_head = row[17], row[18]
         sealed_length = 0
         if leaf_length is not None:
             sealed_length = int(leaf_length)
@@ -597,6 +602,14 @@ class Verifier:
                 f"{last_to_state}: the state was edited or its latest events were deleted",
                 last_event_id,
             )
+        self.tracked(attempt_id, (provider_request_id, result_ref), details, last_event_id)
+
+    def tracked(
+        self, attempt_id: Any, values: tuple[Any, Any], details: list[Any], event_id: int
+    ) -> None:
+        """The row's provider request id and result reference are the latest its history
+        recorded."""
+        provider_request_id, result_ref = values
         recorded = {"provider_request_id": "", "result_ref": ""}
         for detail in details:
             if isinstance(detail, dict):
@@ -608,10 +621,12 @@ class Verifier:
             ("result_ref", result_ref),
         ):
             if (value or "") != recorded[name]:
-                bad(
+                self.bad(
+                    "attempt",
                     f"its {name} is {value!r} but its history last recorded "
                     f"{recorded[name]!r}: the attempt row was edited",
-                    last_event_id,
+                    event_id,
+                    attempt_id,
                 )
 
     # -- 8: approvals (invariant 13), from the chain alone, as the offline verifier checks them

@@ -13,13 +13,21 @@ import rfc8785
 from attempts.audit_verify.chains import CHECKPOINTS, CONFIG, LEAVES, Verifier
 from attempts.audit_verify.digests import leaf_digest, load_json
 from attempts.verify_export import (
+    EXT_AUTHORITY,
+    EXT_CHECKPOINT,
+    EXT_CONFIG,
     GENESIS,
     LOG_FORMAT,
+    LogBuilder,
+    LogCheckpoint,
     MerkleTree,
+    NoteError,
     Report,
     cannot_hash,
     checkpoint_hash,
     config_event_hash,
+    note_signed_by,
+    split_note,
 )
 
 CHECKPOINT_SQL = f"""
@@ -46,6 +54,13 @@ SELECT id, seq, subject, action, actor_kind, actor, before, after, reason, creat
 def checkpoints(verifier: Verifier) -> None:
     """``[checkpoint]`` checkpoints run 1, 2, 3, ... each hashing the one before, each root the
     Merkle root of its leaves; ``[config]`` the config chain links and matches every checkpoint."""
+    config_hashes = config_chain(verifier)
+    checkpoint_chain(verifier, config_hashes)
+
+
+def config_chain(verifier: Verifier) -> list[str]:
+    """``[config]``: each configuration change hashes to its stored hash and links to the one
+    before it, numbered 1, 2, 3, ...; returns their hashes in order."""
     config_hashes: list[str] = []
     prev = GENESIS
     for values in verifier.stream(CONFIG_SQL):
@@ -91,7 +106,13 @@ def checkpoints(verifier: Verifier) -> None:
             verifier.bad("config", f"{where}: broken link to the change before it")
         prev = row["hash"]
         config_hashes.append(row["hash"])
+    return config_hashes
 
+
+def checkpoint_chain(verifier: Verifier, config_hashes: list[str]) -> None:
+    """``[checkpoint]``: each checkpoint hashes to its stored hash, follows the one before it,
+    and has the root of its leaves; ``[config]`` the config changes it sealed are still there.
+    With ``--since``, from the checkpoint verified before."""
     start = verifier.since[0] if verifier.since else 0
     leaves = verifier.stream(LEAF_SQL.format(seq=int(start)))
     pending: tuple | None = next(leaves, None)
@@ -110,32 +131,8 @@ def checkpoints(verifier: Verifier) -> None:
                 )
             prev, expected_seq, verifier.checkpoint = stored, seq + 1, (seq, stored)
             continue
-        fields = {
-            "format": values[9],
-            "authority": values[10],
-            "seq": seq,
-            "prev_hash": prev_hash,
-            "root": root,
-            "size": size,
-            "config_length": config_length,
-            "config_head": config_head,
-            "sealed_at": sealed_at,
-        }
         where = f"checkpoint {seq}"
-        if checkpoint_hash(fields) != stored:
-            verifier.bad("checkpoint", f"{where}: its fields do not match its hash: it was edited")
-        if seq != expected_seq:
-            verifier.bad(
-                "checkpoint",
-                f"{where}: expected checkpoint {expected_seq}: checkpoints were deleted or "
-                "inserted",
-            )
-        if prev_hash != prev:
-            verifier.bad(
-                "checkpoint",
-                f"{where}: its prev_hash is not the hash of the checkpoint before it: an "
-                "earlier checkpoint was changed, deleted or inserted",
-            )
+        _checkpoint_itself(verifier, values, where, expected_seq=expected_seq, prev=prev)
         mine: list[bytes] = []
         logged = values[9] >= LOG_FORMAT  # its leaves are hashed once, by log_checks()
         while pending is not None and pending[0] == pk:
@@ -174,6 +171,37 @@ def checkpoints(verifier: Verifier) -> None:
         )
 
 
+def _checkpoint_itself(
+    verifier: Verifier, values: tuple, where: str, *, expected_seq: int, prev: str
+) -> None:
+    """One checkpoint's own fields hash to its stored hash, and it follows the one before."""
+    _pk, seq, prev_hash, root, size, config_length, config_head, sealed_at, stored = values[:9]
+    fields = {
+        "format": values[9],
+        "authority": values[10],
+        "seq": seq,
+        "prev_hash": prev_hash,
+        "root": root,
+        "size": size,
+        "config_length": config_length,
+        "config_head": config_head,
+        "sealed_at": sealed_at,
+    }
+    if checkpoint_hash(fields) != stored:
+        verifier.bad("checkpoint", f"{where}: its fields do not match its hash: it was edited")
+    if seq != expected_seq:
+        verifier.bad(
+            "checkpoint",
+            f"{where}: expected checkpoint {expected_seq}: checkpoints were deleted or inserted",
+        )
+    if prev_hash != prev:
+        verifier.bad(
+            "checkpoint",
+            f"{where}: its prev_hash is not the hash of the checkpoint before it: an "
+            "earlier checkpoint was changed, deleted or inserted",
+        )
+
+
 # -- The transparency log (checkpoint format 2, attempts/log.py): separate from the chain walk.
 
 LOG_ENTRY_SQL = """
@@ -196,22 +224,18 @@ def log_checks(verifier: Verifier, *, log_keys=(), witness_keys=()) -> None:
     each format-2 checkpoint's root at its size; each checkpoint's note states its own size,
     root, config head and authority digest. ``[signature]``: with the log's verifier keys, every
     stored log signature verifies; with witness keys, every stored cosignature does."""
-    from attempts.verify_export import (
-        EXT_AUTHORITY,
-        EXT_CHECKPOINT,
-        EXT_CONFIG,
-        LogBuilder,
-        LogCheckpoint,
-        NoteError,
-        note_signed_by,
-        split_note,
-    )
-
     if not verifier.has_log():
         return
     checkpoints = list(verifier.stream(LOG_CHECKPOINT_SQL))
     if not checkpoints:
         return
+    _log_tree(verifier, checkpoints)
+    _log_notes(verifier, checkpoints, list(log_keys), list(witness_keys))
+
+
+def _log_tree(verifier: Verifier, checkpoints: list[tuple]) -> None:
+    """The log's leaves are the sealed heads, in order, and each checkpoint's root is the
+    tree's at its size."""
     by_size: dict[int, list[tuple]] = {}
     for row in checkpoints:
         by_size.setdefault(row[2], []).append(row)
@@ -247,10 +271,16 @@ def log_checks(verifier: Verifier, *, log_keys=(), witness_keys=()) -> None:
             verifier.bad(
                 "log", f"checkpoint {row[1]} covers {row[2]} leaves; the log holds {builder.size}"
             )
+
+
+def _log_notes(
+    verifier: Verifier, checkpoints: list[tuple], log_keys: list[Any], witness_keys: list[Any]
+) -> None:
+    """Each checkpoint's note states its own size, root and heads, and every stored signature
+    by a key given verifies."""
     signatures: dict[int, list[tuple[str, str]]] = {}
     for checkpoint_id, kind, line in verifier.stream(LOG_SIGNATURE_SQL):
         signatures.setdefault(checkpoint_id, []).append((kind, line))
-    log_keys, witness_keys = list(log_keys), list(witness_keys)
     for pk, seq, size, root, config_length, config_head, authority, note in checkpoints:
         where = f"checkpoint {seq}"
         try:
@@ -342,8 +372,6 @@ def checkpoint_trust(verifier: Verifier, report: Report, trust: Trust) -> None:
     The newest checkpoints wait a moment for their signature and cosignatures (the worker adds
     them after sealing): those are a note. Rows (signatures, ``WitnessState``) are evidence
     checked with the keys, never trusted for what they say."""
-    from attempts.verify_export import NoteError, note_signed_by, split_note
-
     if not verifier.has_log():
         return
     checkpoints = list(verifier.stream(TRUST_CHECKPOINT_SQL))
@@ -360,6 +388,24 @@ def checkpoint_trust(verifier: Verifier, report: Report, trust: Trust) -> None:
         else:
             report.notes.append(message)
         return
+    signed, cosigners, strangers, unconfigured_witnesses = _signatures(verifier, trust, checkpoints)
+    seqs = [row[1] for row in checkpoints]
+    _log_signed(verifier, report, trust, seqs, signed, strangers)
+    _signer_memory(verifier, report, trust, checkpoints, signed)
+    _witness_quorum(verifier, report, trust, seqs, signed, cosigners)
+    if unconfigured_witnesses:
+        report.notes.append(
+            "cosignatures by witnesses that are not configured are not counted: "
+            + ", ".join(sorted(unconfigured_witnesses))
+        )
+
+
+def _signatures(
+    verifier: Verifier, trust: Trust, checkpoints: list[tuple]
+) -> tuple[set[int], dict[int, set[str]], list[str], set[str]]:
+    """The stored signature lines, checked with the configured keys: the checkpoints the log's
+    key signed, each checkpoint's cosigning witnesses, log signatures by keys not configured,
+    and witnesses not configured."""
     lines: dict[int, list[tuple[str, str]]] = {}
     for checkpoint_id, kind, line in verifier.stream(LOG_SIGNATURE_SQL):
         lines.setdefault(checkpoint_id, []).append((kind, line))
@@ -395,12 +441,24 @@ def checkpoint_trust(verifier: Verifier, report: Report, trust: Trust) -> None:
                     unconfigured_witnesses.add(signature.name)
                 elif any(note_signed_by(note, signature, k) for k in keys):
                     cosigners.setdefault(seq, set()).add(signature.name)
+    return signed, cosigners, strangers, unconfigured_witnesses
+
+
+def _log_signed(
+    verifier: Verifier,
+    report: Report,
+    trust: Trust,
+    seqs: list[int],
+    signed: set[int],
+    strangers: list[str],
+) -> None:
+    """Every checkpoint up to the newest signed one carries the log key's signature, and none
+    a stranger's; the newest after it wait for theirs (a note)."""
     for message in strangers[:TRUST_LISTED]:
         verifier.bad("signature", message)
     if len(strangers) > TRUST_LISTED:
         verifier.bad("signature", f"and {len(strangers) - TRUST_LISTED} more such signatures")
     names = ", ".join(sorted({k.name for k in trust.log_keys}))
-    seqs = [row[1] for row in checkpoints]
     if not signed:
         verifier.bad(
             "signature",
@@ -426,13 +484,6 @@ def checkpoint_trust(verifier: Verifier, report: Report, trust: Trust) -> None:
                 f"{waiting} checkpoints after checkpoint {newest} wait for the log's signature "
                 "(the worker signs each after sealing)"
             )
-    _signer_memory(verifier, report, trust, checkpoints, signed)
-    _witness_quorum(verifier, report, trust, seqs, signed, cosigners)
-    if unconfigured_witnesses:
-        report.notes.append(
-            "cosignatures by witnesses that are not configured are not counted: "
-            + ", ".join(sorted(unconfigured_witnesses))
-        )
 
 
 def _signer_memory(
