@@ -1,19 +1,22 @@
 """The TypeScript client (clients/typescript) against the real API on 127.0.0.1: pytest starts the
 server, ``npm test`` runs the client's own tests (Node's built-in runner) with its URL and a
-token, and the ledger is checked afterwards for what the client should have recorded."""
+token, and the ledger is checked afterwards for what the client should have recorded. What those
+tests need beyond the ordinary world (an approval policy) they apply themselves, through
+``manage.py ledger_config apply`` on this test's database, as they would against any server."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 from django.db import connection
 
 from attempts.models import ApprovalPolicy, Attempt, State
 from tests.api.conftest import Tokens
-from tests.conftest import REPO
+from tests.conftest import REPO, child_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -30,18 +33,14 @@ def npm() -> str:
 def test_typescript_client_against_the_live_api(live_server, tokens: Tokens) -> None:
     if connection.vendor != "sqlite":
         pytest.skip("the client's behaviour does not depend on the database: runs once, on SQLite")
-    ApprovalPolicy.objects.create(
-        name="ts-big-charges",
-        tool_id="charge_card",
-        condition="args.amount_cents > 100000",
-        approvals_needed=2,
+    assert not ApprovalPolicy.objects.exists()
+    env = child_env(
+        LEDGERWEB_URL=live_server.url,
+        LEDGERWEB_TOKEN=tokens.acme,
+        LEDGERWEB_MANAGE=f"{sys.executable} {REPO / 'manage.py'}",
+        LEDGERWEB_KEY_PREFIX="ts",
+        NO_COLOR="1",
     )
-    env = {
-        **os.environ,
-        "LEDGERWEB_URL": live_server.url,
-        "LEDGERWEB_TOKEN": tokens.acme,
-        "NO_COLOR": "1",
-    }
     done = subprocess.run(
         [npm(), "test", "--silent"],
         cwd=CLIENT,
@@ -62,6 +61,8 @@ def test_typescript_client_against_the_live_api(live_server, tokens: Tokens) -> 
     assert states["ts:retryable"] == State.FAILED_RETRYABLE
     assert states["ts:crash"] == State.UNKNOWN
     assert states["ts:held"] == State.AWAITING_APPROVAL
+    held = Attempt.objects.get(idempotency_key="ts:held")
+    assert held.approval_policy.name == "ts-held-charges"
     confirmed = Attempt.objects.get(idempotency_key="ts:charge:1")
     assert (confirmed.send_count, confirmed.result_ref) == (1, "ch_ts_1")
     assert "globex" not in set(Attempt.objects.values_list("tenant_id", flat=True))
