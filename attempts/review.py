@@ -30,10 +30,9 @@ from attempts.ledger import (
     _refreshes_caller,
     _reload,
     _text,
-    linked_fields,
-    linked_preview,
     receipt_claim,
 )
+from attempts.linked import linked_fields, linked_preview
 from attempts.locking import write_transaction
 from attempts.models import (
     APPROVAL_ACTION,

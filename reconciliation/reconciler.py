@@ -37,7 +37,7 @@ from django.db import connection, transaction
 from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
-from attempts import authority, ledger, locking, states, tracing
+from attempts import authority, ledger, linked, locking, states, tracing
 from attempts.locking import write_transaction
 from attempts.models import Attempt, AttemptEvent, EffectClass, State
 from attempts.states import Actor, TransitionError
@@ -1392,7 +1392,7 @@ class Reconciler:
                 keep_lease=True,
             )
         try:
-            ledger.create_linked_attempt(
+            linked.create_linked_attempt(
                 attempt, actor=self.actor, reason=f"authority changed since the intent: {why}"
             )
         except ledger.NotGranted as exc:

@@ -19,7 +19,7 @@ from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from attempts import authority, ledger, owners, tracing, waiting
+from attempts import authority, ledger, linked, owners, tracing, waiting
 from attempts.canonical import canonical_bytes
 from attempts.models import (
     OWNED_STATES,
@@ -143,7 +143,7 @@ def args_diff_for(user: Any, attempt: Attempt) -> dict[str, Any] | None:
             }
     if approval_kind(attempt) == "linked_retry":
         try:
-            preview = ledger.linked_preview(attempt)
+            preview = linked.linked_preview(attempt)
         except ledger.LedgerError:
             return None
         return {
@@ -168,11 +168,11 @@ def approval_preview(attempt: Attempt) -> dict[str, Any]:
     is refused if any of it changed between the preview and the click."""
     kind = approval_kind(attempt)
     if kind == "linked_retry":
-        preview = ledger.linked_preview(attempt)
+        preview = linked.linked_preview(attempt)
         holds, why = True, ""
     else:
         holds, why = authority.authority_holds(attempt)
-        preview = ledger.recorded_preview(attempt)
+        preview = linked.recorded_preview(attempt)
     fingerprint = hashlib.sha256(canonical_bytes(preview)).hexdigest()
     shown_args, redacted = redact(preview["args"])
     return {

@@ -12,7 +12,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from attempts import ledger, review, states
+from attempts import ledger, linked, review, states
 from attempts.models import (
     Approval,
     ApprovalPolicy,
@@ -330,7 +330,7 @@ def test_a_linked_attempt_of_a_held_call_needs_the_policys_approvals_again(world
     attempt = charge(world, key="crm", tool="update_crm")
     review.approve_held(attempt, user=world.reviewer)
     Grant.objects.filter(tenant_id="acme", tool_id="update_crm").update(policy_version="v2")
-    child = ledger.create_linked_attempt(attempt, actor=Actor.worker("w1"), reason="changed")
+    child = linked.create_linked_attempt(attempt, actor=Actor.worker("w1"), reason="changed")
     assert child.approval_policy_id == "big-charges"
     review.approve_linked_attempt(child, user=world.reviewer2)
     assert child.state == S.INTENT_RECORDED

@@ -9,7 +9,7 @@ import pytest
 from django.http import StreamingHttpResponse
 from django.urls import reverse
 
-from attempts import ledger, review, verify_export
+from attempts import ledger, linked, review, verify_export
 from attempts.models import AttemptEvent, Checkpoint
 from attempts.states import Actor
 from tests.attempts.audit_helpers import build_history, fast_passwords, seal_all  # noqa: F401
@@ -152,7 +152,7 @@ def test_printable_report_covers_the_lineage_and_who_decided(client, world, hist
     # critical: one approval), the child is confirmed.
     original = history[1]
     assert original.state == "UNKNOWN"
-    with_review = ledger.create_linked_attempt(
+    with_review = linked.create_linked_attempt(
         original, actor=Actor.worker("reconciler"), reason="authority changed"
     )
     review.approve_linked_attempt(with_review, user=world.reviewer)

@@ -15,6 +15,7 @@ from attempts import (
     erasure,
     history_guard,
     ledger,
+    linked,
     log,
     review,
     verify_export,
@@ -225,7 +226,7 @@ def test_a_lineage_is_erased_together(world):
     parent, _ = agent_intent(world, "erase:lineage:parent", tool="open_ticket", args={"to": SECRET})
     parent, _ = ledger.claim_dispatch(parent, actor=world.agent)
     ledger.mark_unknown(parent, reason="timeout", actor=world.agent)
-    child = ledger.create_linked_attempt(
+    child = linked.create_linked_attempt(
         Attempt.objects.get(pk=parent.pk), actor=Actor.worker("w"), reason="authority changed"
     )
     with write_transaction():

@@ -3,7 +3,7 @@ authority, same tenant) and four eyes for critical effects."""
 
 import pytest
 
-from attempts import ledger, review
+from attempts import ledger, linked, review
 from attempts.locking import write_transaction
 from attempts.models import Attempt, Grant, State
 from attempts.states import Actor, move
@@ -121,7 +121,7 @@ def test_linked_attempts_never_widen_authority(world):
     Grant.objects.filter(tenant="acme", tool="update_crm").update(
         policy_version="v2", allowed_scopes=["update_crm:read", "update_crm:admin"]
     )
-    child = ledger.create_linked_attempt(attempt, actor=Actor.worker("w"), reason="policy v2")
+    child = linked.create_linked_attempt(attempt, actor=Actor.worker("w"), reason="policy v2")
     assert child.state == State.MANUAL_REVIEW and child.awaiting_approval
     assert child.tenant_id == "acme"
     assert child.policy_version == "v2"

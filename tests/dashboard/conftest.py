@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from django.test import Client
 
-from attempts import ledger, states
+from attempts import ledger, linked, states
 from attempts.locking import write_transaction
 from attempts.models import Attempt, State
 from attempts.states import Actor
@@ -86,7 +86,7 @@ def record_lookup(attempt: Attempt, *, answer: str = "not_found", latency_ms: in
 def make_awaiting(world, **kwargs) -> Attempt:
     """A linked attempt waiting for approval (the reconciler found authority changed)."""
     original = make_unknown(world, **kwargs)
-    return ledger.create_linked_attempt(original, actor=WORKER, reason="policy changed")
+    return linked.create_linked_attempt(original, actor=WORKER, reason="policy changed")
 
 
 def login(user) -> Client:

@@ -12,7 +12,7 @@ import subprocess
 import pytest
 from django.utils import timezone
 
-from attempts import ledger, notify, review
+from attempts import linked, notify, review
 from attempts.models import Attempt, Grant, Notification, SlaPolicy, State
 from tests.conftest import PASSWORD, PYTHON, REPO, child_env, make_world, no_digests
 from tests.dashboard.conftest import SHOTS, WORKER, make_awaiting, make_review, make_unknown
@@ -237,7 +237,7 @@ def test_the_diff_of_linked_attempts(live_server, browser):
     world = make_world()
     original = make_unknown(world)
     Grant.objects.filter(tenant="acme", tool="open_ticket").update(policy_version="v2")
-    child = ledger.create_linked_attempt(original, actor=WORKER, reason="policy changed")
+    child = linked.create_linked_attempt(original, actor=WORKER, reason="policy changed")
     me = Tab(browser, live_server.url)
     me.login("reviewer")
     for path in (f"/attempts/{child.attempt_id}/", f"/attempts/{child.attempt_id}/approve/"):

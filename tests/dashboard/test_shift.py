@@ -228,10 +228,10 @@ def test_linked_attempts_show_what_differs(world, clients):
     Grant.objects.filter(tenant="acme", tool="open_ticket").update(
         policy_version="v2", allowed_scopes=["open_ticket:write"]
     )
-    from attempts import ledger
+    from attempts import linked
     from tests.dashboard.conftest import WORKER
 
-    child = ledger.create_linked_attempt(original, actor=WORKER, reason="policy changed")
+    child = linked.create_linked_attempt(original, actor=WORKER, reason="policy changed")
     for url in (f"/attempts/{child.attempt_id}/", f"/attempts/{child.attempt_id}/approve/"):
         diff = clients.reviewer.get(url).context["diff"]
         fields = {row["field"]: (row["before"], row["after"]) for row in diff["rows"]}
