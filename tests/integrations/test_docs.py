@@ -1,5 +1,7 @@
-"""docs/integrations.md runs as written: every ```python block without a file name is run as a
-script (in order, in one folder) against a live ledger; blocks named ``file=NAME`` are written
+"""The docs run as written: every Python block of README.md and docs/ that is meant to run runs
+here, twice (or in the test its ``runs=NAME`` mark names).
+
+docs/integrations.md: every ```python block without a file name is run as a script (in order, in one folder) against a live ledger; blocks named ``file=NAME`` are written
 there first (the MCP example's upstream server and the gateway's configuration). The approval
 examples (```python approver) run with the page's approval policies, and while each runs a
 reviewer approves what it holds, through the ledger's own review function, as a person on the
@@ -17,8 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from attempts.models import ApprovalPolicy, Attempt, State
-from tests.conftest import REPO, World
+from attempts import chain, log
+from attempts.models import AgentToken, ApprovalPolicy, Attempt, State
+from attempts.states import Actor
+from reconciliation import config
+from tests.conftest import REPO, World, child_env
 from tests.integrations.approvals import approve
 from tests.integrations.conftest import Tokens, sqlite_only
 
@@ -187,3 +192,131 @@ def test_every_example_runs_twice_against_one_ledger(
     after = sorted(Attempt.objects.values_list("attempt_id", "state", "send_count", "version"))
     assert after == before
     assert (tmp_path / "tickets.json").read_text().count('"id"') == 2
+
+
+# Every other page: the Python blocks of README.md and docs/*.md run as written, twice, against
+# a live ledger configured with deploy/ledger.toml (as the README says), an agent token for acme
+# and the log's signing key. A block is run unless it is marked:
+#   ```python file=NAME      written to NAME beside the page's other examples (what they import)
+#   ```python runs=NAME      run by another test, which finds it by ``runs=NAME``
+#   ```python fragment       a part of a program, shown for its shape
+# A block that imports the server (attempts, reconciliation) runs in ``manage.py shell``, with
+# the ledger's settings, as the README's in-process example says; the others are agent scripts.
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+MARKS = {"file", "runs", "fragment"}
+LOG_ORIGIN = "ledger.example.com/log"
+IN_PROCESS = re.compile(r"^(from|import) (attempts|reconciliation)\b", re.MULTILINE)
+
+
+def page_blocks(page: Path) -> list[tuple[int, str, dict[str, str], str]]:
+    """(line, language, marks, code) of every fenced block of ``page``; the marks are the info
+    string's words after the language, ``name=value`` or a bare ``name``."""
+    text = page.read_text(encoding="utf-8")
+    found = []
+    for match in BLOCK.finditer(text):
+        marks = dict((word.split("=", 1) + [""])[:2] for word in match.group(2).split())
+        line = text[: match.start()].count("\n") + 1
+        found.append((line, match.group(1), marks, match.group(3)))
+    return found
+
+
+def runnable(page: Path) -> list[tuple[int, dict[str, str], str]]:
+    """The page's Python blocks this test runs or writes, in order."""
+    return [
+        (line, marks, code)
+        for line, language, marks, code in page_blocks(page)
+        if language == "python" and "runs" not in marks and "fragment" not in marks
+    ]
+
+
+def test_every_python_block_of_the_docs_is_run_or_marked() -> None:
+    tests = "\n".join(path.read_text() for path in (REPO / "tests").rglob("*.py"))
+    run = 0
+    for page in PAGES:
+        if page == DOC:
+            continue  # every block of docs/integrations.md runs in the tests above
+        for line, language, marks, _code in page_blocks(page):
+            where = f"{page.relative_to(REPO)}:{line}"
+            if language != "python":
+                continue
+            assert set(marks) <= MARKS, f"{where}: unknown marks {set(marks) - MARKS}"
+            if "runs" in marks:
+                assert f"runs={marks['runs']}" in tests, f"{where}: no test runs {marks['runs']}"
+            run += "runs" not in marks and "fragment" not in marks and "file" not in marks
+    assert run >= 6  # the README's two, client.md's three, providers.md's adapter
+
+
+def run_pages(root: Path, env: dict[str, str], *, first: bool) -> dict[str, str]:
+    """Run the Python examples of every page but integrations.md, page by page in the guide's
+    order, each page's in a folder of its own; while each runs, the sealer signs what it
+    wrote, as the reconcile worker does. Each example's output, by ``page:line``."""
+    outputs = {}
+    for page in PAGES:
+        if page == DOC or not runnable(page):
+            continue
+        folder = root / page.stem
+        folder.mkdir(exist_ok=True)
+        for line, marks, code in runnable(page):
+            if "file" in marks:
+                (folder / marks["file"]).write_text(code, encoding="utf-8")
+                continue
+            script = folder / f"example_{line}.py"
+            script.write_text(code, encoding="utf-8")
+            if IN_PROCESS.search(code):
+                command = [sys.executable, "manage.py", "shell", "-v", "0", "-c"]
+                command.append(f"exec(open({str(script)!r}).read())")
+            else:
+                command = [sys.executable, str(script)]
+            process = subprocess.Popen(
+                command,
+                cwd=REPO if IN_PROCESS.search(code) else folder,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            deadline = time.monotonic() + 120
+            while process.poll() is None and time.monotonic() < deadline:
+                while chain.seal() is not None:
+                    pass
+                time.sleep(0.2)
+            stdout, stderr = process.communicate(timeout=10)
+            where = f"{page.relative_to(REPO)}:{line}"
+            run = "first" if first else "second"
+            assert process.returncode == 0, f"{where}, {run} run:\n{stdout}\n{stderr}"
+            outputs[where] = stdout
+    return outputs
+
+
+def test_the_python_examples_of_the_readme_and_docs_run_twice(
+    live_server, settings, tmp_path
+) -> None:
+    config.apply(config.read(str(REPO / "deploy" / "ledger.toml")), actor=Actor.system("test"))
+    _, token = AgentToken.issue("billing-agent", ["acme"])
+    verifier = log.write_key_file(tmp_path / "log.key", LOG_ORIGIN)
+    settings.TLOG = {**settings.TLOG, "KEY_FILE": str(tmp_path / "log.key"), "ORIGIN": LOG_ORIGIN}
+    env = child_env(
+        LEDGERWEB_URL=live_server.url,
+        LEDGERWEB_TOKEN=token,
+        LEDGERWEB_VERIFIER_KEY=str(verifier),
+    )
+    examples = tmp_path / "examples"
+    examples.mkdir()
+    first = run_pages(examples, env, first=True)
+    readme_in_process, readme_client = (v for k, v in first.items() if k.startswith("README"))
+    assert "OUTCOME_CONFIRMED True" in readme_in_process
+    assert "OUTCOME_CONFIRMED" in readme_client
+    client = [v for k, v in first.items() if k.startswith("docs/client.md")]
+    assert "OUTCOME_CONFIRMED" in client[0] and "not sent here" not in client[0]
+    assert "sent here: True" in client[1]
+    assert "in the signed log of" in client[2]
+    before = sorted(Attempt.objects.values_list("attempt_id", "state", "send_count", "version"))
+    assert {state for _, state, _, _ in before} == {State.OUTCOME_CONFIRMED}
+    # Again, as written: every call is answered from the ledger's record; nothing is sent twice.
+    again = run_pages(examples, env, first=False)
+    assert "OUTCOME_CONFIRMED False" in next(v for k, v in again.items() if k.startswith("README"))
+    client = [v for k, v in again.items() if k.startswith("docs/client.md")]
+    assert "not sent here: OUTCOME_CONFIRMED" in client[0] and "sent here: False" in client[1]
+    assert "in the signed log of" in client[2]
+    after = sorted(Attempt.objects.values_list("attempt_id", "state", "send_count", "version"))
+    assert after == before
