@@ -294,14 +294,7 @@ def move(
     changing_state = to_state is not None and to_state != from_state
     if changing_state and to_state not in LEGAL_MOVES[from_state]:
         raise IllegalMove(attempt, to_state)
-    verdict = None
-    if changing_state and attempt.approval_policy_id is not None:
-        if (from_state, to_state) in APPROVED_MOVES:
-            verdict = check_approvals(attempt, now)
-    elif changing_state and to_state == S.AWAITING_APPROVAL:
-        raise TransitionError("only an attempt an approval policy holds waits for approval")
-    if changing_state and (from_state, to_state) in REVIEW_APPROVED_MOVES:
-        verdict = check_approvals(attempt, now)
+    verdict = _approvals_needed(attempt, to_state, now) if changing_state else None
     fields = dict(fields or {})
     if _OWN_FIELDS & (fields.keys() | (increments or {}).keys()):
         raise TransitionError("state, version and the chain are set by the state machine only")
@@ -309,19 +302,6 @@ def move(
         _owner_on_attention(attempt, to_state, fields)
         if next_check_at is ...:
             next_check_at = default_next_check(to_state, now)
-    event_details = dict(details or {})
-    if verdict is not None:
-        # The approvals this move relied on, in its own event.
-        event_details["approvals"] = {
-            "policy_version": verdict.policy_version,
-            "approvers": list(verdict.valid),
-            "needed": verdict.needed,
-        }
-        if verdict.approver_rule:
-            event_details["approvals"]["approver_rule"] = verdict.approver_rule
-    for name in ("owner_id", "provider_request_id", "result_ref", "review_reason"):
-        if name in fields:
-            event_details.setdefault(name, fields[name])
     event = chain.attempt_event(
         attempt,
         action=action or (f"attempt.{to_state.lower()}" if changing_state else "attempt.updated"),
@@ -329,7 +309,7 @@ def move(
         from_state=from_state,
         to_state=to_state if changing_state else from_state,
         reason=reason,
-        details=event_details,
+        details=_event_details(details, verdict, fields),
         now=now,
     )
     values: dict[str, Any] = {
@@ -343,9 +323,65 @@ def move(
     if next_check_at is not ...:
         values["next_check_at"] = next_check_at
     added = {**(increments or {}), "version": 1, "chain_length": 1}
+    _compare_and_set(attempt, from_state, values, added, event, granted=granted)
+    # Mirror the update in memory without another query (after everything that could fail).
+    for name, value in values.items():
+        setattr(attempt, name, value)
+    for name, amount in added.items():
+        setattr(attempt, name, getattr(attempt, name) + amount)
+    return attempt
+
+
+def _approvals_needed(attempt: Attempt, to_state: str, now: dt.datetime) -> ApprovalVerdict | None:
+    """The approvals a move that needs them relies on (ApprovalsNotValid without enough), or
+    None for a move that needs none."""
+    from_state = attempt.state
+    verdict = None
+    if attempt.approval_policy_id is not None:
+        if (from_state, to_state) in APPROVED_MOVES:
+            verdict = check_approvals(attempt, now)
+    elif to_state == S.AWAITING_APPROVAL:
+        raise TransitionError("only an attempt an approval policy holds waits for approval")
+    if (from_state, to_state) in REVIEW_APPROVED_MOVES:
+        verdict = check_approvals(attempt, now)
+    return verdict
+
+
+def _event_details(
+    details: dict[str, Any] | None, verdict: ApprovalVerdict | None, fields: dict[str, Any]
+) -> dict[str, Any]:
+    """The move's event details: the caller's, the approvals it relied on, and the fields of
+    the attempt it sets that its history tracks."""
+    event_details = dict(details or {})
+    if verdict is not None:
+        # The approvals this move relied on, in its own event.
+        event_details["approvals"] = {
+            "policy_version": verdict.policy_version,
+            "approvers": list(verdict.valid),
+            "needed": verdict.needed,
+        }
+        if verdict.approver_rule:
+            event_details["approvals"]["approver_rule"] = verdict.approver_rule
+    for name in ("owner_id", "provider_request_id", "result_ref", "review_reason"):
+        if name in fields:
+            event_details.setdefault(name, fields[name])
+    return event_details
+
+
+def _compare_and_set(
+    attempt: Attempt,
+    from_state: str,
+    values: dict[str, Any],
+    added: dict[str, int],
+    event: Any,
+    *,
+    granted: bool,
+) -> None:
+    """The one write of a move: the compare-and-set on (attempt, state, version) with its
+    event. Raises StaleAttempt (or AuthorityChanged, EffectClaimed) when it changed nothing."""
     # A provider request id the attempt did not hold yet claims that effect for it, in the
     # same compare-and-set (the effects' unique constraint decides between racing claims).
-    claimed = fields.get("provider_request_id") or ""
+    claimed = values.get("provider_request_id") or ""
     effect = (
         (attempt.tool_name, claimed, attempt.attempt_id)
         if claimed and claimed != attempt.provider_request_id
@@ -375,12 +411,6 @@ def move(
             if not holds:
                 raise AuthorityChanged(attempt, why)
         raise StaleAttempt(attempt)
-    # Mirror the update in memory without another query (after everything that could fail).
-    for name, value in values.items():
-        setattr(attempt, name, value)
-    for name, amount in added.items():
-        setattr(attempt, name, getattr(attempt, name) + amount)
-    return attempt
 
 
 def claim_lease(
