@@ -388,14 +388,7 @@ class Reconciler:
         stop = stop or threading.Event()
         arm_kill_timer()  # crashtest's random kill; inert unless fault injection is on
         summary = Summary()
-        cutoff = timezone.now()
-        if expired := ledger.expire_waits(actor=self.actor, now=cutoff):
-            summary.outcomes["approval_expired"] += expired
-        registry = Registry.load()
-        lease = self._lease_for(registry, registry.tool_names)
-        self._tool_holds = self._unusable_tools(registry)
-        self._adopt_shared(registry)
-        self._tell(cutoff, lease, summary)
+        cutoff, registry, lease = self._begin_pass(summary)
         finished: list[tuple[_Job, Any]] = []
         first_finished_at = 0.0
         exhausted = False
@@ -419,18 +412,9 @@ class Reconciler:
                     continue
                 got = False
                 if self._in_flight:
-                    timeout = BEAT_EVERY
-                    if finished:
-                        window = self.FLUSH_AFTER - (time.monotonic() - first_finished_at)
-                        coming = self._answers_coming()
-                        timeout = max(0.0, min(self.FLUSH_GAP, window)) if coming else 0.0
-                    elif carry:
-                        # Never block on a slow provider: wait a moment for calls this pass
-                        # started to providers that answer, not at all for calls carried over
-                        # from earlier passes (the loop's wait_for_work wakes when one of those
-                        # finishes) or made to a failing provider (a probe).
-                        fresh = self._answers_coming(pass_id=pass_id)
-                        timeout = self.FLUSH_AFTER if fresh else 0.0
+                    timeout = self._wait_for(
+                        bool(finished), first_finished_at, carry=carry, pass_id=pass_id
+                    )
                     done, _ = wait(
                         list(self._in_flight), timeout=timeout, return_when=FIRST_COMPLETED
                     )
@@ -459,6 +443,37 @@ class Reconciler:
             if not carry:
                 self.close()
         return summary
+
+    def _begin_pass(self, summary: Summary) -> tuple[dt.datetime, Registry, dt.timedelta]:
+        """What a pass starts from: its cutoff (after expiring the approvals waited out), the
+        providers' registry and the lease; the tools that cannot be called now, the shared
+        provider state, and what to tell people."""
+        cutoff = timezone.now()
+        if expired := ledger.expire_waits(actor=self.actor, now=cutoff):
+            summary.outcomes["approval_expired"] += expired
+        registry = Registry.load()
+        lease = self._lease_for(registry, registry.tool_names)
+        self._tool_holds = self._unusable_tools(registry)
+        self._adopt_shared(registry)
+        self._tell(cutoff, lease, summary)
+        return cutoff, registry, lease
+
+    def _wait_for(
+        self, finished: bool, first_finished_at: float, *, carry: bool, pass_id: int
+    ) -> float:
+        """How long the pass waits for calls in flight before it looks again."""
+        if finished:
+            window = self.FLUSH_AFTER - (time.monotonic() - first_finished_at)
+            coming = self._answers_coming()
+            return max(0.0, min(self.FLUSH_GAP, window)) if coming else 0.0
+        if carry:
+            # Never block on a slow provider: wait a moment for calls this pass started to
+            # providers that answer, not at all for calls carried over from earlier passes
+            # (the loop's wait_for_work wakes when one of those finishes) or made to a failing
+            # provider (a probe).
+            fresh = self._answers_coming(pass_id=pass_id)
+            return self.FLUSH_AFTER if fresh else 0.0
+        return BEAT_EVERY
 
     def _answers_coming(self, *, pass_id: int | None = None) -> bool:
         """Whether a call in flight (started by that pass, when given) goes to a provider

@@ -41,11 +41,19 @@ def cheap(history: History, *, last_event: int) -> int:
     """The invariants read from the provider's record, the model and the ledger's rows.
     Returns the newest event id seen (legal moves are checked on events newer than
     ``last_event`` only)."""
-    provider = history.provider
-    skip = history.open_breaks
     attempts = {a.idempotency_key: a for a in Attempt.objects.all()}
     archived = set(ArchivedAttempt.objects.values_list("idempotency_key", flat=True))
 
+    _effects(history, attempts, archived)
+    _attempt_rows(history, attempts)
+    return _new_events(history, attempts, last_event)
+
+
+def _effects(history: History, attempts: dict[str, Attempt], archived: set[str]) -> None:
+    """One effect per key, each sent by its attempt; one attempt per effect; every
+    acknowledged intent kept."""
+    provider = history.provider
+    skip = history.open_breaks
     # At most one effect per key at the provider, ever (archived or not).
     for (tool, key), effects in provider.per_key().items():
         if len(effects) > 1:
@@ -82,7 +90,10 @@ def cheap(history: History, *, last_event: int) -> int:
         if key not in attempts and key not in archived:
             history.violate("acknowledged_kept", f"acknowledged key {key!r} is gone")
 
-    performed = provider.per_key()
+
+def _attempt_rows(history: History, attempts: dict[str, Attempt]) -> None:
+    """Attention work has an owner; a confirmed attempt was performed, a failed one not."""
+    performed = history.provider.per_key()
     for attempt in attempts.values():
         if attempt.state in (S.MANUAL_REVIEW, S.AWAITING_APPROVAL) and attempt.owner_id is None:
             history.violate(
@@ -101,6 +112,11 @@ def cheap(history: History, *, last_event: int) -> int:
                 f"{attempt.attempt_id} is FAILED but the provider performed it ({done[0].id})",
             )
 
+
+def _new_events(history: History, attempts: dict[str, Attempt], last_event: int) -> int:
+    """Legal moves in the events newer than ``last_event``; the args hash and the never-wider
+    rule of the attempts they touched, and each held attempt's approvals at its claim.
+    Returns the newest event id seen."""
     new_events = list(
         AttemptEvent.objects.filter(id__gt=last_event)
         .order_by("id")
