@@ -21,8 +21,6 @@ import pytest
 
 from attempts import chain, log
 from attempts.models import AgentToken, ApprovalPolicy, Attempt, State
-from attempts.states import Actor
-from reconciliation import config
 from tests.conftest import REPO, World, child_env
 from tests.integrations.approvals import approve
 from tests.integrations.conftest import Tokens, sqlite_only
@@ -194,16 +192,29 @@ def test_every_example_runs_twice_against_one_ledger(
     assert (tmp_path / "tickets.json").read_text().count('"id"') == 2
 
 
-# Every other page: the Python blocks of README.md and docs/*.md run as written, twice, against
-# a live ledger configured with deploy/ledger.toml (as the README says), an agent token for acme
-# and the log's signing key. A block is run unless it is marked:
-#   ```python file=NAME      written to NAME beside the page's other examples (what they import)
-#   ```python runs=NAME      run by another test, which finds it by ``runs=NAME``
-#   ```python fragment       a part of a program, shown for its shape
-# A block that imports the server (attempts, reconciliation) runs in ``manage.py shell``, with
-# the ledger's settings, as the README's in-process example says; the others are agent scripts.
+# Every other page: the examples of README.md and docs/*.md (but integrations.md's Python, run
+# above, and deploy.md, which tests/test_deploy_guide.py walks) run as written against a live
+# ledger with the log's signing key and an agent token for acme, in the page's order, README
+# first: its shell block applies deploy/ledger.toml, as it tells the reader to. Python blocks
+# run twice (the second time the ledger answers every call from its record); shell blocks run
+# once, in the first pass (they create tokens and users, and a second create is refused by
+# design), in a view of the checkout (its files linked into a scratch folder, where what a
+# command writes lands), ``manage.py`` and ``ledgerweb`` on the PATH. A block is run unless
+# its info string marks it:
+#   file=NAME     (Python) written to NAME beside the page's other examples, which import it
+#   runs=NAME     run by another test, which finds it by ``runs=NAME``
+#   fragment      a part of a program, or a command's forms with placeholders, shown for its shape
+#   server        starts or needs a long-running server (scripts/run, the demo, curl to :8000)
+#   network       installs packages or needs a remote service (an index, a bucket)
+#   slow          a benchmark: minutes each (tests/test_benches.py runs short versions)
+#   root, containers  (deploy.md) needs root or systemd; a container engine
+#   approver      (integrations.md) run above, while a reviewer approves what it holds
+# A Python block that imports the server (attempts, reconciliation) runs in ``manage.py
+# shell``, with the ledger's settings, as the README's in-process example says; the others are
+# agent scripts, with the agent's URL and token in LEDGERWEB_URL and LEDGERWEB_TOKEN.
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-MARKS = {"file", "runs", "fragment"}
+WALKED = REPO / "docs" / "deploy.md"  # tests/test_deploy_guide.py
+MARKS = {"file", "runs", "fragment", "server", "network", "slow", "root", "containers", "approver"}
 LOG_ORIGIN = "ledger.example.com/log"
 IN_PROCESS = re.compile(r"^(from|import) (attempts|reconciliation)\b", re.MULTILINE)
 
@@ -220,57 +231,75 @@ def page_blocks(page: Path) -> list[tuple[int, str, dict[str, str], str]]:
     return found
 
 
-def runnable(page: Path) -> list[tuple[int, dict[str, str], str]]:
-    """The page's Python blocks this test runs or writes, in order."""
+def runnable(page: Path) -> list[tuple[int, str, dict[str, str], str]]:
+    """The page's blocks this test runs or writes, (line, language, marks, code), in order."""
+    if page == WALKED:
+        return []
     return [
-        (line, marks, code)
+        (line, language, marks, code)
         for line, language, marks, code in page_blocks(page)
-        if language == "python" and "runs" not in marks and "fragment" not in marks
+        if (language == "python" and page != DOC) or language == "sh"
+        if not set(marks) & (MARKS - {"file"})
     ]
 
 
-def test_every_python_block_of_the_docs_is_run_or_marked() -> None:
+def test_every_example_of_the_docs_is_run_or_marked() -> None:
     tests = "\n".join(path.read_text() for path in (REPO / "tests").rglob("*.py"))
-    run = 0
+    run = {"python": 0, "sh": 0}
     for page in PAGES:
-        if page == DOC:
-            continue  # every block of docs/integrations.md runs in the tests above
         for line, language, marks, _code in page_blocks(page):
             where = f"{page.relative_to(REPO)}:{line}"
-            if language != "python":
+            if language not in ("python", "sh"):
                 continue
             assert set(marks) <= MARKS, f"{where}: unknown marks {set(marks) - MARKS}"
             if "runs" in marks:
                 assert f"runs={marks['runs']}" in tests, f"{where}: no test runs {marks['runs']}"
-            run += "runs" not in marks and "fragment" not in marks and "file" not in marks
-    assert run >= 6  # the README's two, client.md's three, providers.md's adapter
+    for page in PAGES:
+        for _line, language, marks, _code in runnable(page):
+            run[language] += "file" not in marks
+    # README's two and client.md's three Python examples, providers.md's adapter; the README's
+    # configuration, the token and password-link commands of api.md, client.md and config.md.
+    assert run["python"] >= 6 and run["sh"] >= 4, run
 
 
 def run_pages(root: Path, env: dict[str, str], *, first: bool) -> dict[str, str]:
-    """Run the Python examples of every page but integrations.md, page by page in the guide's
-    order, each page's in a folder of its own; while each runs, the sealer signs what it
-    wrote, as the reconcile worker does. Each example's output, by ``page:line``."""
+    """Run the examples of every page, page by page, the Python ones of each page in a folder
+    of its own; while each runs, the sealer signs what it wrote, as the reconcile worker does.
+    The agent's token is issued before the first Python example, once the README's shell block
+    has made the tenant. Each example's output, by ``page:line``."""
+    checkout = root / "checkout"
+    if not checkout.exists():
+        checkout.mkdir()
+        for entry in REPO.iterdir():
+            if entry.name not in (".git", "var"):
+                (checkout / entry.name).symlink_to(entry)
+    shell_env = {**env, "PATH": f"{checkout}:{Path(sys.executable).parent}:/usr/bin:/bin"}
     outputs = {}
     for page in PAGES:
-        if page == DOC or not runnable(page):
-            continue
         folder = root / page.stem
-        folder.mkdir(exist_ok=True)
-        for line, marks, code in runnable(page):
+        for line, language, marks, code in runnable(page):
+            folder.mkdir(exist_ok=True)
             if "file" in marks:
                 (folder / marks["file"]).write_text(code, encoding="utf-8")
                 continue
-            script = folder / f"example_{line}.py"
-            script.write_text(code, encoding="utf-8")
-            if IN_PROCESS.search(code):
-                command = [sys.executable, "manage.py", "shell", "-v", "0", "-c"]
-                command.append(f"exec(open({str(script)!r}).read())")
+            if language == "sh":
+                if not first:
+                    continue
+                command, cwd, run_env = ["bash", "-eo", "pipefail", "-c", code], checkout, shell_env
             else:
-                command = [sys.executable, str(script)]
+                if "LEDGERWEB_TOKEN" not in env:
+                    env["LEDGERWEB_TOKEN"] = AgentToken.issue("docs-agent", ["acme"])[1]
+                script = folder / f"example_{line}.py"
+                script.write_text(code, encoding="utf-8")
+                command, cwd, run_env = [sys.executable, str(script)], folder, env
+                if IN_PROCESS.search(code):
+                    command = [sys.executable, "manage.py", "shell", "-v", "0", "-c"]
+                    command.append(f"exec(open({str(script)!r}).read())")
+                    cwd = REPO
             process = subprocess.Popen(
                 command,
-                cwd=REPO if IN_PROCESS.search(code) else folder,
-                env=env,
+                cwd=cwd,
+                env=run_env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
@@ -288,28 +317,26 @@ def run_pages(root: Path, env: dict[str, str], *, first: bool) -> dict[str, str]
     return outputs
 
 
-def test_the_python_examples_of_the_readme_and_docs_run_twice(
-    live_server, settings, tmp_path
-) -> None:
-    config.apply(config.read(str(REPO / "deploy" / "ledger.toml")), actor=Actor.system("test"))
-    _, token = AgentToken.issue("billing-agent", ["acme"])
+def test_the_examples_of_the_readme_and_docs_run_twice(live_server, settings, tmp_path) -> None:
     verifier = log.write_key_file(tmp_path / "log.key", LOG_ORIGIN)
     settings.TLOG = {**settings.TLOG, "KEY_FILE": str(tmp_path / "log.key"), "ORIGIN": LOG_ORIGIN}
     env = child_env(
         LEDGERWEB_URL=live_server.url,
-        LEDGERWEB_TOKEN=token,
         LEDGERWEB_VERIFIER_KEY=str(verifier),
     )
     examples = tmp_path / "examples"
     examples.mkdir()
     first = run_pages(examples, env, first=True)
-    readme_in_process, readme_client = (v for k, v in first.items() if k.startswith("README"))
-    assert "OUTCOME_CONFIRMED True" in readme_in_process
-    assert "OUTCOME_CONFIRMED" in readme_client
+    readme = [v for k, v in first.items() if k.startswith("README")]
+    assert "5 created" in readme[0]  # deploy/ledger.toml, applied as the README says
+    assert "OUTCOME_CONFIRMED True" in readme[1]
+    assert "OUTCOME_CONFIRMED" in readme[2]
+    assert "http://" in readme[3]  # rita's one-time link, after the dump of what was applied
+    assert 'username = "rita"' in (examples / "checkout" / "ledger.toml").read_text()
     client = [v for k, v in first.items() if k.startswith("docs/client.md")]
-    assert "OUTCOME_CONFIRMED" in client[0] and "not sent here" not in client[0]
-    assert "sent here: True" in client[1]
-    assert "in the signed log of" in client[2]
+    assert "OUTCOME_CONFIRMED" in client[1] and "not sent here" not in client[1]
+    assert "sent here: True" in client[2]
+    assert "in the signed log of" in client[3]
     before = sorted(Attempt.objects.values_list("attempt_id", "state", "send_count", "version"))
     assert {state for _, state, _, _ in before} == {State.OUTCOME_CONFIRMED}
     # Again, as written: every call is answered from the ledger's record; nothing is sent twice.

@@ -69,7 +69,7 @@ SERVER = textwrap.dedent(
 def documented() -> list[str]:
     """docs/integrations.md's ``init`` command, as words, ``python`` being this interpreter."""
     page = (REPO / "docs" / "integrations.md").read_text(encoding="utf-8")
-    [line] = re.findall(r"^```sh init\n(.*?)\n```$", page, re.MULTILINE | re.DOTALL)
+    [line] = re.findall(r"^```sh runs=mcp-init\n(.*?)\n```$", page, re.MULTILINE | re.DOTALL)
     words = [sys.executable if w == "python" else w for w in shlex.split(line)]
     upstream = words.index("--upstream") + 1
     words[upstream] = words[upstream].replace("python ", f"{sys.executable} ", 1)
