@@ -37,7 +37,7 @@ def test_no_role_rank_is_compared_outside_the_models() -> None:
         f"{path.relative_to(REPO)}:{number}"
         for folder in ("attempts", "reconciliation", "ledgerweb")
         for path in sorted((REPO / folder).rglob("*.py"))
-        if path != REPO / "attempts" / "models.py"
+        if REPO / "attempts" / "models" not in path.parents
         for number, line in enumerate(path.read_text().splitlines(), 1)
         if rank.search(line)
     ]
