@@ -11,6 +11,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 
 from attempts import log
 from attempts.verify_export import NoteError
+from ledgerweb.cli import command_line
 
 
 class Command(BaseCommand):
@@ -52,7 +53,7 @@ class Command(BaseCommand):
         if current is None:
             raise CommandError(
                 "no signing key is configured: set LEDGERWEB_TLOG_KEY_FILE (make one with "
-                "`ledger_log genkey --out FILE`) or LEDGERWEB_TLOG_SIGN_COMMAND"
+                f"`{command_line('ledger_log genkey --out FILE')}`) or LEDGERWEB_TLOG_SIGN_COMMAND"
             )
         self.stdout.write(str(current.verifier))
         for old in settings.TLOG["OLD_VERIFIER_KEYS"]:
@@ -71,7 +72,9 @@ class Command(BaseCommand):
 
     def _sign(self, options) -> None:
         if log.signer() is None:
-            raise CommandError("no signing key is configured (see `ledger_log key`)")
+            raise CommandError(
+                f"no signing key is configured (see `{command_line('ledger_log key')}`)"
+            )
         self.stdout.write(f"signed {log.sign_pending(limit=100_000)} checkpoints")
 
     def _publish(self, options) -> None:

@@ -12,6 +12,8 @@ from django.urls import reverse
 from django.utils.encoding import force_bytes
 from django.utils.http import urlsafe_base64_encode
 
+from ledgerweb.cli import command_line
+
 
 class Command(BaseCommand):
     help = (
@@ -33,7 +35,8 @@ class Command(BaseCommand):
         user = get_user_model().objects.filter(username=username).first()
         if user is None:
             raise CommandError(
-                f"no user {username!r}: add them under [[users]] and run `ledger_config apply`"
+                f"no user {username!r}: add them under [[users]] and run "
+                f"`{command_line('ledger_config apply FILE')}`"
             )
         if not user.is_active:
             raise CommandError(f"user {username!r} is not active (active = false)")
