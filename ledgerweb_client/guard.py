@@ -14,6 +14,8 @@ The pieces every integration shares, so each rule has one home:
   frameworks can run the ledger's blocking HTTP calls in a thread around their own awaited send.
 * ``json_receipt`` / ``read_json_receipt``: a small JSON result kept in ``result_ref`` so that a
   repeated call can return the recorded result instead of sending again.
+* ``ledger_decision``: the ledger's answer to a framework that paused a call for approval
+  (approved, rejected, or still pending), so each adapter only maps it onto its framework.
 
 Standard library only, like the rest of the client.
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import hashlib
 import json
 import logging
@@ -29,7 +32,7 @@ import re
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from .client import Attempt, AttemptCall, LedgerClient, State
 from .errors import (
@@ -44,6 +47,7 @@ from .errors import (
 
 __all__ = [
     "MAX_RESULT_REF",
+    "ApprovalDecision",
     "GuardedCall",
     "KeyTemplate",
     "LedgerContext",
@@ -61,6 +65,8 @@ __all__ = [
     "ToolSpec",
     "current_ledger",
     "json_receipt",
+    "ledger_decision",
+    "ledger_in",
     "read_json_receipt",
     "use_ledger",
 ]
@@ -181,6 +187,27 @@ class LedgerContext:
     policy_version: str | None = None
     credential_scope: tuple[str, ...] | None = None
 
+    def record(
+        self,
+        tool_name: str,
+        idempotency_key: str,
+        args: Mapping[str, Any],
+        *,
+        wait_for_approval: float = 0,
+    ) -> Attempt:
+        """Record a call's intent under this authority (``LedgerClient.record_and_wait``: a
+        held call long-polls up to ``wait_for_approval`` seconds); the attempt as it stands."""
+        return self.client.record_and_wait(
+            tenant=self.tenant,
+            task_id=self.task_id,
+            tool_name=tool_name,
+            idempotency_key=idempotency_key,
+            args=args,
+            policy_version=self.policy_version,
+            credential_scope=self.credential_scope,
+            wait_for_approval=wait_for_approval,
+        )
+
 
 _current: contextvars.ContextVar[LedgerContext | None] = contextvars.ContextVar(
     "ledgerweb_context", default=None
@@ -209,6 +236,17 @@ def use_ledger(
         yield context
     finally:
         _current.reset(token)
+
+
+def ledger_in(candidate: Any) -> LedgerContext:
+    """The ``LedgerContext`` a framework hands a tool: ``candidate`` itself (a run's context or
+    dependencies), or its ``ledger`` attribute, else the ``use_ledger`` one."""
+    if isinstance(candidate, LedgerContext):
+        return candidate
+    nested = getattr(candidate, "ledger", None)
+    if isinstance(nested, LedgerContext):
+        return nested
+    return current_ledger()
 
 
 def current_ledger() -> LedgerContext:
@@ -246,6 +284,11 @@ class ToolCallError(Exception):
     @property
     def code(self) -> str:
         return self.CODE
+
+    @property
+    def for_model(self) -> str:
+        """What a framework tells the model: ``ledgerweb <code>: <message>``."""
+        return f"ledgerweb {self.code}: {self.message}"
 
     def as_dict(self) -> dict[str, Any]:
         """What a framework may show the agent: code, message, and the attempt's id and state."""
@@ -440,6 +483,11 @@ class Recorded:
         value = read_json_receipt(self.attempt.result_ref)
         return value if has_value(value) else default
 
+    def value_or_text(self) -> Any:
+        """What a framework's tool returns for a repeated call: the kept result, else the text
+        that says it was done already (``str(self)``)."""
+        return self.value(default=str(self))
+
     def __str__(self) -> str:
         return (
             f"already done: attempt {self.attempt.attempt_id} was confirmed earlier under key "
@@ -449,6 +497,15 @@ class Recorded:
 
 # ---------------------------------------------------------------------------------------------
 # The safe order, one step at a time
+
+
+def _not_approved(attempt: Attempt) -> str | None:
+    """``approval_rejected`` or ``approval_expired`` for a held call that people rejected or let
+    expire (FAILED: it is never sent), else None."""
+    reason = attempt.raw.get("review_reason")
+    if attempt.state == State.FAILED and reason in ("approval_rejected", "approval_expired"):
+        return str(reason)
+    return None
 
 
 def _not_sending(attempt: Attempt) -> Recorded:
@@ -462,11 +519,8 @@ def _not_sending(attempt: Attempt) -> Recorded:
             "looking it up, so it is not sent again",
             attempt=attempt,
         )
-    if state == State.FAILED and attempt.raw.get("review_reason") in (
-        "approval_rejected",
-        "approval_expired",
-    ):
-        reason = str(attempt.raw["review_reason"])
+    reason = _not_approved(attempt)
+    if reason is not None:
         why = (
             "an approver rejected it"
             if reason == "approval_rejected"
@@ -557,14 +611,10 @@ class GuardedCall:
         context = self.context
         client = context.client
         try:
-            attempt = client.record_and_wait(
-                tenant=context.tenant,
-                task_id=context.task_id,
-                tool_name=self.tool_name,
-                idempotency_key=self.idempotency_key,
-                args=self.args,
-                policy_version=context.policy_version,
-                credential_scope=context.credential_scope,
+            attempt = context.record(
+                self.tool_name,
+                self.idempotency_key,
+                self.args,
                 wait_for_approval=wait_for_approval,
             )
         except LedgerError as exc:
@@ -813,3 +863,58 @@ class ToolSpec:
 
 def _default_replay(recorded: Recorded) -> Any:
     return recorded.value(default=recorded)
+
+
+# ---------------------------------------------------------------------------------------------
+# The ledger's answer to a framework that paused a call for approval
+
+
+@dataclass(frozen=True)
+class ApprovalDecision:
+    """What the ledger decided on a call a framework paused for approval.
+
+    ``outcome``: ``"approved"`` (no policy holds it, people approved it, or a linked attempt
+    after edit-and-approve carries it on: the tool sends when it runs), ``"rejected"`` (people
+    rejected it or it expired: ``reason``; nothing is ever sent) or ``"pending"`` (still held).
+    """
+
+    outcome: Literal["approved", "rejected", "pending"]
+    reason: str = ""
+
+    @classmethod
+    def of(cls, attempt: Attempt) -> ApprovalDecision:
+        """The decision an attempt's state says."""
+        if attempt.state == State.AWAITING_APPROVAL:
+            return cls("pending")
+        reason = _not_approved(attempt)
+        return cls("approved") if reason is None else cls("rejected", reason)
+
+    @property
+    def for_model(self) -> str:
+        """What the model is told of a rejected call."""
+        return (
+            f"ledgerweb {ToolCallRejected.CODE}: the ledger's approvers did not approve this call "
+            f"({self.reason}); nothing was sent"
+        )
+
+
+async def ledger_decision(
+    spec: ToolSpec,
+    context: LedgerContext,
+    arguments: Callable[[], Mapping[str, Any]],
+    *,
+    wait: float = 0,
+) -> ApprovalDecision:
+    """Ask the ledger about a call a framework paused: its intent is recorded (the same one its
+    tool records when it runs: same key), waiting up to ``wait`` seconds while it is held. A
+    call the ledger refuses, or whose ``arguments()`` do not bind (``ValueError``,
+    ``TypeError``), is approved: its tool refuses it when it runs, and says why."""
+    try:
+        args = arguments()
+        key = spec.key_for(args, context)
+        attempt = await asyncio.to_thread(
+            functools.partial(context.record, spec.tool_name, key, args, wait_for_approval=wait)
+        )
+    except (ValueError, TypeError, ToolCallError, LedgerError):
+        return ApprovalDecision("approved")
+    return ApprovalDecision.of(attempt)

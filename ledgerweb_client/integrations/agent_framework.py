@@ -23,7 +23,6 @@ framework alone never sends a held call: the tool finds it still held and answer
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import inspect
 import json
@@ -33,8 +32,6 @@ from typing import Any
 
 from agent_framework import Content, FunctionTool, tool
 
-from ..client import State
-from ..errors import LedgerError
 from ..guard import (
     KeySource,
     LedgerContext,
@@ -44,14 +41,11 @@ from ..guard import (
     ToolCallError,
     ToolSpec,
     current_ledger,
+    ledger_decision,
 )
-from .decorator import bound_arguments, by_keyword
+from .decorator import awaited, bound_arguments, by_keyword, shown_as
 
 __all__ = ["ledger_approvals", "ledgered_tool"]
-
-
-def _replay(recorded: Recorded) -> Any:
-    return recorded.value(default=str(recorded))
 
 
 def ledgered_tool(
@@ -76,12 +70,7 @@ def ledgered_tool(
         shown = name or fn.__name__
         spec = ToolSpec(tool_name or shown, key, receipt, request_id)
         keywords = by_keyword(signature)
-        is_async = inspect.iscoroutinefunction(fn)
-
-        async def call(fn_args: dict[str, Any]) -> Any:
-            if is_async:
-                return await fn(**fn_args)
-            return await asyncio.to_thread(functools.partial(fn, **fn_args))
+        call = awaited(fn)
 
         async def guarded(**kwargs: Any) -> Any:
             args = bound_arguments(signature, (), kwargs)
@@ -90,16 +79,13 @@ def ledgered_tool(
                     ledger or current_ledger(),
                     args,
                     lambda: call(kwargs),
-                    _replay,
+                    Recorded.value_or_text,
                     send_args=call if keywords else None,
                 )
             except ToolCallError as refused:
-                return f"ledgerweb {refused.code}: {refused.message}"
+                return refused.for_model
 
-        functools.update_wrapper(guarded, fn, updated=())
-        del guarded.__wrapped__  # type: ignore[attr-defined]  # the schema: the signature below
-        guarded.__signature__ = signature  # type: ignore[attr-defined]
-        guarded.__annotations__ = dict(hints)
+        shown_as(guarded, fn, signature, dict(hints))
         made: FunctionTool = tool(
             guarded, name=shown, description=description, approval_mode="always_require"
         )
@@ -111,12 +97,13 @@ def ledgered_tool(
     return decorate(fn) if fn is not None else decorate
 
 
-def _arguments(call: Any) -> dict[str, Any]:
+def _arguments(tool: Any, call: Any) -> dict[str, Any]:
+    """The arguments the ledgered ``tool`` records for the framework's function ``call``."""
     raw = getattr(call, "arguments", None) or {}
     parsed = json.loads(raw) if isinstance(raw, str) else raw
     if not isinstance(parsed, dict):
         raise ValueError("the call's arguments are not an object")
-    return dict(parsed)
+    return bound_arguments(tool.ledger_signature, (), dict(parsed))
 
 
 async def ledger_approvals(
@@ -139,33 +126,15 @@ async def ledger_approvals(
         if request.type != "function_approval_request" or found is None:
             pending.append(request)
             continue
-        spec: ToolSpec = found.ledger_spec
-        context = ledger or found.ledger_context or current_ledger()
-        try:
-            args = bound_arguments(found.ledger_signature, (), _arguments(call))
-            record = functools.partial(
-                context.client.record_and_wait,
-                tenant=context.tenant,
-                task_id=context.task_id,
-                tool_name=spec.tool_name,
-                idempotency_key=spec.key_for(args, context),
-                args=args,
-                policy_version=context.policy_version,
-                credential_scope=context.credential_scope,
-                wait_for_approval=wait,
-            )
-            attempt = await asyncio.to_thread(record)
-        except (ValueError, TypeError, ToolCallError, LedgerError):
-            # The tool refuses such a call itself when it runs, and says why.
-            answers.append(request.to_function_approval_response(approved=True))
-            continue
-        if attempt.state == State.AWAITING_APPROVAL:
+        decision = await ledger_decision(
+            found.ledger_spec,
+            ledger or found.ledger_context or current_ledger(),
+            functools.partial(_arguments, found, call),
+            wait=wait,
+        )
+        if decision.outcome == "pending":
             pending.append(request)
-        elif attempt.state == State.FAILED and attempt.raw.get("review_reason") in (
-            "approval_rejected",
-            "approval_expired",
-        ):
-            answers.append(request.to_function_approval_response(approved=False))
         else:
-            answers.append(request.to_function_approval_response(approved=True))
+            approved = decision.outcome == "approved"
+            answers.append(request.to_function_approval_response(approved=approved))
     return answers, pending

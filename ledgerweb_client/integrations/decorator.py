@@ -16,9 +16,10 @@ raise ``ToolCallError`` subclasses (see ``ledgerweb_client.guard``).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 from ..guard import (
@@ -32,7 +33,7 @@ from ..guard import (
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-__all__ = ["bound_arguments", "by_keyword", "ledgered"]
+__all__ = ["awaited", "bound_arguments", "by_keyword", "ledgered", "shown_as"]
 
 
 def by_keyword(signature: inspect.Signature, skip: int = 0) -> bool:
@@ -66,6 +67,34 @@ def bound_arguments(
         else:
             out[name] = value
     return out
+
+
+def awaited(fn: Callable[..., Any]) -> Callable[[dict[str, Any]], Awaitable[Any]]:
+    """``fn`` called with keyword arguments and awaited: an async function as it is, a sync one
+    in a worker thread (the frameworks' async tools must not block their event loop)."""
+    is_async = inspect.iscoroutinefunction(fn)
+
+    async def call(kwargs: dict[str, Any]) -> Any:
+        if is_async:
+            return await fn(**kwargs)
+        return await asyncio.to_thread(functools.partial(fn, **kwargs))
+
+    return call
+
+
+def shown_as(
+    wrapper: Callable[..., Any],
+    fn: Callable[..., Any],
+    signature: inspect.Signature,
+    annotations: dict[str, Any],
+) -> None:
+    """Make a framework see ``wrapper`` as ``fn`` (name, docstring) with ``signature`` and
+    ``annotations``: frameworks read a tool's schema from them, and from ``fn`` itself when
+    ``__wrapped__`` leads there, so that is removed."""
+    functools.update_wrapper(wrapper, fn, updated=())
+    del wrapper.__wrapped__  # type: ignore[attr-defined]
+    wrapper.__signature__ = signature  # type: ignore[attr-defined]
+    wrapper.__annotations__ = annotations
 
 
 def ledgered(

@@ -59,7 +59,7 @@ class LedgerToolException(ToolException):
     (its ``code``: idempotency_conflict, not_granted, not_dispatchable, outcome_unknown...)."""
 
     def __init__(self, error: ToolCallError) -> None:
-        super().__init__(f"ledgerweb {error.code}: {error.message}")
+        super().__init__(error.for_model)
         self.error = error
         self.code = error.code
 
@@ -71,10 +71,6 @@ def context_from_config(config: RunnableConfig | None) -> LedgerContext:
     if isinstance(context, LedgerContext):
         return context
     return current_ledger()
-
-
-def _replay(recorded: Recorded) -> Any:
-    return recorded.value(default=str(recorded))
 
 
 def _resume_wait(value: Any) -> float:
@@ -139,7 +135,7 @@ def _guarded_tool(
             context_from_config(config),
             call_args(kwargs),
             lambda: sender(kwargs, config),
-            _replay,
+            Recorded.value_or_text,
             send_args=(lambda args: sender(args, config)) if corrected else None,
             wait_for_approval=wait,
         )

@@ -21,7 +21,6 @@ in the SDK alone never sends a held call: the tool would find it still held and 
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import inspect
 import json
@@ -33,8 +32,6 @@ from agents import FunctionTool, RunContextWrapper, RunState, function_tool
 from agents.items import ToolApprovalItem
 from agents.tool import default_tool_error_function
 
-from ..client import Attempt, State
-from ..errors import LedgerError
 from ..guard import (
     KeySource,
     LedgerContext,
@@ -42,11 +39,11 @@ from ..guard import (
     Recorded,
     RequestId,
     ToolCallError,
-    ToolCallRejected,
     ToolSpec,
-    current_ledger,
+    ledger_decision,
+    ledger_in,
 )
-from .decorator import bound_arguments, by_keyword
+from .decorator import bound_arguments, by_keyword, shown_as
 
 __all__ = [
     "apply_ledger_decisions",
@@ -61,20 +58,14 @@ _CONTEXT_PARAM = "_ledgerweb_run_context"
 def ledger_from_run_context(run_context: RunContextWrapper[Any] | None) -> LedgerContext:
     """The run context's ``LedgerContext`` (the context itself, or its ``ledger`` attribute),
     else the ``use_ledger`` one."""
-    candidate = getattr(run_context, "context", None)
-    if isinstance(candidate, LedgerContext):
-        return candidate
-    nested = getattr(candidate, "ledger", None)
-    if isinstance(nested, LedgerContext):
-        return nested
-    return current_ledger()
+    return ledger_in(getattr(run_context, "context", None))
 
 
 def ledger_error_function(context: RunContextWrapper[Any], error: Exception) -> str:
     """The model-visible message for a failed tool call: the ledger's refusal with its code, or
     the SDK's default message for any other error."""
     if isinstance(error, ToolCallError):
-        return f"ledgerweb {error.code}: {error.message}"
+        return error.for_model
     return default_tool_error_function(context, error)
 
 
@@ -85,10 +76,6 @@ def _takes_run_context(fn: Callable[..., Any], hints: dict[str, Any]) -> bool:
     first = hints.get(params[0])
     origin = typing.get_origin(first) or first
     return isinstance(origin, type) and issubclass(origin, RunContextWrapper)
-
-
-def _replay(recorded: Recorded) -> Any:
-    return recorded.value(default=str(recorded))
 
 
 def ledgered_function_tool(
@@ -144,7 +131,7 @@ def ledgered_function_tool(
                 ledger_from_run_context(run_context),
                 call_args,
                 lambda: fn(*fn_args, **kwargs),
-                _replay,
+                Recorded.value_or_text,
                 send_args=corrected_call(run_context),
             )
 
@@ -155,28 +142,27 @@ def ledgered_function_tool(
                 ledger_from_run_context(run_context),
                 call_args,
                 lambda: fn(*fn_args, **kwargs),
-                _replay,
+                Recorded.value_or_text,
                 send_args=corrected_call(run_context),
             )
 
         guarded: Callable[..., Any] = (
             guarded_async if inspect.iscoroutinefunction(fn) else guarded_sync
         )
-        functools.update_wrapper(guarded, fn, updated=())
-        del guarded.__wrapped__  # type: ignore[attr-defined]  # the schema: the signature below
         if own_context:
-            guarded.__signature__ = signature  # type: ignore[attr-defined]
-            guarded.__annotations__ = hints
+            shown_as(guarded, fn, signature, hints)
         else:
             context_param = inspect.Parameter(
                 _CONTEXT_PARAM,
                 inspect.Parameter.POSITIONAL_ONLY,
                 annotation=RunContextWrapper[Any],
             )
-            guarded.__signature__ = signature.replace(  # type: ignore[attr-defined]
-                parameters=[context_param, *signature.parameters.values()]
+            shown_as(
+                guarded,
+                fn,
+                signature.replace(parameters=[context_param, *signature.parameters.values()]),
+                {_CONTEXT_PARAM: RunContextWrapper[Any], **hints},
             )
-            guarded.__annotations__ = {_CONTEXT_PARAM: RunContextWrapper[Any], **hints}
         parameters = list(signature.parameters.values())[skip:]
         plain = signature.replace(parameters=parameters)
 
@@ -189,9 +175,14 @@ def ledgered_function_tool(
             async def needs_approval(
                 run_context: RunContextWrapper[Any], params: dict[str, Any], call_id: str
             ) -> bool:
-                return await _held(
-                    spec, ledger_from_run_context(run_context), recorded_args(params)
+                """Whether an approval policy holds this call now (its intent recorded: the tool
+                records the same one); a refusal of the ledger is left for the tool to report."""
+                decision = await ledger_decision(
+                    spec,
+                    ledger_from_run_context(run_context),
+                    functools.partial(recorded_args, params),
                 )
+                return decision.outcome == "pending"
 
             options["needs_approval"] = needs_approval
         tool = function_tool(guarded, failure_error_function=failure_error_function, **options)
@@ -202,29 +193,11 @@ def ledgered_function_tool(
     return decorate(fn) if fn is not None else decorate
 
 
-async def _held(spec: ToolSpec, context: LedgerContext, args: dict[str, Any]) -> bool:
-    """Whether an approval policy holds this call now. Records the intent (the tool records
-    the same one when it runs); any refusal of the ledger is left for the tool to report."""
-    try:
-        attempt = await asyncio.to_thread(_current_attempt, spec, context, args, 0)
-    except (ToolCallError, LedgerError):
-        return False
-    return attempt.state == State.AWAITING_APPROVAL
-
-
-def _current_attempt(
-    spec: ToolSpec, context: LedgerContext, args: dict[str, Any], wait: float
-) -> Attempt:
-    return context.client.record_and_wait(
-        tenant=context.tenant,
-        task_id=context.task_id,
-        tool_name=spec.tool_name,
-        idempotency_key=spec.key_for(args, context),
-        args=args,
-        policy_version=context.policy_version,
-        credential_scope=context.credential_scope,
-        wait_for_approval=wait,
-    )
+def _arguments(tool: FunctionTool, item: ToolApprovalItem) -> dict[str, Any]:
+    """The arguments the ledgered ``tool`` records for the interrupted call ``item``."""
+    params = json.loads(getattr(item.raw_item, "arguments", "") or "{}")
+    args: dict[str, Any] = tool.ledger_args(params)  # type: ignore[attr-defined]
+    return args
 
 
 def _ledgered_tool(item: ToolApprovalItem) -> FunctionTool | None:
@@ -256,34 +229,16 @@ async def apply_ledger_decisions(
         if tool is None:
             pending.append(item)
             continue
-        context = ledger or ledger_from_run_context(run_context)
-        try:
-            params = json.loads(getattr(item.raw_item, "arguments", "") or "{}")
-            args = tool.ledger_args(params)  # type: ignore[attr-defined]
-            attempt = await asyncio.to_thread(
-                _current_attempt,
-                tool.ledger_spec,  # type: ignore[attr-defined]
-                context,
-                args,
-                wait,
-            )
-        except (ValueError, TypeError, ToolCallError, LedgerError):
-            # The tool refuses such a call itself when it runs; approving lets it say why.
-            state.approve(item)
-            continue
-        if attempt.state == State.AWAITING_APPROVAL:
+        decision = await ledger_decision(
+            tool.ledger_spec,  # type: ignore[attr-defined]
+            ledger or ledger_from_run_context(run_context),
+            functools.partial(_arguments, tool, item),
+            wait=wait,
+        )
+        if decision.outcome == "pending":
             pending.append(item)
-        elif attempt.state == State.FAILED and attempt.raw.get("review_reason") in (
-            "approval_rejected",
-            "approval_expired",
-        ):
-            reason = str(attempt.raw["review_reason"])
-            error = ToolCallRejected(
-                f"the ledger's approvers did not approve this call ({reason}); nothing was sent",
-                attempt=attempt,
-                reason=reason,
-            )
-            state.reject(item, rejection_message=f"ledgerweb {error.code}: {error.message}")
+        elif decision.outcome == "rejected":
+            state.reject(item, rejection_message=decision.for_model)
         else:
             state.approve(item)
     return pending

@@ -21,7 +21,6 @@ call: the tool finds it still held and answers ``ledgerweb awaiting_approval``.
 from __future__ import annotations
 
 import asyncio
-import functools
 import inspect
 import typing
 from collections.abc import Callable
@@ -31,9 +30,9 @@ from pydantic_ai import ApprovalRequired, RunContext, Tool
 from pydantic_ai.messages import ToolCallPart
 from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, ToolApproved, ToolDenied
 
-from ..client import State
 from ..errors import LedgerError
 from ..guard import (
+    ApprovalDecision,
     KeySource,
     LedgerContext,
     Receipt,
@@ -43,8 +42,9 @@ from ..guard import (
     ToolCallError,
     ToolSpec,
     current_ledger,
+    ledger_in,
 )
-from .decorator import bound_arguments, by_keyword
+from .decorator import awaited, bound_arguments, by_keyword, shown_as
 
 __all__ = ["ledger_decisions", "ledger_from_run_context", "ledgered_tool"]
 
@@ -54,17 +54,7 @@ APPROVAL_KIND = "ledgerweb.approval"
 def ledger_from_run_context(ctx: RunContext[Any] | None) -> LedgerContext:
     """The run's ``LedgerContext`` (its deps, or their ``ledger`` attribute), else the
     ``use_ledger`` one."""
-    deps = getattr(ctx, "deps", None)
-    if isinstance(deps, LedgerContext):
-        return deps
-    nested = getattr(deps, "ledger", None)
-    if isinstance(nested, LedgerContext):
-        return nested
-    return current_ledger()
-
-
-def _replay(recorded: Recorded) -> Any:
-    return recorded.value(default=str(recorded))
+    return ledger_in(getattr(ctx, "deps", None))
 
 
 def ledgered_tool(
@@ -90,12 +80,7 @@ def ledgered_tool(
         shown = name or fn.__name__
         spec = ToolSpec(tool_name or shown, key, receipt, request_id, wait_for_approval)
         keywords = by_keyword(signature)
-        is_async = inspect.iscoroutinefunction(fn)
-
-        async def call(fn_args: dict[str, Any]) -> Any:
-            if is_async:
-                return await fn(**fn_args)
-            return await asyncio.to_thread(functools.partial(fn, **fn_args))
+        call = awaited(fn)
 
         async def guarded(ctx: RunContext[Any], **kwargs: Any) -> Any:
             args = bound_arguments(signature, (), kwargs)
@@ -104,25 +89,25 @@ def ledgered_tool(
                     ledger_from_run_context(ctx),
                     args,
                     lambda: call(kwargs),
-                    _replay,
+                    Recorded.value_or_text,
                     send_args=call if keywords else None,
                 )
             except ToolCallAwaitingApproval as held:
                 if not ctx.tool_call_approved:
                     raise ApprovalRequired(metadata=held.approval_request) from held
-                return f"ledgerweb {held.code}: {held.message}"
+                return held.for_model
             except ToolCallError as refused:
-                return f"ledgerweb {refused.code}: {refused.message}"
+                return refused.for_model
 
-        functools.update_wrapper(guarded, fn, updated=())
-        del guarded.__wrapped__  # type: ignore[attr-defined]  # the schema: the signature below
         context = inspect.Parameter(
             "ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=RunContext[Any]
         )
-        guarded.__signature__ = signature.replace(  # type: ignore[attr-defined]
-            parameters=[context, *signature.parameters.values()]
+        shown_as(
+            guarded,
+            fn,
+            signature.replace(parameters=[context, *signature.parameters.values()]),
+            {"ctx": RunContext[Any], **hints},
         )
-        guarded.__annotations__ = {"ctx": RunContext[Any], **hints}
         tool = Tool(guarded, takes_ctx=True, name=shown, description=description)
         tool.ledger_spec = spec  # type: ignore[attr-defined]
         return tool
@@ -157,17 +142,11 @@ async def ledger_decisions(
         except LedgerError:
             pending.append(part)
             continue
-        if attempt.state == State.AWAITING_APPROVAL:
+        decision = ApprovalDecision.of(attempt)
+        if decision.outcome == "pending":
             pending.append(part)
-        elif attempt.state == State.FAILED and attempt.raw.get("review_reason") in (
-            "approval_rejected",
-            "approval_expired",
-        ):
-            reason = str(attempt.raw["review_reason"])
-            results.approvals[part.tool_call_id] = ToolDenied(
-                f"ledgerweb approval_rejected: the ledger's approvers did not approve this call "
-                f"({reason}); nothing was sent"
-            )
+        elif decision.outcome == "rejected":
+            results.approvals[part.tool_call_id] = ToolDenied(decision.for_model)
         else:
             results.approvals[part.tool_call_id] = ToolApproved()
     return results, pending

@@ -89,7 +89,7 @@ def mcp_error(error: ToolCallError) -> MCPError:
     """The MCP error a client receives for a refusal of the ledger."""
     return MCPError(
         LEDGER_ERROR_CODES.get(error.code, LEDGER_ERROR_CODES["ledger_error"]),
-        f"ledgerweb {error.code}: {error.message}",
+        error.for_model,
         error.as_dict(),
     )
 
