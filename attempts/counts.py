@@ -109,7 +109,7 @@ def refresh(*, full: bool = False, now: dt.datetime | None = None) -> TerminalCo
 
     The counting reads come first, outside any transaction; only storing what they found takes
     the write transaction. On SQLite a write transaction holds the whole database, and a pass
-    that counted inside it made every agent's write wait for the pass (seconds at 1M attempts).
+    that counted inside it made every agent's write wait for the pass.
     Passes of several workers may read at once; they store one at a time, and a pass that finds
     a newer pass stored while it read keeps that one."""
     began = time.monotonic()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from babel import Locale, UnknownLocaleError
@@ -45,6 +45,18 @@ def format_minor(minor: int, currency: str, locale: str = DEFAULT_LOCALE) -> str
         return format_currency(value, currency, locale=locale, currency_digits=True)
     except (UnknownLocaleError, ValueError):
         return format_currency(value, currency, locale=DEFAULT_LOCALE, currency_digits=True)
+
+
+def to_minor(text: str, currency: str) -> int:
+    """``text``, an amount a person typed in ``currency``'s units (commas between thousands
+    allowed), in the currency's minor units. ValueError says why it is none."""
+    try:
+        value = Decimal(text.replace(",", ""))
+    except InvalidOperation:
+        raise ValueError(f"must be a number, not {text[:20]!r}") from None
+    if not value.is_finite() or abs(value) > 10**12:
+        raise ValueError("is out of range")
+    return int(value.scaleb(get_currency_precision(currency)).to_integral_value())
 
 
 def amount_of(tool: Any, args: Any, locale: str = DEFAULT_LOCALE) -> Amount | None:

@@ -9,6 +9,7 @@ from typing import Any
 from django import template
 from django.utils.html import format_html
 
+from attempts.models import Tool
 from attempts.money import amount_of, locale_of
 from attempts.reasons import EFFECT_CLASSES, reason_text
 from ledgerweb.cli import command_line
@@ -95,19 +96,24 @@ def details_fields(details: dict | None, skip: str = "") -> list[tuple[str, str]
     return fields
 
 
+def display_tools(request: Any) -> dict[str, Tool]:
+    """The tools that declare an amount (their display hints), by name: read once per request,
+    by the page's own code and this tag alike."""
+    tools = getattr(request, "_display_tools", None)
+    if tools is None:
+        tools = Tool.objects.exclude(amount_arg="").in_bulk()
+        if request is not None:
+            request._display_tools = tools
+    return tools
+
+
 @register.simple_tag(takes_context=True)
 def money(context: template.Context, attempt: Any) -> str:
     """The attempt's amount as money in the person's locale, with the raw argument one click
     away; nothing when its tool declares no amount or the currency is not known (the raw
     arguments then show it as stored: an amount is never guessed)."""
     request = context.get("request")
-    tools = getattr(request, "_display_tools", None)
-    if tools is None:
-        from attempts.models import Tool
-
-        tools = Tool.objects.exclude(amount_arg="").in_bulk()
-        if request is not None:
-            request._display_tools = tools
+    tools = display_tools(request)
     if isinstance(attempt, dict):  # a queue's row: its arguments are read only when needed
         tool_name, args = attempt.get("tool_name"), attempt.get("args")
     else:

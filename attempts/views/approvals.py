@@ -12,11 +12,9 @@ the arguments (``review.edit_and_approve``) after seeing what differs.
 from __future__ import annotations
 
 import json
-from decimal import Decimal, InvalidOperation
 from typing import Any
 from urllib.parse import urlencode
 
-from babel.numbers import get_currency_precision
 from django.db.models import Max, Min
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
@@ -34,7 +32,7 @@ from attempts.models import (
     State,
     read_people,
 )
-from attempts.money import known_currency
+from attempts.money import known_currency, to_minor
 from attempts.templatetags.ledger_ui import duration
 from attempts.views._common import (
     REDACTED,
@@ -165,12 +163,9 @@ class InboxFilters:
         if not text:
             return None
         try:
-            value = Decimal(text.replace(",", ""))
-        except InvalidOperation:
-            raise InvalidIntent(f"{name} must be a number, not {text[:20]!r}") from None
-        if not value.is_finite() or abs(value) > 10**12:
-            raise InvalidIntent(f"{name} is out of range")
-        return int(value.scaleb(get_currency_precision(self.currency)).to_integral_value())
+            return to_minor(text, self.currency)
+        except ValueError as exc:
+            raise InvalidIntent(f"{name} {exc}") from None
 
     def apply(self, held: Any) -> Any:
         if self.tenant:

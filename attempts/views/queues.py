@@ -247,6 +247,7 @@ def fetch_page(
     filters: Filters,
     now: dt.datetime,
     page_size: int | None = None,
+    request: HttpRequest | None = None,
 ) -> QueuePage:
     """One page of the queue for this user (``queues.queue_page``: tenant-scoped,
     filtered, keyset-paginated), with what its rows show."""
@@ -277,7 +278,7 @@ def fetch_page(
     if rows:
         page.next_cursor = encode_cursor(rows[-1]["created_at"], rows[-1]["id"])
         page.prev_cursor = encode_cursor(rows[0]["created_at"], rows[0]["id"])
-    _decorate(rows, now, user)
+    _decorate(rows, now, user, request)
     return page
 
 
@@ -285,10 +286,12 @@ def _short(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _decorate(rows: list[dict[str, Any]], now: dt.datetime, user: Any) -> None:
+def _decorate(
+    rows: list[dict[str, Any]], now: dt.datetime, user: Any, request: HttpRequest | None
+) -> None:
     """Everything the row template shows, computed here: per-row template filters and URL
     reversing are what a 50-row page spends its time on."""
-    from attempts.templatetags.ledger_ui import duration, state_class
+    from attempts.templatetags.ledger_ui import display_tools, duration, state_class
 
     owner_ids = {r["owner_id"] for r in rows if r["owner_id"]}
     names = (
@@ -329,7 +332,7 @@ def _decorate(rows: list[dict[str, Any]], now: dt.datetime, user: Any) -> None:
         else set()
     )
     whys = _whys(rows, last_events, now)
-    _amount_args(rows)
+    _amount_args(rows, display_tools(request))
     zone = timezone.get_current_timezone()
     detail_base = reverse("attempt-detail", args=["-"])[:-2]
     for row in rows:
@@ -351,10 +354,9 @@ def _decorate(rows: list[dict[str, Any]], now: dt.datetime, user: Any) -> None:
         row["why"] = whys.get(row["id"], "")
 
 
-def _amount_args(rows: list[dict[str, Any]]) -> None:
+def _amount_args(rows: list[dict[str, Any]], money_tools: dict[str, Any]) -> None:
     """The arguments of the rows whose tool declares an amount (one bounded query), so the
     row shows it as money; other rows never read their arguments."""
-    money_tools = set(Tool.objects.exclude(amount_arg="").values_list("name", flat=True))
     wanted = [row["id"] for row in rows if row["tool_name"] in money_tools]
     if not wanted:
         return
@@ -419,7 +421,7 @@ def queue_view(request: HttpRequest, slug: str = "unknown") -> HttpResponse:
     except BadFilter as exc:
         return bad_request(request, str(exc))
     now = timezone.now()
-    page = fetch_page(user=request.user, queue=queue, filters=filters, now=now)
+    page = fetch_page(user=request.user, queue=queue, filters=filters, now=now, request=request)
     here = reverse("queue", args=[queue.slug])
     base_params = filters.params()
     top_role = max_role(request.user)

@@ -9,7 +9,7 @@ from django.core.exceptions import ValidationError
 from django.test import RequestFactory
 
 from attempts.models import Tool
-from attempts.money import amount_of, format_minor, locale_of
+from attempts.money import amount_of, format_minor, locale_of, to_minor
 
 
 def tool(**hints) -> Tool:
@@ -81,3 +81,12 @@ def test_a_tool_names_its_currency_one_way_and_a_real_one():
         with pytest.raises(ValidationError) as caught:
             tool(**hints).clean()
         assert field in caught.value.message_dict
+
+
+def test_an_amount_typed_in_units_is_read_in_the_currencys_minor_units():
+    assert to_minor("12.50", "EUR") == 1250
+    assert to_minor("1,250", "JPY") == 1250  # no minor units
+    assert to_minor("1.5", "KWD") == 1500  # three
+    for text, why in (("abc", "must be a number"), ("1e13", "out of range"), ("NaN", "range")):
+        with pytest.raises(ValueError, match=why):
+            to_minor(text, "EUR")

@@ -418,3 +418,17 @@ def test_a_broad_prefix_reads_a_bounded_part_of_its_range(world, clients, monkey
     assert {row["attempt_id"] for row in page.rows} == {a.attempt_id for a in early[:3]}
     assert page.search_cut and not page.total_exact and page.total_at_least
     assert page.total == 3
+
+
+def test_a_queue_page_reads_the_tools_display_hints_once(world, clients):
+    """The rows' arguments are read for tools that declare an amount, and the money tag shows
+    them: both from one read of the display hints per request."""
+    from attempts.models import Tool
+
+    Tool.objects.filter(name="charge_card").update(amount_arg="amount", currency="EUR")
+    make_unknown(world, tool="charge_card", args={"amount": 1250})
+    with CaptureQueriesContext(connection) as queries:
+        response = clients.viewer.get("/queues/unknown/")
+    assert 'data-testid="money"' in response.content.decode()
+    hints = [q for q in queries.captured_queries if '"amount_arg"' in q["sql"]]
+    assert len(hints) == 1, [q["sql"] for q in hints]
