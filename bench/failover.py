@@ -346,14 +346,14 @@ class Failover(Soak):
         self.wait_for_web()
 
     def start_witness(self, log_key: str) -> None:
-        """A C2SP witness of the log in its own process (tests/log_witness.py), keeping the
+        """A C2SP witness of the log in its own process (reconciliation.simulate.witness), keeping the
         newest checkpoint it cosigned on its own disk: it refuses a log that forks."""
         port = free_port()
         self.processes["witness"] = witness = subprocess.Popen(
-            [sys.executable, str(REPO / "tests" / "log_witness.py"), "--state",
+            [sys.executable, "-m", "reconciliation.simulate.witness", "--state",
              str(self.workdir / "witness"), "--port", str(port), "--name", WITNESS_NAME,
              "--origin", ORIGIN, "--log-key", log_key],
-            stdout=subprocess.PIPE, text=True, start_new_session=True,
+            stdout=subprocess.PIPE, text=True, start_new_session=True, cwd=REPO,
         )  # fmt: skip
         line = witness.stdout.readline()
         if not line.startswith("witness-key "):

@@ -24,7 +24,7 @@ from attempts.models import Attempt, AttemptEvent
 from reconciliation.simulate import invariants, world
 from reconciliation.simulate.history import OPERATIONS, TAMPERINGS, History, Step, Violation
 from reconciliation.simulate.provider import SimAdapter, SimProvider
-from reconciliation.simulate.witness import SimWitness
+from reconciliation.simulate.witness import Witness
 
 # Tamperings and checks whose fix has not landed on main yet (issue 39): the CI budget does
 # not draw or check them. Remove a name as its fix lands.
@@ -138,7 +138,7 @@ class Simulation:
 
     def __enter__(self) -> Simulation:
         folder = Path(self._stack.enter_context(tempfile.TemporaryDirectory(prefix="ledgersim-")))
-        witness = SimWitness("simulation.example/witness", world.ORIGIN)
+        witness = Witness("simulation.example/witness", world.ORIGIN)
         url = witness.start()
         self._stack.callback(witness.stop)
         self.env = world.Environment(folder=folder, witness=witness, witness_url=url)

@@ -33,7 +33,7 @@ from attempts.models import (
     Tool,
 )
 from reconciliation import bulkhead
-from reconciliation.simulate.witness import SimWitness
+from reconciliation.simulate.witness import Witness
 
 ORIGIN = "simulation.example/ledger"
 TENANTS = ("sim-a", "sim-b")
@@ -120,7 +120,7 @@ class Environment:
     """What lives for a whole run of histories: the folder, the witness server."""
 
     folder: Path
-    witness: SimWitness
+    witness: Witness
     witness_url: str
 
     def settings(self, keys: Keys, signer_state: Path) -> override_settings:

@@ -26,7 +26,8 @@ from tests.conftest import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-WITNESS = Path(__file__).resolve().parent.parent / "log_witness.py"
+# The witness the simulation runs, here in a process of its own (it remembers across restarts).
+REPO = Path(__file__).resolve().parents[2]
 ORIGIN = "example.test/ledger"
 
 
@@ -41,11 +42,12 @@ def signing(tmp_path, settings):
 def _start_witness(tmp_path: Path, verifier, name: str = "witness.test/w1", *, lie_once: int = 0):
     port = free_port()
     process = subprocess.Popen(  # noqa: S603
-        [sys.executable, str(WITNESS), "--state", str(tmp_path / name.replace("/", "_")),
+        [sys.executable, "-m", "reconciliation.simulate.witness", "--state", str(tmp_path / name.replace("/", "_")),
          "--port", str(port), "--name", name, "--origin", ORIGIN, "--log-key", str(verifier),
          "--lie-once", str(lie_once)],
         stdout=subprocess.PIPE,
         text=True,
+        cwd=REPO,
     )  # fmt: skip
     line = process.stdout.readline()
     assert line.startswith("witness-key "), line
