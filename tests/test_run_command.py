@@ -9,7 +9,6 @@ let scripts/run create and install the clone's own .venv as a newcomer's machine
 
 from __future__ import annotations
 
-import http.cookiejar
 import json
 import os
 import re
@@ -19,13 +18,12 @@ import sqlite3
 import subprocess
 import sys
 import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, free_port
+from tests.demo_start import PASSWORD, Browser, demo_env, interrupt, start
 
 pytestmark = [
     pytest.mark.slow,
@@ -34,8 +32,6 @@ pytestmark = [
         reason="the clone runs on its own SQLite database; the SQLite pass covers it",
     ),
 ]
-PASSWORD = "demo-password-for-tests"
-START_TIMEOUT = 420
 STOP_WITHIN = 15.0
 
 
@@ -65,45 +61,10 @@ def load_the_machine() -> list[subprocess.Popen]:
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def accepts(port: int) -> bool:
     with socket.socket() as sock:
         sock.settimeout(0.5)
         return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
-class Browser:
-    """Cookie-keeping HTTP client enough to log in through the real login form."""
-
-    def __init__(self, base: str) -> None:
-        self.base = base
-        self.opener = urllib.request.build_opener(
-            urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar())
-        )
-
-    def get(self, path: str) -> tuple[int, str]:
-        try:
-            with self.opener.open(self.base + path, timeout=30) as response:
-                return response.status, response.read().decode()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read().decode(errors="replace")
-
-    def login(self, username: str, password: str) -> tuple[int, str]:
-        _, page = self.get("/login/")
-        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)
-        data = urllib.parse.urlencode(
-            {"username": username, "password": password, "csrfmiddlewaretoken": token}
-        ).encode()
-        request = urllib.request.Request(  # noqa: S310 (http://127.0.0.1 only)
-            self.base + "/login/", data=data, headers={"Referer": self.base + "/login/"}
-        )
-        with self.opener.open(request, timeout=30) as response:
-            return response.status, response.read().decode()
 
 
 def test_run_command_in_a_fresh_clone(tmp_path: Path) -> None:
@@ -111,41 +72,19 @@ def test_run_command_in_a_fresh_clone(tmp_path: Path) -> None:
     subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True, timeout=120)
     port = free_port()
     data = tmp_path / "data"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LEDGERWEB_", "DATABASE_URL"))}
-    env.update(
-        LEDGERWEB_DATA_DIR=str(data),
-        LEDGERWEB_BIND=f"127.0.0.1:{port}",
-        LEDGERWEB_DEMO_PROVIDER_PORT="0",
-        LEDGERWEB_DEMO_PASSWORD=PASSWORD,
-        LEDGERWEB_DEMO_TASKS="40",
-        LEDGERWEB_WORKERS="2",
-        LEDGERWEB_THREADS="2",
-    )
+    env = demo_env(data, port, tasks=40)
     env.pop("DJANGO_SETTINGS_MODULE", None)
     if os.environ.get("LEDGERWEB_TEST_FRESH_VENV") != "1":
         env["LEDGERWEB_VENV"] = str(Path(sys.executable).parent.parent)
     log = tmp_path / "run.out"
-    with open(log, "wb") as out:
-        process = subprocess.Popen(
-            ["scripts/run"],
-            cwd=clone,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    process = start(["scripts/run"], cwd=clone, env=env, log=log)
     try:
-        deadline = time.monotonic() + START_TIMEOUT
-        while "run: dashboard on" not in log.read_text():
-            assert process.poll() is None, f"scripts/run exited early:\n{log.read_text()}"
-            assert time.monotonic() < deadline, f"no dashboard in time:\n{log.read_text()}"
-            time.sleep(0.5)
         output = log.read_text()
         assert re.search(rf"reviewer +password {PASSWORD}", output), output
         assert "demo agents: 40 tasks" in output
 
         browser = Browser(f"http://127.0.0.1:{port}")
-        status, page = browser.login("reviewer", PASSWORD)
+        status, page = browser.login("reviewer")
         assert status == 200 and "Log out" in page, page[:500]
 
         # The demo agents' UNKNOWN work, with its genuine history, is in the database...
@@ -197,13 +136,7 @@ def test_run_command_in_a_fresh_clone(tmp_path: Path) -> None:
         assert code is not None, f"scripts/run did not stop:\n{log.read_text()}"
         assert stopped_after <= STOP_WITHIN, f"stopping took {stopped_after:.1f}s"
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT)
-        try:
-            code = process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            raise
+        code = interrupt(process)
     assert code == 130, log.read_text()
     assert "run: stopping" in log.read_text()
     time.sleep(1)
