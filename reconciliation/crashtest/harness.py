@@ -242,9 +242,11 @@ class DatabaseFactory:
 
 
 class ProviderProcess:
-    """The demo provider (``reconciliation.demo_provider``) as a separate process."""
+    """The demo provider (``reconciliation.demo_provider``) as a separate process (``extra``:
+    more of its command-line options), and a small client for it."""
 
-    def __init__(self, folder: Path, name: str) -> None:
+    def __init__(self, folder: Path, name: str, *extra: str) -> None:
+        self.extra = extra
         self.db = folder / f"{name}-provider.sqlite3"
         self.port_file = folder / f"{name}-provider.port"
         self.log = folder / f"{name}-provider.log"
@@ -253,7 +255,7 @@ class ProviderProcess:
 
     def start(self) -> None:
         command = [PYTHON, "-m", "reconciliation.demo_provider", "--db", str(self.db)]
-        command += ["--port", "0", "--port-file", str(self.port_file)]
+        command += ["--port", "0", "--port-file", str(self.port_file), *self.extra]
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(
                 command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=_base_env()
@@ -266,6 +268,7 @@ class ProviderProcess:
                 raise HarnessError("the demo provider did not report its port in time")
             time.sleep(0.02)
         self.port = int(self.port_file.read_text().strip())
+        self.base = f"http://127.0.0.1:{self.port}"
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -297,7 +300,9 @@ class ProviderProcess:
             raise HarnessError(f"provider refused control {patch}: {status} {body}")
 
     def reset(self) -> None:
-        self.request("POST", "/_control/reset")
+        status, body = self.request("POST", "/_control/reset")
+        if status != 200:
+            raise HarnessError(f"provider refused reset: {status} {body}")
 
     def effects(self, **filters: str) -> list[dict[str, Any]]:
         query = f"?{urlencode(filters)}" if filters else ""

@@ -3,71 +3,26 @@ world's tools pointed at it."""
 
 from __future__ import annotations
 
-import http.client
-import json
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
 
 import pytest
 from django.utils import timezone
 
 from attempts import ledger
 from attempts.models import Attempt, Tool
-from tests.conftest import PYTHON, REPO, agent_intent
+from reconciliation.crashtest.harness import ProviderProcess
+from tests.conftest import agent_intent
 
-START_TIMEOUT = 15.0
 
-
-class DemoProvider:
-    """A running ``reconciliation.demo_provider`` process and a small client for it."""
+class DemoProvider(ProviderProcess):
+    """A running ``reconciliation.demo_provider`` process (the crash test's, started at once)
+    and what the tests ask of it besides."""
 
     def __init__(self, workdir: Path, *extra: str) -> None:
-        self.port_file = workdir / "demo-provider.port"
-        self.db = workdir / "demo-provider.db"
-        self.log = workdir / "demo-provider.log"
-        command = [PYTHON, "-m", "reconciliation.demo_provider", "--db", str(self.db)]
-        command += ["--port", "0", "--port-file", str(self.port_file), *extra]
-        with open(self.log, "wb") as out:
-            self.process = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=out)
-        deadline = time.monotonic() + START_TIMEOUT
-        while not self.port_file.exists() or not self.port_file.read_text().strip():
-            if self.process.poll() is not None:
-                raise RuntimeError(f"demo provider exited: {self.log.read_text()}")
-            if time.monotonic() > deadline:
-                self.process.kill()
-                raise RuntimeError("demo provider did not start in time")
-            time.sleep(0.02)
-        self.port = int(self.port_file.read_text().strip())
-        self.base = f"http://127.0.0.1:{self.port}"
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait(timeout=10)
-
-    def request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
-        try:
-            data = None if body is None else json.dumps(body).encode()
-            headers = {"Content-Type": "application/json"} if data is not None else {}
-            connection.request(method, path, body=data, headers=headers)
-            answer = connection.getresponse()
-            raw = answer.read()
-            return answer.status, json.loads(raw) if raw else None
-        finally:
-            connection.close()
-
-    def control(self, **patch: Any) -> None:
-        status, body = self.request("POST", "/_control", patch)
-        assert status == 200, body
-
-    def reset(self) -> None:
-        status, body = self.request("POST", "/_control/reset", {})
-        assert status == 200, body
+        super().__init__(workdir, "demo", *extra)
+        self.start()
 
     def inject(self, tool: str, key: str, args: dict[str, Any]) -> dict[str, Any]:
         """An effect the provider performed (e.g. before the agent crashed)."""
@@ -76,13 +31,6 @@ class DemoProvider:
         )
         assert status == 201, body
         return body
-
-    def effects(self, **filters: str) -> list[dict[str, Any]]:
-        query = f"?{urlencode(filters)}" if filters else ""
-        return self.request("GET", f"/effects{query}")[1]
-
-    def summary(self) -> dict[str, Any]:
-        return self.request("GET", "/effects/summary")[1]
 
     def configure_tools(self, timeout: float = 2.0) -> None:
         for tool in Tool.objects.all():
