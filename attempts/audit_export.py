@@ -42,6 +42,7 @@ from attempts.models import (
     State,
     tenants_where,
 )
+from attempts.models.roles import admin_everywhere
 from attempts.verify_export import (
     CONFIG_FIELDS,
     CSV_COLUMNS,
@@ -142,7 +143,7 @@ def _parse_moment(value: Any, name: str) -> dt.datetime | None:
 def export_tenants(user: Any) -> set[str] | None:
     """Tenants whose history ``user`` may export (reviewer or admin there); None means all
     (a superuser)."""
-    if user.is_superuser:
+    if admin_everywhere(user):
         return None
     return set(tenants_where(user, Role.REVIEWER))
 

@@ -8,6 +8,7 @@ from typing import Any
 from django.http import HttpRequest
 
 from attempts.models import Attempt, Role, highest_role
+from attempts.models.roles import admin_everywhere
 
 
 def navigation(request: HttpRequest) -> dict[str, Any]:
@@ -19,7 +20,7 @@ def navigation(request: HttpRequest) -> dict[str, Any]:
     return {
         "nav": {
             "queues": Role.can_view(top),
-            "audit": Role.can_review(top) or user.is_superuser,
+            "audit": Role.can_review(top) or admin_everywhere(user),
             "admin": user.is_staff,
             # Counted only when a page draws the navigation (the template calls it), bounded.
             "approvals_waiting": lambda: Attempt.objects.held_for(user, "me").count_upto(),

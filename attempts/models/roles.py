@@ -193,3 +193,10 @@ def tenants_where(user: Any, minimum: str = Role.VIEWER) -> list[str]:
     """The tenants in which ``user`` holds at least ``minimum``, sorted."""
     rank = ROLE_RANK[minimum]
     return sorted(t for t, r in tenant_roles(user).items() if role_rank(r) >= rank)
+
+
+def admin_everywhere(user: Any) -> bool:
+    """Whether ``user`` is admin in every tenant, those made later included (an active
+    superuser, as ``tenant_roles`` says): who reads every tenant's history and the changes
+    that span tenants."""
+    return bool(user is not None and user.is_authenticated and user.is_active and user.is_superuser)

@@ -25,6 +25,7 @@ from django.views.decorators.http import require_GET
 
 from attempts.config_history import subject_kinds
 from attempts.models import ConfigEvent, Role, tenants_where
+from attempts.models.roles import admin_everywhere
 from attempts.views._common import bad_request, refuse_nul_bytes
 
 PAGE_SIZE = 50
@@ -149,7 +150,7 @@ def fields_of(event: ConfigEvent) -> list[dict[str, str]]:
 def config_history(request: HttpRequest) -> HttpResponse:
     """The configuration history page (and its table, for htmx)."""
     user = request.user
-    if not user.is_superuser and not tenants_where(user, Role.REVIEWER):
+    if not admin_everywhere(user) and not tenants_where(user, Role.REVIEWER):
         raise PermissionDenied("the configuration history is for reviewers and admins")
     try:
         filters = parse_filters(request)

@@ -42,3 +42,33 @@ def test_no_role_rank_is_compared_outside_the_models() -> None:
         if rank.search(line)
     ]
     assert found == []
+
+
+def test_superusers_are_asked_about_through_the_role_functions() -> None:
+    """``admin_everywhere`` (and ``tenant_roles``) say what a superuser may do in the ledger;
+    the admin site's own permissions (Django's, not a tenant's) are the one exception."""
+    superuser = re.compile(r"\.is_superuser\b")
+    found = [
+        f"{path.relative_to(REPO)}:{number}"
+        for folder in ("attempts", "reconciliation", "ledgerweb")
+        for path in sorted((REPO / folder).rglob("*.py"))
+        if REPO / "attempts" / "models" not in path.parents
+        and path != REPO / "attempts" / "admin.py"
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if superuser.search(line)
+    ]
+    assert found == []
+
+
+@pytest.mark.django_db
+def test_an_active_superuser_is_admin_everywhere_and_an_inactive_one_nowhere() -> None:
+    from django.contrib.auth import get_user_model
+
+    from attempts.models import Tenant, tenant_roles
+    from attempts.models.roles import admin_everywhere
+
+    Tenant.objects.create(slug="acme", name="Acme")
+    root = get_user_model().objects.create_superuser("root", password="x")  # noqa: S106
+    assert admin_everywhere(root) and tenant_roles(root, fresh=True) == {"acme": Role.ADMIN}
+    root.is_active = False
+    assert not admin_everywhere(root) and tenant_roles(root, fresh=True) == {}
