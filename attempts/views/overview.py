@@ -125,7 +125,18 @@ def _my_open_work(user: Any, tenants: list[str]) -> list[dict[str, Any]]:
     )
 
 
+def _work_row(counts_by_state: dict[str, int]) -> dict[str, int]:
+    """A tenant's or a tool's row: its UNKNOWN, its MANUAL_REVIEW, and the rest of its live
+    work."""
+    return {
+        "unknown": counts_by_state[State.UNKNOWN],
+        "review": counts_by_state[State.MANUAL_REVIEW],
+        "in_flight": sum(counts_by_state[s] for s in LIVE_STATES if s not in ATTENTION_STATES),
+    }
+
+
 def overview_context(user: Any, now: dt.datetime) -> dict[str, Any]:
+    """What the overview shows this person, at ``now``."""
     tenants = user_tenants(user)
     live = counts.live_counts(tenants)
     by_state: dict[str, int] = defaultdict(int)
@@ -154,26 +165,10 @@ def overview_context(user: Any, now: dt.datetime) -> dict[str, Any]:
     awaiting_me = Attempt.objects.awaiting_approval_of(user).count()
     held_me, held_me_more = Attempt.objects.held_for(user, "me", now).count_upto()
     tool_rows = sorted(
-        (
-            {
-                "tool": tool,
-                "unknown": c[State.UNKNOWN],
-                "review": c[State.MANUAL_REVIEW],
-                "in_flight": sum(c[s] for s in LIVE_STATES if s not in ATTENTION_STATES),
-            }
-            for tool, c in by_tool.items()
-        ),
+        ({"tool": tool, **_work_row(c)} for tool, c in by_tool.items()),
         key=lambda r: (-(r["unknown"] + r["review"]), r["tool"]),
     )
-    tenant_rows = [
-        {
-            "tenant": t,
-            "unknown": c[State.UNKNOWN],
-            "review": c[State.MANUAL_REVIEW],
-            "in_flight": sum(c[s] for s in LIVE_STATES if s not in ATTENTION_STATES),
-        }
-        for t, c in by_tenant.items()
-    ]
+    tenant_rows = [{"tenant": t, **_work_row(c)} for t, c in by_tenant.items()]
     state_rows = [{"state": s, "n": by_state.get(s, 0), "live": True} for s in LIVE_STATES] + [
         {"state": s, "n": terminal.get(s, 0), "live": False, "more": s in terminal_more}
         for s in sorted(TERMINAL_STATES)

@@ -271,73 +271,15 @@ def run(
     files: list[dict[str, Any]] = []
     rules: list[dict[str, Any]] = []
     try:
-        for rule in RetentionRule.objects.order_by("tenant_id", "tool_id"):
-            key = f"{rule.tenant_id}/{rule.tool_id}"
-            rules.append(
-                {
-                    "tenant": rule.tenant_id,
-                    "tool": rule.tool_id,
-                    "archive_after_days": rule.archive_after_days,
-                }
-            )
-            result.by_rule[key] = 0
-            last = 0
-            while limit is None or len(written) < limit:
-                size = batch_size if limit is None else min(batch_size, limit - len(written))
-                batch = list(
-                    eligible_for(rule, now)
-                    .filter(pk__gt=last)
-                    .select_related("parent", "owner", "approval_policy")
-                    .order_by("pk")[:size]
-                )
-                if not batch:
-                    break
-                last = batch[-1].pk
-                lines, events = [], 0
-                for attempt, record in records(batch, checkpoint, note):
-                    if record is None:
-                        result.kept += 1
-                        continue
-                    lines.append(json.dumps(record, ensure_ascii=False, separators=(",", ":")))
-                    events += len(record["events"])
-                    written.append(_written(attempt, len(record["erasures"])))
-                if not lines:
-                    continue
-                data = gzip.compress(("\n".join(lines) + "\n").encode(), mtime=0)
-                name = f"attempts-{len(files) + 1:05d}.jsonl.gz"
-                store.put(result.name, name, data)
-                files.append(
-                    {
-                        "name": name,
-                        "sha256": hashlib.sha256(data).hexdigest(),
-                        "bytes": len(data),
-                        "attempts": len(lines),
-                        "events": events,
-                    }
-                )
-                result.by_rule[key] += len(lines)
-                result.events += events
-                say(f"wrote {name}: {len(lines)} attempts of {key}")
+        _write_files(
+            store, result, written, files, rules, checkpoint=checkpoint, note=note, now=now,
+            batch_size=batch_size, limit=limit, say=say,
+        )  # fmt: skip
         result.attempts = len(written)
         if not written:
             result.lines.append("nothing to archive: no attempt is past its retention rule")
             return result
-        manifest = {
-            "format": ARCHIVE_FORMAT,
-            "version": ARCHIVE_VERSION,
-            "name": result.name,
-            "created_at": chain_time(now),
-            "attempts": result.attempts,
-            "events": result.events,
-            "rules": rules,
-            "checkpoint": {
-                "seq": checkpoint.seq,
-                "hash": checkpoint.hash,
-                "size": checkpoint.size,
-                "note": note,
-            },
-            "files": files,
-        }
+        manifest = _manifest(result, rules, files, checkpoint=checkpoint, note=note, now=now)
         raw = (json.dumps(manifest, indent=1, ensure_ascii=False) + "\n").encode()
         store.put(result.name, ARCHIVE_MANIFEST, raw)
         result.manifest_sha256 = hashlib.sha256(raw).hexdigest()
@@ -366,6 +308,101 @@ def run(
         * bool(result.kept)
     )
     return result
+
+
+def _write_files(
+    store: Store,
+    result: RunResult,
+    written: list[Written],
+    files: list[dict[str, Any]],
+    rules: list[dict[str, Any]],
+    *,
+    checkpoint: Any,
+    note: str,
+    now: dt.datetime,
+    batch_size: int,
+    limit: int | None,
+    say: Callable[[str], None],
+) -> None:
+    """Write the archive's files, rule by rule, in batches of ``batch_size`` attempts (up to
+    ``limit``): what was written goes to ``written``, each file to ``files``, each rule to
+    ``rules``."""
+    for rule in RetentionRule.objects.order_by("tenant_id", "tool_id"):
+        key = f"{rule.tenant_id}/{rule.tool_id}"
+        rules.append(
+            {
+                "tenant": rule.tenant_id,
+                "tool": rule.tool_id,
+                "archive_after_days": rule.archive_after_days,
+            }
+        )
+        result.by_rule[key] = 0
+        last = 0
+        while limit is None or len(written) < limit:
+            size = batch_size if limit is None else min(batch_size, limit - len(written))
+            batch = list(
+                eligible_for(rule, now)
+                .filter(pk__gt=last)
+                .select_related("parent", "owner", "approval_policy")
+                .order_by("pk")[:size]
+            )
+            if not batch:
+                break
+            last = batch[-1].pk
+            lines, events = [], 0
+            for attempt, record in records(batch, checkpoint, note):
+                if record is None:
+                    result.kept += 1
+                    continue
+                lines.append(json.dumps(record, ensure_ascii=False, separators=(",", ":")))
+                events += len(record["events"])
+                written.append(_written(attempt, len(record["erasures"])))
+            if not lines:
+                continue
+            data = gzip.compress(("\n".join(lines) + "\n").encode(), mtime=0)
+            name = f"attempts-{len(files) + 1:05d}.jsonl.gz"
+            store.put(result.name, name, data)
+            files.append(
+                {
+                    "name": name,
+                    "sha256": hashlib.sha256(data).hexdigest(),
+                    "bytes": len(data),
+                    "attempts": len(lines),
+                    "events": events,
+                }
+            )
+            result.by_rule[key] += len(lines)
+            result.events += events
+            say(f"wrote {name}: {len(lines)} attempts of {key}")
+
+
+def _manifest(
+    result: RunResult,
+    rules: list[dict[str, Any]],
+    files: list[dict[str, Any]],
+    *,
+    checkpoint: Any,
+    note: str,
+    now: dt.datetime,
+) -> dict[str, Any]:
+    """The archive's manifest: what it holds, under which rules, and the signed checkpoint
+    its receipts prove into."""
+    return {
+        "format": ARCHIVE_FORMAT,
+        "version": ARCHIVE_VERSION,
+        "name": result.name,
+        "created_at": chain_time(now),
+        "attempts": result.attempts,
+        "events": result.events,
+        "rules": rules,
+        "checkpoint": {
+            "seq": checkpoint.seq,
+            "hash": checkpoint.hash,
+            "size": checkpoint.size,
+            "note": note,
+        },
+        "files": files,
+    }
 
 
 def _written(attempt: Attempt, erasure_requests: int) -> Written:

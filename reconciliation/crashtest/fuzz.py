@@ -103,32 +103,19 @@ def run_fuzz(harness: Harness, *, calls: int, seed: int) -> dict[str, Any]:
         scene.open()
         while any(pos < len(lane) for pos, lane in zip(positions, lanes, strict=True)):
             rounds += 1
-            if rng.random() < 0.2:
-                tool = rng.choice(tools)
-                mode = rng.choice(PROVIDER_FAULTS)
-                scene.provider.control(
-                    tools={
-                        tool: {
-                            "send_mode": mode,
-                            "remaining_faults": 1,
-                            "hang_seconds": TOOL_TIMEOUT + 0.5,
-                        }
-                    }
-                )
-                provider_faults += 1
-            specs = []
+            provider_faults += _provider_fault(scene, rng, tools)
             active = [i for i in range(FUZZ_LANES) if positions[i] < len(lanes[i])]
             chunks = {i: rng.randint(1, 6) for i in active}
-            for i in active:
-                specs.append(
-                    {
-                        "calls": lanes[i],
-                        "start": positions[i],
-                        "count": chunks[i],
-                        "name": f"fuzz-agent-{i}",
-                        **_agent_fault(rng),
-                    }
-                )
+            specs = [
+                {
+                    "calls": lanes[i],
+                    "start": positions[i],
+                    "count": chunks[i],
+                    "name": f"fuzz-agent-{i}",
+                    **_agent_fault(rng),
+                }
+                for i in active
+            ]
             results = scene.agents(*specs)
             agent_runs += len(results)
             for i, result in zip(active, results, strict=True):
@@ -141,16 +128,7 @@ def run_fuzz(harness: Harness, *, calls: int, seed: int) -> dict[str, Any]:
                 end = min(len(lane), positions[i] + chunks[i])
                 positions[i] = _resume_at(result, positions[i], end, rng, recorded)
             if rounds % 4 == 0:
-                # A reconciler on the way, killed at a random point or by timer (or not at all).
-                roll = rng.random()
-                fault = (
-                    {"crash_at": rng.choice(RECONCILER_POINTS)}
-                    if roll < 0.4
-                    else {"timer_ms": rng.randint(0, 600)}
-                    if roll < 0.8
-                    else {}
-                )
-                scene.recover(**fault)
+                scene.recover(**_reconciler_fault(rng))
                 reconciler_runs += 1
             if rounds % 10 == 0:
                 done = sum(positions)
@@ -159,17 +137,7 @@ def run_fuzz(harness: Harness, *, calls: int, seed: int) -> dict[str, Any]:
                     f"{sum(scene.kills.values())} kills"
                 )
         harness.say("fuzz: all calls made; recovering")
-        scene.provider.reset()
-        for tool, (effect_class, _critical) in TOOLS.items():
-            scene.provider.control(
-                tools={tool: {"honour_keys": effect_class == EffectClass.IDEMPOTENT}}
-            )
-        scene.recovery_round()
-        for _ in range(5):
-            if not Attempt.objects.using(scene.alias).filter(state__in=IN_FLIGHT).exists():
-                break
-            scene.wait_until_due()
-            scene.recover()
+        _recover_all(scene)
         verify(scene)
         figures = _fuzz_figures(scene)
         figures["stats"] = scene.stats()
@@ -191,11 +159,53 @@ def run_fuzz(harness: Harness, *, calls: int, seed: int) -> dict[str, Any]:
         "kills": dict(sorted(scene.kills.items())),
         "seconds": round(seconds, 1),
         **figures,
-        "invariants": {
-            name: {"passed": check.passed, "evidence": check.evidence}
-            for name, check in scene.checks.items()
-        },
+        "invariants": _invariants(scene),
     }
+
+
+def _invariants(scene: Scene) -> dict[str, dict[str, Any]]:
+    return {
+        name: {"passed": check.passed, "evidence": check.evidence}
+        for name, check in scene.checks.items()
+    }
+
+
+def _provider_fault(scene: Scene, rng: random.Random, tools: list[str]) -> int:
+    """One time in five, the next send of a random tool fails a random way; 1 when it does."""
+    if rng.random() >= 0.2:
+        return 0
+    tool = rng.choice(tools)
+    mode = rng.choice(PROVIDER_FAULTS)
+    scene.provider.control(
+        tools={tool: {"send_mode": mode, "remaining_faults": 1, "hang_seconds": TOOL_TIMEOUT + 0.5}}
+    )
+    return 1
+
+
+def _reconciler_fault(rng: random.Random) -> dict[str, Any]:
+    """A reconciler on the way, killed at a random point or by timer (or not at all)."""
+    roll = rng.random()
+    if roll < 0.4:
+        return {"crash_at": rng.choice(RECONCILER_POINTS)}
+    if roll < 0.8:
+        return {"timer_ms": rng.randint(0, 600)}
+    return {}
+
+
+def _recover_all(scene: Scene) -> None:
+    """The provider as configured, then recovery until nothing is in flight (five rounds at
+    most)."""
+    scene.provider.reset()
+    for tool, (effect_class, _critical) in TOOLS.items():
+        scene.provider.control(
+            tools={tool: {"honour_keys": effect_class == EffectClass.IDEMPOTENT}}
+        )
+    scene.recovery_round()
+    for _ in range(5):
+        if not Attempt.objects.using(scene.alias).filter(state__in=IN_FLIGHT).exists():
+            break
+        scene.wait_until_due()
+        scene.recover()
 
 
 def _fuzz_figures(scene: Scene) -> dict[str, int]:
