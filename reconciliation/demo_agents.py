@@ -447,13 +447,7 @@ def run(
                         args=(api, token, provider_url, send_timeout, asdict(task)),
                         name=f"demo-agent-{number}-crash",
                     )
-                    child.start()
-                    child.join(120)
-                    what = (
-                        f"crashed:{task.crash_point}"
-                        if child.exitcode == -signal.SIGKILL
-                        else f"crash_child_exit:{child.exitcode}"
-                    )
+                    what = _crashed(child, task)
                 else:
                     try:
                         what = run_task(client, provider, task)
@@ -477,6 +471,15 @@ def run(
     for what, n in sorted(counts.items()):
         out.write(f"  {what:32} {n}\n")
     return counts
+
+
+def _crashed(child: Any, task: Task) -> str:
+    """Run a task that crashes in a process of its own; how it ended."""
+    child.start()
+    child.join(120)
+    if child.exitcode == -signal.SIGKILL:
+        return f"crashed:{task.crash_point}"
+    return f"crash_child_exit:{child.exitcode}"
 
 
 def _rate(value: str) -> float:

@@ -306,51 +306,57 @@ class GenericHttpAdapter(Adapter):
                 detail=_error_detail(answer.json(), answer.status),
                 retry_after=answer.retry_after,
             )
-        try:
-            answer.body.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            return LookupAnswer(
-                LookupStatus.AMBIGUOUS,
-                http_status=200,
-                latency_ms=answer.latency_ms,
-                detail="the provider's answer failed validation",
-                invalid=f"the answer is not UTF-8 (byte {exc.start})",
-                evidence=evidence_of(answer.body),
-            )
-        body = answer.json()
-        provider_id = body.get("id") if isinstance(body, dict) else None
-        args_hash = body.get("args_hash") if isinstance(body, dict) else None
-        if provider_id is None or args_hash is None:
-            return LookupAnswer(
-                LookupStatus.AMBIGUOUS,
-                http_status=200,
-                latency_ms=answer.latency_ms,
-                detail="200 answer without a string id and args_hash",
-            )
-        count = body.get("count", 1)
-        problem = id_problem("provider_request_id", provider_id)
-        if not problem and not (isinstance(args_hash, str) and HASH.fullmatch(args_hash)):
-            problem = "args_hash is not 64 hexadecimal digits"
-        if not problem and not (type(count) is int and 1 <= count <= 10**6):
-            problem = "count is not a positive integer"
-        if problem:
-            return LookupAnswer(
-                LookupStatus.AMBIGUOUS,
-                http_status=200,
-                latency_ms=answer.latency_ms,
-                detail="the provider's answer failed validation",
-                invalid=problem,
-                evidence=evidence_of(answer.body),
-            )
+        return _found(answer)
+
+
+def _found(answer: _Answer) -> LookupAnswer:
+    """A 200 lookup answer: FOUND with the provider's id, args hash and count when they are
+    what the protocol says; AMBIGUOUS (with the evidence) when not."""
+    try:
+        answer.body.decode("utf-8")
+    except UnicodeDecodeError as exc:
         return LookupAnswer(
-            LookupStatus.FOUND,
-            provider_request_id=provider_id,
-            args_hash=args_hash.lower(),
-            count=count,
-            result_ref=f"lookup:{provider_id}",
+            LookupStatus.AMBIGUOUS,
             http_status=200,
             latency_ms=answer.latency_ms,
+            detail="the provider's answer failed validation",
+            invalid=f"the answer is not UTF-8 (byte {exc.start})",
+            evidence=evidence_of(answer.body),
         )
+    body = answer.json()
+    provider_id = body.get("id") if isinstance(body, dict) else None
+    args_hash = body.get("args_hash") if isinstance(body, dict) else None
+    if provider_id is None or args_hash is None:
+        return LookupAnswer(
+            LookupStatus.AMBIGUOUS,
+            http_status=200,
+            latency_ms=answer.latency_ms,
+            detail="200 answer without a string id and args_hash",
+        )
+    count = body.get("count", 1)
+    problem = id_problem("provider_request_id", provider_id)
+    if not problem and not (isinstance(args_hash, str) and HASH.fullmatch(args_hash)):
+        problem = "args_hash is not 64 hexadecimal digits"
+    if not problem and not (type(count) is int and 1 <= count <= 10**6):
+        problem = "count is not a positive integer"
+    if problem:
+        return LookupAnswer(
+            LookupStatus.AMBIGUOUS,
+            http_status=200,
+            latency_ms=answer.latency_ms,
+            detail="the provider's answer failed validation",
+            invalid=problem,
+            evidence=evidence_of(answer.body),
+        )
+    return LookupAnswer(
+        LookupStatus.FOUND,
+        provider_request_id=provider_id,
+        args_hash=args_hash.lower(),
+        count=count,
+        result_ref=f"lookup:{provider_id}",
+        http_status=200,
+        latency_ms=answer.latency_ms,
+    )
 
 
 def _error_detail(body: Any, status: int) -> str:
