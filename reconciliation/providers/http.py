@@ -150,21 +150,18 @@ class GenericHttpAdapter(Adapter):
 
     def check(self) -> list[str]:
         problems = []
-        if not self.tool.dispatch_url:
-            problems.append("dispatch_url is empty: recovery cannot send this tool")
-        else:
-            try:
-                _split(self.tool.dispatch_url)
-            except ValueError as exc:
-                problems.append(f"dispatch_url: {exc}")
+        urls = [("dispatch_url", "send this tool")]
         if self.can_look_up:
-            if not self.tool.lookup_url:
-                problems.append("lookup_url is empty: recovery cannot look this tool up")
-            else:
-                try:
-                    _split(self.tool.lookup_url)
-                except ValueError as exc:
-                    problems.append(f"lookup_url: {exc}")
+            urls.append(("lookup_url", "look this tool up"))
+        for name, what in urls:
+            url = getattr(self.tool, name)
+            if not url:
+                problems.append(f"{name} is empty: recovery cannot {what}")
+                continue
+            try:
+                _split(url)
+            except ValueError as exc:
+                problems.append(f"{name}: {exc}")
         if self.tool.timeout_seconds <= 0:
             problems.append("timeout_seconds must be positive")
         return problems
