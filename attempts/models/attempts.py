@@ -558,22 +558,10 @@ class Attempt(models.Model):
     def approval_verdicts(
         cls, attempts: list[Attempt], now: dt.datetime | None = None
     ) -> dict[int, ApprovalVerdict]:
-        """The one home of "which approvals count", for every approval alike (held intents
-        and linked attempts and retries): the ``attempt.approval`` events of the attempt's own
-        chain, never rows beside it. The claim (``states.check_approvals``), the inbox, the
-        review functions and notifications ask it; the verifiers check the same rule offline
-        (``verify_export.approval_problems``).
-
-        - An attempt an approval policy holds (not in MANUAL_REVIEW): distinct people, each
-          still allowed to approve under the policy (read fresh by ``read_people``), none of
-          them its recorders, whose approval event is for the attempt's args_hash and its
-          policy's current version and has not expired at ``now``.
-        - An attempt in MANUAL_REVIEW (a linked retry or a prepared linked attempt): distinct
-          reviewers who approved since it last moved (a move starts the count again), none of
-          them its recorders; the tool's four-eyes rule says how many.
-
-        Several attempts are read at once (a page of the inbox): policies, tools, approval
-        events and approvers in a few queries."""
+        """The one home of "which approvals count", for held intents and linked attempts
+        alike: the ``attempt.approval`` events of each attempt's own chain, never rows beside
+        it (``approvals.review_verdict``, ``approvals.held_verdict``; the verifiers check the
+        same rule offline). A page of attempts is read in a few queries."""
         from django.utils import timezone
 
         now = now or timezone.now()

@@ -16,19 +16,10 @@ def key_digest(idempotency_key: str) -> str:
 
 class RecordedKey(models.Model):
     """The permanent index of every idempotency key ever recorded (protocol section 7,
-    invariant 11): written with the attempt, in the same statement or transaction, and never
-    changed or removed (append-only, attempts/history_guard.py), so a key takes effect at most
-    once for the life of the ledger, whether its attempt is live or archived.
-
-    Its primary key is THE uniqueness check of a new intent: two intents racing on one key
-    cannot both insert it. The key is kept as its digest (``key_digest``): refusing a repeat
-    and answering it need only the digest of what the agent sends, and a key that carries a
-    person's data is not copied into a table erasure may never touch. Keys are unique across
-    the ledger (not per tenant), as the attempts' own key is. Where the attempt went is
-    ``ArchivedAttempt`` (by ``attempt_id``) once it is archived, the attempts table before.
-    ``args_hash`` is empty only for an attempt archived before this index existed (migration
-    0018 filled it from ``ArchivedAttempt``, which did not keep the hash): such a key is
-    refused, never sent again."""
+    invariant 11), append-only: its primary key is THE uniqueness check of a new intent, live
+    or archived. Kept as the key's digest, so a key that carries a person's data is not copied
+    where erasure may never reach it. An empty ``args_hash``: archived before this index
+    existed (migration 0018); such a key is refused, never sent again."""
 
     key_digest = models.CharField(max_length=64, primary_key=True)
     tenant_id = models.CharField(max_length=64)
