@@ -173,17 +173,7 @@ def seal(*, limit: int = SEAL_BATCH, now: dt.datetime | None = None) -> Checkpoi
         )
         last = Checkpoint.objects.order_by("-seq").first()
         config_length, config_head = config_head_now()
-        if (
-            not rows
-            and not backlog
-            and (
-                (last is None and config_length == 0)
-                or (
-                    last is not None
-                    and (last.config_length, last.config_head) == (config_length, config_head)
-                )
-            )
-        ):
+        if not rows and not backlog and _config_sealed(last, config_length, config_head):
             return None
         rows.sort(key=lambda row: row[1])
         leaves = [leaf_hash(attempt_id, length, head) for _, attempt_id, length, head in rows]
@@ -214,35 +204,53 @@ def seal(*, limit: int = SEAL_BATCH, now: dt.datetime | None = None) -> Checkpoi
             authority=authority,
         )
         checkpoint = Checkpoint.objects.create(**fields, note=note, hash=checkpoint_hash(fields))
-        created = CheckpointLeaf.objects.bulk_create(
-            [
-                CheckpointLeaf(
-                    checkpoint=checkpoint,
-                    position=position,
-                    attempt_id=attempt_id,
-                    length=length,
-                    head=head,
-                )
-                for position, (_, attempt_id, length, head) in enumerate(rows)
-            ],
-            batch_size=1000,
-        )
-        leaf_ids = [pk for pk, *_ in backlog] + [leaf.pk for leaf in created]
-        if None in leaf_ids:  # a backend that does not return ids from a bulk insert
-            leaf_ids[len(backlog) :] = list(
-                CheckpointLeaf.objects.filter(checkpoint=checkpoint)
-                .order_by("position")
-                .values_list("pk", flat=True)
-            )
+        leaf_ids = [pk for pk, *_ in backlog] + _store_leaves(checkpoint, rows)
         log.record_entries(old_size, leaf_ids)
-        for start in range(0, len(rows), _MARK_CHUNK):
-            chunk = rows[start : start + _MARK_CHUNK]
-            match = Q()
-            for pk, _, length, _ in chunk:
-                match |= Q(pk=pk, chain_length=length)
-            Attempt.objects.filter(match).update(sealed=True)
+        _mark_sealed(rows)
     _sign(checkpoint)
     return checkpoint
+
+
+def _config_sealed(last: Checkpoint | None, config_length: int, config_head: str) -> bool:
+    """Whether the config chain is as the newest checkpoint sealed it (or empty, with none)."""
+    if last is None:
+        return config_length == 0
+    return (last.config_length, last.config_head) == (config_length, config_head)
+
+
+def _store_leaves(checkpoint: Checkpoint, rows: list[tuple]) -> list[int]:
+    """The checkpoint's leaves, one per sealed head in ``rows``' order; returns their ids."""
+    created = CheckpointLeaf.objects.bulk_create(
+        [
+            CheckpointLeaf(
+                checkpoint=checkpoint,
+                position=position,
+                attempt_id=attempt_id,
+                length=length,
+                head=head,
+            )
+            for position, (_, attempt_id, length, head) in enumerate(rows)
+        ],
+        batch_size=1000,
+    )
+    ids = [leaf.pk for leaf in created]
+    if None in ids:  # a backend that does not return ids from a bulk insert
+        ids = list(
+            CheckpointLeaf.objects.filter(checkpoint=checkpoint)
+            .order_by("position")
+            .values_list("pk", flat=True)
+        )
+    return ids
+
+
+def _mark_sealed(rows: list[tuple]) -> None:
+    """Mark each attempt sealed if its chain is still as long as what was sealed (a write since
+    leaves it for the next checkpoint)."""
+    for start in range(0, len(rows), _MARK_CHUNK):
+        match = Q()
+        for pk, _, length, _ in rows[start : start + _MARK_CHUNK]:
+            match |= Q(pk=pk, chain_length=length)
+        Attempt.objects.filter(match).update(sealed=True)
 
 
 def use_authority_digest(digest: Callable[[], str]) -> None:
