@@ -49,6 +49,7 @@ from attempts.actors import Actor
 from attempts.chain import record_config_change
 from attempts.locking import write_transaction
 from attempts.models import (
+    ActorKind,
     AgentToken,
     ApprovalPolicy,
     ConfigEvent,
@@ -682,8 +683,6 @@ def operator(name: str | None = None) -> Actor:
     """Who runs a command, as the history records it: ``name``, else the operating-system
     user. ValueError when neither is usable."""
     import getpass
-
-    from attempts.models import ActorKind
 
     if name is None:
         try:
