@@ -16,8 +16,21 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 PASSWORD = "demo-password-for-tests"
 START_TIMEOUT = 420
+
+
+# A test that starts the demo: slow, and on SQLite only (the demo runs on its own SQLite
+# database, whatever the suite's; the SQLite pass covers it).
+DEMO_MARKS = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        bool(os.environ.get("DATABASE_URL")),
+        reason="the demo runs on its own SQLite database; the SQLite pass covers it",
+    ),
+]
 
 
 def demo_env(data: Path, port: int, *, tasks: int, **extra: str) -> dict[str, str]:

@@ -20,18 +20,10 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import REPO, free_port
-from tests.demo_start import PASSWORD, Browser, demo_env, interrupt, start
+from tests.demo_start import DEMO_MARKS, PASSWORD, Browser, demo_env, interrupt, start
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        bool(os.environ.get("DATABASE_URL")),
-        reason="the clone runs on its own SQLite database; the SQLite pass covers it",
-    ),
-]
+pytestmark = DEMO_MARKS
 STOP_WITHIN = 15.0
 
 

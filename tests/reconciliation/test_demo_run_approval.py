@@ -6,25 +6,16 @@ down. The overview says that outage is the demo's, on purpose."""
 
 from __future__ import annotations
 
-import os
 import re
 import sqlite3
 import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import REPO, free_port
-from tests.demo_start import Browser, demo_env, interrupt, start
+from tests.demo_start import DEMO_MARKS, Browser, demo_env, interrupt, start
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        bool(os.environ.get("DATABASE_URL")),
-        reason="the demo runs on its own SQLite database; the SQLite pass covers it",
-    ),
-]
+pytestmark = DEMO_MARKS
 GRACE = 5
 
 
