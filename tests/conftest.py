@@ -277,6 +277,11 @@ def built_checkout(tmp_path_factory) -> Path:
 def pytest_configure(config):
     from django.conf import settings
 
+    if folder := os.environ.get("LEDGERWEB_TEST_TIMES"):
+        from tests import shards
+
+        config.pluginmanager.register(shards.Timer(folder), "ledgerweb-test-times")
+
     # Password hashing strength is not under test; PBKDF2 would dominate the suite's run time.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     # Pages render without a collectstatic run: plain static storage, and whitenoise's root made.
@@ -288,8 +293,20 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """The container image takes minutes to build: when its tests are selected on the SQLite
-    pass, the build starts now, in a thread, beside the other tests (tests/test_container.py)."""
+    """This shard's test files only, when scripts/test runs the suite in shards
+    (tests/shards.py). Then the container image, which takes minutes to build: when its tests
+    are selected on the SQLite pass, the build starts now, in a thread, beside the other tests
+    (tests/test_container.py)."""
+    if shard := os.environ.get("LEDGERWEB_TEST_SHARD"):
+        from tests import shards
+
+        try:
+            mine, others = shards.keep(items, shard)
+        except ValueError as error:
+            raise pytest.UsageError(str(error)) from None
+        if others:
+            config.hook.pytest_deselected(items=others)
+            items[:] = mine
     if os.environ.get("DATABASE_URL"):
         return  # the image's tests run on the SQLite pass only
     if any(item.nodeid.startswith("tests/test_container.py::test_the_image") for item in items):

@@ -40,6 +40,10 @@ def failed_invariants(report: dict[str, Any], case: str) -> dict[str, list[str]]
     return {n: v["evidence"] for n, v in found["invariants"].items() if not v["passed"]}
 
 
+@pytest.mark.skipif(
+    os.environ.get("LEDGERWEB_CRASH_GATE") == "1",
+    reason="the crash gate scripts/test runs after the suite runs case D on this database",
+)
 def test_case_d_passes_every_invariant() -> None:
     code, report, stderr = crashtest("--cases", "D", "--json")
     assert code == 0, stderr

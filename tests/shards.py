@@ -1,0 +1,131 @@
+"""The suite in shards: each database's run split into parts that run side by side.
+
+Most of the suite waits (on processes it starts, on a browser, on a database's clock): one run
+per database leaves the machine's cores half idle. ``scripts/test`` starts ``N`` runs per
+database instead (``LEDGERWEB_TEST_SHARDS``, 2 by default), each with its own data folder and
+its own test database, and each keeps the test files this module gives it
+(``LEDGERWEB_TEST_SHARD=K/N``). The first shard also runs the crash gate (the cases scripts/test
+runs after a suite): it starts the deal with the gate's seconds, so it gets less of the suite.
+
+Files, not tests, are dealt out, so a module's fixtures are built once. The deal is the longest
+first to the least loaded shard, by the seconds each file took in a recorded run
+(``tests/shard_weights.json``); a file not recorded there counts as ``DEFAULT_SECONDS``.
+
+Recording the weights again (after tests were added or made faster)::
+
+    LEDGERWEB_TEST_TIMES=var/test-times scripts/test
+    .venv/bin/python tests/shards.py merge var/test-times > tests/shard_weights.json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+WEIGHTS = Path(__file__).with_name("shard_weights.json")
+DEFAULT_SECONDS = 5.0
+GATE = "<crash gate>"
+
+
+def database() -> str:
+    return "postgres" if os.environ.get("DATABASE_URL") else "sqlite"
+
+
+def weights(kind: str) -> dict[str, float]:
+    try:
+        recorded = json.loads(WEIGHTS.read_text())
+    except FileNotFoundError:
+        return {}
+    return {name: float(seconds) for name, seconds in recorded.get(kind, {}).items()}
+
+
+def deal(files: list[str], count: int, kind: str, *, gate: bool) -> dict[str, int]:
+    """Each file's shard, from 1 to ``count``; with ``gate``, shard 1 starts with the crash
+    gate's seconds."""
+    known = weights(kind)
+    load = [0.0] * count
+    if gate:
+        load[0] = known.get(GATE, 0.0)
+    dealt = {}
+    for name in sorted(set(files), key=lambda name: (-known.get(name, DEFAULT_SECONDS), name)):
+        lightest = min(range(count), key=lambda shard: (load[shard], shard))
+        load[lightest] += known.get(name, DEFAULT_SECONDS)
+        dealt[name] = lightest + 1
+    return dealt
+
+
+def parse(value: str) -> tuple[int, int]:
+    """``K/N`` with 1 <= K <= N, or a ValueError that says what was given."""
+    try:
+        shard, count = (int(part) for part in value.split("/"))
+    except ValueError:
+        raise ValueError(f"LEDGERWEB_TEST_SHARD must be K/N (like 1/2), not {value!r}") from None
+    if not 1 <= shard <= count:
+        raise ValueError(f"LEDGERWEB_TEST_SHARD {value!r}: K must be from 1 to N")
+    return shard, count
+
+
+def file_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def keep(items: list, value: str) -> tuple[list, list]:
+    """The items of this shard's files, and the rest."""
+    shard, count = parse(value)
+    gate = os.environ.get("LEDGERWEB_CRASH_GATE") == "1"
+    dealt = deal([file_of(item.nodeid) for item in items], count, database(), gate=gate)
+    mine = [item for item in items if dealt[file_of(item.nodeid)] == shard]
+    others = [item for item in items if dealt[file_of(item.nodeid)] != shard]
+    return mine, others
+
+
+class Timer:
+    """Seconds per test file (setup, call and teardown) of this run, written as JSON at the end
+    of the session to ``LEDGERWEB_TEST_TIMES/<database>-<shard>.json``."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = Path(folder)
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    def pytest_runtest_logreport(self, report) -> None:
+        self.seconds[file_of(report.nodeid)] += report.duration
+
+    def pytest_sessionfinish(self, session) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        shard = os.environ.get("LEDGERWEB_TEST_SHARD", "1/1").replace("/", "of")
+        out = self.folder / f"{database()}-{shard}.json"
+        out.write_text(json.dumps(dict(sorted(self.seconds.items())), indent=1))
+
+
+def merge(folder: Path) -> dict[str, dict[str, float]]:
+    """One weights table from a recorded run's files; the crash gate's seconds come from
+    ``gate-<database>.txt`` where scripts/test wrote them."""
+    merged: dict[str, dict[str, float]] = {"sqlite": {}, "postgres": {}}
+    for path in sorted(folder.glob("*.json")):
+        kind = path.name.split("-", 1)[0]
+        for name, seconds in json.loads(path.read_text()).items():
+            merged[kind][name] = round(merged[kind].get(name, 0.0) + seconds, 1)
+    for kind in merged:
+        gate = folder / f"gate-{kind}.txt"
+        if gate.exists():
+            merged[kind][GATE] = round(float(gate.read_text().strip()), 1)
+    return merged
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) == 2 and argv[0] == "merge":
+        folder = Path(argv[1])
+        if not folder.is_dir():
+            print(f"shards: {folder} is not a folder of recorded times", file=sys.stderr)
+            return 2
+        print(json.dumps(merge(folder), indent=1, sort_keys=True))
+        return 0
+    print("usage: tests/shards.py merge FOLDER  (weights from a recorded run, as JSON)")
+    return 0 if argv in (["-h"], ["--help"]) else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
