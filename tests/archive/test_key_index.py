@@ -5,10 +5,8 @@ ledger that existed before it (issue 39, item 7)."""
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import subprocess
-import time
 
 import pytest
 from django.core.management import call_command
@@ -27,7 +25,8 @@ from attempts.models import (
 from tests.archive.conftest import AGENT, age, key_file, make  # noqa: F401 (a fixture)
 from tests.archive.test_retention import _run
 from tests.attempts.audit_helpers import seal_all
-from tests.conftest import PYTHON, REPO, child_env, make_world
+from tests.attempts.racers import CHARGE, race
+from tests.conftest import PYTHON, REPO, agent_intent, child_env, make_world
 
 
 def _replay(key: str, **changes) -> tuple[Attempt, bool]:
@@ -106,40 +105,15 @@ def test_processes_racing_on_an_archived_key_all_get_its_outcome(tmp_path):
     it anew, none claims it (the index's primary key decides, not a read before the write)."""
     world = make_world()
     key = "charge:acme:archived-race"
-    attempt, _ = ledger.record_intent(
-        tenant="acme",
-        task_id="race",
-        tool_name="charge_card",
-        idempotency_key=key,
-        args={"amount": 1200, "currency": "EUR", "card": "tok_4242"},
-        actor=world.agent,
-    )
+    attempt, _ = agent_intent(world, key, tool="charge_card", args=CHARGE, task="race")
     attempt, _ = ledger.claim_dispatch(attempt, actor=world.agent)
     ledger.confirm(attempt, result_ref="ch_1", provider_request_id="ch_1", actor=world.agent)
     age([attempt], 40)
     seal_all()
     RetentionRule.objects.create(tenant_id="acme", tool_id="charge_card", archive_after_days=30)
     assert _run(tmp_path).removed == 1
-    start_at = time.time() + 3.0
-    children = [
-        subprocess.Popen(
-            [PYTHON, "-m", "tests.attempts.race_child", str(start_at), key, str(n)],
-            cwd=REPO,
-            env=child_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for n in range(4)
-    ]
-    results = []
-    for child in children:
-        out, err = child.communicate(timeout=120)
-        assert child.returncode == 0, err
-        results.append(json.loads(out.strip().splitlines()[-1]))
-    assert results == [
-        {"attempt_id": attempt.attempt_id, "created": False, "claimed": False}
-    ] * len(children)
+    results = race("tests.attempts.race_child", [[key, str(n)] for n in range(4)])
+    assert results == [{"attempt_id": attempt.attempt_id, "created": False, "claimed": False}] * 4
     assert Attempt.objects.count() == 0
 
 

@@ -2,14 +2,11 @@
 dispatch. Exactly one claim wins, one attempt exists, no error escapes (SQLite file and
 PostgreSQL: whichever database the suite runs on)."""
 
-import json
-import subprocess
-import time
-
 import pytest
 
 from attempts.models import Attempt, AttemptEvent, State
-from tests.conftest import PYTHON, REPO, child_env, make_world
+from tests.attempts.racers import race
+from tests.conftest import make_world
 
 PROCESSES = 8
 
@@ -20,23 +17,7 @@ PROCESSES = 8
 def test_eight_processes_one_claim(round_):
     make_world()
     key = f"charge:acme:race-{round_}"
-    start_at = time.time() + 3.0  # every child is imported and connected before the gun
-    children = [
-        subprocess.Popen(
-            [PYTHON, "-m", "tests.attempts.race_child", str(start_at), key, str(n)],
-            cwd=REPO,
-            env=child_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for n in range(PROCESSES)
-    ]
-    results = []
-    for child in children:
-        out, err = child.communicate(timeout=120)
-        assert child.returncode == 0, err
-        results.append(json.loads(out.strip().splitlines()[-1]))
+    results = race("tests.attempts.race_child", [[key, str(n)] for n in range(PROCESSES)])
     assert [r for r in results if "error" in r] == []
     assert sum(r["claimed"] for r in results) == 1
     assert sum(r["created"] for r in results) == 1

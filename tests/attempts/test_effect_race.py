@@ -2,15 +2,12 @@
 with the same provider request id at the same instant. The database's unique constraint lets one
 win; the three others are refused (409 ``effect_claimed``) and wait in MANUAL_REVIEW."""
 
-import json
-import subprocess
-import time
-
 import pytest
 
 from attempts import ledger
 from attempts.models import Attempt, ProviderEffect, State
-from tests.conftest import PYTHON, REPO, child_env, make_world
+from tests.attempts.racers import CHARGE, race
+from tests.conftest import agent_intent, make_world
 
 PROCESSES = 4
 
@@ -21,32 +18,12 @@ def test_concurrent_confirms_of_one_effect_have_one_winner():
     world = make_world()
     attempts = []
     for n in range(PROCESSES):
-        attempt, _ = ledger.record_intent(
-            tenant="acme",
-            task_id="race",
-            tool_name="charge_card",
-            idempotency_key=f"charge:acme:effect-race-{n}",
-            args={"amount": 1200, "currency": "EUR", "card": "tok_4242"},
-            actor=world.agent,
+        attempt, _ = agent_intent(
+            world, f"charge:acme:effect-race-{n}", tool="charge_card", args=CHARGE, task="race"
         )
         attempts.append(ledger.claim_dispatch(attempt, actor=world.agent)[0])
-    start_at = time.time() + 3.0
-    children = [
-        subprocess.Popen(
-            [PYTHON, "-m", "tests.attempts.effect_race_child", str(start_at), a.attempt_id, "ch_1"],
-            cwd=REPO,
-            env=child_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for a in attempts
-    ]
-    results = []
-    for child in children:
-        out, err = child.communicate(timeout=120)
-        assert child.returncode == 0, err
-        results.append(json.loads(out.strip().splitlines()[-1]))
+    argvs = [[a.attempt_id, "ch_1"] for a in attempts]
+    results = race("tests.attempts.effect_race_child", argvs)
     assert [r for r in results if "error" in r] == []
     assert sum(r["confirmed"] for r in results) == 1
     assert sorted(r.get("code", "") for r in results) == ["", *["effect_claimed"] * 3]
