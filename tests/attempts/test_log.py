@@ -214,6 +214,19 @@ def key_file(tmp_path, settings):
     return path, verifier
 
 
+def _rotate_key(tmp_path, settings, *, old_verifier):
+    """Sign with a new key from now on, the old key's ``old_verifier`` kept for checking what it
+    signed; returns the new key's verifier."""
+    path = tmp_path / "second.key"
+    second = log.write_key_file(path, "example.test/ledger")
+    settings.TLOG = {
+        **settings.TLOG,
+        "KEY_FILE": str(path),
+        "OLD_VERIFIER_KEYS": [str(old_verifier)],
+    }
+    return second
+
+
 def test_checkpoints_are_signed_with_the_key_file(world, key_file):
     _, verifier = key_file
     assert os.stat(key_file[0]).st_mode & 0o777 == 0o600
@@ -286,13 +299,7 @@ def test_key_rotation_keeps_old_checkpoints_verifiable(world, key_file, tmp_path
     build_history(world, 1)
     seal_all()
     old = log.newest_signed()
-    second_path = tmp_path / "second.key"
-    second = log.write_key_file(second_path, "example.test/ledger")
-    settings.TLOG = {
-        **settings.TLOG,
-        "KEY_FILE": str(second_path),
-        "OLD_VERIFIER_KEYS": [str(first)],
-    }
+    second = _rotate_key(tmp_path, settings, old_verifier=first)
     build_history(world, 1, prefix="r")
     seal_all()
     new = log.newest_signed()
@@ -410,13 +417,7 @@ def test_a_rotated_key_signs_the_older_checkpoints_the_remembered_tree_extends(
         build_history(world, 2, prefix=prefix)
         seal_all()
     before = log.newest_signed()
-    second_path = tmp_path / "second.key"
-    second = log.write_key_file(second_path, "example.test/ledger")
-    settings.TLOG = {
-        **settings.TLOG,
-        "KEY_FILE": str(second_path),
-        "OLD_VERIFIER_KEYS": [str(first)],
-    }
+    second = _rotate_key(tmp_path, settings, old_verifier=first)
     build_history(world, 1, prefix="r")
     seal_all()
     newest = log.newest_signed()
