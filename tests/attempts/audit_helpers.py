@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
+from django.core.management import CommandError, call_command
 from django.db import connection
 
 from attempts import ledger
@@ -13,6 +15,21 @@ from attempts.states import Actor
 
 EVENTS = "attempts_attemptevent"
 ATTEMPTS = "attempts_attempt"
+
+
+def run_verify(*args: str) -> str:
+    """``verify_audit`` with ``args``, in this process; what it printed."""
+    out = io.StringIO()
+    call_command("verify_audit", *args, stdout=out)
+    return out.getvalue()
+
+
+def broken(*args: str) -> str:
+    """``verify_audit`` with ``args`` must fail (exit status 1); what it said."""
+    with pytest.raises(CommandError) as info:
+        run_verify(*args)
+    assert info.value.returncode == 1
+    return str(info.value)
 
 
 def build_history(world, n: int = 4, *, tenant: str = "acme", prefix: str = "k") -> list[Attempt]:

@@ -8,10 +8,8 @@ Each test plays an attacker with write access to the database: it drops the appe
 
 from __future__ import annotations
 
-import io
-
 import pytest
-from django.core.management import CommandError, call_command
+from django.core.management import CommandError
 from django.db import connection
 
 from attempts import audit_verify, chain, jcs, review, verify_export
@@ -21,10 +19,12 @@ from attempts.states import Actor
 from tests.attempts.audit_helpers import (
     ATTEMPTS,
     EVENTS,
+    broken,
     build_history,
     drop_triggers,
     event_row,
     fast_passwords,  # noqa: F401  (autouse)
+    run_verify,
     seal_all,
     sql,
 )
@@ -32,19 +32,6 @@ from tests.attempts.audit_helpers import (
 LEAVES = "attempts_checkpointleaf"
 CHECKPOINTS = "attempts_checkpoint"
 CONFIG = "attempts_configevent"
-
-
-def run_verify(*args: str) -> str:
-    out = io.StringIO()
-    call_command("verify_audit", *args, stdout=out)
-    return out.getvalue()
-
-
-def broken(*args: str) -> str:
-    with pytest.raises(CommandError) as info:
-        run_verify(*args)
-    assert info.value.returncode == 1
-    return str(info.value)
 
 
 def problems(kind: str | None = None) -> list[verify_export.Problem]:

@@ -11,16 +11,18 @@ import sys
 from pathlib import Path
 
 import pytest
-from django.core.management import CommandError, call_command
+from django.core.management import call_command
 from django.utils import timezone
 
 from attempts import log, verify_export
 from attempts.models import Attempt, Checkpoint, CheckpointSignature
 from attempts.verify_export import NoteSignature
 from tests.attempts.audit_helpers import (
+    broken,
     build_history,
     drop_triggers,
     rewrite_history,
+    run_verify,
     seal_all,
     sql,
 )
@@ -120,18 +122,6 @@ def test_the_pure_python_ed25519_agrees_with_cryptography():
 # verify_audit: the newest checkpoint verifies on its own, from configuration and keys
 
 
-def _run_verify(*args: str) -> str:
-    out = io.StringIO()
-    call_command("verify_audit", *args, stdout=out)
-    return out.getvalue()
-
-
-def _broken(*args: str) -> str:
-    with pytest.raises(CommandError) as info:
-        _run_verify(*args)
-    return str(info.value)
-
-
 @pytest.fixture
 def signed_ledger(world, tmp_path, settings):
     """A ledger whose sealer signs (a key file configured), with two signed checkpoints."""
@@ -147,12 +137,12 @@ def signed_ledger(world, tmp_path, settings):
 
 
 def test_an_honest_signed_ledger_verifies_on_its_keys(signed_ledger):
-    assert "OK:" in _run_verify()
+    assert "OK:" in run_verify()
 
 
 def test_a_rewrite_that_recomputes_every_hash_and_deletes_every_signature_fails(signed_ledger):
     rewrite_history(Attempt.objects.order_by("id").first(), details={"amount": 1})
-    message = _broken()
+    message = broken()
     assert "[signature]" in message
     assert "no checkpoint carries a valid signature of the log's key" in message
     assert "the log's signer last signed a tree" in message  # its memory, outside the database
@@ -162,18 +152,20 @@ def test_deleting_only_the_newest_signatures_is_seen_by_the_signers_memory(signe
     newest = Checkpoint.objects.order_by("-seq").first()
     drop_triggers()
     sql("DELETE FROM attempts_checkpointsignature WHERE checkpoint_id = %s", [newest.pk])
-    message = _broken()
+    message = broken()
     assert "[signature]" in message and "the log's signer last signed a tree" in message
 
 
-def test_a_signature_by_a_key_that_is_not_configured_is_reported(signed_ledger, settings):
+def _signed_by_another_key():
+    """The newest checkpoint also signed by a new key under the log's name (an INSERT: the
+    append-only guard allows it); returns that key's verifier."""
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    text, other = log.generate_key(ORIGIN)  # the log's name, another key
+    text, other = log.generate_key(ORIGIN)
     _, seed = log.parse_private_key(text)
     checkpoint = Checkpoint.objects.order_by("-seq").first()
     signature = Ed25519PrivateKey.from_private_bytes(seed).sign(checkpoint.note.encode())
-    CheckpointSignature.objects.create(  # an INSERT: the append-only guard allows it
+    CheckpointSignature.objects.create(
         checkpoint=checkpoint,
         kind="log",
         name=other.name,
@@ -181,26 +173,31 @@ def test_a_signature_by_a_key_that_is_not_configured_is_reported(signed_ledger, 
         line=NoteSignature(other.name, other.id, signature).line(),
         created_at=timezone.now(),
     )
-    message = _broken()
+    return other
+
+
+def test_a_signature_by_a_key_that_is_not_configured_is_reported(signed_ledger, settings):
+    other = _signed_by_another_key()
+    message = broken()
     assert "[signature]" in message and "neither the log's configured key" in message
     # Listed as an old verifier key (a rotation), it is trusted.
     settings.TLOG = {**settings.TLOG, "OLD_VERIFIER_KEYS": [str(other)]}
-    assert "OK:" in _run_verify()
+    assert "OK:" in run_verify()
 
 
 def test_with_no_key_configured_unsigned_checkpoints_are_a_note_or_a_failure(world):
     build_history(world, 2)
     seal_all()
-    assert "no log key is configured" in _run_verify()
-    message = _broken("--require-signed")
+    assert "no log key is configured" in run_verify()
+    message = broken("--require-signed")
     assert "[signature]" in message and "no log key is configured" in message
 
 
 def test_deleted_cosignatures_fail_the_witness_quorum(witnessed):
-    assert "OK:" in _run_verify()
+    assert "OK:" in run_verify()
     drop_triggers()
     sql("DELETE FROM attempts_checkpointsignature WHERE kind = 'witness'")
-    message = _broken()
+    message = broken()
     assert "[witness]" in message and "no checkpoint is cosigned by 1" in message
 
 
@@ -229,20 +226,7 @@ def test_offline_the_witness_quorum_is_checked_on_the_export_with_the_keys_given
 
 
 def test_offline_a_signature_by_a_key_not_given_is_reported(signed_ledger, tmp_path):
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-    text, other = log.generate_key(ORIGIN)
-    _, seed = log.parse_private_key(text)
-    checkpoint = Checkpoint.objects.order_by("-seq").first()
-    signature = Ed25519PrivateKey.from_private_bytes(seed).sign(checkpoint.note.encode())
-    CheckpointSignature.objects.create(
-        checkpoint=checkpoint,
-        kind="log",
-        name=other.name,
-        key_id=other.id.hex(),
-        line=NoteSignature(other.name, other.id, signature).line(),
-        created_at=timezone.now(),
-    )
+    other = _signed_by_another_key()
     export = _export(tmp_path)
     done = _offline(export, "--log-key", str(signed_ledger))
     assert done.returncode == 1 and "[signature]" in done.stdout
@@ -261,7 +245,7 @@ def test_a_restored_copy_may_be_older_than_the_signers_memory(signed_ledger):
     memory = log._signer_state_path()
     later = {"size": size + 3, "root": base64.b64encode(bytes(32)).decode()}
     memory.write_text(json.dumps(later))  # what the signer remembers after signing on
-    message = _broken()
+    message = broken()
     assert "[signature]" in message and f"last signed a tree of {size + 3} leaves" in message
-    out = _run_verify("--restored")
+    out = run_verify("--restored")
     assert "OK:" in out and "this restored copy is older" in out
