@@ -4,11 +4,14 @@ edit-and-approve: the original RECONCILED, a linked attempt with the corrected a
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from django.db import connection
+from django.utils import timezone
 
-from attempts import review
+from attempts import ledger, review
+from attempts.actors import Actor
 from attempts.models import ApprovalPolicy, Attempt
 
 
@@ -45,5 +48,14 @@ def edit_and_approve(attempt_id: str, user: Any, args: dict[str, Any]) -> Attemp
     attempt: INTENT_RECORDED when the editor's approval is enough, else AWAITING_APPROVAL."""
     try:
         return review.edit_and_approve(attempt_id, user=user, args=args)
+    finally:
+        connection.close()
+
+
+def expire_waits(days: float = 2) -> int:
+    """The worker's expiry pass as if ``days`` from now: how many waits it expired."""
+    later = timezone.now() + dt.timedelta(days=days)
+    try:
+        return ledger.expire_waits(actor=Actor.worker("test"), now=later)
     finally:
         connection.close()

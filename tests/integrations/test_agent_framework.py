@@ -8,7 +8,6 @@ session and the requests kept as JSON)."""
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import json
 from typing import Any
 
@@ -23,15 +22,12 @@ from agent_framework import (
     Message,
 )
 from django.db import connection
-from django.utils import timezone
 
-from attempts import ledger as server_ledger
-from attempts.actors import Actor
 from attempts.models import Attempt, State
 from ledgerweb_client.guard import LedgerContext, use_ledger
 from ledgerweb_client.integrations.agent_framework import ledger_approvals, ledgered_tool
 from tests.conftest import World
-from tests.integrations.approvals import approve, edit_and_approve, hold, reject
+from tests.integrations.approvals import approve, edit_and_approve, expire_waits, hold, reject
 from tests.integrations.conftest import sqlite_only
 from tests.integrations.test_frameworks import Provider as Tickets
 
@@ -154,9 +150,7 @@ def test_an_expiry_reaches_the_agent_as_the_frameworks_rejection(
 ) -> None:
     hold("open_ticket", "args.priority >= 2")
     saved, requests = asked(tickets, acme)
-    later = timezone.now() + dt.timedelta(days=2)
-    assert server_ledger.expire_waits(actor=Actor.worker("test"), now=later) == 1
-    connection.close()
+    assert expire_waits() == 1
     result, answers = decide_and_resume(tickets, acme, saved, requests)
     assert [a.approved for a in answers] == [False]
     assert REJECTED in result.text and tickets.effects == []

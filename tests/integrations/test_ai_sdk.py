@@ -8,7 +8,6 @@ rejection or an expiry; effects are counted in the provider's own file."""
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import shutil
@@ -17,14 +16,11 @@ from pathlib import Path
 
 import pytest
 from django.db import connection
-from django.utils import timezone
 
-from attempts import ledger as server_ledger
-from attempts.actors import Actor
 from attempts.models import Attempt, State
 from tests.api.conftest import Tokens
 from tests.conftest import REPO, World
-from tests.integrations.approvals import approve, edit_and_approve, hold, reject
+from tests.integrations.approvals import approve, edit_and_approve, expire_waits, hold, reject
 from tests.integrations.conftest import sqlite_only
 
 pytestmark = [pytest.mark.django_db(transaction=True), sqlite_only]
@@ -116,8 +112,7 @@ def test_a_rejection_reaches_the_model_as_a_denial_and_nothing_is_sent(
 def test_an_expiry_reaches_the_model_as_a_denial_and_nothing_is_sent(
     agent: Agent, held: Attempt, world: World
 ) -> None:
-    later = timezone.now() + dt.timedelta(days=2)
-    assert server_ledger.expire_waits(actor=Actor.worker("test"), now=later) == 1
+    assert expire_waits() == 1
     answer = agent("resume")
     assert "execution-denied" in answer and "approval_expired" in answer
     assert agent.effects == []

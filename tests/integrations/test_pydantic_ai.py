@@ -8,12 +8,10 @@ messages and requests kept as JSON)."""
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 from typing import Any
 
 import pytest
 from django.db import connection
-from django.utils import timezone
 from pydantic import TypeAdapter
 from pydantic_ai import Agent
 from pydantic_ai.messages import (
@@ -27,13 +25,11 @@ from pydantic_ai.messages import (
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.tools import DeferredToolRequests, ToolApproved, ToolDenied
 
-from attempts import ledger as server_ledger
-from attempts.actors import Actor
 from attempts.models import Attempt, State
 from ledgerweb_client.guard import LedgerContext
 from ledgerweb_client.integrations.pydantic_ai import ledger_decisions, ledgered_tool
 from tests.conftest import World
-from tests.integrations.approvals import approve, edit_and_approve, hold, reject
+from tests.integrations.approvals import approve, edit_and_approve, expire_waits, hold, reject
 from tests.integrations.conftest import sqlite_only
 from tests.integrations.test_frameworks import Provider as Tickets
 
@@ -143,9 +139,7 @@ def test_an_expired_wait_reaches_the_model_as_a_denial_and_nothing_is_sent(
 ) -> None:
     hold("open_ticket", "args.priority >= 2")
     messages, requests, attempt = held_run(tickets, acme)
-    later = timezone.now() + dt.timedelta(days=2)
-    assert server_ledger.expire_waits(actor=Actor.worker("test"), now=later) == 1
-    connection.close()
+    assert expire_waits() == 1
     final, results = resume(tickets, acme, messages, requests)
     assert "approval_expired" in results.approvals["call-1"].message
     assert "approval_expired" in final.output and tickets.effects == []
