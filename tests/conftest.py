@@ -11,6 +11,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -223,6 +224,15 @@ def manage(
         text=True,
         timeout=timeout,
     )
+
+
+def start_manage(
+    args: Sequence[str], *, env: dict[str, str] | None = None, **popen: Any
+) -> subprocess.Popen[str]:
+    """``manage.py`` with ``args`` started in a child process and left running (``env``: its
+    environment, else this one's); its output in text pipes unless ``popen`` says otherwise."""
+    options = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True, **popen}
+    return subprocess.Popen([PYTHON, "manage.py", *args], cwd=REPO, env=env, **options)
 
 
 def machine_cache(name: str) -> Path:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PYTHON, REPO, child_env, free_port
+from tests.conftest import PYTHON, REPO, child_env, free_port, start_manage
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -104,13 +104,9 @@ def test_gunicorn_logs_json_and_keeps_its_control_socket_in_the_data_folder(tmp_
 
 def test_the_workers_own_lines_are_json(tmp_path):
     env = child_env(LEDGERWEB_DATA_DIR=str(tmp_path), LEDGERWEB_LOG_FORMAT="json")
-    process = subprocess.Popen(
-        [PYTHON, "manage.py", "reconcile", "--interval", "0.2", "--no-notify"],
-        cwd=REPO,
+    process = start_manage(
+        ["reconcile", "--interval", "0.2", "--no-notify"],
         env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
     )
     first = process.stdout.readline()
     stop(process)

@@ -26,7 +26,7 @@ from attempts.models import (
     SlaPolicy,
     State,
 )
-from tests.conftest import PYTHON, REPO, child_env, make_world, no_digests
+from tests.conftest import child_env, make_world, no_digests, start_manage
 from tests.dashboard.conftest import make_review, make_unknown
 from tests.notify_servers import MailSink, Webhook
 
@@ -266,13 +266,9 @@ def test_a_refused_delivery_is_retried_later_not_lost(world, settings):
 
 
 def _worker(env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [PYTHON, "manage.py", "reconcile", "--interval", "0.2", "--worker-id", "notifier"],
-        cwd=REPO,
+    return start_manage(
+        ["reconcile", "--interval", "0.2", "--worker-id", "notifier"],
         env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
         start_new_session=True,
     )
 

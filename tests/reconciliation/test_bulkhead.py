@@ -22,7 +22,7 @@ from attempts.models import Attempt, AttemptEvent, State, Tool
 from reconciliation.models import WorkerHeartbeat
 from reconciliation.providers.registry import Registry
 from reconciliation.reconciler import Reconciler
-from tests.conftest import PYTHON, REPO, child_env, make_world
+from tests.conftest import PYTHON, REPO, child_env, make_world, start_manage
 from tests.reconciliation.conftest import intent, make_due, unknown
 
 BAD_TOOL = "open_ticket"
@@ -123,13 +123,9 @@ def test_one_misbehaving_provider_holds_up_nobody_else(
     world = make_world()
     demo.configure_tools()
     bad_provider.point(BAD_TOOL)
-    worker = subprocess.Popen(
-        [PYTHON, "manage.py", "reconcile", "--interval", "0.2", "--worker-id", "bulkhead"],
-        cwd=REPO,
+    worker = start_manage(
+        ["reconcile", "--interval", "0.2", "--worker-id", "bulkhead"],
         env=child_env(LEDGERWEB_STALE_AFTER="1", LEDGERWEB_PROVIDER_BREAKER_OPEN_SECONDS="60"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
     )
     try:
         alone = _settle_time(world, "alone", 15.0, worker)

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from attempts.models import Attempt, AttemptEvent, State, Tool
 from reconciliation.reconciler import Reconciler
-from tests.conftest import PYTHON, REPO, child_env, make_world
+from tests.conftest import child_env, make_world, start_manage
 from tests.reconciliation.conftest import intent, make_due, unknown
 from tests.reconciliation.test_bulkhead import BadProvider
 
@@ -53,13 +53,9 @@ def test_the_demo_outage_of_ticket_lookups_holds_no_send_or_lookup_of_another_to
     as fast as alone (1.5x, or a second's slack on a busy machine)."""
     world = make_world()
     demo.configure_tools(timeout=1.0)
-    worker = subprocess.Popen(
-        [PYTHON, "manage.py", "reconcile", "--interval", "0.2", "--worker-id", "isolation"],
-        cwd=REPO,
+    worker = start_manage(
+        ["reconcile", "--interval", "0.2", "--worker-id", "isolation"],
         env=child_env(LEDGERWEB_STALE_AFTER="1", LEDGERWEB_PROVIDER_BREAKER_OPEN_SECONDS="60"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
     )
     try:
         alone = _settle(_stale(intent(world, "update_crm", "alone", {"n": 0})), 15.0, worker)

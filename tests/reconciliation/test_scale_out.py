@@ -28,7 +28,7 @@ from attempts.actors import Actor
 from attempts.locking import LedgerBusy, write_transaction
 from attempts.models import AgentToken, Attempt, State
 from ledgerweb_client import LedgerClient, LedgerError, SendResult
-from tests.conftest import PYTHON, REPO, agent_intent, child_env, make_world
+from tests.conftest import PYTHON, REPO, agent_intent, child_env, make_world, start_manage
 
 SETTLED = {State.OUTCOME_CONFIRMED, State.FAILED, State.MANUAL_REVIEW, State.RECONCILED}
 
@@ -168,9 +168,8 @@ def test_two_web_nodes_and_two_workers_survive_a_kill_9_of_each(transactional_db
     ports = [free_port(), free_port()]
     webs = [gunicorn(port, env) for port in ports]
     workers = [
-        subprocess.Popen(
-            [PYTHON, "manage.py", "reconcile", "--interval", "0.5", "--worker-id", f"w{n}"],
-            cwd=REPO,
+        start_manage(
+            ["reconcile", "--interval", "0.5", "--worker-id", f"w{n}"],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

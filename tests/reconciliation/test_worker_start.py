@@ -11,7 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.conftest import PYTHON, REPO
+from tests.conftest import PYTHON, REPO, start_manage
 
 
 def _env(path: Path) -> dict[str, str]:
@@ -33,13 +33,10 @@ def test_the_worker_waits_at_start_for_a_sqlite_folder_it_cannot_open(tmp_path: 
     env = _env(database)
     errors = tmp_path / "worker.err"
     with open(errors, "w") as err_file:
-        worker = subprocess.Popen(
-            [PYTHON, "manage.py", "reconcile", "--interval", "0.3", "--worker-id", "waits"],
-            cwd=REPO,
+        worker = start_manage(
+            ["reconcile", "--interval", "0.3", "--worker-id", "waits"],
             env=env,
-            stdout=subprocess.PIPE,
             stderr=err_file,
-            text=True,
         )
     try:
         deadline = time.monotonic() + 60

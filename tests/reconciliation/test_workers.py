@@ -18,7 +18,7 @@ from attempts.locking import write_transaction
 from attempts.models import Attempt, AttemptEvent, State
 from attempts.states import Actor
 from reconciliation.models import WorkerHeartbeat
-from tests.conftest import PYTHON, REPO, child_env, make_world
+from tests.conftest import child_env, make_world, start_manage
 from tests.reconciliation.conftest import make_due, unknown
 
 ATTEMPTS = 500
@@ -48,13 +48,9 @@ def _bulk_unknown(count: int, demo) -> None:
 
 
 def _reconcile_process(worker: str, *extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [PYTHON, "manage.py", "reconcile", "--once", "--json", "--worker-id", worker, *extra],
-        cwd=REPO,
+    return start_manage(
+        ["reconcile", "--once", "--json", "--worker-id", worker, *extra],
         env=child_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
     )
 
 
@@ -164,13 +160,9 @@ def test_sigterm_stops_the_loop_cleanly_after_in_flight_work(transactional_db, d
     for i in range(4):
         demo.inject("open_ticket", f"t:{i}", {"i": i})
     demo.control(tools={"open_ticket": {"lookup_latency_ms": 1500}})
-    process = subprocess.Popen(
-        [PYTHON, "manage.py", "reconcile", "--interval", "0.2", "--worker-id", "looper"],
-        cwd=REPO,
+    process = start_manage(
+        ["reconcile", "--interval", "0.2", "--worker-id", "looper"],
         env=child_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
     )
     deadline = time.monotonic() + 30
     while not Attempt.objects.filter(lease_owner="looper").exists():
