@@ -32,7 +32,7 @@ from attempts.verify_export import (
 )
 from tests.api.conftest import Api
 from tests.attempts.test_audit_export import export, offline
-from tests.conftest import _user
+from tests.conftest import _user, agent_intent
 from tests.dashboard.approvals_helpers import held_intent, hold_big_charges, login
 
 BIG = {"amount_cents": 250000, "currency": "EUR"}
@@ -102,17 +102,17 @@ def test_every_decision_on_a_held_attempt_is_an_event_of_its_chain(world):
     assert rejected.events.order_by("id").last().action == "attempt.approval_rejected"
 
 
-def test_a_linked_retrys_approvals_are_events_checked_by_the_state_machine(world):
-    attempt, _ = ledger.record_intent(
-        tenant="acme",
-        task_id="t",
-        tool_name="charge_card",
-        idempotency_key="charge:acme:retry",
-        args={"amount_cents": 10},
-        actor=world.agent,
-    )
+def charge_in_review(world, key: str) -> Attempt:
+    """A small charge the agent recorded, moved to MANUAL_REVIEW (where a linked retry is
+    approved)."""
+    attempt, _ = agent_intent(world, key, tool="charge_card", args={"amount_cents": 10})
     with write_transaction():
         states.move(attempt, State.MANUAL_REVIEW, actor=world.agent)
+    return attempt
+
+
+def test_a_linked_retrys_approvals_are_events_checked_by_the_state_machine(world):
+    attempt = charge_in_review(world, "charge:acme:retry")
     # The critical tool needs two reviewers: no move out of review without their events.
     with pytest.raises(states.ApprovalsNotValid), write_transaction():
         states.move(attempt, State.RECONCILED, actor=Actor.user(world.reviewer))
@@ -275,16 +275,7 @@ def cut_event_and_relink(attempt: Attempt, event: AttemptEvent) -> None:
 
 def test_an_honest_history_of_approvals_verifies_online_and_offline(world, tmp_path):
     released_charge(world)
-    attempt, _ = ledger.record_intent(
-        tenant="acme",
-        task_id="t",
-        tool_name="charge_card",
-        idempotency_key="charge:acme:small",
-        args={"amount_cents": 10},
-        actor=world.agent,
-    )
-    with write_transaction():
-        states.move(attempt, State.MANUAL_REVIEW, actor=world.agent)
+    attempt = charge_in_review(world, "charge:acme:small")
     review.approve_linked_retry(attempt, user=world.reviewer)
     review.approve_linked_retry(attempt, user=world.reviewer2)
     report = audit_verify.verify_django_database()

@@ -17,6 +17,7 @@ from attempts import ledger
 from attempts.ledger import EFFECT_CLAIMED, EFFECT_CONTESTED
 from attempts.models import Attempt, AttemptEvent, ProviderEffect, State, Tool
 from reconciliation.reconciler import Reconciler
+from tests.conftest import agent_intent
 from tests.reconciliation.conftest import make_due, unknown
 
 ARGS = {"n": 1, "to": "a@example.test"}
@@ -107,14 +108,7 @@ def test_a_lookup_naming_another_attempts_effect_confirms_one_attempt_only(
 
 
 def _sent(world, key: str) -> Attempt:
-    attempt, created = ledger.record_intent(
-        tenant="acme",
-        task_id="task-1",
-        tool_name="update_crm",
-        idempotency_key=key,
-        args=ARGS,
-        actor=world.agent,
-    )
+    attempt, created = agent_intent(world, key, tool="update_crm", args=ARGS, task="task-1")
     assert created
     attempt, claimed = ledger.claim_dispatch(attempt, actor=world.agent)
     assert claimed
@@ -153,13 +147,8 @@ def test_an_agents_provider_request_call_naming_a_claimed_effect_sends_it_to_rev
 def test_the_same_id_under_another_tool_is_another_effect(world) -> None:
     first = _sent(world, "crm:acme:tools:1")
     ledger.attach_provider_request(first, EFFECT, actor=world.agent)
-    attempt, _ = ledger.record_intent(
-        tenant="acme",
-        task_id="task-1",
-        tool_name="open_ticket",
-        idempotency_key="ticket:acme:tools:1",
-        args=ARGS,
-        actor=world.agent,
+    attempt, _ = agent_intent(
+        world, "ticket:acme:tools:1", tool="open_ticket", args=ARGS, task="task-1"
     )
     attempt, _ = ledger.claim_dispatch(attempt, actor=world.agent)
     confirmed = ledger.confirm(
