@@ -16,24 +16,20 @@ from attempts.models import Attempt
 from ledgerweb_client import LedgerClient, LogView, ReceiptError, StateConflict
 from ledgerweb_client.errors import NotFound
 from tests.api.conftest import Tokens
-from tests.attempts.audit_helpers import forget_signer_state, rewrite_history
+from tests.attempts.audit_helpers import (
+    ORIGIN,
+    forget_signer_state,
+    rewrite_history,
+    seal_all,
+    sign_with_new_key,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-ORIGIN = "example.test/ledger"
 
 
 @pytest.fixture
 def verifier(tmp_path, settings):
-    path = tmp_path / "log.key"
-    key = log.write_key_file(path, ORIGIN)
-    settings.TLOG = {**settings.TLOG, "KEY_FILE": str(path), "ORIGIN": ORIGIN}
-    return str(key)
-
-
-def _seal() -> None:
-    while chain.seal() is not None:
-        pass
+    return str(sign_with_new_key(tmp_path, settings)[1])
 
 
 def _intent(ledger: LedgerClient, key: str, tenant: str = "acme"):
@@ -50,7 +46,7 @@ def test_a_receipt_verifies_with_the_key_alone_and_a_forged_one_does_not(
         with pytest.raises(StateConflict) as caught:
             ledger.receipt(attempt.attempt_id)
         assert caught.value.code == "not_sealed"
-        _seal()
+        seal_all()
         receipt = ledger.receipt(attempt.attempt_id)
         checkpoint = LedgerClient.verify_receipt(receipt, verifier)
         assert checkpoint.origin == ORIGIN and checkpoint.size == receipt["tree_size"]
@@ -70,14 +66,14 @@ def test_a_receipt_verifies_with_the_key_alone_and_a_forged_one_does_not(
         assert ledger.dispatch(attempt.attempt_id)
         with pytest.raises(StateConflict):
             ledger.receipt(attempt.attempt_id)
-        _seal()
+        seal_all()
         assert ledger.receipt(attempt.attempt_id)["leaf"]["length"] == 2
 
 
 def test_another_tenants_attempt_has_no_receipt(live_server, tokens: Tokens, verifier):
     with LedgerClient(live_server.url, tokens.globex) as other:
         attempt = _intent(other, "g:1", tenant="globex")
-    _seal()
+    seal_all()
     with LedgerClient(live_server.url, tokens.acme) as ledger, pytest.raises(NotFound):
         ledger.receipt(attempt.attempt_id)
 
@@ -87,12 +83,12 @@ def test_a_client_that_keeps_its_checkpoint_sees_a_fork(live_server, tokens: Tok
     with LedgerClient(live_server.url, tokens.acme) as ledger:
         for i in range(3):
             _intent(ledger, f"f:{i}")
-        _seal()
+        seal_all()
         first = ledger.check_log(view, verifier)
         assert view.size == first.size == 3
         for i in range(3, 8):
             _intent(ledger, f"f:{i}")
-        _seal()
+        seal_all()
         second = ledger.check_log(view, verifier)  # consistent with the first
         assert view.size == second.size == 8
         # The operator, holding the key, rewrites history and re-signs; the client, which kept
@@ -101,7 +97,7 @@ def test_a_client_that_keeps_its_checkpoint_sees_a_fork(live_server, tokens: Tok
         forget_signer_state()
         log.sign_pending()
         _intent(ledger, "f:late")
-        _seal()
+        seal_all()
         with pytest.raises(ReceiptError, match="not consistent"):
             ledger.check_log(view, verifier)
         assert view.size == 8
@@ -111,7 +107,7 @@ def test_the_log_is_served_as_tiles_without_login(client: Client, world, verifie
     from tests.attempts.audit_helpers import build_history
 
     build_history(world, 4)
-    _seal()
+    seal_all()
     newest = log.newest_signed()
     answer = client.get("/log/checkpoint")
     assert answer.status_code == 200
@@ -145,7 +141,7 @@ def test_a_read_token_closes_the_log(client: Client, world, verifier, settings):
     from tests.attempts.audit_helpers import build_history
 
     build_history(world, 1)
-    _seal()
+    seal_all()
     settings.TLOG = {**settings.TLOG, "READ_TOKEN": "s3cret-token"}
     assert client.get("/log/checkpoint").status_code == 401
     answer = client.get("/log/checkpoint", headers={"Authorization": "Bearer s3cret-token"})
@@ -156,7 +152,7 @@ def test_no_signed_checkpoint_yet_is_a_clear_404(client: Client, world):
     from tests.attempts.audit_helpers import build_history
 
     build_history(world, 1)
-    _seal()  # no key configured: unsigned
+    seal_all()  # no key configured: unsigned
     answer = client.get("/log/checkpoint")
     assert answer.status_code == 404 and b"no signed checkpoint" in answer.content
 
@@ -168,7 +164,7 @@ def test_without_cryptography_the_client_says_what_to_install(world, verifier, m
     from tests.attempts.audit_helpers import build_history
 
     attempt = build_history(world, 1)[0]
-    _seal()
+    seal_all()
     receipt = log.receipt(Attempt.objects.get(pk=attempt.pk))
     assert verify_receipt(receipt, verifier).size == 1
     monkeypatch.setitem(sys.modules, "cryptography.hazmat.primitives.asymmetric.ed25519", None)
@@ -197,7 +193,7 @@ def test_a_receipt_carries_what_its_leaf_commits_to_and_the_agent_checks_what_it
             tenant="acme", task_id="t", tool_name="update_crm", idempotency_key="rc:1", args=args
         )
         assert ledger.dispatch(attempt.attempt_id)
-        _seal()
+        seal_all()
         receipt = ledger.receipt(attempt.attempt_id)
     assert receipt["version"] == 2 and len(receipt["events"]) == receipt["leaf"]["length"] == 2
     # The events carry no free text: only what their hashes cover (format 3: its digest).
@@ -244,7 +240,7 @@ def test_a_history_the_key_holder_rewrote_still_fails_the_agents_own_check(
         attempt = ledger.record_intent(
             tenant="acme", task_id="t", tool_name="update_crm", idempotency_key="rw:1", args=args
         )
-        _seal()
+        seal_all()
         row = Attempt.objects.get()
         created = row.events.order_by("id").first()
         forged_digest = chain.args_digest(row.args_salt, {"amount": 1})

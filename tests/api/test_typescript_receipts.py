@@ -13,27 +13,21 @@ import pytest
 import rfc8785
 from django.db import connection
 
-from attempts import chain, log
+from attempts import log
 from attempts.verify_export import LogCheckpoint, NoteSignature
 from ledgerweb_client import LedgerClient
 from tests.api.conftest import Tokens
 from tests.api.test_typescript_client import CLIENT, npm
-from tests.attempts.test_witness import ORIGIN, _start_witness
+from tests.attempts.audit_helpers import ORIGIN, seal_all, sign_with_new_key
+from tests.attempts.test_witness import _start_witness
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def _seal() -> None:
-    while chain.seal() is not None:
-        pass
 
 
 def test_typescript_client_verifies_receipts(live_server, tokens: Tokens, tmp_path, settings):
     if connection.vendor != "sqlite":
         pytest.skip("the client's behaviour does not depend on the database: runs once, on SQLite")
-    key_path = tmp_path / "log.key"
-    verifier = log.write_key_file(key_path, ORIGIN)
-    settings.TLOG = {**settings.TLOG, "KEY_FILE": str(key_path), "ORIGIN": ORIGIN}
+    key_path, verifier = sign_with_new_key(tmp_path, settings)
     process, port, witness_key = _start_witness(tmp_path, verifier)
     settings.TLOG = {**settings.TLOG, "WITNESSES": [f"{witness_key} http://127.0.0.1:{port}"]}
     try:
@@ -46,7 +40,7 @@ def test_typescript_client_verifies_receipts(live_server, tokens: Tokens, tmp_pa
                         idempotency_key=f"ts-r:{i}", args={"i": i},
                     ).attempt_id
                 )  # fmt: skip
-            _seal()
+            seal_all()
             log.publish()
             first = log.newest_signed()
             for i in range(3, 6):
@@ -54,7 +48,7 @@ def test_typescript_client_verifies_receipts(live_server, tokens: Tokens, tmp_pa
                     tenant="acme", task_id="t", tool_name="update_crm",
                     idempotency_key=f"ts-r:{i}", args={"i": i},
                 )  # fmt: skip
-            _seal()
+            seal_all()
             log.publish()
             second = log.newest_signed()
             unsealed = ledger.record_intent(

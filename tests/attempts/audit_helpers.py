@@ -9,12 +9,22 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
 
-from attempts import ledger
+from attempts import ledger, log
 from attempts.models import Attempt, AttemptEvent
 from attempts.states import Actor
 
 EVENTS = "attempts_attemptevent"
 ATTEMPTS = "attempts_attempt"
+ORIGIN = "example.test/ledger"
+
+
+def sign_with_new_key(tmp_path, settings, name: str = "log.key"):
+    """The log signs with a new key, written to ``tmp_path / name``, under the name ``ORIGIN``
+    from now on; returns the key file's path and the key's verifier."""
+    path = tmp_path / name
+    verifier = log.write_key_file(path, ORIGIN)
+    settings.TLOG = {**settings.TLOG, "KEY_FILE": str(path), "ORIGIN": ORIGIN}
+    return path, verifier
 
 
 def run_verify(*args: str) -> str:

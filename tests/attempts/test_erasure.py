@@ -33,7 +33,7 @@ from attempts.models import (
 from attempts.states import Actor, move
 from attempts.verify_export import ERASED_ARGS, ERASED_TEXT
 from ledgerweb_client.receipts import verify_receipt
-from tests.attempts.audit_helpers import seal_all, sql
+from tests.attempts.audit_helpers import seal_all, sign_with_new_key, sql
 from tests.attempts.test_audit_export import export, offline
 from tests.conftest import _user, agent_intent
 from tests.dashboard.conftest import login
@@ -80,10 +80,7 @@ def stored_text(attempt: Attempt) -> str:
 
 @pytest.fixture
 def key_file(tmp_path, settings):
-    path = tmp_path / "log.key"
-    verifier = log.write_key_file(path, "example.test/ledger")
-    settings.TLOG = {**settings.TLOG, "KEY_FILE": str(path), "ORIGIN": "example.test/ledger"}
-    return str(verifier)
+    return str(sign_with_new_key(tmp_path, settings)[1])
 
 
 def test_erasure_removes_the_plaintext_and_everything_still_verifies(world, key_file, tmp_path):

@@ -29,7 +29,7 @@ from attempts.verify_export import (
     leaf_hash,
     open_checkpoint,
 )
-from tests.attempts.audit_helpers import build_history, seal_all
+from tests.attempts.audit_helpers import build_history, seal_all, sign_with_new_key
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.django_db
@@ -208,22 +208,14 @@ def test_nothing_to_seal_writes_nothing(world):
 
 @pytest.fixture
 def key_file(tmp_path, settings):
-    path = tmp_path / "log.key"
-    verifier = log.write_key_file(path, "example.test/ledger")
-    settings.TLOG = {**settings.TLOG, "KEY_FILE": str(path), "ORIGIN": "example.test/ledger"}
-    return path, verifier
+    return sign_with_new_key(tmp_path, settings)
 
 
 def _rotate_key(tmp_path, settings, *, old_verifier):
     """Sign with a new key from now on, the old key's ``old_verifier`` kept for checking what it
     signed; returns the new key's verifier."""
-    path = tmp_path / "second.key"
-    second = log.write_key_file(path, "example.test/ledger")
-    settings.TLOG = {
-        **settings.TLOG,
-        "KEY_FILE": str(path),
-        "OLD_VERIFIER_KEYS": [str(old_verifier)],
-    }
+    _, second = sign_with_new_key(tmp_path, settings, "second.key")
+    settings.TLOG = {**settings.TLOG, "OLD_VERIFIER_KEYS": [str(old_verifier)]}
     return second
 
 

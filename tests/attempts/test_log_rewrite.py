@@ -18,15 +18,17 @@ from attempts import log, verify_export
 from attempts.models import Attempt, Checkpoint, CheckpointSignature
 from attempts.verify_export import NoteSignature
 from tests.attempts.audit_helpers import (
+    ORIGIN,
     broken,
     build_history,
     drop_triggers,
     rewrite_history,
     run_verify,
     seal_all,
+    sign_with_new_key,
     sql,
 )
-from tests.attempts.test_witness import ORIGIN, _start_witness
+from tests.attempts.test_witness import _start_witness
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -35,9 +37,7 @@ VERIFIER = Path(verify_export.__file__)
 
 @pytest.fixture
 def witnessed(world, tmp_path, settings):
-    key_path = tmp_path / "log.key"
-    verifier = log.write_key_file(key_path, ORIGIN)
-    settings.TLOG = {**settings.TLOG, "KEY_FILE": str(key_path), "ORIGIN": ORIGIN}
+    _, verifier = sign_with_new_key(tmp_path, settings)
     process, port, witness_key = _start_witness(tmp_path, verifier)
     settings.TLOG = {**settings.TLOG, "WITNESSES": [f"{witness_key} http://127.0.0.1:{port}"]}
     build_history(world, 4)
@@ -125,9 +125,7 @@ def test_the_pure_python_ed25519_agrees_with_cryptography():
 @pytest.fixture
 def signed_ledger(world, tmp_path, settings):
     """A ledger whose sealer signs (a key file configured), with two signed checkpoints."""
-    key_path = tmp_path / "log.key"
-    verifier = log.write_key_file(key_path, ORIGIN)
-    settings.TLOG = {**settings.TLOG, "KEY_FILE": str(key_path), "ORIGIN": ORIGIN}
+    _, verifier = sign_with_new_key(tmp_path, settings)
     build_history(world, 3)
     seal_all()
     build_history(world, 2, prefix="later")

@@ -17,10 +17,12 @@ from attempts import log
 from attempts.models import Attempt, CheckpointSignature, WitnessState
 from attempts.verify_export import open_checkpoint
 from tests.attempts.audit_helpers import (
+    ORIGIN,
     build_history,
     forget_signer_state,
     rewrite_history,
     seal_all,
+    sign_with_new_key,
 )
 from tests.conftest import free_port
 
@@ -28,15 +30,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 # The witness the simulation runs, here in a process of its own (it remembers across restarts).
 REPO = Path(__file__).resolve().parents[2]
-ORIGIN = "example.test/ledger"
 
 
 @pytest.fixture
 def signing(tmp_path, settings):
-    path = tmp_path / "log.key"
-    verifier = log.write_key_file(path, ORIGIN)
-    settings.TLOG = {**settings.TLOG, "KEY_FILE": str(path), "ORIGIN": ORIGIN}
-    return verifier
+    return sign_with_new_key(tmp_path, settings)[1]
 
 
 def _start_witness(tmp_path: Path, verifier, name: str = "witness.test/w1", *, lie_once: int = 0):
