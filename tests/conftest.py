@@ -190,6 +190,15 @@ def no_digests() -> None:
         PersonSettings.objects.update_or_create(user=user, defaults={"digest_hour": None})
 
 
+# An attempt's events when it went through the safe order and was confirmed, oldest first.
+CONFIRMED_IN_ORDER = [
+    "attempt.created",
+    "attempt.dispatched",
+    "attempt.provider_request_attached",
+    "attempt.outcome_confirmed",
+]
+
+
 def child_env(**extra: str) -> dict[str, str]:
     """Environment for a child process that must use the same (test) database as this test."""
     env = dict(os.environ)

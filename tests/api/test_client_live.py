@@ -20,6 +20,7 @@ from ledgerweb_client import (
     Unauthorized,
 )
 from tests.api.conftest import Tokens
+from tests.conftest import CONFIRMED_IN_ORDER
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -57,12 +58,7 @@ def test_call_runs_the_safe_order_and_confirms(ledger: LedgerClient) -> None:
     stored = Attempt.objects.get(idempotency_key="charge:live:1")
     assert (stored.state, stored.result_ref, stored.send_count) == ("OUTCOME_CONFIRMED", "ch_1", 1)
     actions = list(stored.events.values_list("action", flat=True))
-    assert actions == [
-        "attempt.created",
-        "attempt.dispatched",
-        "attempt.provider_request_attached",
-        "attempt.outcome_confirmed",
-    ]
+    assert actions == CONFIRMED_IN_ORDER
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ from attempts.ledger import (
     StateConflict,
 )
 from attempts.models import Attempt, AttemptEvent, Grant, State
+from tests.conftest import CONFIRMED_IN_ORDER
 
 
 def record(world, key="inv:acme:2026-11-30:send", args=None, **overrides):
@@ -293,12 +294,7 @@ def test_safe_order_records_and_claims_before_sending(world):
     assert seen == [State.DISPATCHED]
     assert outcome.sent and outcome.attempt.state == State.OUTCOME_CONFIRMED
     actions = list(outcome.attempt.events.values_list("action", flat=True))
-    assert actions == [
-        "attempt.created",
-        "attempt.dispatched",
-        "attempt.provider_request_attached",
-        "attempt.outcome_confirmed",
-    ]
+    assert actions == CONFIRMED_IN_ORDER
 
 
 def test_a_200_without_a_receipt_is_not_confirmation(world):

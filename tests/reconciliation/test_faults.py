@@ -12,7 +12,7 @@ import pytest
 
 from attempts import faults
 from attempts.models import Attempt, State
-from tests.conftest import REPO, child_env, manage
+from tests.conftest import CONFIRMED_IN_ORDER, REPO, child_env, manage
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -98,12 +98,7 @@ def test_without_faults_the_agent_completes_in_the_safe_order(wired, demo, tmp_p
     attempt = Attempt.objects.get(idempotency_key="k:6")
     assert attempt.state == State.OUTCOME_CONFIRMED
     actions = list(attempt.events.values_list("action", flat=True))
-    assert actions == [
-        "attempt.created",
-        "attempt.dispatched",
-        "attempt.provider_request_attached",
-        "attempt.outcome_confirmed",
-    ]
+    assert actions == CONFIRMED_IN_ORDER
 
 
 @pytest.mark.parametrize(
