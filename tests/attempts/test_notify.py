@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import time
+from collections import Counter
 
 import pytest
 from django.utils import timezone
@@ -265,6 +266,19 @@ def test_a_refused_delivery_is_retried_later_not_lost(world, settings):
 # Real worker processes, killed mid-send
 
 
+def _deliver_to(settings, mail: MailSink, hook: Webhook) -> dict[str, str]:
+    """Notices go by email to ``mail`` and by chat to ``hook``, from this process; returns the
+    same for a worker's environment (with a two-second lease)."""
+    mail_to(settings, mail.port)
+    settings.NOTIFY = {**settings.NOTIFY, "EMAIL": True, "CHAT_WEBHOOK_URL": hook.url}
+    return {
+        "LEDGERWEB_EMAIL_HOST": "127.0.0.1",
+        "LEDGERWEB_EMAIL_PORT": str(mail.port),
+        "LEDGERWEB_CHAT_WEBHOOK_URL": hook.url,
+        "LEDGERWEB_NOTIFY_LEASE_SECONDS": "2",
+    }
+
+
 def _worker(env: dict[str, str]) -> subprocess.Popen[str]:
     return start_manage(
         ["reconcile", "--interval", "0.2", "--worker-id", "notifier"],
@@ -301,18 +315,27 @@ def _setup_notices(count: int) -> set[int]:
     return ids
 
 
+def _the_rest_sent(
+    env: dict[str, str], notices: set[int], mail: MailSink, hook: Webhook
+) -> Counter:
+    """A new worker sends what is left, then is stopped; every notice has arrived (nothing
+    lost). Returns how many times each arrived, by its id."""
+    worker = _worker(env)
+    try:
+        _wait(lambda: Notification.objects.filter(status="sent").count() == len(notices))
+    finally:
+        _kill(worker)
+    delivered = mail.counts() + hook.counts()
+    assert set(delivered) == {f"ledgerweb-notice-{pk}" for pk in notices}  # nothing lost
+    return delivered
+
+
 @pytest.mark.slow
 def test_a_worker_killed_mid_send_loses_and_doubles_nothing(transactional_db, settings):
     with MailSink() as mail, Webhook() as hook:
-        mail_to(settings, mail.port)
-        settings.NOTIFY = {**settings.NOTIFY, "EMAIL": True, "CHAT_WEBHOOK_URL": hook.url}
+        base = _deliver_to(settings, mail, hook)
         notices = _setup_notices(3)
-        env = child_env(
-            LEDGERWEB_EMAIL_HOST="127.0.0.1",
-            LEDGERWEB_EMAIL_PORT=str(mail.port),
-            LEDGERWEB_CHAT_WEBHOOK_URL=hook.url,
-            LEDGERWEB_NOTIFY_LEASE_SECONDS="2",
-        )
+        env = child_env(**base)
         # The first email is held inside the SMTP conversation; the worker dies there.
         mail.hold_next()
         first = _worker(env)
@@ -321,45 +344,24 @@ def test_a_worker_killed_mid_send_loses_and_doubles_nothing(transactional_db, se
         mail.release(accept=False)  # the dead worker's message was never accepted
         held = Notification.objects.filter(lease_until__isnull=False, status="pending")
         assert held.count() == 1  # leased by the dead worker, not sent
-        second = _worker(env)
-        try:
-            _wait(lambda: Notification.objects.filter(status="sent").count() == len(notices))
-        finally:
-            _kill(second)
-    expected = {f"ledgerweb-notice-{pk}" for pk in notices}
-    delivered = mail.counts() + hook.counts()
-    assert set(delivered) == expected  # nothing lost
+        delivered = _the_rest_sent(env, notices, mail, hook)
     assert set(delivered.values()) == {1}  # nothing doubled
 
 
 @pytest.mark.slow
 def test_a_crash_between_accepted_and_recorded_resends_the_same_notice(transactional_db, settings):
     with MailSink() as mail, Webhook() as hook:
-        mail_to(settings, mail.port)
-        settings.NOTIFY = {**settings.NOTIFY, "EMAIL": True, "CHAT_WEBHOOK_URL": hook.url}
+        base = _deliver_to(settings, mail, hook)
         notices = _setup_notices(2)
-        base = dict(
-            LEDGERWEB_EMAIL_HOST="127.0.0.1",
-            LEDGERWEB_EMAIL_PORT=str(mail.port),
-            LEDGERWEB_CHAT_WEBHOOK_URL=hook.url,
-            LEDGERWEB_NOTIFY_LEASE_SECONDS="2",
-        )
         crashing = _worker(
             child_env(LEDGERWEB_CRASH_AT="notify_sent", LEDGERWEB_FAULTS_ALLOWED="1", **base)
         )
         assert crashing.wait(timeout=60) == -signal.SIGKILL
         assert len(mail.messages) + len(hook.posts) == 1
-        second = _worker(child_env(**base))
-        try:
-            _wait(lambda: Notification.objects.filter(status="sent").count() == len(notices))
-        finally:
-            _kill(second)
-    expected = {f"ledgerweb-notice-{pk}" for pk in notices}
-    delivered = mail.counts() + hook.counts()
-    assert set(delivered) == expected  # nothing lost
+        delivered = _the_rest_sent(child_env(**base), notices, mail, hook)
     # The one notice in flight at the crash arrived twice, as the same notice (same id), which
     # the receiver drops; every other notice arrived once.
-    assert sorted(delivered.values()) == [1] * (len(expected) - 1) + [2]
+    assert sorted(delivered.values()) == [1] * (len(notices) - 1) + [2]
 
 
 def test_the_first_run_tells_nobody_about_the_past(world, channels):
