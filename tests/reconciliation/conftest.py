@@ -3,7 +3,9 @@ world's tools pointed at it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import subprocess
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +13,7 @@ import pytest
 from django.utils import timezone
 
 from attempts import ledger
-from attempts.models import Attempt, Tool
+from attempts.models import Attempt, State, Tool
 from reconciliation.crashtest.harness import ProviderProcess
 from tests.conftest import agent_intent
 
@@ -60,6 +62,34 @@ def make_due(attempt: Attempt) -> Attempt:
     Attempt.objects.filter(pk=attempt.pk).update(next_check_at=past)
     attempt.refresh_from_db()
     return attempt
+
+
+def make_stale(attempt: Attempt) -> Attempt:
+    """Make the attempt look untouched for five seconds (past a short stale threshold)."""
+    past = timezone.now() - timezone.timedelta(seconds=5)
+    Attempt.objects.filter(pk=attempt.pk).update(updated_at=past)
+    return attempt
+
+
+def seconds_to_confirm(
+    attempt: Attempt,
+    limit: float,
+    worker: subprocess.Popen,
+    *,
+    also: Callable[[], None] = lambda: None,
+) -> float:
+    """Seconds until the running ``worker`` confirms the attempt, at most ``limit``; the worker
+    must stay alive, and ``also`` (a check of its own) holds all the while."""
+    started = time.monotonic()
+    while True:
+        state = Attempt.objects.values_list("state", flat=True).get(pk=attempt.pk)
+        if state == State.OUTCOME_CONFIRMED:
+            return time.monotonic() - started
+        assert worker.poll() is None, worker.stderr.read()
+        elapsed = time.monotonic() - started
+        assert elapsed < limit, f"{attempt.tool_name} still {state} after {elapsed:.1f}s"
+        also()
+        time.sleep(0.05)
 
 
 def intent(world, tool: str, key: str, args: dict[str, Any] | None = None, tenant: str = "acme"):

@@ -18,12 +18,12 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from attempts.models import Attempt, AttemptEvent, State, Tool
+from attempts.models import AttemptEvent, State, Tool
 from reconciliation.models import WorkerHeartbeat
 from reconciliation.providers.registry import Registry
 from reconciliation.reconciler import Reconciler
 from tests.conftest import PYTHON, REPO, child_env, make_world, start_manage
-from tests.reconciliation.conftest import intent, make_due, unknown
+from tests.reconciliation.conftest import intent, make_due, make_stale, seconds_to_confirm, unknown
 
 BAD_TOOL = "open_ticket"
 HEALTHY_TOOL = "update_crm"
@@ -75,29 +75,18 @@ def bad_provider(tmp_path: Path, request) -> Iterator[BadProvider]:
     provider.stop()
 
 
-def _stale(attempt: Attempt) -> Attempt:
-    past = timezone.now() - timezone.timedelta(seconds=5)
-    Attempt.objects.filter(pk=attempt.pk).update(updated_at=past)
-    return attempt
-
-
 def _settle_time(world, key: str, limit: float, worker: subprocess.Popen) -> float:
     """Seconds from a stale intent of the healthy tool to its confirmation, checking all the
     while that the worker's heartbeat stays fresh."""
-    attempt = _stale(intent(world, HEALTHY_TOOL, key, {"key": key}))
-    started = time.monotonic()
-    while True:
-        state = Attempt.objects.values_list("state", flat=True).get(pk=attempt.pk)
-        if state == State.OUTCOME_CONFIRMED:
-            return time.monotonic() - started
-        assert worker.poll() is None, worker.stderr.read()
-        elapsed = time.monotonic() - started
-        assert elapsed < limit, f"the healthy tool's intent still {state} after {elapsed:.1f}s"
-        beat = WorkerHeartbeat.objects.order_by("-last_seen").first()
-        if beat is not None:
-            age = (timezone.now() - beat.last_seen).total_seconds()
-            assert age < 3.0, f"the worker's heartbeat is {age:.1f}s old"
-        time.sleep(0.05)
+    attempt = make_stale(intent(world, HEALTHY_TOOL, key, {"key": key}))
+    return seconds_to_confirm(attempt, limit, worker, also=_heartbeat_fresh)
+
+
+def _heartbeat_fresh() -> None:
+    beat = WorkerHeartbeat.objects.order_by("-last_seen").first()
+    if beat is not None:
+        age = (timezone.now() - beat.last_seen).total_seconds()
+        assert age < 3.0, f"the worker's heartbeat is {age:.1f}s old"
 
 
 @pytest.mark.parametrize(

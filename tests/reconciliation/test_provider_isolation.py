@@ -8,7 +8,6 @@ as the hold ends. Real processes: the demo provider and, for the timing, a real 
 from __future__ import annotations
 
 import signal
-import subprocess
 import time
 
 import pytest
@@ -18,31 +17,12 @@ from django.utils import timezone
 from attempts.models import Attempt, AttemptEvent, State, Tool
 from reconciliation.reconciler import Reconciler
 from tests.conftest import child_env, make_world, start_manage
-from tests.reconciliation.conftest import intent, make_due, unknown
+from tests.reconciliation.conftest import intent, make_due, make_stale, seconds_to_confirm, unknown
 from tests.reconciliation.test_bulkhead import BadProvider
 
 OUTAGE = {
     "tools": {name: {"lookup_mode": "error_5xx"} for name in ("open_ticket", "send_invoice_email")}
 }
-
-
-def _stale(attempt: Attempt) -> Attempt:
-    Attempt.objects.filter(pk=attempt.pk).update(
-        updated_at=timezone.now() - timezone.timedelta(seconds=5)
-    )
-    return attempt
-
-
-def _settle(attempt: Attempt, limit: float, worker: subprocess.Popen) -> float:
-    started = time.monotonic()
-    while True:
-        state = Attempt.objects.values_list("state", flat=True).get(pk=attempt.pk)
-        if state == State.OUTCOME_CONFIRMED:
-            return time.monotonic() - started
-        assert worker.poll() is None, worker.stderr.read()
-        elapsed = time.monotonic() - started
-        assert elapsed < limit, f"{attempt.tool_name} still {state} after {elapsed:.1f}s"
-        time.sleep(0.05)
 
 
 def test_the_demo_outage_of_ticket_lookups_holds_no_send_or_lookup_of_another_tool_on_its_host(
@@ -58,7 +38,9 @@ def test_the_demo_outage_of_ticket_lookups_holds_no_send_or_lookup_of_another_to
         env=child_env(LEDGERWEB_STALE_AFTER="1", LEDGERWEB_PROVIDER_BREAKER_OPEN_SECONDS="60"),
     )
     try:
-        alone = _settle(_stale(intent(world, "update_crm", "alone", {"n": 0})), 15.0, worker)
+        alone = seconds_to_confirm(
+            make_stale(intent(world, "update_crm", "alone", {"n": 0})), 15.0, worker
+        )
         demo.control(**OUTAGE)
         down = [
             make_due(unknown(world, tool, f"down:{tool}:{i}", {"i": i}))
@@ -72,9 +54,11 @@ def test_the_demo_outage_of_ticket_lookups_holds_no_send_or_lookup_of_another_to
             assert time.monotonic() < deadline, "the outage never opened a breaker"
             time.sleep(0.05)
         limit = max(3.0, 1.5 * alone + 1.0)
-        crm = _settle(_stale(intent(world, "update_crm", "beside", {"n": 1})), limit, worker)
-        card = _settle(
-            _stale(intent(world, "charge_card", "beside-card", {"amount": 5})), limit, worker
+        crm = seconds_to_confirm(
+            make_stale(intent(world, "update_crm", "beside", {"n": 1})), limit, worker
+        )
+        card = seconds_to_confirm(
+            make_stale(intent(world, "charge_card", "beside-card", {"amount": 5})), limit, worker
         )
         assert crm <= max(1.5 * alone, alone + 1.0), (alone, crm)
         assert card <= max(1.5 * alone, alone + 1.0), (alone, card)
@@ -208,7 +192,7 @@ def test_the_queue_says_why_for_every_unknown_stale_or_held_row(world, outage, s
     reconciler.run_pass()
     reconciler._told_at = -1e9
     reconciler.run_pass()
-    stale = _stale(intent(world, "update_crm", "stale-row", {"n": 1}))
+    stale = make_stale(intent(world, "update_crm", "stale-row", {"n": 1}))
     settings.LEDGER = {**settings.LEDGER, "STALE_AFTER": 2}
     client = Client()
     client.force_login(world.operator)
@@ -238,7 +222,7 @@ def test_the_overview_health_band_shows_whether_work_moves_with_links_to_its_que
         make_due(unknown(world, "open_ticket", f"b:{i}", {"i": i}))
     reconciler = Reconciler(worker_id="band", concurrency=4)
     reconciler.run_once()
-    _stale(intent(world, "update_crm", "band-stale", {"n": 1}))  # recorded after the pass
+    make_stale(intent(world, "update_crm", "band-stale", {"n": 1}))  # recorded after the pass
     # The held tickets have been due for a while: held on purpose, they are not lag.
     Attempt.objects.filter(tool_name="open_ticket", state=State.UNKNOWN).update(
         next_check_at=timezone.now() - timezone.timedelta(seconds=300)
@@ -273,7 +257,7 @@ def test_the_demo_shows_its_injected_outage_as_what_it_is(world, demo, settings)
         hang_seconds=1.0,
     )
     tickets = [make_due(unknown(world, "open_ticket", f"d:{i}", {"i": i})) for i in range(6)]
-    crm = _stale(intent(world, "update_crm", "demo-crm", {"n": 1}))
+    crm = make_stale(intent(world, "update_crm", "demo-crm", {"n": 1}))
     reconciler = Reconciler(worker_id="demo", concurrency=4)
     reconciler.run_once()
     reconciler._told_at = -1e9
