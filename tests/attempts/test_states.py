@@ -67,33 +67,28 @@ def _intent(world, key="k-1", *, held=False):
     if held:
         assert attempt.state == S.AWAITING_APPROVAL
         policy = ApprovalPolicy.objects.get(name="big-crm-updates")
-        now = timezone.now()
-        # An approval is its event in the attempt's chain (a row alone counts for nothing).
-        with write_transaction():
-            states.move(
-                attempt,
-                None,
-                action=APPROVAL_ACTION,
-                actor=states.Actor.user(world.reviewer),
-                details={
-                    "kind": "held",
-                    "args_hash": attempt.args_hash,
-                    "policy_version": policy.version,
-                    "valid_until": (now + dt.timedelta(hours=1)).isoformat(),
-                },
-            )
+        valid_until = timezone.now() + dt.timedelta(hours=1)
+        details = {
+            "kind": "held",
+            "args_hash": attempt.args_hash,
+            "policy_version": policy.version,
+            "valid_until": valid_until.isoformat(),
+        }
+        _reviewer_approves(world, attempt, details)
     return attempt
 
 
-def _reviewer_approves(world, attempt):
-    """A reviewer's approval of an attempt in review (a linked retry or linked attempt)."""
+def _reviewer_approves(world, attempt, details: dict | None = None):
+    """A reviewer's approval: its event in the attempt's chain (a row alone counts for
+    nothing). Of a held intent with ``details``, else of an attempt in review (a linked retry
+    or linked attempt)."""
     with write_transaction():
         states.move(
             attempt,
             None,
             action=APPROVAL_ACTION,
             actor=states.Actor.user(world.reviewer),
-            details={"kind": "linked_retry"},
+            details=details or {"kind": "linked_retry"},
         )
 
 
