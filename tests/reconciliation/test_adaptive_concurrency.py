@@ -93,13 +93,52 @@ def _drive(reconciler: Reconciler, watcher: Watcher) -> None:
         reconciler.close()
 
 
+def _waiting(world, demo: DemoProvider, count: int, latency_ms: int, **tools) -> list[int]:
+    """The demo's tools configured (``tools``), its lookups taking ``latency_ms``, a backlog of
+    ``count`` (``_backlog``), and the provider's count of calls at once started afresh."""
+    demo.configure_tools(**tools)
+    demo.control(lookup_latency_ms=latency_ms)
+    ids = _backlog(world, demo, count)
+    demo.request("POST", "/_stats")
+    return ids
+
+
+def _fewer_then_more(
+    demo: DemoProvider,
+    trouble: dict,
+    low: tuple[str, Callable[[int, int], bool]],
+    fixed: dict,
+) -> None:
+    """At full concurrency the provider runs into ``trouble`` (``demo.control``); once the
+    worker's lookups are ``low`` (a named condition on calls in flight and limit) it is
+    ``fixed``; the calls in flight must have fallen, then risen to full again, and never passed
+    the worker's concurrency."""
+    name, condition = low
+    reconciler = Reconciler(worker_id="adaptive", concurrency=CONCURRENCY)
+    watcher = Watcher(
+        reconciler,
+        [
+            (
+                "healthy",
+                lambda flight, cap: flight == CONCURRENCY,
+                lambda: demo.control(**trouble),
+            ),
+            (name, condition, lambda: demo.control(**fixed)),
+            ("recovered", lambda flight, cap: flight == CONCURRENCY, lambda: None),
+        ],
+        timeout=60,
+    )
+    _drive(reconciler, watcher)
+    assert watcher.reached == ["healthy", name, "recovered"], watcher.samples[-20:]
+    assert min(watcher.in_flight("recovered")) <= 2  # it fell, then rose again
+    assert max(flight for _, flight, _ in watcher.samples) <= CONCURRENCY
+    assert demo.request("GET", "/_stats")[1]["peak_in_flight"] <= CONCURRENCY
+
+
 def test_a_healthy_providers_backlog_drains_at_the_workers_full_concurrency(
     world, demo: DemoProvider
 ) -> None:
-    demo.configure_tools()
-    demo.control(lookup_latency_ms=30)
-    ids = _backlog(world, demo, 120)
-    demo.request("POST", "/_stats")
+    ids = _waiting(world, demo, 120, latency_ms=30)
     reconciler = Reconciler(worker_id="adaptive", concurrency=CONCURRENCY)
     reconciler.run_pass()
     assert not Attempt.objects.filter(pk__in=ids).exclude(state=State.OUTCOME_CONFIRMED).exists()
@@ -110,10 +149,7 @@ def test_a_healthy_providers_backlog_drains_at_the_workers_full_concurrency(
 
 def test_calls_in_flight_never_pass_what_the_operator_allows(world, demo, settings) -> None:
     settings.LEDGER = {**settings.LEDGER, "PROVIDER_CONCURRENCY": 5}
-    demo.configure_tools()
-    demo.control(lookup_latency_ms=30)
-    ids = _backlog(world, demo, 80)
-    demo.request("POST", "/_stats")
+    ids = _waiting(world, demo, 80, latency_ms=30)
     Reconciler(worker_id="adaptive", concurrency=CONCURRENCY).run_pass()
     assert not Attempt.objects.filter(pk__in=ids).exclude(state=State.OUTCOME_CONFIRMED).exists()
     assert demo.request("GET", "/_stats")[1]["peak_in_flight"] == 5
@@ -122,59 +158,23 @@ def test_calls_in_flight_never_pass_what_the_operator_allows(world, demo, settin
 def test_a_provider_that_slows_down_gets_fewer_calls_then_more_when_it_recovers(
     world, demo: DemoProvider
 ) -> None:
-    demo.configure_tools(timeout=5.0)
-    demo.control(lookup_latency_ms=20)
-    _backlog(world, demo, 200)
-    demo.request("POST", "/_stats")
-    reconciler = Reconciler(worker_id="adaptive", concurrency=CONCURRENCY)
-    watcher = Watcher(
-        reconciler,
-        [
-            (
-                "healthy",
-                lambda flight, cap: flight == CONCURRENCY,
-                lambda: demo.control(lookup_latency_ms=400),
-            ),
-            ("slow", lambda flight, cap: cap <= 2, lambda: demo.control(lookup_latency_ms=20)),
-            ("recovered", lambda flight, cap: flight == CONCURRENCY, lambda: None),
-        ],
-        timeout=60,
+    _waiting(world, demo, 200, latency_ms=20, timeout=5.0)
+    _fewer_then_more(
+        demo,
+        trouble={"lookup_latency_ms": 400},
+        low=("slow", lambda flight, cap: cap <= 2),
+        fixed={"lookup_latency_ms": 20},
     )
-    _drive(reconciler, watcher)
-    assert watcher.reached == ["healthy", "slow", "recovered"], watcher.samples[-20:]
-    assert min(watcher.in_flight("recovered")) <= 2  # it fell, then rose again
-    assert max(flight for _, flight, _ in watcher.samples) <= CONCURRENCY
-    assert demo.request("GET", "/_stats")[1]["peak_in_flight"] <= CONCURRENCY
 
 
 def test_a_provider_that_answers_429_part_way_gets_fewer_calls_then_more_when_it_recovers(
     world, demo: DemoProvider, settings
 ) -> None:
     settings.LEDGER = {**settings.LEDGER, "PROVIDER_BREAKER_OPEN_SECONDS": 1}
-    demo.configure_tools(timeout=5.0)
-    demo.control(lookup_latency_ms=20)
-    _backlog(world, demo, 200)
-    demo.request("POST", "/_stats")
-    reconciler = Reconciler(worker_id="adaptive", concurrency=CONCURRENCY)
-    watcher = Watcher(
-        reconciler,
-        [
-            (
-                "healthy",
-                lambda flight, cap: flight == CONCURRENCY,
-                lambda: demo.control(lookup_mode="rate_limited", retry_after_seconds=1),
-            ),
-            (
-                "limited",
-                lambda flight, cap: cap <= 2 and flight == 0,
-                lambda: demo.control(lookup_mode="ok"),
-            ),
-            ("recovered", lambda flight, cap: flight == CONCURRENCY, lambda: None),
-        ],
-        timeout=60,
+    _waiting(world, demo, 200, latency_ms=20, timeout=5.0)
+    _fewer_then_more(
+        demo,
+        trouble={"lookup_mode": "rate_limited", "retry_after_seconds": 1},
+        low=("limited", lambda flight, cap: cap <= 2 and flight == 0),
+        fixed={"lookup_mode": "ok"},
     )
-    _drive(reconciler, watcher)
-    assert watcher.reached == ["healthy", "limited", "recovered"], watcher.samples[-20:]
-    assert min(watcher.in_flight("recovered")) <= 2
-    assert max(flight for _, flight, _ in watcher.samples) <= CONCURRENCY
-    assert demo.request("GET", "/_stats")[1]["peak_in_flight"] <= CONCURRENCY
