@@ -15,33 +15,12 @@ Standard library only, no Django. Typical use::
 See ``docs/client.md`` and ``LedgerClient.call`` / ``LedgerClient.attempt``.
 """
 
-from . import errors
-from .client import (
-    DISPATCHABLE_STATES,
-    TERMINAL_STATES,
-    Attempt,
-    AttemptCall,
-    CallResult,
-    LedgerClient,
-    SendResult,
-    State,
-    __version__,
-)
+from . import client, errors
+from .client import *  # noqa: F403 (the client and its types: client.__all__, listed once there)
+from .client import __version__
 from .errors import *  # noqa: F403 (every exception: errors.__all__, listed once there)
 from .receipts import LogView, ReceiptError, verify_receipt
 
-__all__ = [
-    "LogView",
-    "ReceiptError",
-    "verify_receipt",
-    "DISPATCHABLE_STATES",
-    "TERMINAL_STATES",
-    "Attempt",
-    "AttemptCall",
-    "CallResult",
-    "LedgerClient",
-    "SendResult",
-    "State",
-    "__version__",
-]
+__all__ = ["LogView", "ReceiptError", "verify_receipt", "__version__"]
+__all__ += client.__all__
 __all__ += errors.__all__
