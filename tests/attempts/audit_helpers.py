@@ -2,20 +2,46 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import io
 import json
 
 import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
+from django.utils import timezone
 
 from attempts import ledger, log
-from attempts.models import Attempt, AttemptEvent
+from attempts.models import Attempt, AttemptEvent, Checkpoint, CheckpointLeaf
 from attempts.states import Actor
+from attempts.verify_export import GENESIS, MerkleTree, checkpoint_hash, leaf_hash
 
 EVENTS = "attempts_attemptevent"
 ATTEMPTS = "attempts_attempt"
 ORIGIN = "example.test/ledger"
+
+
+def sealed_before_the_log(
+    rows: list[tuple[str, int, str]], *, config_length: int = 0, config_head: str = GENESIS
+) -> Checkpoint:
+    """A format-1 checkpoint, as a ledger sealed before the log has, sealed a day ago: its leaves
+    ``rows`` (attempt id, chain length, chain head) in order, and the configuration chain's
+    ``config_length`` and ``config_head``."""
+    fields = {
+        "seq": 1,
+        "prev_hash": GENESIS,
+        "root": MerkleTree([leaf_hash(*row) for row in rows]).root(),
+        "size": len(rows),
+        "config_length": config_length,
+        "config_head": config_head,
+        "sealed_at": timezone.now() - dt.timedelta(days=1),
+    }
+    checkpoint = Checkpoint.objects.create(**fields, hash=checkpoint_hash(fields))
+    CheckpointLeaf.objects.bulk_create(
+        CheckpointLeaf(checkpoint=checkpoint, position=i, attempt_id=a, length=n, head=h)
+        for i, (a, n, h) in enumerate(rows)
+    )
+    return checkpoint
 
 
 def sign_with_new_key(tmp_path, settings, name: str = "log.key"):

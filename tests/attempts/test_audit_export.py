@@ -15,7 +15,12 @@ from django.core.management import CommandError, call_command
 
 from attempts import audit_export, review, verify_export
 from attempts.models import AttemptEvent, Checkpoint
-from tests.attempts.audit_helpers import build_history, fast_passwords, seal_all  # noqa: F401
+from tests.attempts.audit_helpers import (
+    build_history,
+    fast_passwords,  # noqa: F401  (autouse)
+    seal_all,
+    sealed_before_the_log,
+)
 from tests.conftest import PYTHON, REPO
 
 VERIFIER = REPO / "attempts" / "verify_export.py"
@@ -378,30 +383,12 @@ def test_plan_is_pinned_to_the_head(history, world, tmp_path):
 
 def _seal_before_the_log() -> Checkpoint:
     """A format-1 checkpoint over every attempt's head, as a ledger sealed before the log has."""
-    import datetime as dt
-
-    from django.utils import timezone
-
     from attempts import chain
-    from attempts.models import Attempt, CheckpointLeaf
-    from attempts.verify_export import GENESIS, MerkleTree, checkpoint_hash, leaf_hash
+    from attempts.models import Attempt
 
     rows = sorted(Attempt.objects.values_list("attempt_id", "chain_length", "chain_head"))
     config_length, config_head = chain.config_head_now()
-    fields = {
-        "seq": 1,
-        "prev_hash": GENESIS,
-        "root": MerkleTree([leaf_hash(*row) for row in rows]).root(),
-        "size": len(rows),
-        "config_length": config_length,
-        "config_head": config_head,
-        "sealed_at": timezone.now() - dt.timedelta(days=1),
-    }
-    old = Checkpoint.objects.create(**fields, hash=checkpoint_hash(fields))
-    for position, row in enumerate(rows):
-        CheckpointLeaf.objects.create(
-            checkpoint=old, position=position, attempt_id=row[0], length=row[1], head=row[2]
-        )
+    old = sealed_before_the_log(rows, config_length=config_length, config_head=config_head)
     Attempt.objects.update(sealed=True)
     return old
 

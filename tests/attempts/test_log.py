@@ -5,7 +5,6 @@ checkpoints are (size, root) of it, signed with a key kept outside the database.
 from __future__ import annotations
 
 import base64
-import datetime as dt
 import hashlib
 import os
 import shutil
@@ -13,12 +12,10 @@ import subprocess
 import sys
 
 import pytest
-from django.utils import timezone
 
 from attempts import chain, log
 from attempts.models import Checkpoint, CheckpointLeaf, CheckpointSignature, LogEntry, LogNode
 from attempts.verify_export import (
-    GENESIS,
     LogBuilder,
     MerkleTree,
     NoteError,
@@ -29,7 +26,12 @@ from attempts.verify_export import (
     leaf_hash,
     open_checkpoint,
 )
-from tests.attempts.audit_helpers import build_history, seal_all, sign_with_new_key
+from tests.attempts.audit_helpers import (
+    build_history,
+    seal_all,
+    sealed_before_the_log,
+    sign_with_new_key,
+)
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.django_db
@@ -148,20 +150,7 @@ def test_leaves_of_older_checkpoints_join_the_log_first(world):
     seal appends their leaves to the log in the order they were sealed."""
     rows = [("att_old_b", 3, "b" * 64), ("att_old_a", 2, "a" * 64)]
     tree = MerkleTree([leaf_hash(*row) for row in rows])
-    fields = {
-        "seq": 1,
-        "prev_hash": GENESIS,
-        "root": tree.root(),
-        "size": 2,
-        "config_length": 0,
-        "config_head": GENESIS,
-        "sealed_at": timezone.now() - dt.timedelta(days=1),
-    }
-    old = Checkpoint.objects.create(**fields, hash=checkpoint_hash(fields))
-    for position, row in enumerate(rows):
-        CheckpointLeaf.objects.create(
-            checkpoint=old, position=position, attempt_id=row[0], length=row[1], head=row[2]
-        )
+    old = sealed_before_the_log(rows)
     new = chain.seal()
     assert new is not None and new.format == 2 and new.prev_hash == old.hash
     assert new.size == 2 and new.root == tree.root()

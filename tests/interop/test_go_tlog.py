@@ -11,7 +11,6 @@ golang-golang-x-mod-dev. Skipped, saying so, when they are missing."""
 from __future__ import annotations
 
 import base64
-import datetime as dt
 import json
 import os
 import shutil
@@ -20,12 +19,10 @@ from pathlib import Path
 
 import pytest
 import rfc8785
-from django.utils import timezone
 
 from attempts import chain, log
-from attempts.models import Checkpoint, CheckpointLeaf, LogEntry
-from attempts.verify_export import GENESIS, MerkleTree, checkpoint_hash, leaf_hash
-from tests.attempts.audit_helpers import build_history
+from attempts.models import LogEntry
+from tests.attempts.audit_helpers import build_history, sealed_before_the_log, sign_with_new_key
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -58,21 +55,7 @@ def tlogcheck(tmp_path_factory) -> Path:
 
 def _legacy_leaves(n: int) -> None:
     """A ledger sealed before the log: one format-1 checkpoint of ``n`` leaves."""
-    rows = [(f"att_legacy_{i:05d}", i % 7 + 1, f"{i:064x}") for i in range(n)]
-    fields = {
-        "seq": 1,
-        "prev_hash": GENESIS,
-        "root": MerkleTree([leaf_hash(*row) for row in rows]).root(),
-        "size": n,
-        "config_length": 0,
-        "config_head": GENESIS,
-        "sealed_at": timezone.now() - dt.timedelta(days=1),
-    }
-    checkpoint = Checkpoint.objects.create(**fields, hash=checkpoint_hash(fields))
-    CheckpointLeaf.objects.bulk_create(
-        CheckpointLeaf(checkpoint=checkpoint, position=i, attempt_id=a, length=n_, head=h)
-        for i, (a, n_, h) in enumerate(rows)
-    )
+    sealed_before_the_log([(f"att_legacy_{i:05d}", i % 7 + 1, f"{i:064x}") for i in range(n)])
 
 
 def _check(binary: Path, request: dict) -> subprocess.CompletedProcess:
@@ -84,9 +67,7 @@ def _check(binary: Path, request: dict) -> subprocess.CompletedProcess:
 def test_go_accepts_our_checkpoints_keys_tiles_and_proofs(
     tlogcheck, live_server, world, tmp_path, settings
 ):
-    key_path = tmp_path / "log.key"
-    verifier = log.write_key_file(key_path, "example.test/ledger")
-    settings.TLOG = {**settings.TLOG, "KEY_FILE": str(key_path), "ORIGIN": "example.test/ledger"}
+    key_path, verifier = sign_with_new_key(tmp_path, settings)
     _legacy_leaves(600)  # two full tiles at level 0, a partial one, a level-1 tile
     chain.seal()
     build_history(world, 3)
