@@ -14,7 +14,6 @@ import pytest
 os.environ.setdefault("DJANGO_LIVE_TEST_SERVER_ADDRESS", "127.0.0.1")
 
 from attempts.models import Attempt  # noqa: E402
-from reconciliation import demo_agents  # noqa: E402
 from reconciliation.reconciler import Reconciler  # noqa: E402
 from tests.conftest import make_world  # noqa: E402
 from tests.dashboard.test_browser import Session  # noqa: E402
@@ -32,13 +31,7 @@ def test_the_health_band_and_the_reason_on_a_held_attempt(
     world = make_world()
     demo = DemoProvider(tmp_path)
     try:
-        demo.configure_tools(timeout=1.0)
-        demo_agents.configure_provider(
-            demo_agents.Provider(demo.base, 5.0),
-            timeout_rate=0.0,
-            lookup_fault_rate=0.0,
-            hang_seconds=1.0,
-        )
+        demo.ticket_incident()
         tickets = [make_due(unknown(world, "open_ticket", f"b:{i}", {"i": i})) for i in range(6)]
         reconciler = Reconciler(worker_id="browser", concurrency=4)
         reconciler.run_once()

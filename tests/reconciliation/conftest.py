@@ -41,6 +41,20 @@ class DemoProvider(ProviderProcess):
             tool.timeout_seconds = timeout
             tool.save()
 
+    def ticket_incident(self) -> None:
+        """The demo's ticket incident, with no other faults: the tools pointed here (a second's
+        timeout) and ``demo_agents.configure_provider``, after which ticket lookups answer 503
+        with a message that says it is on purpose."""
+        from reconciliation import demo_agents
+
+        self.configure_tools(timeout=1.0)
+        demo_agents.configure_provider(
+            demo_agents.Provider(self.base, 5.0),
+            timeout_rate=0.0,
+            lookup_fault_rate=0.0,
+            hang_seconds=1.0,
+        )
+
 
 @pytest.fixture
 def demo(tmp_path: Path) -> Iterator[DemoProvider]:

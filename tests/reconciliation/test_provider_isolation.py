@@ -246,16 +246,8 @@ def test_the_demo_shows_its_injected_outage_as_what_it_is(world, demo, settings)
     """The demo's ticket incident (demo_agents.configure_provider) answers 503 with a message
     that says it is on purpose; the health band and the held attempt's page show it; the
     demo's other tools on the same host are not held."""
-    from reconciliation import demo_agents
-
     settings.LEDGER = {**settings.LEDGER, "PROVIDER_BREAKER_OPEN_SECONDS": 60, "STALE_AFTER": 2}
-    demo.configure_tools(timeout=1.0)
-    demo_agents.configure_provider(
-        demo_agents.Provider(demo.base, 5.0),
-        timeout_rate=0.0,
-        lookup_fault_rate=0.0,
-        hang_seconds=1.0,
-    )
+    demo.ticket_incident()
     tickets = [make_due(unknown(world, "open_ticket", f"d:{i}", {"i": i})) for i in range(6)]
     crm = make_stale(intent(world, "update_crm", "demo-crm", {"n": 1}))
     reconciler = Reconciler(worker_id="demo", concurrency=4)
