@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,15 @@ def demo_world(db) -> None:
     )
 
 
+def _run(live_server, token: str, provider_url: str, **options) -> Counter:
+    """``demo_agents.run`` against the live server and the demo provider, with no mutated
+    payloads or flaky lookups (unless ``options`` say otherwise) and its output kept quiet."""
+    options = {"mismatch_rate": 0, "lookup_fault_rate": 0, **options}
+    return demo_agents.run(
+        api=live_server.url, token=token, provider_url=provider_url, out=io.StringIO(), **options
+    )
+
+
 def effects(provider_url: str, key: str) -> list:
     provider = demo_agents.Provider(provider_url, 5)
     status, body = provider.request("GET", f"/effects?idempotency_key={key}")
@@ -80,19 +90,16 @@ def test_crash_points_leave_their_states_and_timeouts_leave_unknown(
     ApprovalPolicy.objects.update(active=False)
     _, token = AgentToken.issue("demo-test", ["acme", "globex"])
     tasks = demo_agents.make_tasks(30, seed=4, run_id="t", crash_rate=0.5, mismatch_rate=0)
-    counts = demo_agents.run(
-        api=live_server.url,
-        token=token,
-        provider_url=provider_url,
+    counts = _run(
+        live_server,
+        token,
+        provider_url,
         tasks=30,
         crash_rate=0.5,
         timeout_rate=0.5,
-        mismatch_rate=0,
-        lookup_fault_rate=0,
         seed=4,
         agents=3,
         send_timeout=0.5,
-        out=io.StringIO(),
     )
     assert sum(counts.values()) == 30
     assert not [what for what in counts if what.startswith(("ledger_error", "crash_child"))]
@@ -117,24 +124,17 @@ def test_crash_points_leave_their_states_and_timeouts_leave_unknown(
         assert [e["args_hash"] for e in found] == [attempt.args_hash]
 
 
+def _command(live_server, provider_url: str, *options: str, stdout=None) -> None:
+    """The ``demo_agents`` command against the live server and the demo provider, with no
+    crashes or timeouts; ``options`` its others."""
+    api = ["--api", live_server.url, "--provider", provider_url]
+    calm = ["--crash-rate", "0", "--timeout-rate", "0"]
+    call_command("demo_agents", *api, *calm, *options, stdout=stdout or io.StringIO())
+
+
 def test_the_command_issues_and_revokes_its_own_token(demo_world, live_server, provider_url):
     out = io.StringIO()
-    call_command(
-        "demo_agents",
-        "--api",
-        live_server.url,
-        "--provider",
-        provider_url,
-        "--tasks",
-        "4",
-        "--crash-rate",
-        "0",
-        "--timeout-rate",
-        "0",
-        "--agents",
-        "2",
-        stdout=out,
-    )
+    _command(live_server, provider_url, "--tasks", "4", "--agents", "2", stdout=out)
     assert "demo agents: 4 tasks" in out.getvalue()
     assert Attempt.objects.count() == 4
     token = AgentToken.objects.get(name__startswith="demo-agents-")
@@ -146,21 +146,7 @@ def test_the_command_issues_and_revokes_its_own_token(demo_world, live_server, p
     (buggy,) = Attempt.objects.filter(state=State.UNKNOWN)
     assert buggy.tool_name == "update_crm"
     review.review_fail(buggy, user=User.objects.get(username="reviewer"), reason="demo")
-    call_command(
-        "demo_agents",
-        "--api",
-        live_server.url,
-        "--provider",
-        provider_url,
-        "--tasks",
-        "2",
-        "--crash-rate",
-        "0",
-        "--timeout-rate",
-        "0",
-        "--if-queues-empty",
-        stdout=io.StringIO(),
-    )
+    _command(live_server, provider_url, "--tasks", "2", "--if-queues-empty")
     assert Attempt.objects.count() == 6
 
 
@@ -208,20 +194,17 @@ def test_the_demo_shows_a_non_critical_review_item_one_reviewer_retries(
 
     call_command("seed_demo", "--provider-url", provider_url, stdout=io.StringIO())
     _, token = AgentToken.issue("demo-test", ["acme", "globex"])
-    counts = demo_agents.run(
-        api=live_server.url,
-        token=token,
-        provider_url=provider_url,
+    counts = _run(
+        live_server,
+        token,
+        provider_url,
         tasks=3,
         crash_rate=0,
         timeout_rate=0,
-        mismatch_rate=0,
-        lookup_fault_rate=0,
         lookup_outage=(),
         seed=2,
         agents=1,
         send_timeout=2,
-        out=io.StringIO(),
     )
     assert counts["unknown_mismatch"] == 1
     buggy = Attempt.objects.get(tool_name="update_crm", state=State.UNKNOWN)
