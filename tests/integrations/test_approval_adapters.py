@@ -231,6 +231,32 @@ def run(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
+def _interrupted(tickets: Tickets, acme: LedgerContext, model: Any) -> tuple[Any, Any, Attempt]:
+    """The Agents SDK runs ``model``'s script until the ledger's hold interrupts it; returns the
+    agent, the run's result and the held attempt."""
+    from agents import Runner
+
+    agent = agent_for(tickets, model)
+    result = run(Runner.run(agent, "open it", context=acme))
+    return agent, result, Attempt.objects.get(idempotency_key="ticket:acme:cus_1:Printer on fire")
+
+
+def _resumed(agent: Any, result: Any) -> Any:
+    """The interrupted run resumed once the ledger's decision is applied to its state (no
+    interruption left pending); returns the resumed run's result."""
+    from agents import Runner
+
+    from ledgerweb_client.integrations.openai_agents import apply_ledger_decisions
+
+    state = result.to_state()
+    assert run(apply_ledger_decisions(state)) == []
+    return run(Runner.run(agent, state))
+
+
+def _tool_outputs(final: Any) -> list[Any]:
+    return [i.output for i in final.new_items if type(i).__name__ == "ToolCallOutputItem"]
+
+
 def test_agents_sdk_a_held_call_is_an_interruption_sent_once_after_approval(
     tickets: Tickets, acme: LedgerContext, world: World, held_urgent, no_tracing
 ) -> None:
@@ -239,11 +265,9 @@ def test_agents_sdk_a_held_call_is_an_interruption_sent_once_after_approval(
     from ledgerweb_client.integrations.openai_agents import apply_ledger_decisions
 
     model = scripted(URGENT)
-    agent = agent_for(tickets, model)
-    result = run(Runner.run(agent, "open it", context=acme))
+    _, result, attempt = _interrupted(tickets, acme, model)
     [item] = result.interruptions
     assert item.tool_name == "open_ticket" and tickets.effects == []
-    attempt = Attempt.objects.get(idempotency_key="ticket:acme:cus_1:Printer on fire")
     assert attempt.state == State.AWAITING_APPROVAL
 
     # Nobody decided yet: the interruption stays pending, and the state is saved (an agent
@@ -267,27 +291,19 @@ def test_agents_sdk_a_held_call_is_an_interruption_sent_once_after_approval(
     assert len(tickets.effects) == 1
     attempt.refresh_from_db()
     assert (attempt.state, attempt.send_count) == (State.OUTCOME_CONFIRMED, 1)
-    outputs = [i.output for i in final.new_items if type(i).__name__ == "ToolCallOutputItem"]
+    outputs = _tool_outputs(final)
     assert any("T-1" in str(output) for output in outputs), outputs
 
 
 def test_agents_sdk_a_rejection_is_the_tools_answer_and_nothing_is_sent(
     tickets: Tickets, acme: LedgerContext, world: World, held_urgent, no_tracing
 ) -> None:
-    from agents import Runner
-
-    from ledgerweb_client.integrations.openai_agents import apply_ledger_decisions
-
     model = scripted(URGENT)
-    agent = agent_for(tickets, model)
-    result = run(Runner.run(agent, "open it", context=acme))
-    attempt = Attempt.objects.get(idempotency_key="ticket:acme:cus_1:Printer on fire")
+    agent, result, attempt = _interrupted(tickets, acme, model)
     reject(attempt.attempt_id, world.reviewer, "not urgent")
-    state = result.to_state()
-    assert run(apply_ledger_decisions(state)) == []
-    final = run(Runner.run(agent, state))
+    final = _resumed(agent, result)
     assert tickets.effects == []
-    [output] = [i.output for i in final.new_items if type(i).__name__ == "ToolCallOutputItem"]
+    [output] = _tool_outputs(final)
     assert "ledgerweb approval_rejected" in str(output)
     # What the model was told, as the model received it.
     sent_back = [
@@ -302,30 +318,21 @@ def test_agents_sdk_approving_in_the_sdk_alone_sends_nothing(
 ) -> None:
     from agents import Runner
 
-    agent = agent_for(tickets, scripted(URGENT))
-    result = run(Runner.run(agent, "open it", context=acme))
+    agent, result, _ = _interrupted(tickets, acme, scripted(URGENT))
     state = result.to_state()
     state.approve(result.interruptions[0])  # bypassing the ledger's approvers
     final = run(Runner.run(agent, state))
     assert tickets.effects == []
-    [output] = [i.output for i in final.new_items if type(i).__name__ == "ToolCallOutputItem"]
+    [output] = _tool_outputs(final)
     assert "ledgerweb awaiting_approval" in str(output)
 
 
 def test_agents_sdk_edit_and_approve_runs_the_tool_with_the_corrected_arguments(
     tickets: Tickets, acme: LedgerContext, world: World, held_urgent, no_tracing
 ) -> None:
-    from agents import Runner
-
-    from ledgerweb_client.integrations.openai_agents import apply_ledger_decisions
-
-    agent = agent_for(tickets, scripted(URGENT))
-    result = run(Runner.run(agent, "open it", context=acme))
-    original = Attempt.objects.get(idempotency_key="ticket:acme:cus_1:Printer on fire")
+    agent, result, original = _interrupted(tickets, acme, scripted(URGENT))
     linked = edit_and_approve(original.attempt_id, world.reviewer, {**URGENT, "priority": 2})
-    state = result.to_state()
-    assert run(apply_ledger_decisions(state)) == []
-    run(Runner.run(agent, state))
+    _resumed(agent, result)
     assert [t["priority"] for t in tickets.effects] == [2]
     linked.refresh_from_db()
     assert (linked.state, linked.send_count) == (State.OUTCOME_CONFIRMED, 1)
