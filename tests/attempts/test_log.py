@@ -200,12 +200,16 @@ def key_file(tmp_path, settings):
     return sign_with_new_key(tmp_path, settings)
 
 
-def _rotate_key(tmp_path, settings, *, old_verifier):
+def _rotated(world, tmp_path, settings, *, old_verifier):
     """Sign with a new key from now on, the old key's ``old_verifier`` kept for checking what it
-    signed; returns the new key's verifier."""
+    signed, and seal one more attempt. Returns the newest signed checkpoint before, the new
+    key's verifier, and the newest one after."""
+    before = log.newest_signed()
     _, second = sign_with_new_key(tmp_path, settings, "second.key")
     settings.TLOG = {**settings.TLOG, "OLD_VERIFIER_KEYS": [str(old_verifier)]}
-    return second
+    build_history(world, 1, prefix="r")
+    seal_all()
+    return before, second, log.newest_signed()
 
 
 def test_checkpoints_are_signed_with_the_key_file(world, key_file):
@@ -279,11 +283,7 @@ def test_key_rotation_keeps_old_checkpoints_verifiable(world, key_file, tmp_path
     _, first = key_file
     build_history(world, 1)
     seal_all()
-    old = log.newest_signed()
-    second = _rotate_key(tmp_path, settings, old_verifier=first)
-    build_history(world, 1, prefix="r")
-    seal_all()
-    new = log.newest_signed()
+    old, second, new = _rotated(world, tmp_path, settings, old_verifier=first)
     assert new.seq > old.seq
     keys = log.verifier_keys()
     assert {str(k) for k in keys} == {str(first), str(second)}
@@ -397,11 +397,7 @@ def test_a_rotated_key_signs_the_older_checkpoints_the_remembered_tree_extends(
     for prefix in ("a", "b", "c"):
         build_history(world, 2, prefix=prefix)
         seal_all()
-    before = log.newest_signed()
-    second = _rotate_key(tmp_path, settings, old_verifier=first)
-    build_history(world, 1, prefix="r")
-    seal_all()
-    newest = log.newest_signed()
+    before, second, newest = _rotated(world, tmp_path, settings, old_verifier=first)
     assert newest.seq > before.seq and newest.size > before.size
     by_second = CheckpointSignature.objects.filter(kind="log", key_id=second.id.hex())
     assert by_second.filter(checkpoint=newest).exists()
