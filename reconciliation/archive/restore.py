@@ -99,14 +99,16 @@ def restore(
     ``expect`` maps archive names to the manifest SHA-256 the ledger's history recorded."""
     if same_database(sqlite=sqlite, database_url=database_url):
         raise RestoreError("the scratch database is the ledger's own database: choose another")
-    command = [sys.executable, str(REPO / "manage.py"), "archive", "load", "--from", where]
+    # ``python -m django`` with the environment's settings module: the same command in a
+    # checkout and in a wheel install (which has no manage.py).
+    command = [sys.executable, "-m", "django", "archive", "load", "--from", where]
     for name in names:
         command += ["--name", name]
         if name in expect:
             command += ["--expect-sha256", f"{name}={expect[name]}"]
     for key in log_keys:
         command += ["--log-key", key]
-    return subprocess.run(  # noqa: S603 - our own manage.py, arguments as a list
+    return subprocess.run(  # noqa: S603 - our own command, arguments as a list
         command,
         env=scratch_env(sqlite=sqlite, database_url=database_url),
         capture_output=True,
