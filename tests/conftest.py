@@ -296,6 +296,12 @@ def built_checkout(tmp_path_factory) -> Path:
 def pytest_configure(config):
     from django.conf import settings
 
+    config.addinivalue_line(
+        "markers",
+        "one_database: does not depend on the database; when scripts/test runs both databases'"
+        " passes (LEDGERWEB_TEST_PASSES=both), only the SQLite pass runs it",
+    )
+
     if folder := os.environ.get("LEDGERWEB_TEST_TIMES"):
         from tests import shards
 
@@ -327,6 +333,11 @@ def pytest_collection_modifyitems(session, config, items):
             config.hook.pytest_deselected(items=others)
             items[:] = mine
     if os.environ.get("DATABASE_URL"):
+        if os.environ.get("LEDGERWEB_TEST_PASSES") == "both":
+            once = [item for item in items if item.get_closest_marker("one_database")]
+            if once:
+                config.hook.pytest_deselected(items=once)
+                items[:] = [item for item in items if item not in once]
         return  # the image's tests run on the SQLite pass only
     if any(item.nodeid.startswith("tests/test_container.py::test_the_image") for item in items):
         from tests import test_container

@@ -28,7 +28,8 @@ from django.core.management import call_command
 from attempts.models import ConfigEvent, Membership, SsoIdentity
 from tests.conftest import PYTHON, REPO, child_env, free_port, manage
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+# Sign-in is the web tier's: the SQLite pass covers it when both passes run.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.one_database]
 
 ALICE = {
     "sub": "idp-alice-0001",

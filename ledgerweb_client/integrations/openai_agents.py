@@ -110,87 +110,103 @@ def ledgered_function_tool(
         name = function_tool_options.get("name_override") or fn.__name__
         spec = ToolSpec(tool_name or name, key, receipt, request_id)
         skip = 1 if own_context else 0
-
-        def split(args: tuple[Any, ...]) -> tuple[RunContextWrapper[Any], tuple[Any, ...]]:
-            # Without a context parameter of its own, fn gets its arguments after ours.
-            return args[0], (args if own_context else args[1:])
-
-        keywords = by_keyword(signature, skip=skip)
-
-        def corrected_call(run_context: RunContextWrapper[Any]) -> Any:
-            """fn called with a linked attempt's corrected arguments (edit-and-approve)."""
-            if not keywords:
-                return None
-            prefix = (run_context,) if own_context else ()
-            return lambda args: fn(*prefix, **args)
-
-        async def guarded_async(*args: Any, **kwargs: Any) -> Any:
-            run_context, fn_args = split(args)
-            call_args = bound_arguments(signature, fn_args, kwargs, skip=skip)
-            return await spec.arun(
-                ledger_from_run_context(run_context),
-                call_args,
-                lambda: fn(*fn_args, **kwargs),
-                Recorded.value_or_text,
-                send_args=corrected_call(run_context),
-            )
-
-        def guarded_sync(*args: Any, **kwargs: Any) -> Any:
-            run_context, fn_args = split(args)
-            call_args = bound_arguments(signature, fn_args, kwargs, skip=skip)
-            return spec.run(
-                ledger_from_run_context(run_context),
-                call_args,
-                lambda: fn(*fn_args, **kwargs),
-                Recorded.value_or_text,
-                send_args=corrected_call(run_context),
-            )
-
-        guarded: Callable[..., Any] = (
-            guarded_async if inspect.iscoroutinefunction(fn) else guarded_sync
-        )
-        if own_context:
-            shown_as(guarded, fn, signature, hints)
-        else:
-            context_param = inspect.Parameter(
-                _CONTEXT_PARAM,
-                inspect.Parameter.POSITIONAL_ONLY,
-                annotation=RunContextWrapper[Any],
-            )
-            shown_as(
-                guarded,
-                fn,
-                signature.replace(parameters=[context_param, *signature.parameters.values()]),
-                {_CONTEXT_PARAM: RunContextWrapper[Any], **hints},
-            )
-        parameters = list(signature.parameters.values())[skip:]
-        plain = signature.replace(parameters=parameters)
+        plain = signature.replace(parameters=list(signature.parameters.values())[skip:])
 
         def recorded_args(params: dict[str, Any]) -> dict[str, Any]:
             return bound_arguments(plain, (), params)
 
         options = dict(function_tool_options)
         if ledger_approval and "needs_approval" not in options:
-
-            async def needs_approval(
-                run_context: RunContextWrapper[Any], params: dict[str, Any], call_id: str
-            ) -> bool:
-                """Whether an approval policy holds this call now (its intent recorded: the tool
-                records the same one); a refusal of the ledger is left for the tool to report."""
-                decision = await ledger_decision(
-                    spec,
-                    ledger_from_run_context(run_context),
-                    functools.partial(recorded_args, params),
-                )
-                return decision.outcome == "pending"
-
-            options["needs_approval"] = needs_approval
-        tool = function_tool(guarded, failure_error_function=failure_error_function, **options)
+            options["needs_approval"] = _needs_approval(spec, recorded_args)
+        tool = function_tool(
+            _guarded(fn, spec, signature, hints, own_context),
+            failure_error_function=failure_error_function,
+            **options,
+        )
         tool.ledger_spec = spec  # type: ignore[attr-defined]
         tool.ledger_args = recorded_args  # type: ignore[attr-defined]
         return tool
 
     return decorate(fn) if fn is not None else decorate
+
+
+def _guarded(
+    fn: Callable[..., Any],
+    spec: ToolSpec,
+    signature: inspect.Signature,
+    hints: dict[str, Any],
+    own_context: bool,
+) -> Callable[..., Any]:
+    """``fn`` with every call through the ledger, shown to the SDK with the run context as its
+    first parameter (``fn``'s own, or one added for the guard)."""
+    skip = 1 if own_context else 0
+    keywords = by_keyword(signature, skip=skip)
+
+    def split(args: tuple[Any, ...]) -> tuple[RunContextWrapper[Any], tuple[Any, ...]]:
+        # Without a context parameter of its own, fn gets its arguments after ours.
+        return args[0], (args if own_context else args[1:])
+
+    def corrected_call(run_context: RunContextWrapper[Any]) -> Any:
+        """fn called with a linked attempt's corrected arguments (edit-and-approve)."""
+        if not keywords:
+            return None
+        prefix = (run_context,) if own_context else ()
+        return lambda args: fn(*prefix, **args)
+
+    async def guarded_async(*args: Any, **kwargs: Any) -> Any:
+        run_context, fn_args = split(args)
+        call_args = bound_arguments(signature, fn_args, kwargs, skip=skip)
+        return await spec.arun(
+            ledger_from_run_context(run_context),
+            call_args,
+            lambda: fn(*fn_args, **kwargs),
+            Recorded.value_or_text,
+            send_args=corrected_call(run_context),
+        )
+
+    def guarded_sync(*args: Any, **kwargs: Any) -> Any:
+        run_context, fn_args = split(args)
+        call_args = bound_arguments(signature, fn_args, kwargs, skip=skip)
+        return spec.run(
+            ledger_from_run_context(run_context),
+            call_args,
+            lambda: fn(*fn_args, **kwargs),
+            Recorded.value_or_text,
+            send_args=corrected_call(run_context),
+        )
+
+    guarded: Callable[..., Any] = guarded_async if inspect.iscoroutinefunction(fn) else guarded_sync
+    if own_context:
+        shown_as(guarded, fn, signature, hints)
+    else:
+        context_param = inspect.Parameter(
+            _CONTEXT_PARAM, inspect.Parameter.POSITIONAL_ONLY, annotation=RunContextWrapper[Any]
+        )
+        shown_as(
+            guarded,
+            fn,
+            signature.replace(parameters=[context_param, *signature.parameters.values()]),
+            {_CONTEXT_PARAM: RunContextWrapper[Any], **hints},
+        )
+    return guarded
+
+
+def _needs_approval(
+    spec: ToolSpec, recorded_args: Callable[[dict[str, Any]], dict[str, Any]]
+) -> Callable[..., Any]:
+    async def needs_approval(
+        run_context: RunContextWrapper[Any], params: dict[str, Any], call_id: str
+    ) -> bool:
+        """Whether an approval policy holds this call now (its intent recorded: the tool
+        records the same one); a refusal of the ledger is left for the tool to report."""
+        decision = await ledger_decision(
+            spec,
+            ledger_from_run_context(run_context),
+            functools.partial(recorded_args, params),
+        )
+        return decision.outcome == "pending"
+
+    return needs_approval
 
 
 def _arguments(tool: FunctionTool, item: ToolApprovalItem) -> dict[str, Any]:

@@ -17,6 +17,9 @@ import pytest
 from tests.conftest import REPO, manage
 
 pytestmark = pytest.mark.slow
+# The harness's own tests (a broken ledger or reconciler is caught, the table, bad use) do not
+# depend on the database; the gate's cases run on each (scripts/test).
+ONE_DATABASE = pytest.mark.one_database
 
 
 def crashtest(*args: str, **env: str | None) -> tuple[int, Any, str]:
@@ -63,6 +66,7 @@ def test_case_d_passes_every_invariant() -> None:
     assert case["stats"]["recovery_runs"] == 4  # once, again, and twice at once
 
 
+@ONE_DATABASE
 def test_claiming_the_dispatch_after_sending_is_caught() -> None:
     # Case C kills the agent after the provider answered: with the claim after the send, the
     # ledger still says "nothing was sent" and recovery sends a second time.
@@ -77,6 +81,7 @@ def test_claiming_the_dispatch_after_sending_is_caught() -> None:
     assert any("request_id_attached" in line for line in case["faults_not_reached"])
 
 
+@ONE_DATABASE
 def test_a_blind_retry_in_the_reconciler_is_caught() -> None:
     code, report, stderr = crashtest("--cases", "F", "--json", "--mutation", "blind_retry")
     assert code == 1, stderr
@@ -84,6 +89,7 @@ def test_a_blind_retry_in_the_reconciler_is_caught() -> None:
     assert any("while every lookup timed out" in line for line in evidence["once"])
 
 
+@ONE_DATABASE
 def test_fuzz_reports_its_seed_and_zero_violations() -> None:
     code, report, stderr = crashtest("--no-cases", "--fuzz", "12", "--seed", "7", "--json")
     assert code == 0, stderr
@@ -111,6 +117,7 @@ def test_approval_cases_pass_every_invariant(case: str) -> None:
     assert found["invariants"]["approved"]["passed"]
 
 
+@ONE_DATABASE
 def test_the_table_names_cases_and_invariants() -> None:
     code, table, stderr = crashtest("--cases", "A")
     assert code == 0, stderr
@@ -120,6 +127,7 @@ def test_the_table_names_cases_and_invariants() -> None:
     assert table.strip().endswith("RESULT: PASS")
 
 
+@ONE_DATABASE
 @pytest.mark.parametrize(
     ("args", "env", "message"),
     [
