@@ -1,7 +1,7 @@
 """The suite in shards: each database's run split into parts that run side by side.
 
-Most of the suite waits (on processes it starts, on a browser, on a database's clock): one run
-per database leaves the machine's cores half idle. ``scripts/test`` starts ``N`` runs per
+Much of the suite waits (on processes it starts, on a browser, on a database's clock): one run
+per database left the machine's cores partly idle. ``scripts/test`` starts ``N`` runs per
 database instead (``LEDGERWEB_TEST_SHARDS``, 2 by default), each with its own data folder and
 its own test database, and each keeps the test files this module gives it
 (``LEDGERWEB_TEST_SHARD=K/N``). The first shard also runs the crash gate (the cases scripts/test
