@@ -27,7 +27,6 @@ from attempts.models import (
     ApprovalPolicy,
     ArchivedAttempt,
     Attempt,
-    ProviderEffect,
     RecordedKey,
     State,
     Tenant,
@@ -672,11 +671,9 @@ def confirm(
     if current.state not in (State.DISPATCHED, State.UNKNOWN):
         raise StateConflict(f"cannot confirm an attempt in {current.state}", attempt=current)
     fields: dict[str, Any] = {"result_ref": result_ref, "review_reason": ""}
-    if not provider_request_id and not current.provider_request_id:
-        # Confirmed by its receipt alone: the receipt names the effect (docs/api.md).
-        claim = receipt_claim(current, result_ref)
-        if claim is not None:
-            raise _claimed_refusal(effect_claimed(claim, actor=actor, details=evidence or {}))
+    # Confirmed by its receipt alone, the receipt names the effect (docs/api.md): the move's
+    # compare-and-set checks no other attempt claimed it.
+    by_receipt = not provider_request_id and not current.provider_request_id
     if provider_request_id:
         if current.provider_request_id and current.provider_request_id != provider_request_id:
             raise StateConflict(
@@ -693,6 +690,7 @@ def confirm(
                 actor=actor,
                 fields=fields,
                 details=evidence or {},
+                receipt=result_ref if by_receipt else "",
             )
         except states.EffectClaimed as claim:
             raise _claimed_refusal(
@@ -760,24 +758,6 @@ def effect_claimed(
                 details={"effect_contested": {**effect, "contested_by": attempt.attempt_id}},
             )
     return moved
-
-
-def receipt_claim(attempt: Attempt, result_ref: str) -> states.EffectClaimed | None:
-    """Whether a receipt that confirms ``attempt`` without a provider request id names a
-    provider effect another attempt of its tool claimed: the receipt itself, or what follows
-    its scheme (``receipt:<id>``, ``lookup:<id>``), is that effect's id. Asked by every
-    confirm made without an id (the agent's, a reviewer's); one indexed read."""
-    names = {result_ref}
-    _, colon, rest = result_ref.partition(":")
-    if colon and rest:
-        names.add(rest)
-    held = (
-        ProviderEffect.objects.filter(tool_name=attempt.tool_name, provider_request_id__in=names)
-        .exclude(attempt_id=attempt.attempt_id)
-        .values_list("provider_request_id", "attempt_id")
-        .first()
-    )
-    return states.EffectClaimed(attempt, *held) if held else None
 
 
 def _claimed_refusal(attempt: Attempt) -> StateConflict:

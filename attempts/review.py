@@ -30,7 +30,6 @@ from attempts.ledger import (
     _refreshes_caller,
     _reload,
     _text,
-    receipt_claim,
 )
 from attempts.linked import linked_fields, linked_preview
 from attempts.locking import write_transaction
@@ -226,22 +225,23 @@ def review_confirm(
         check_seen(current, _seen(expected_version, seen), user=user)
         if current.state not in (State.MANUAL_REVIEW, State.UNKNOWN) or current.awaiting_approval:
             raise StateConflict(f"cannot confirm an attempt in {current.state}", attempt=current)
-        claim = None if current.provider_request_id else receipt_claim(current, result_ref)
-        if claim is not None:
+        try:
+            return states.move(
+                current,
+                State.OUTCOME_CONFIRMED,
+                actor=Actor.user(user),
+                action="attempt.review_confirmed",
+                reason=evidence,
+                fields={"result_ref": result_ref},
+                receipt="" if current.provider_request_id else result_ref,
+            )
+        except states.EffectClaimed as claim:
             # One provider effect confirms one attempt, whoever confirms (invariant 12).
             raise StateConflict(
                 f"{claim}: confirm it with evidence of its own effect, or mark it failed",
                 code=EFFECT_CLAIMED,
                 attempt=current,
-            )
-        return states.move(
-            current,
-            State.OUTCOME_CONFIRMED,
-            actor=Actor.user(user),
-            action="attempt.review_confirmed",
-            reason=evidence,
-            fields={"result_ref": result_ref},
-        )
+            ) from None
 
 
 @_refreshes_caller

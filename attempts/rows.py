@@ -191,7 +191,9 @@ def _set_columns(names: tuple[str, ...]) -> tuple[_Column, ...]:
 
 
 @functools.cache
-def _update(names: tuple[str, ...], increments: tuple[str, ...], granted: bool) -> str:
+def _update(
+    names: tuple[str, ...], increments: tuple[str, ...], granted: bool, unclaimed: int
+) -> str:
     sets = [f"{_attempt_field(name).name} = %s" for name in names]
     for name in increments:
         column = _attempt_field(name).name
@@ -200,6 +202,20 @@ def _update(names: tuple[str, ...], increments: tuple[str, ...], granted: bool) 
         f"UPDATE {_q(Attempt._meta.db_table)} SET {', '.join(sets)} "
         f"WHERE {_q('id')} = %s AND {_q('state')} = %s AND {_q('version')} = %s"
         + (f" AND {_grant_covers()}" if granted else "")
+        + (f" AND {_unclaimed(unclaimed)}" if unclaimed else "")
+    )
+
+
+@functools.cache
+def _unclaimed(names: int) -> str:
+    """The compare-and-set's check that no other attempt claimed a provider effect of the
+    attempt's tool named by any of ``names`` ids (its parameters: the tool, the ids, the
+    attempt's public id): the effects' unique index answers it."""
+    effect = ProviderEffect._meta
+    return (
+        f"NOT EXISTS (SELECT 1 FROM {_q(effect.db_table)} e "
+        f"WHERE e.{_q('tool_name')} = %s AND e.{_q('provider_request_id')} IN ({_marks(names)}) "
+        f"AND e.{_q('attempt_id')} <> %s)"
     )
 
 
@@ -283,11 +299,14 @@ def compare_and_set(
     event: EventRow,
     granted: bool = False,
     effect: tuple[str, str, str] | None = None,
+    unclaimed: tuple[str, tuple[str, ...], str] | None = None,
 ) -> bool:
     """Set ``values`` and add ``increments`` on attempt ``pk`` and append ``event``, if the
     attempt is still in ``state`` at ``version`` (and, with ``granted``, its grant still
-    covers it: ``_grant_covers``). Returns whether it was (False: someone else changed it
-    first, or the grant no longer covers it, and nothing was written).
+    covers it: ``_grant_covers``; with ``unclaimed`` (tool name, provider request ids, the
+    attempt's public id), no other attempt has claimed any of those effects). Returns whether
+    it was (False: someone else changed it first, the grant no longer covers it or an effect
+    is claimed, and nothing was written).
 
     ``effect`` (tool name, provider request id, attempt id): the move claims that provider
     effect for the attempt in the effects' index, in the same statement (PostgreSQL) or
@@ -295,13 +314,16 @@ def compare_and_set(
     constraint) and nothing is written; a savepoint keeps the caller's transaction usable."""
     db = _db()
     names = tuple(values)
-    update = _update(names, tuple(increments), granted)
+    update = _update(names, tuple(increments), granted, len(unclaimed[1]) if unclaimed else 0)
     params = _prepared(_set_columns(names), values.values(), db)
     params += [int(amount) for amount in increments.values()]
     params += [pk, state, version]
+    if unclaimed:
+        tool_name, ids, attempt_id = unclaimed
+        params += [tool_name, *ids, attempt_id]
     event_values = _event_values(event, db)
     if effect is not None:
-        return _compare_and_set_claiming(db, update, params, event_values, list(effect))
+        return _compare_and_set_claiming(db, pk, update, params, event_values, list(effect))
     if db.vendor == "postgresql":
         sql = f"WITH moved AS ({update} RETURNING {_q('id')}) {_event_insert('moved')}"
         with _atomic(db, 1), _cursor(db) as cursor:
@@ -317,6 +339,7 @@ def compare_and_set(
 
 def _compare_and_set_claiming(
     db: BaseDatabaseWrapper,
+    pk: int,
     update: str,
     params: list[Any],
     event_values: list[Any],
@@ -338,7 +361,7 @@ def _compare_and_set_claiming(
         if cursor.rowcount != 1:
             return False
         cursor.execute(f"{claim} VALUES ({_marks(len(effect))})", effect)
-        cursor.execute(_event_insert(""), [params[-3], *event_values])
+        cursor.execute(_event_insert(""), [pk, *event_values])
         return True
 
 

@@ -149,6 +149,29 @@ def effect_holder(tool_name: str, provider_request_id: str) -> str | None:
     )
 
 
+def receipt_effects(result_ref: str) -> tuple[str, ...]:
+    """The provider effects a receipt names when an attempt is confirmed by its receipt alone
+    (no provider request id): the receipt itself, and what follows its scheme
+    (``receipt:<id>``, ``lookup:<id>``)."""
+    _, colon, rest = result_ref.partition(":")
+    return (result_ref, rest) if colon and rest else (result_ref,)
+
+
+def receipt_claim(attempt: Attempt, result_ref: str) -> EffectClaimed | None:
+    """Whether another attempt of ``attempt``'s tool claimed a provider effect that
+    ``result_ref`` names (``receipt_effects``): the claim, or None. One indexed read; a move
+    given ``receipt=`` makes the same check inside its compare-and-set instead."""
+    held = (
+        ProviderEffect.objects.filter(
+            tool_name=attempt.tool_name, provider_request_id__in=receipt_effects(result_ref)
+        )
+        .exclude(attempt_id=attempt.attempt_id)
+        .values_list("provider_request_id", "attempt_id")
+        .first()
+    )
+    return EffectClaimed(attempt, *held) if held else None
+
+
 def check_approvals(attempt: Attempt, now: dt.datetime) -> ApprovalVerdict:
     """The approvals of an attempt as they count at ``now`` (``Attempt.approval_verdicts``:
     the approval events of its chain, never rows beside it); ApprovalsNotValid unless enough.
@@ -277,6 +300,7 @@ def move(
     next_check_at: dt.datetime | None | type[Ellipsis] = ...,
     now: dt.datetime | None = None,
     granted: bool = False,
+    receipt: str = "",
 ) -> Attempt:
     """Apply one change to ``attempt`` as a compare-and-set on its (state, version), with its
     event linked into the attempt's chain.
@@ -288,6 +312,9 @@ def move(
 
     ``granted``: the move is made only while the attempt's grant still covers it, checked by
     the compare-and-set itself (no read before it); AuthorityChanged when it does not.
+    ``receipt``: the move confirms the attempt by this receipt alone, and is made only while
+    no other attempt of its tool claimed an effect the receipt names (``receipt_effects``),
+    checked by the compare-and-set too; EffectClaimed when one did (invariant 12).
     """
     now = now or timezone.now()
     from_state = attempt.state
@@ -323,7 +350,7 @@ def move(
     if next_check_at is not ...:
         values["next_check_at"] = next_check_at
     added = {**(increments or {}), "version": 1, "chain_length": 1}
-    _compare_and_set(attempt, from_state, values, added, event, granted=granted)
+    _compare_and_set(attempt, from_state, values, added, event, granted=granted, receipt=receipt)
     # Mirror the update in memory without another query (after everything that could fail).
     for name, value in values.items():
         setattr(attempt, name, value)
@@ -376,6 +403,7 @@ def _compare_and_set(
     event: Any,
     *,
     granted: bool,
+    receipt: str,
 ) -> None:
     """The one write of a move: the compare-and-set on (attempt, state, version) with its
     event. Raises StaleAttempt (or AuthorityChanged, EffectClaimed) when it changed nothing."""
@@ -397,6 +425,11 @@ def _compare_and_set(
             event=event,
             granted=granted,
             effect=effect,
+            unclaimed=(
+                (attempt.tool_name, receipt_effects(receipt), attempt.attempt_id)
+                if receipt
+                else None
+            ),
         )
     except IntegrityError:
         holder = effect_holder(attempt.tool_name, claimed) if effect else None
@@ -404,6 +437,11 @@ def _compare_and_set(
             raise
         raise EffectClaimed(attempt, claimed, holder) from None
     if not done:
+        if receipt:
+            # As for the grant: a read says which condition failed, only on this path.
+            claim = receipt_claim(attempt, receipt)
+            if claim is not None:
+                raise claim
         if granted:
             # The compare-and-set does not say which condition failed: a read does, and only
             # on this rare path.
