@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -263,6 +264,12 @@ class Bulkheads:
         self.max_cap = self.concurrency
         self.reserve = self.concurrency // 2
         self.providers: dict[str, Bulkhead] = {}
+        # Each adapter's bulkhead by operation, found once per adapter (a registry's adapter
+        # lives for a pass or its carried calls): the main thread asks for it several times
+        # per call, and an endpoint may parse a URL.
+        self._of: weakref.WeakKeyDictionary[Adapter, dict[str, Bulkhead]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     @property
     def threads(self) -> int:
@@ -290,6 +297,16 @@ class Bulkheads:
         return AdaptiveLimit(max(1, min(cap, self.max_cap)), limit=float(start))
 
     def of(self, adapter: Adapter, operation: str) -> Bulkhead:
+        """The bulkhead of this adapter's calls of ``operation`` (made on first use)."""
+        known = self._of.get(adapter)
+        if known is None:
+            known = self._of[adapter] = {}
+        state = known.get(operation)
+        if state is None:
+            state = known[operation] = self._find(adapter, operation)
+        return state
+
+    def _find(self, adapter: Adapter, operation: str) -> Bulkhead:
         endpoint = adapter.endpoint(operation)
         key = key_of(endpoint, operation)
         state = self.providers.get(key)

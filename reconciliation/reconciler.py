@@ -303,8 +303,9 @@ class Reconciler:
     def claim(self, *, cutoff: dt.datetime, limit: int, lease: dt.timedelta) -> list[Attempt]:
         """Claim up to ``limit`` attempts due at ``cutoff`` whose lease is free.
 
-        Each claim is a conditional UPDATE on (id, version, lease free) that must change exactly
-        one row and bumps the version: the fencing token every later move compares against. On
+        Each claim is a compare-and-set on (id, version, lease free) that bumps the version
+        (``states.claim_lease``, many rows a statement): the fencing token every later move
+        compares against. On
         PostgreSQL candidates are read ``FOR UPDATE SKIP LOCKED`` so workers do not queue on each
         other's rows.
         """
@@ -510,13 +511,22 @@ class Reconciler:
         bulkhead's limit); defer the lookups of a provider that may not be called now."""
         waiting, self._waiting = self._waiting, deque()
         deferred: list[tuple[_Job, Deferral]] = []
+        # Bulkheads found without room: nothing frees a place before this round ends, so
+        # their other calls keep waiting without being asked again (a backlog of a batch
+        # waits behind a full bulkhead, and this runs twice per group of answers).
+        full: set[int] = set()
         while waiting:
             job = waiting.popleft()
+            bulkhead = id(self.bulkheads.of(job.adapter, job.kind))
+            if bulkhead in full:
+                self._waiting.append(job)
+                continue
             refusal = self.bulkheads.refusal(job.adapter, job.kind)
             if refusal is not None:
                 deferred.append((job, refusal))
                 continue
             if not self.bulkheads.may_start(job.adapter, job.kind, len(self._in_flight)):
+                full.add(bulkhead)
                 self._waiting.append(job)
                 continue
             self.bulkheads.started(job.adapter, job.kind)
