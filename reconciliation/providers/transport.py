@@ -5,13 +5,14 @@ A socket timeout bounds each read, not the request: a provider that sends one by
 never trips it. So the deadline is enforced twice, below any library above (http.client here,
 the stripe provider through ``exchange``):
 
-- a watchdog timer shuts *the socket itself* down when the deadline passes, which ends whatever
-  read or write is blocked on it. It holds the socket from the moment it is connected, not the
-  connection object: http.client lets go of its socket (``connection.sock = None``) as soon as
-  an answer says it will close the connection (``Connection: close``, HTTP/1.0, a body delimited
-  by the close), and reads the body through the response's own file;
+- a watchdog shuts *the socket itself* down when the deadline passes (one thread keeps the
+  deadlines of every exchange in flight), which ends whatever read or write is blocked on it.
+  It holds the socket from the moment it is connected, not the connection object: http.client
+  lets go of its socket (``connection.sock = None``) as soon as an answer says it will close the
+  connection (``Connection: close``, HTTP/1.0, a body delimited by the close), and reads the
+  body through the response's own file;
 - every read of the body checks the clock, so an answer that keeps coming in pieces (chunked, a
-  trickle) ends at the deadline even if the timer's shutdown lost a race.
+  trickle) ends at the deadline even if the watchdog's shutdown lost a race.
 
 Every framing is covered: ``Content-Length``, chunked, close-delimited, HTTP/1.0 and TLS (the
 shutdown of a TLS socket shuts its underlying socket). The answer is refused as soon as its
@@ -21,13 +22,19 @@ shutdown of a TLS socket shuts its underlying socket). The answer is refused as 
 from __future__ import annotations
 
 import email.utils
+import heapq
 import http.client
+import itertools
+import logging
+import os
 import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
+
+log = logging.getLogger("ledgerweb.reconciler")
 
 # Most bytes read from one provider answer.
 MAX_ANSWER_BYTES = 1024 * 1024
@@ -80,6 +87,74 @@ def retry_after_seconds(value: str | None, *, now: float | None = None) -> float
     return max(0.0, min(86400.0, when.timestamp() - (now if now is not None else time.time())))
 
 
+class _Deadlines:
+    """The deadlines of every exchange in flight in this process, kept by one thread: at a
+    deadline it fires that exchange's watchdog. (A timer thread per exchange cost a thread's
+    start, a large share of a provider call's CPU.) The thread starts with the first deadline
+    and ends after ``IDLE`` seconds without one: nothing it holds outlives the exchanges."""
+
+    IDLE = 30.0
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """No deadline and no thread (and, in a forked child, none of the parent's)."""
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._heap: list[tuple[float, int, _Watchdog]] = []
+        self._numbers = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def add(self, when: float, watchdog: _Watchdog) -> tuple[float, int, _Watchdog]:
+        """Fire ``watchdog`` at monotonic time ``when`` unless ``remove``d before."""
+        entry = (when, next(self._numbers), watchdog)
+        with self._lock:
+            heapq.heappush(self._heap, entry)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="provider-deadlines", daemon=True
+                )
+                self._thread.start()
+            elif self._heap[0] is entry:
+                self._changed.notify()
+        return entry
+
+    def remove(self, entry: tuple[float, int, _Watchdog]) -> None:
+        """The exchange ended: its watchdog is not fired (unless it is firing already)."""
+        with self._lock:
+            try:
+                self._heap.remove(entry)
+            except ValueError:
+                return  # popped to fire
+            heapq.heapify(self._heap)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                now = time.monotonic()
+                due = []
+                while self._heap and self._heap[0][0] <= now:
+                    due.append(heapq.heappop(self._heap)[2])
+                if not due:
+                    if self._heap:
+                        self._changed.wait(self._heap[0][0] - now)
+                    elif not self._changed.wait(self.IDLE) and not self._heap:
+                        self._thread = None
+                        return
+                    continue
+            for watchdog in due:
+                try:
+                    watchdog.fire()
+                except Exception:  # one exchange's trouble stops no other's deadline
+                    log.exception("an exchange could not be cut at its deadline")
+
+
+_deadlines = _Deadlines()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_deadlines.reset)
+
+
 class _Watchdog:
     """Shuts a connection's socket down when the deadline passes (see the module docstring:
     it keeps the socket itself, which http.client may stop holding before the body is read)."""
@@ -88,9 +163,9 @@ class _Watchdog:
         self.connection = connection
         self.sock: socket.socket | None = None
         self.fired = False
+        self.seconds = max(0.0, seconds)
         self._lock = threading.Lock()
-        self._timer = threading.Timer(max(0.0, seconds), self._fire)
-        self._timer.daemon = True
+        self._entry: tuple[float, int, _Watchdog] | None = None
 
     def hold(self) -> None:
         """Keep the connected socket, whatever the connection does with it later."""
@@ -100,7 +175,7 @@ class _Watchdog:
         if fired:
             self._shutdown()
 
-    def _fire(self) -> None:
+    def fire(self) -> None:
         with self._lock:
             self.fired = True
         self._shutdown()
@@ -114,11 +189,12 @@ class _Watchdog:
                 pass
 
     def __enter__(self) -> _Watchdog:
-        self._timer.start()
+        self._entry = _deadlines.add(time.monotonic() + self.seconds, self)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._timer.cancel()
+        if self._entry is not None:
+            _deadlines.remove(self._entry)
 
 
 def exchange(
