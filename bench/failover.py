@@ -42,7 +42,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.soak import PG_BIN, TOOLS, Soak, free_port  # noqa: E402
+from bench.private_postgres import Server, free_port  # noqa: E402
+from bench.soak import TOOLS, Soak  # noqa: E402
 
 STANDBY_NAME = "ledger_standby"
 ORIGIN = "failover.test/ledger"
@@ -57,115 +58,22 @@ def say(message: str) -> None:
     print(f"failover: {time.monotonic() - STARTED:6.1f}s {message}", flush=True)
 
 
-class Server:
-    """One PostgreSQL server of the pair, in a folder of its own, on a port of its own."""
-
-    def __init__(self, root: Path, name: str, run_as: list[str]) -> None:
-        self.dir = root / name
-        self.port = free_port()
-        self.run_as = run_as
-        self.options: list[str] = []
-
-    def pg(self, tool: str, *args: str, timeout: float = 120) -> str:
-        done = subprocess.run(
-            [*self.run_as, str(PG_BIN / tool), *args],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"{tool} failed: {done.stderr[-2000:]}")
-        return done.stdout
-
-    def start(self) -> None:
-        settings = [
-            f"-p {self.port}",
-            f"-k {self.dir.parent}",
-            "-c listen_addresses=127.0.0.1",
-            "-c fsync=on",
-            *self.options,
-        ]
-        self.pg(
-            "pg_ctl",
-            "start",
-            "-D",
-            str(self.dir),
-            "-w",
-            "-t",
-            "60",
-            "-o",
-            " ".join(settings),
-            "-l",
-            str(self.dir.parent / f"{self.dir.name}.log"),
-        )
-
-    def sql(self, statement: str) -> str:
-        return self.pg(
-            "psql",
-            "-h",
-            "127.0.0.1",
-            "-p",
-            str(self.port),
-            "-U",
-            "postgres",
-            "-d",
-            "ledger",
-            "-Atc",
-            statement,
-            timeout=30,
-        ).strip()
-
-    def kill(self) -> None:
-        """SIGKILL the postmaster and every process it started, at once: the machine is gone."""
-        try:
-            pid = int((self.dir / "postmaster.pid").read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            return
-        try:
-            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        except OSError:
-            children = []
-        for victim in [pid, *map(int, children)]:
-            try:
-                os.kill(victim, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + 10
-        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        if (self.dir / "postmaster.pid").exists():
-            try:
-                self.pg("pg_ctl", "stop", "-D", str(self.dir), "-m", "immediate", "-w", timeout=30)
-            except (RuntimeError, subprocess.SubprocessError, OSError):
-                self.kill()
-
-
 class Pair:
     """A primary and its streaming standbys, made with initdb and pg_basebackup."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.run_as = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-        if self.run_as:
-            shutil.chown(root, "postgres", "postgres")
         self.servers: list[Server] = []
         self.primary = self._server("a")
-        try:
-            self.primary.pg("initdb", "-D", str(self.primary.dir), "-U", "postgres", "-A", "trust")
-            self.primary.options = ["-c wal_level=replica", "-c max_wal_senders=5"]
-            self.primary.start()
-            self.primary.pg("createdb", "-h", "127.0.0.1", "-p", str(self.primary.port), "ledger")
-        except BaseException:
-            self.stop()  # nothing started here outlives a failed start
-            raise
+        self.primary.options = ["-c wal_level=replica", "-c max_wal_senders=5"]
+        self.primary.create("ledger")
         # Ports of the standbys to come are in the URL from the start: libpq skips a host that
         # does not answer, and keeps the one that takes writes.
         self.spare = [self._server(name) for name in ("b", "c")]
 
     def _server(self, name: str) -> Server:
-        server = Server(self.root, name, self.run_as)
+        server = Server(self.root, name)
+        server.database = "ledger"
         self.servers.append(server)
         return server
 

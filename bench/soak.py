@@ -33,7 +33,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -48,8 +47,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 BIN = Path(sys.executable).parent
-PG_BIN = Path(os.environ.get("LEDGERWEB_PG_BIN", "/usr/lib/postgresql/15/bin"))
 
+from bench.private_postgres import Server, free_port  # noqa: E402
 from ledgerweb_client import (  # noqa: E402
     LedgerClient,
     LedgerError,
@@ -67,12 +66,6 @@ TOOLS = {"update_crm": True, "open_ticket": False, "charge_card": False}
 KEY_SCRIPTS = ("", "請求書", "фактура", "\U0001f680", "e\u0301")
 CHAOS = ("gunicorn_worker", "reconcile_worker", "demo_provider")
 UNSETTLED = ("INTENT_RECORDED", "DISPATCHED", "UNKNOWN", "FAILED_RETRYABLE")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def stop_processes(processes: list[subprocess.Popen], timeout: float = 15) -> None:
@@ -109,63 +102,6 @@ class Tally:
             self.errors[name] += 1
 
 
-class Postgres:
-    """A throwaway PostgreSQL cluster on a free port, owned by the soak."""
-
-    def __init__(self, root: Path) -> None:
-        self.dir = root / "pgdata"
-        self.socket_dir = root / "pgsocket"
-        self.port = free_port()
-        self.run_as = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-        for path in (self.dir, self.socket_dir):
-            path.mkdir(mode=0o700)
-            if self.run_as:
-                shutil.chown(path, "postgres", "postgres")
-                shutil.chown(root, "postgres", "postgres")
-        self._pg("initdb", "-D", str(self.dir), "-U", "postgres", "-A", "trust", "--no-sync")
-        self.start()
-        self._pg("createdb", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "soak")
-        self.url = f"postgres://postgres@127.0.0.1:{self.port}/soak"
-
-    def _pg(self, tool: str, *args: str) -> None:
-        subprocess.run(
-            [*self.run_as, str(PG_BIN / tool), *args],
-            check=True,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            timeout=120,
-        )
-
-    def _ctl(self, action: str, *extra: str) -> None:
-        options = f"-p {self.port} -k {self.socket_dir} -c listen_addresses=127.0.0.1"
-        self._pg(
-            "pg_ctl",
-            action,
-            "-D",
-            str(self.dir),
-            "-w",
-            "-t",
-            "60",
-            "-o",
-            options,
-            *extra,
-            "-l",
-            str(self.dir / "server.log"),
-        )
-
-    def start(self) -> None:
-        self._ctl("start")
-
-    def restart(self) -> None:
-        self._ctl("restart", "-m", "fast")
-
-    def stop(self) -> None:
-        try:
-            self._pg("pg_ctl", "stop", "-D", str(self.dir), "-m", "immediate", "-w")
-        except (subprocess.SubprocessError, OSError):
-            pass
-
-
 class Soak:
     def __init__(self, options: argparse.Namespace, workdir: Path) -> None:
         self.options = options
@@ -176,7 +112,7 @@ class Soak:
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.restarts: Counter[str] = Counter()
         self.kills: Counter[str] = Counter()
-        self.postgres: Postgres | None = None
+        self.postgres: Server | None = None
         self.chaos_failed = False
         self.provider_port = free_port()
         self.web_port = free_port()
@@ -200,7 +136,8 @@ class Soak:
             LEDGERWEB_DEFAULT_OWNER="admin",
         )
         if options.database == "postgres":
-            self.postgres = Postgres(workdir)
+            self.postgres = Server(workdir, "pgdata")
+            self.postgres.create("soak")
             self.env["DATABASE_URL"] = self.postgres.url
 
     # -- processes ----------------------------------------------------------------------------

@@ -25,9 +25,8 @@ import pytest
 from django.db import OperationalError
 from django.test import Client
 
+from bench.private_postgres import PG_BIN
 from tests.conftest import REPO
-
-PG_BIN = Path(os.environ.get("LEDGERWEB_PG_BIN", "/usr/lib/postgresql/15/bin"))
 
 
 def test_a_page_whose_database_connection_fails_is_a_small_503_page(world, monkeypatch) -> None:
@@ -70,11 +69,13 @@ def test_a_postgresql_restart_under_load_answers_503_and_everything_resumes(
     if not (PG_BIN / "initdb").exists():
         pytest.skip(f"PostgreSQL server binaries are not installed ({PG_BIN})")
     sys.path.insert(0, str(REPO))
-    from bench.soak import BIN, Postgres, free_port, stop_processes
+    from bench.private_postgres import Server, free_port
+    from bench.soak import BIN, stop_processes
 
     # Its own folder outside pytest's (the postgres user must be able to reach it).
     root = Path(tempfile.mkdtemp(prefix="ledgerweb-pg-"))
-    postgres = Postgres(root)
+    postgres = Server(root, "pgdata")
+    postgres.create("away")
     web_port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LEDGERWEB_")}
     env.update(

@@ -22,6 +22,7 @@ import pytest
 from django.db import connection
 from django.test import Client
 
+from bench.private_postgres import PG_BIN
 from tests.conftest import REPO, child_env, manage
 
 
@@ -81,8 +82,8 @@ def test_a_failover_under_load_loses_no_acknowledged_write_with_a_synchronous_st
 
     if connection.vendor != "postgresql":
         pytest.skip("runs once, in the PostgreSQL suite (it makes its own pair either way)")
-    if not (failover.PG_BIN / "initdb").exists():
-        pytest.skip(f"PostgreSQL server binaries are not installed ({failover.PG_BIN})")
+    if not (PG_BIN / "initdb").exists():
+        pytest.skip(f"PostgreSQL server binaries are not installed ({PG_BIN})")
     sync, asynchronous = failover.run(failover.parse(["--seconds", "3", "--drain", "30"]))
 
     assert sync.acknowledged_intents > 0 and sync.acknowledged_moves > 0
@@ -114,8 +115,8 @@ def test_what_is_sent_to_a_witness_is_on_the_synchronous_standby_first(tmp_path)
         pytest.skip("runs once, in the PostgreSQL suite")
     from bench import failover
 
-    if not (failover.PG_BIN / "initdb").exists():
-        pytest.skip(f"PostgreSQL server binaries are not installed ({failover.PG_BIN})")
+    if not (PG_BIN / "initdb").exists():
+        pytest.skip(f"PostgreSQL server binaries are not installed ({PG_BIN})")
     pair = failover.Pair(Path(tempfile.mkdtemp(prefix="ledgerweb-durable-")))
     waiting = None
     senders: list[int] = []

@@ -8,14 +8,13 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from bench.private_postgres import PG_BIN
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow
-PG_BIN = Path(os.environ.get("LEDGERWEB_PG_BIN", "/usr/lib/postgresql/15/bin"))
 
 
 def test_a_short_soak_keeps_every_invariant() -> None:
