@@ -28,13 +28,10 @@ from ledgerweb_client.guard import LedgerContext, use_ledger
 from ledgerweb_client.integrations.agent_framework import ledger_approvals, ledgered_tool
 from tests.conftest import World
 from tests.integrations.approvals import approve, edit_and_approve, expire_waits, hold, reject
-from tests.integrations.conftest import sqlite_only
-from tests.integrations.test_frameworks import Provider as Tickets
+from tests.integrations.conftest import KEY, URGENT, Tickets, sqlite_only
 
 pytestmark = [pytest.mark.django_db(transaction=True), sqlite_only]
 
-KEY = "ticket:{tenant}:{args.customer}:{args.title}"
-URGENT = {"customer": "cus_1", "title": "Printer on fire", "priority": 3}
 REJECTED = "Error: Tool call invocation was rejected by user."
 
 
@@ -53,12 +50,6 @@ class Scripted(FunctionInvocationLayer, BaseChatClient):
             return ChatResponse(messages=[Message(role="assistant", contents=[call])])
 
         return answer()
-
-
-@pytest.fixture
-def tickets() -> Tickets:
-    """The ticket system the tool calls: every effect it had, counted."""
-    return Tickets()
 
 
 def agent_for(tickets: Tickets, acme: LedgerContext) -> Agent:

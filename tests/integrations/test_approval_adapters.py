@@ -27,12 +27,9 @@ from ledgerweb_client.integrations import ledgered
 from ledgerweb_client.integrations.langchain import LedgerToolException, ledgered_tool
 from tests.conftest import World
 from tests.integrations.approvals import approve, edit_and_approve, hold, reject
-from tests.integrations.conftest import sqlite_only
-from tests.integrations.test_frameworks import Provider as Tickets
+from tests.integrations.conftest import KEY, URGENT, Tickets, sqlite_only
 
 pytestmark = [pytest.mark.django_db(transaction=True), sqlite_only]
-
-KEY = "ticket:{tenant}:{args.customer}:{args.title}"
 
 
 def graph(tool: Any, checkpointer: Any) -> Any:
@@ -52,11 +49,6 @@ def ask(args: dict[str, Any], call_id: str = "call-1") -> dict[str, Any]:
 
 
 @pytest.fixture
-def tickets() -> Tickets:
-    return Tickets()
-
-
-@pytest.fixture
 def tool(tickets: Tickets) -> Any:
     return ledgered_tool(tool_name="open_ticket", key=KEY, receipt=True)(tickets.open_ticket)
 
@@ -64,9 +56,6 @@ def tool(tickets: Tickets) -> Any:
 @pytest.fixture
 def held_urgent(world: World):
     return hold("open_ticket", "args.priority >= 2")
-
-
-URGENT = {"customer": "cus_1", "title": "Printer on fire", "priority": 3}
 
 
 def config(acme: LedgerContext, thread: str = "thread-1") -> dict[str, Any]:

@@ -40,28 +40,9 @@ from ledgerweb_client.integrations.langchain import (
     ledgered_tool,
 )
 from ledgerweb_client.integrations.openai_agents import ledgered_function_tool
-from tests.integrations.conftest import sqlite_only
+from tests.integrations.conftest import KEY, Tickets, sqlite_only
 
 pytestmark = [pytest.mark.django_db(transaction=True), sqlite_only]
-
-KEY = "ticket:{tenant}:{args.customer}:{args.title}"
-
-
-class Provider:
-    """The outside world of these tests: what the tool functions did, and how they fail."""
-
-    def __init__(self) -> None:
-        self.effects: list[dict[str, Any]] = []
-        self.fail_with: BaseException | None = None
-
-    def open_ticket(self, customer: str, title: str, priority: int = 3) -> dict[str, Any]:
-        """Open a support ticket for a customer."""
-        if self.fail_with is not None:
-            raise self.fail_with
-        ticket = {"id": f"T-{len(self.effects) + 1}", "title": title, "priority": priority}
-        self.effects.append({"customer": customer, **ticket})
-        return ticket
-
 
 # Each driver builds a guarded tool from the provider's function and calls it as its framework
 # would, answering ("ok", value) or ("error", ledger code).
@@ -69,7 +50,7 @@ Outcome = tuple[str, Any]
 
 
 class Plain:
-    def build(self, provider: Provider, *, receipt: bool) -> Any:
+    def build(self, provider: Tickets, *, receipt: bool) -> Any:
         return ledgered(tool_name="open_ticket", key=KEY, receipt=receipt)(provider.open_ticket)
 
     def call(self, tool: Any, context: LedgerContext, **args: Any) -> Outcome:
@@ -92,7 +73,7 @@ def _from_message(message: ToolMessage) -> Outcome:
 
 
 class LangChain:
-    def build(self, provider: Provider, *, receipt: bool) -> StructuredTool:
+    def build(self, provider: Tickets, *, receipt: bool) -> StructuredTool:
         return ledgered_tool(tool_name="open_ticket", key=KEY, receipt=receipt)(
             provider.open_ticket
         )
@@ -121,7 +102,7 @@ class LangGraph(LangChain):
 
 
 class OpenAIAgents:
-    def build(self, provider: Provider, *, receipt: bool) -> Any:
+    def build(self, provider: Tickets, *, receipt: bool) -> Any:
         return ledgered_function_tool(provider.open_ticket, key=KEY, receipt=receipt)
 
     def call(self, tool: Any, context: LedgerContext, **args: Any) -> Outcome:
@@ -149,7 +130,7 @@ def driver(request) -> Any:
 
 
 def test_safe_order_replay_and_every_refusal(driver, acme: LedgerContext) -> None:
-    provider = Provider()
+    provider = Tickets()
     confirmed = driver.build(provider, receipt=True)
     args = {"customer": "cus_1", "title": "Printer on fire"}
 
@@ -191,7 +172,7 @@ def test_safe_order_replay_and_every_refusal(driver, acme: LedgerContext) -> Non
 
 
 def test_decorator_errors_are_typed_and_refusals_recorded(acme: LedgerContext) -> None:
-    provider = Provider()
+    provider = Tickets()
     open_ticket = ledgered(tool_name="open_ticket", key=KEY, receipt=True)(provider.open_ticket)
     with use_ledger(acme.client, tenant="acme", task_id="t"):
         open_ticket("cus_1", "A")
@@ -221,7 +202,7 @@ def test_decorator_errors_are_typed_and_refusals_recorded(acme: LedgerContext) -
 
 
 def test_guard_tool_wraps_an_existing_langchain_tool(acme: LedgerContext) -> None:
-    provider = Provider()
+    provider = Tickets()
 
     @tool
     def open_ticket(customer: str, title: str) -> str:

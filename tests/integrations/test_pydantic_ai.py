@@ -30,20 +30,11 @@ from ledgerweb_client.guard import LedgerContext
 from ledgerweb_client.integrations.pydantic_ai import ledger_decisions, ledgered_tool
 from tests.conftest import World
 from tests.integrations.approvals import approve, edit_and_approve, expire_waits, hold, reject
-from tests.integrations.conftest import sqlite_only
-from tests.integrations.test_frameworks import Provider as Tickets
+from tests.integrations.conftest import KEY, URGENT, Tickets, sqlite_only
 
 pytestmark = [pytest.mark.django_db(transaction=True), sqlite_only]
 
-KEY = "ticket:{tenant}:{args.customer}:{args.title}"
-URGENT = {"customer": "cus_1", "title": "Printer on fire", "priority": 3}
 REQUESTS = TypeAdapter(DeferredToolRequests)
-
-
-@pytest.fixture
-def tickets() -> Tickets:
-    """The ticket system the tool calls: every effect it had, counted."""
-    return Tickets()
 
 
 def script(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
