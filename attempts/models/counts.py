@@ -7,16 +7,25 @@ from __future__ import annotations
 from django.db import models
 
 
-class TerminalDayCount(models.Model):
+class AttemptCount(models.Model):
+    """How many attempts of a tenant's tool are in ``state`` (``n``), as the count pass found
+    them: what every count row says; each kind adds what it is counted by."""
+
+    tenant_id = models.CharField(max_length=64)
+    tool_name = models.CharField(max_length=100)
+    state = models.CharField(max_length=20)
+    n = models.PositiveBigIntegerField()
+
+    class Meta:
+        abstract = True
+
+
+class TerminalDayCount(AttemptCount):
     """How many attempts recorded on ``day`` (UTC) rest in terminal ``state``, per tenant and
     tool, as the reconcile worker's count pass last found them (``attempts.counts``). Terminal
     states are final, so a day's counts change only while it still holds live work."""
 
     day = models.DateField()
-    tenant_id = models.CharField(max_length=64)
-    tool_name = models.CharField(max_length=100)
-    state = models.CharField(max_length=20)
-    n = models.PositiveBigIntegerField()
 
     class Meta:
         constraints = [
@@ -29,14 +38,9 @@ class TerminalDayCount(models.Model):
         return f"{self.day} {self.tenant_id}/{self.tool_name} {self.state}: {self.n}"
 
 
-class TerminalCount(models.Model):
+class TerminalCount(AttemptCount):
     """The terminal counts summed over every day, per tenant, tool and state: what the overview
     reads (a few rows per tenant, whatever the size of the ledger)."""
-
-    tenant_id = models.CharField(max_length=64)
-    tool_name = models.CharField(max_length=100)
-    state = models.CharField(max_length=20)
-    n = models.PositiveBigIntegerField()
 
     class Meta:
         constraints = [
@@ -49,18 +53,14 @@ class TerminalCount(models.Model):
         return f"{self.tenant_id}/{self.tool_name} {self.state}: {self.n}"
 
 
-class LiveDayCount(models.Model):
+class LiveDayCount(AttemptCount):
     """How many live (not terminal) attempts recorded on ``day`` (UTC) are in ``state``, per
     tenant, tool and whether anyone owns them, as the count pass last found them. The overview
     reads these instead of counting a live backlog too large to count per request
     (``attempts.counts.LIVE_EXACT``); below that size it counts live work itself."""
 
     day = models.DateField()
-    tenant_id = models.CharField(max_length=64)
-    tool_name = models.CharField(max_length=100)
-    state = models.CharField(max_length=20)
     unowned = models.BooleanField()
-    n = models.PositiveBigIntegerField()
 
     def __str__(self) -> str:
         return f"{self.day} {self.tenant_id}/{self.tool_name} {self.state}: {self.n}"
