@@ -9,9 +9,12 @@ from typing import Any
 
 import pytest
 
+from attempts.models import ApprovalPolicy
 from ledgerweb_client import LedgerClient
 from ledgerweb_client.guard import LedgerContext
 from tests.api.conftest import Tokens, tokens  # noqa: F401  (the fixture)
+from tests.conftest import World
+from tests.integrations.approvals import hold
 
 # The adapters are client code: which database the ledger runs on does not change what they do,
 # so their tests run once, on SQLite. The MCP gateway's crash test runs on both.
@@ -43,6 +46,12 @@ class Tickets:
 def tickets() -> Tickets:
     """The ticket system the tool calls: every effect it had, counted."""
     return Tickets()
+
+
+@pytest.fixture
+def held_urgent(world: World) -> ApprovalPolicy:
+    """A policy that holds the URGENT call (priority 2 and up) for a person's approval."""
+    return hold("open_ticket", "args.priority >= 2")
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ from attempts.models import Attempt, State
 from ledgerweb_client.guard import LedgerContext, use_ledger
 from ledgerweb_client.integrations.agent_framework import ledger_approvals, ledgered_tool
 from tests.conftest import World
-from tests.integrations.approvals import approve, edit_and_approve, expire_waits, hold, reject
+from tests.integrations.approvals import approve, edit_and_approve, expire_waits, reject
 from tests.integrations.conftest import KEY, URGENT, Tickets, sqlite_only
 
 pytestmark = [pytest.mark.django_db(transaction=True), sqlite_only]
@@ -107,9 +107,8 @@ def test_a_call_no_policy_holds_is_approved_by_the_ledger_at_once_and_sent_once(
 
 
 def test_held_then_approved_on_the_ledger_after_a_restart_it_is_sent_once(
-    tickets: Tickets, acme: LedgerContext, world: World
+    tickets: Tickets, acme: LedgerContext, world: World, held_urgent
 ) -> None:
-    hold("open_ticket", "args.priority >= 2")
     saved, requests = asked(tickets, acme)  # held: the agent keeps its state and stops
     attempt = Attempt.objects.get(idempotency_key="ticket:acme:cus_1:Printer on fire")
     approve(attempt.attempt_id, world.reviewer)
@@ -124,9 +123,8 @@ def test_held_then_approved_on_the_ledger_after_a_restart_it_is_sent_once(
 
 
 def test_a_rejection_reaches_the_agent_as_the_frameworks_rejection(
-    tickets: Tickets, acme: LedgerContext, world: World
+    tickets: Tickets, acme: LedgerContext, world: World, held_urgent
 ) -> None:
-    hold("open_ticket", "args.priority >= 2")
     saved, requests = asked(tickets, acme)
     attempt = Attempt.objects.get(idempotency_key="ticket:acme:cus_1:Printer on fire")
     reject(attempt.attempt_id, world.reviewer, "not urgent")
@@ -137,9 +135,8 @@ def test_a_rejection_reaches_the_agent_as_the_frameworks_rejection(
 
 
 def test_an_expiry_reaches_the_agent_as_the_frameworks_rejection(
-    tickets: Tickets, acme: LedgerContext, world: World
+    tickets: Tickets, acme: LedgerContext, world: World, held_urgent
 ) -> None:
-    hold("open_ticket", "args.priority >= 2")
     saved, requests = asked(tickets, acme)
     assert expire_waits() == 1
     result, answers = decide_and_resume(tickets, acme, saved, requests)
@@ -148,9 +145,8 @@ def test_an_expiry_reaches_the_agent_as_the_frameworks_rejection(
 
 
 def test_edit_and_approve_runs_the_corrected_call_never_the_original(
-    tickets: Tickets, acme: LedgerContext, world: World
+    tickets: Tickets, acme: LedgerContext, world: World, held_urgent
 ) -> None:
-    hold("open_ticket", "args.priority >= 2")
     saved, requests = asked(tickets, acme)
     original = Attempt.objects.get(idempotency_key="ticket:acme:cus_1:Printer on fire")
     linked = edit_and_approve(original.attempt_id, world.reviewer, {**URGENT, "priority": 2})
@@ -162,9 +158,8 @@ def test_edit_and_approve_runs_the_corrected_call_never_the_original(
 
 
 def test_approving_in_the_framework_alone_sends_nothing(
-    tickets: Tickets, acme: LedgerContext, world: World
+    tickets: Tickets, acme: LedgerContext, world: World, held_urgent
 ) -> None:
-    hold("open_ticket", "args.priority >= 2")
     saved, requests = asked(tickets, acme)
     agent = agent_for(tickets, acme)
     session = AgentSession.from_dict(json.loads(saved))

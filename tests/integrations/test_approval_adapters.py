@@ -53,11 +53,6 @@ def tool(tickets: Tickets) -> Any:
     return ledgered_tool(tool_name="open_ticket", key=KEY, receipt=True)(tickets.open_ticket)
 
 
-@pytest.fixture
-def held_urgent(world: World):
-    return hold("open_ticket", "args.priority >= 2")
-
-
 def config(acme: LedgerContext, thread: str = "thread-1") -> dict[str, Any]:
     return {"configurable": {"thread_id": thread, "ledger": acme}}
 

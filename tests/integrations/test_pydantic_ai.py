@@ -29,7 +29,7 @@ from attempts.models import Attempt, State
 from ledgerweb_client.guard import LedgerContext
 from ledgerweb_client.integrations.pydantic_ai import ledger_decisions, ledgered_tool
 from tests.conftest import World
-from tests.integrations.approvals import approve, edit_and_approve, expire_waits, hold, reject
+from tests.integrations.approvals import approve, edit_and_approve, expire_waits, reject
 from tests.integrations.conftest import KEY, URGENT, Tickets, sqlite_only
 
 pytestmark = [pytest.mark.django_db(transaction=True), sqlite_only]
@@ -91,9 +91,8 @@ def resume(tickets: Tickets, acme: LedgerContext, messages: str, requests: str) 
 
 
 def test_approved_on_the_ledger_while_the_agent_was_down_it_is_sent_once(
-    tickets: Tickets, acme: LedgerContext, world: World
+    tickets: Tickets, acme: LedgerContext, world: World, held_urgent
 ) -> None:
-    hold("open_ticket", "args.priority >= 2")
     messages, requests, attempt = held_run(tickets, acme)
     # Nobody decided yet: the call stays pending.
     results, pending = asyncio.run(ledger_decisions(REQUESTS.validate_json(requests), ledger=acme))
@@ -113,9 +112,8 @@ def test_approved_on_the_ledger_while_the_agent_was_down_it_is_sent_once(
 
 
 def test_a_rejection_reaches_the_model_as_a_denial_and_nothing_is_sent(
-    tickets: Tickets, acme: LedgerContext, world: World
+    tickets: Tickets, acme: LedgerContext, world: World, held_urgent
 ) -> None:
-    hold("open_ticket", "args.priority >= 2")
     messages, requests, attempt = held_run(tickets, acme)
     reject(attempt.attempt_id, world.reviewer, "not urgent")
     final, results = resume(tickets, acme, messages, requests)
@@ -126,9 +124,8 @@ def test_a_rejection_reaches_the_model_as_a_denial_and_nothing_is_sent(
 
 
 def test_an_expired_wait_reaches_the_model_as_a_denial_and_nothing_is_sent(
-    tickets: Tickets, acme: LedgerContext, world: World
+    tickets: Tickets, acme: LedgerContext, world: World, held_urgent
 ) -> None:
-    hold("open_ticket", "args.priority >= 2")
     messages, requests, attempt = held_run(tickets, acme)
     assert expire_waits() == 1
     final, results = resume(tickets, acme, messages, requests)
@@ -137,9 +134,8 @@ def test_an_expired_wait_reaches_the_model_as_a_denial_and_nothing_is_sent(
 
 
 def test_edit_and_approve_runs_the_corrected_call_never_the_original(
-    tickets: Tickets, acme: LedgerContext, world: World
+    tickets: Tickets, acme: LedgerContext, world: World, held_urgent
 ) -> None:
-    hold("open_ticket", "args.priority >= 2")
     messages, requests, original = held_run(tickets, acme)
     linked = edit_and_approve(original.attempt_id, world.reviewer, {**URGENT, "priority": 2})
     final, _ = resume(tickets, acme, messages, requests)
@@ -151,9 +147,8 @@ def test_edit_and_approve_runs_the_corrected_call_never_the_original(
 
 
 def test_approving_in_pydantic_ai_alone_sends_nothing(
-    tickets: Tickets, acme: LedgerContext, world: World
+    tickets: Tickets, acme: LedgerContext, world: World, held_urgent
 ) -> None:
-    hold("open_ticket", "args.priority >= 2")
     messages, requests, attempt = held_run(tickets, acme)
     history = ModelMessagesTypeAdapter.validate_json(messages)
     final = agent_for(tickets).run_sync(
