@@ -31,6 +31,62 @@ ARGS = [
 WORKER = Actor.worker("recon-1")
 
 
+AXE = REPO / "node_modules" / "axe-core" / "axe.min.js"
+PHONE = {"width": 390, "height": 844}
+
+
+class Tab:
+    """One person's browser tab, collecting console errors (CSP violations show up there).
+    ``bypass_csp`` only so the axe test can inject axe-core."""
+
+    def __init__(self, browser, base: str, *, viewport=None, dark=False, axe=False) -> None:
+        self.context = browser.new_context(
+            viewport=viewport or {"width": 1400, "height": 900},
+            color_scheme="dark" if dark else "light",
+            bypass_csp=axe,
+        )
+        self.page = self.context.new_page()
+        self.base = base
+        self.errors: list[str] = []
+        self.page.on("console", lambda m: m.type == "error" and self.errors.append(m.text))
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+
+    def goto(self, path: str) -> None:
+        self.page.goto(self.base + path)
+
+    def login(self, username: str) -> None:
+        """Sign in on the sign-in page the tab was sent to (it keeps where to go next), or on
+        /login/."""
+        if "/login/" not in self.page.url:
+            self.goto("/login/")
+        self.page.fill("input[name=username]", username)
+        self.page.fill("input[name=password]", PASSWORD)
+        self.page.click("button[type=submit]")
+        self.page.wait_for_load_state("networkidle")
+
+    def shot(self, label: str) -> None:
+        self.page.screenshot(path=str(SHOTS / f"{label}.png"), full_page=True)
+
+    def axe(self) -> list[dict]:
+        """Critical and serious axe-core violations on the current page."""
+        self.page.add_script_tag(path=str(AXE))
+        result = self.page.evaluate(
+            "async () => (await axe.run(document, {resultTypes: ['violations']})).violations"
+            ".filter(v => v.impact === 'critical' || v.impact === 'serious')"
+            ".map(v => ({id: v.id, impact: v.impact, nodes: v.nodes.slice(0, 3).map(n => n.target.join(' '))}))"
+        )
+        return result
+
+    def no_sideways_scroll(self) -> bool:
+        return self.page.evaluate(
+            "document.documentElement.scrollWidth <= document.documentElement.clientWidth"
+        )
+
+
+def csp_errors(*tabs: Tab) -> list[str]:
+    return [e for t in tabs for e in t.errors if "Content Security Policy" in e or "Refused" in e]
+
+
 def make_attempt(
     world,
     *,

@@ -15,35 +15,10 @@ import pytest
 os.environ.setdefault("DJANGO_LIVE_TEST_SERVER_ADDRESS", "127.0.0.1")
 
 from attempts.models import Attempt, State  # noqa: E402
-from tests.conftest import PASSWORD, make_world  # noqa: E402
-from tests.dashboard.conftest import SHOTS, make_review, make_unknown  # noqa: E402
+from tests.conftest import make_world  # noqa: E402
+from tests.dashboard.conftest import Tab, make_review, make_unknown  # noqa: E402
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
-
-
-class Session:
-    """One person's browser tab, collecting console errors (CSP violations show up there)."""
-
-    def __init__(self, browser, base: str, name: str) -> None:
-        self.context = browser.new_context(viewport={"width": 1400, "height": 900})
-        self.page = self.context.new_page()
-        self.base = base
-        self.name = name
-        self.errors: list[str] = []
-        self.page.on("console", lambda m: m.type == "error" and self.errors.append(m.text))
-        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
-
-    def goto(self, path: str) -> None:
-        self.page.goto(self.base + path)
-
-    def shot(self, label: str) -> None:
-        self.page.screenshot(path=str(SHOTS / f"{label}.png"), full_page=True)
-
-    def login(self, username: str) -> None:
-        self.page.fill("input[name=username]", username)
-        self.page.fill("input[name=password]", PASSWORD)
-        self.page.click("button[type=submit]")
-        self.page.wait_for_load_state("networkidle")
 
 
 def test_operator_day_in_the_browser(live_server, browser, settings):
@@ -55,7 +30,7 @@ def test_operator_day_in_the_browser(live_server, browser, settings):
     confirm_me = make_review(world, tool="update_crm", reason="payload_mismatch")
     raced = make_review(world, tool="open_ticket", reason="max_age")
 
-    me = Session(browser, live_server.url, "reviewer")
+    me = Tab(browser, live_server.url)
     page = me.page
 
     # 1. Anonymous: the login page, never data.
@@ -120,14 +95,13 @@ def test_operator_day_in_the_browser(live_server, browser, settings):
     me.shot("09-confirmed")
 
     # 6. Two reviewers at once: the second sees a clear message, in place.
-    other = Session(browser, live_server.url, "reviewer2")
-    other.goto("/login/")
+    other = Tab(browser, live_server.url)
     other.login("reviewer2")
-    for s in (me, other):
+    for name, s in (("reviewer", me), ("reviewer2", other)):
         s.goto(f"/attempts/{raced.attempt_id}/")
         s.page.click("text=Mark failed…")
         s.page.fill(
-            "form[action$='/fail/'] textarea[name=reason]", f"{s.name}: provider has no record"
+            "form[action$='/fail/'] textarea[name=reason]", f"{name}: provider has no record"
         )
     me.page.click("form[action$='/fail/'] button[type=submit]")
     me.page.wait_for_selector("text=Marked FAILED.")

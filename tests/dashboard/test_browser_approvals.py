@@ -13,8 +13,7 @@ from attempts import ledger
 from attempts.models import Approval, ApprovalPolicy, Attempt, AttemptEvent, State
 from attempts.states import Actor
 from tests.conftest import agent_intent, clock_ahead, make_world
-from tests.dashboard.conftest import SHOTS
-from tests.dashboard.test_browser_shift import AXE, Tab, _csp_errors
+from tests.dashboard.conftest import AXE, SHOTS, Tab, csp_errors
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -39,6 +38,14 @@ def held_world():
         assert attempt.state == State.AWAITING_APPROVAL
         held.append(attempt)
     return world, held
+
+
+def inbox(browser, base: str, username: str) -> Tab:
+    """A tab of ``username``'s, signed in, on the approvals inbox."""
+    tab = Tab(browser, base)
+    tab.login(username)
+    tab.goto("/approvals/")
+    return tab
 
 
 def item(tab: Tab, attempt: Attempt) -> str:
@@ -72,9 +79,7 @@ def test_inbox_approve_by_two_people_and_reject(live_server, browser):
     assert me.page.locator(item(me, first)).count() == 0  # no longer awaiting me
     assert Attempt.objects.get(pk=first.pk).state == State.AWAITING_APPROVAL
 
-    other = Tab(browser, live_server.url)
-    other.login("reviewer2")
-    other.goto("/approvals/")
+    other = inbox(browser, live_server.url, "reviewer2")
     card = opened(other, first)
     assert "1 of 2 approvals (reviewer)" in card.inner_text()
     card.locator("[data-testid=approve]").click()
@@ -90,7 +95,7 @@ def test_inbox_approve_by_two_people_and_reject(live_server, browser):
     assert (rejected.state, rejected.review_reason) == (State.FAILED, "approval_rejected")
     assert other.page.locator("[data-testid=inbox-empty]").count() == 1
     other.shot("approvals-inbox-empty")
-    assert not _csp_errors(me, other)
+    assert not csp_errors(me, other)
 
 
 def test_an_expired_approval_sends_the_item_back_and_the_maximum_wait_ends_it(live_server, browser):
@@ -103,9 +108,7 @@ def test_an_expired_approval_sends_the_item_back_and_the_maximum_wait_ends_it(li
         me.goto("/approvals/")
         opened(me, first).locator("[data-testid=approve]").click()
         me.page.wait_for_selector("text=it needs another person's approval")
-    other = Tab(browser, live_server.url)
-    other.login("reviewer2")
-    other.goto("/approvals/")
+    other = inbox(browser, live_server.url, "reviewer2")
     opened(other, first).locator("[data-testid=approve]").click()
     other.page.wait_for_selector("text=enough approvals")
     # Twenty minutes on, reviewer's approval has expired before the agent claims: void, and
@@ -124,14 +127,12 @@ def test_an_expired_approval_sends_the_item_back_and_the_maximum_wait_ends_it(li
         me.goto("/approvals/?tab=all")
         assert me.page.locator(item(me, second)).count() == 0
     assert Attempt.objects.get(pk=second.pk).review_reason == "approval_expired"
-    assert not _csp_errors(me, other)
+    assert not csp_errors(me, other)
 
 
 def test_edit_and_approve_shows_the_diff_and_still_needs_a_second_person(live_server, browser):
     world, (first, second) = held_world()
-    me = Tab(browser, live_server.url)
-    me.login("reviewer")
-    me.goto("/approvals/")
+    me = inbox(browser, live_server.url, "reviewer")
     opened(me, first).locator("[data-testid=edit-link]").click()
     editor = me.page.locator("[data-testid=args-editor]")
     editor.wait_for()
@@ -168,9 +169,7 @@ def test_edit_and_approve_shows_the_diff_and_still_needs_a_second_person(live_se
     me.goto("/approvals/")
     assert me.page.locator(item(me, child)).count() == 0
 
-    other = Tab(browser, live_server.url)
-    other.login("reviewer2")
-    other.goto("/approvals/")
+    other = inbox(browser, live_server.url, "reviewer2")
     card = opened(other, child)
     assert "Corrected by reviewer" in card.inner_text()
     assert "1 of 2 approvals (reviewer)" in card.inner_text()
@@ -179,14 +178,12 @@ def test_edit_and_approve_shows_the_diff_and_still_needs_a_second_person(live_se
     card.locator("[data-testid=approve]").click()
     other.page.wait_for_selector("text=enough approvals, it may be sent now")
     assert Attempt.objects.get(pk=child.pk).state == State.INTENT_RECORDED
-    assert not _csp_errors(me, other)
+    assert not csp_errors(me, other)
 
 
 def test_bulk_approve_and_reject_with_a_result_each(live_server, browser):
     world, (first, second) = held_world()
-    me = Tab(browser, live_server.url)
-    me.login("reviewer")
-    me.goto("/approvals/")
+    me = inbox(browser, live_server.url, "reviewer")
     approve = me.page.locator("[data-testid=bulk-approve]")
     assert approve.is_disabled()  # nothing selected yet
     me.page.check(f"{item(me, first)} [data-testid=pick]")
@@ -202,9 +199,7 @@ def test_bulk_approve_and_reject_with_a_result_each(live_server, browser):
     assert set(approvals.values_list("reason", flat=True)) == {"weekly batch"}
     me.shot("approvals-bulk-results")
 
-    other = Tab(browser, live_server.url)
-    other.login("reviewer2")
-    other.goto("/approvals/")
+    other = inbox(browser, live_server.url, "reviewer2")
     other.page.check("[data-select-all]")
     assert other.page.inner_text("[data-bulk-count]") == "2 selected"
     other.page.click("[data-testid=bulk-reject]")  # no reason: refused, nothing changed
@@ -222,7 +217,7 @@ def test_bulk_approve_and_reject_with_a_result_each(live_server, browser):
     )
     assert Attempt.objects.get(pk=first.pk).state == State.FAILED
     assert Attempt.objects.get(pk=second.pk).state == State.AWAITING_APPROVAL
-    assert not _csp_errors(me, other)
+    assert not csp_errors(me, other)
 
 
 @pytest.mark.parametrize("dark", [False, True], ids=["light", "dark"])
@@ -305,4 +300,4 @@ def test_the_inbox_is_a_keyboard_work_queue_of_compact_rows(live_server, browser
         assert tab.no_sideways_scroll(), width
         if width == 390:
             tab.page.screenshot(path=str(SHOTS / "shift-inbox-390.png"))  # the first screen
-    assert not _csp_errors(me)
+    assert not csp_errors(me)

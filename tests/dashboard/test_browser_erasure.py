@@ -10,7 +10,7 @@ from attempts.models import Attempt
 from attempts.verify_export import ERASED_ARGS
 from tests.attempts.test_erasure import NOTE, SECRET, second_admin, settled_attempt
 from tests.conftest import make_world
-from tests.dashboard.test_browser_shift import Tab
+from tests.dashboard.conftest import Tab
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

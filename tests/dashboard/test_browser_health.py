@@ -16,7 +16,7 @@ os.environ.setdefault("DJANGO_LIVE_TEST_SERVER_ADDRESS", "127.0.0.1")
 from attempts.models import Attempt  # noqa: E402
 from reconciliation.reconciler import Reconciler  # noqa: E402
 from tests.conftest import make_world  # noqa: E402
-from tests.dashboard.test_browser import Session  # noqa: E402
+from tests.dashboard.conftest import Tab  # noqa: E402
 from tests.reconciliation.conftest import DemoProvider, make_due, unknown  # noqa: E402
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -41,9 +41,8 @@ def test_the_health_band_and_the_reason_on_a_held_attempt(
         demo.stop()
     held = next(t for t in tickets if t.events.filter(action="attempt.provider_deferred").exists())
 
-    me = Session(browser, live_server.url, "viewer")
+    me = Tab(browser, live_server.url)
     page = me.page
-    me.goto("/login/")
     me.login("viewer")
     me.goto("/")
     band = page.locator("[data-testid=health-band]")

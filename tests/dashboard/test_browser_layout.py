@@ -12,8 +12,7 @@ from attempts.config_history import save_with_history
 from attempts.models import Grant, Membership, Role, Tenant, Tool
 from attempts.states import Actor
 from tests.conftest import make_world
-from tests.dashboard.conftest import SHOTS, make_attempt, make_review, make_unknown
-from tests.dashboard.test_browser_shift import AXE, PHONE, Tab
+from tests.dashboard.conftest import AXE, PHONE, SHOTS, Tab, make_attempt, make_review, make_unknown
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

@@ -13,8 +13,7 @@ from attempts import config_history, review
 from attempts.models import ApprovalPolicy
 from attempts.states import Actor
 from tests.conftest import agent_intent, make_world
-from tests.dashboard.conftest import make_unknown
-from tests.dashboard.test_browser_shift import Tab, _csp_errors
+from tests.dashboard.conftest import Tab, csp_errors, make_unknown
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -83,4 +82,4 @@ def test_the_rough_edges_of_an_operators_hour(live_server, browser):
         # 7. Held work is reassigned, never unassigned: no Unassign on a held attempt.
         other.goto(f"/attempts/{third.attempt_id}/")
         assert other.page.locator("form[action$='/unassign/']").count() == 0, name
-    assert not _csp_errors(me)
+    assert not csp_errors(me)

@@ -14,63 +14,21 @@ from django.utils import timezone
 
 from attempts import linked, notify, review
 from attempts.models import Attempt, Grant, Notification, SlaPolicy, State
-from tests.conftest import PASSWORD, PYTHON, REPO, child_env, make_world, no_digests
-from tests.dashboard.conftest import SHOTS, WORKER, make_awaiting, make_review, make_unknown
+from tests.conftest import PYTHON, REPO, child_env, make_world, no_digests
+from tests.dashboard.conftest import (
+    AXE,
+    PHONE,
+    WORKER,
+    Tab,
+    csp_errors,
+    make_awaiting,
+    make_review,
+    make_unknown,
+)
 from tests.dashboard.test_shift import worker_lookup
 from tests.notify_servers import MailSink, Webhook
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
-
-AXE = REPO / "node_modules" / "axe-core" / "axe.min.js"
-PHONE = {"width": 390, "height": 844}
-
-
-class Tab:
-    """One person's tab. ``bypass_csp`` only so the axe test can inject axe-core."""
-
-    def __init__(self, browser, base: str, *, viewport=None, dark=False, axe=False) -> None:
-        self.context = browser.new_context(
-            viewport=viewport or {"width": 1400, "height": 900},
-            color_scheme="dark" if dark else "light",
-            bypass_csp=axe,
-        )
-        self.page = self.context.new_page()
-        self.base = base
-        self.errors: list[str] = []
-        self.page.on("console", lambda m: m.type == "error" and self.errors.append(m.text))
-        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
-
-    def goto(self, path: str) -> None:
-        self.page.goto(self.base + path)
-
-    def login(self, username: str) -> None:
-        self.goto("/login/")
-        self.page.fill("input[name=username]", username)
-        self.page.fill("input[name=password]", PASSWORD)
-        self.page.click("button[type=submit]")
-        self.page.wait_for_load_state("networkidle")
-
-    def shot(self, label: str) -> None:
-        self.page.screenshot(path=str(SHOTS / f"shift-{label}.png"), full_page=True)
-
-    def axe(self) -> list[dict]:
-        """Critical and serious axe-core violations on the current page."""
-        self.page.add_script_tag(path=str(AXE))
-        result = self.page.evaluate(
-            "async () => (await axe.run(document, {resultTypes: ['violations']})).violations"
-            ".filter(v => v.impact === 'critical' || v.impact === 'serious')"
-            ".map(v => ({id: v.id, impact: v.impact, nodes: v.nodes.slice(0, 3).map(n => n.target.join(' '))}))"
-        )
-        return result
-
-    def no_sideways_scroll(self) -> bool:
-        return self.page.evaluate(
-            "document.documentElement.scrollWidth <= document.documentElement.clientWidth"
-        )
-
-
-def _csp_errors(*tabs: Tab) -> list[str]:
-    return [e for t in tabs for e in t.errors if "Content Security Policy" in e or "Refused" in e]
 
 
 def test_an_open_form_survives_the_worker_and_keeps_typing_through_a_conflict(
@@ -111,11 +69,11 @@ def test_an_open_form_survives_the_worker_and_keeps_typing_through_a_conflict(
         "provider has no record"
     )
     assert Attempt.objects.get(pk=contested.pk).state == State.MANUAL_REVIEW
-    me.shot("01-conflict-kept-typing")
+    me.shot("shift-01-conflict-kept-typing")
     me.page.click("form[action$='/fail/'] button[type=submit]")  # seen it; decide again
     me.page.wait_for_selector("text=Marked FAILED.")
     assert Attempt.objects.get(pk=contested.pk).state == State.FAILED
-    assert not _csp_errors(me)
+    assert not csp_errors(me)
 
 
 def test_awaiting_my_approval_from_the_overview(live_server, browser):
@@ -131,7 +89,7 @@ def test_awaiting_my_approval_from_the_overview(live_server, browser):
     me.page.wait_for_selector("[data-testid=awaits-me]")
     rows = me.page.locator("#queue-table tr[data-attempt]")
     assert rows.count() == 1 and rows.first.get_attribute("data-attempt") == half.attempt_id
-    me.shot("02-awaiting-my-approval")
+    me.shot("shift-02-awaiting-my-approval")
 
 
 def test_a_notice_reaches_a_real_mailbox_and_chat(live_server, browser):
@@ -179,7 +137,7 @@ def test_an_sla_breach_is_coloured_escalated_and_acknowledged(live_server, brows
     cell = me.page.locator(f"tr[data-attempt='{late.attempt_id}'] td[data-sla]")
     assert cell.get_attribute("data-sla") == "breach"
     assert "SLA breached" in cell.inner_text()
-    me.shot("03-sla-breach")
+    me.shot("shift-03-sla-breach")
     me.page.click(f"a[href='/attempts/{late.attempt_id}/']")
     me.page.fill("form.ack input[name=comment]", "provider outage, watching")
     me.page.click("[data-testid=acknowledge]")
@@ -212,7 +170,7 @@ def test_prefix_search_from_the_keyboard_and_j_k(live_server, browser):
     me.page.locator("h1").click()  # out of the search box: keys are shortcuts again
     me.page.keyboard.press("?")
     assert me.page.is_visible("#shortcuts")
-    me.shot("04-prefix-search")
+    me.shot("shift-04-prefix-search")
 
 
 def test_bulk_resolve(live_server, browser):
@@ -230,7 +188,7 @@ def test_bulk_resolve(live_server, browser):
     me.page.wait_for_selector("text=Marked FAILED 2 attempts.")
     states = {a.pk: Attempt.objects.get(pk=a.pk).state for a in [*picked, left]}
     assert states == {picked[0].pk: "FAILED", picked[1].pk: "FAILED", left.pk: "MANUAL_REVIEW"}
-    me.shot("05-bulk-failed")
+    me.shot("shift-05-bulk-failed")
 
 
 def test_the_diff_of_linked_attempts(live_server, browser):
@@ -244,7 +202,7 @@ def test_the_diff_of_linked_attempts(live_server, browser):
         me.goto(path)
         text = me.page.inner_text("[data-testid=diff]")
         assert "Policy version" in text and "v1" in text and "v2" in text, path
-    me.shot("06-diff")
+    me.shot("shift-06-diff")
 
 
 def _every_page(world) -> list[tuple[str, str]]:
@@ -322,7 +280,7 @@ def test_phone_layout_has_no_sideways_scroll(live_server, browser):
             wide.append(path)
     tab = tabs["reviewer"]
     tab.goto(pages[7][1])
-    tab.shot("07-phone-detail")
+    tab.shot("shift-07-phone-detail")
     width = tab.page.evaluate(
         "Math.min(...[...document.querySelectorAll('table.history td:last-child')]"
         ".map(td => td.getBoundingClientRect().width))"
