@@ -28,14 +28,24 @@ def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
     )
 
 
-def test_write_path_bench_writes_the_ledgers_rows():
+def _env_without_database_url() -> dict[str, str]:
+    """The bench chooses its database itself (SQLite, a URL it is given or its own server)."""
+    return {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+
+
+def _sqlite_bench(script: str, *args: str) -> str:
+    """Run a bench that measures SQLite, once, on the SQLite pass: what it printed."""
     if os.environ.get("DATABASE_URL"):
-        pytest.skip("bench/write_path.py measures SQLite: runs once, on the SQLite pass")
-    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
-    done = _run("bench/write_path.py", "--calls", "20", "--rounds", "1", env=env)
+        pytest.skip(f"{script} measures SQLite: runs once, on the SQLite pass")
+    done = _run(script, *args, env=_env_without_database_url())
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "ratio API/raw:" in done.stdout
-    assert "both wrote the same rows" in done.stdout
+    return done.stdout
+
+
+def test_write_path_bench_writes_the_ledgers_rows():
+    out = _sqlite_bench("bench/write_path.py", "--calls", "20", "--rounds", "1")
+    assert "ratio API/raw:" in out
+    assert "both wrote the same rows" in out
 
 
 def test_pg_peers_bench_writes_the_ledgers_rows():
@@ -63,50 +73,35 @@ def test_pg_peers_bench_writes_the_ledgers_rows():
 
 
 def test_providers_bench_prints_the_healthy_tools_latency_ratio():
-    if os.environ.get("DATABASE_URL"):
-        pytest.skip("bench/providers.py measures on SQLite: runs once, on the SQLite pass")
-    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
-    done = _run("bench/providers.py", "--healthy", "4", "--bad", "6", env=env)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "alone " in done.stdout and "with bad providers" in done.stdout
-    assert "ratio with/alone: median" in done.stdout
+    out = _sqlite_bench("bench/providers.py", "--healthy", "4", "--bad", "6")
+    assert "alone " in out and "with bad providers" in out
+    assert "ratio with/alone: median" in out
 
 
 def test_reconcile_bench_shows_the_calls_in_flight_fall_and_rise_as_the_provider_degrades():
-    if os.environ.get("DATABASE_URL"):
-        pytest.skip("bench/reconcile.py measures SQLite: runs once, on the SQLite pass")
-    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
-    done = _run(
+    out = _sqlite_bench(
         "bench/reconcile.py",
         *("--mode", "degrade", "--degrade-size", "120", "--phase-seconds", "1"),
         *("--concurrency", "4"),
-        env=env,
     )
-    assert done.returncode == 0, done.stdout + done.stderr
-    phases = [line.split()[2] for line in done.stdout.splitlines() if line.startswith("t=")]
-    assert {"healthy", "slow", "429"} <= set(phases), done.stdout
-    assert "settled 120 of 120" in done.stdout
+    phases = [line.split()[2] for line in out.splitlines() if line.startswith("t=")]
+    assert {"healthy", "slow", "429"} <= set(phases), out
+    assert "settled 120 of 120" in out
 
 
 def test_providers_bench_runs_the_trickles_of_every_framing():
     """bench/providers.py --modes framings: Content-Length with Connection: close, HTTP/1.0,
     close-delimited and chunked trickles beside the healthy tool, short."""
-    if os.environ.get("DATABASE_URL"):
-        pytest.skip("bench/providers.py measures on SQLite: runs once, on the SQLite pass")
-    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
-    done = _run(
-        "bench/providers.py", "--healthy", "4", "--bad", "4", "--modes", "framings", env=env
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "trickle_closedelim" in done.stdout and "trickle_chunked" in done.stdout
-    assert "ratio with/alone: median" in done.stdout
+    out = _sqlite_bench("bench/providers.py", "--healthy", "4", "--bad", "4", "--modes", "framings")
+    assert "trickle_closedelim" in out and "trickle_chunked" in out
+    assert "ratio with/alone: median" in out
 
 
 def test_verify_bench_verifies_a_ledger_loaded_as_the_write_path_writes_it(tmp_path):
     """bench/verify.py, short: its loader's ledger verifies (verify_audit says OK with one job
     and with two), and it prints the ratios against the write path and a bare SHA-256 loop."""
     url = os.environ.get("DATABASE_URL")
-    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    env = _env_without_database_url()
     args = ["bench/verify.py", "--events", "2000", "--jobs", "2", "--rate-seconds", "0.3"]
     prefix = f"test_verify_{uuid.uuid4().hex[:8]}"
     if url:
@@ -131,12 +126,7 @@ def test_verify_bench_verifies_a_ledger_loaded_as_the_write_path_writes_it(tmp_p
 
 
 def test_seal_bench_seals_and_signs_everything():
-    if os.environ.get("DATABASE_URL"):
-        pytest.skip("bench/seal.py runs once, on the SQLite pass (--postgres for PostgreSQL)")
-    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
-    done = _run("bench/seal.py", "--attempts", "50", env=env)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "ratio seal/writes:" in done.stdout
+    assert "ratio seal/writes:" in _sqlite_bench("bench/seal.py", "--attempts", "50")
 
 
 def test_scale_bench_builds_a_valid_ledger_and_prints_every_figure(tmp_path):
@@ -144,7 +134,7 @@ def test_scale_bench_builds_a_valid_ledger_and_prints_every_figure(tmp_path):
     name = f"scale_test_{uuid.uuid4().hex[:8]}"
     where = ["--database", "postgres", "--database-url", url] if url else ["--database", "sqlite"]
     where += ["--name", name, "--dir", str(tmp_path)]
-    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    env = _env_without_database_url()
     short = ["--attempts", "300", "--repeat", "1", "--calls", "3", "--rounds", "1"]
     try:
         done = _run("bench/scale.py", *where, *short, env=env)
@@ -186,7 +176,7 @@ def test_sync_commit_bench_prints_both_modes_and_their_ratio():
         pytest.skip(
             "bench/sync_commit.py makes its own PostgreSQL pair: runs on the PostgreSQL pass"
         )
-    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    env = _env_without_database_url()
     done = _run("bench/sync_commit.py", "--calls", "10", "--rounds", "1", env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "round 1 synchronous" in done.stdout
