@@ -105,6 +105,19 @@ APPROVAL_WAIT = 4.0
 APPROVAL_POLL = 0.1
 
 
+def _run_call(call: PlannedCall, senders: dict[str, Any], actor: Actor) -> ledger.CallOutcome:
+    """One planned call in the safe order, sent by its tool's sender."""
+    return ledger.run_tool_call(
+        tenant=call.tenant,
+        task_id=call.task_id,
+        tool_name=call.tool_name,
+        idempotency_key=call.idempotency_key,
+        args=call.args,
+        send=senders.get(call.tool_name, http_send),
+        actor=actor,
+    )
+
+
 def _wait_and_call(call: PlannedCall, held: Attempt, senders: dict[str, Any], actor: Actor) -> str:
     """A held call: wait (holding nothing) until a person decides, then carry on in the safe
     order under the same key, as an agent resuming its task would. Returns the final state."""
@@ -117,15 +130,7 @@ def _wait_and_call(call: PlannedCall, held: Attempt, senders: dict[str, Any], ac
             continue
         if state != State.INTENT_RECORDED:
             return state  # rejected, expired, or already claimed by the worker: do not send
-        outcome = ledger.run_tool_call(
-            tenant=call.tenant,
-            task_id=call.task_id,
-            tool_name=call.tool_name,
-            idempotency_key=call.idempotency_key,
-            args=call.args,
-            send=senders.get(call.tool_name, http_send),
-            actor=actor,
-        )
+        outcome = _run_call(call, senders, actor)
         if outcome.attempt.state != State.AWAITING_APPROVAL:
             return outcome.attempt.state
     return State.AWAITING_APPROVAL
@@ -160,15 +165,7 @@ def run_plan(
         call = calls[index]
         print(f"started {index}", file=out, flush=True)
         try:
-            outcome = ledger.run_tool_call(
-                tenant=call.tenant,
-                task_id=call.task_id,
-                tool_name=call.tool_name,
-                idempotency_key=call.idempotency_key,
-                args=call.args,
-                send=senders.get(call.tool_name, http_send),
-                actor=actor,
-            )
+            outcome = _run_call(call, senders, actor)
             state = outcome.attempt.state
             if state == State.AWAITING_APPROVAL:
                 state = _wait_and_call(call, outcome.attempt, senders, actor)
