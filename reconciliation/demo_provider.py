@@ -317,26 +317,8 @@ class EffectStore:
 
     @staticmethod
     def _insert(conn: sqlite3.Connection, new: NewEffect) -> Effect:
-        effect_id = "prv_" + secrets.token_hex(12)
-        created_at = utc_now()
-        cursor = conn.execute(
-            "INSERT INTO effects (id, tool, idempotency_key, args_hash, body, ledger_attempt_id, "
-            "ledger_args_hash, source, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                effect_id,
-                new.tool,
-                new.idempotency_key,
-                new.args_hash,
-                new.body,
-                new.ledger_attempt_id,
-                new.ledger_args_hash,
-                new.source,
-                created_at,
-            ),
-        )
-        return Effect(
-            int(cursor.lastrowid or 0),
-            effect_id,
+        values = (
+            "prv_" + secrets.token_hex(12),
             new.tool,
             new.idempotency_key,
             new.args_hash,
@@ -344,8 +326,14 @@ class EffectStore:
             new.ledger_attempt_id,
             new.ledger_args_hash,
             new.source,
-            created_at,
+            utc_now(),
         )
+        cursor = conn.execute(
+            "INSERT INTO effects (id, tool, idempotency_key, args_hash, body, ledger_attempt_id, "
+            "ledger_args_hash, source, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            values,
+        )
+        return Effect(int(cursor.lastrowid or 0), *values)
 
 
 def summarize(effects: list[Effect]) -> dict[str, Any]:
