@@ -555,16 +555,7 @@ def _record_held_approval(
             code="needs_second_reviewer",
             attempt=current,
         )
-    expires = now + policy.approval_ttl
-    Approval.objects.create(
-        attempt=current,
-        approver=user,
-        args_hash=current.args_hash,
-        policy=policy,
-        policy_version=policy.version,
-        created_at=now,
-        expires_at=expires,
-    )
+    expires = Approval.index(current, user, policy, now).expires_at
     count = len(verdict.valid) + 1
     _approval_event(
         current,

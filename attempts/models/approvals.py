@@ -390,3 +390,19 @@ class Approval(models.Model):
 
     def __str__(self) -> str:
         return f"{self.approver_id} approved {self.attempt_id} (v{self.policy_version})"
+
+    @classmethod
+    def index(
+        cls, attempt: Any, approver: Any, policy: ApprovalPolicy, now: dt.datetime
+    ) -> Approval:
+        """The row of ``approver``'s approval of ``attempt`` at ``now``: bound to its args_hash
+        and the policy's version, expiring after the policy's ``approval_ttl``."""
+        return cls.objects.create(
+            attempt=attempt,
+            approver=approver,
+            args_hash=attempt.args_hash,
+            policy=policy,
+            policy_version=policy.version,
+            created_at=now,
+            expires_at=now + policy.approval_ttl,
+        )

@@ -42,16 +42,7 @@ COMMENT = "customer Zelda Quixote asked for 900.00 on the phone"
 def insert_approval_row(attempt: Attempt, approver, policy: ApprovalPolicy) -> None:
     """What a database user can do without the ledger: one INSERT into the approvals table
     (no event, no move)."""
-    now = timezone.now()
-    Approval.objects.create(
-        attempt=attempt,
-        approver=approver,
-        args_hash=attempt.args_hash,
-        policy=policy,
-        policy_version=policy.version,
-        created_at=now,
-        expires_at=now + policy.approval_ttl,
-    )
+    Approval.index(attempt, approver, policy, timezone.now())
 
 
 # ---------------------------------------------------------------------------------------------
