@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -52,14 +53,13 @@ def page_policies() -> None:
         )
 
 
-def run_approving(
-    script: Path, cwd: Path, env: dict[str, str], reviewer, *, holds: bool
+def run_beside(
+    command: list[str], cwd: Path, env: dict[str, str], beside: Callable[[], None]
 ) -> subprocess.CompletedProcess:
-    """Run an approval example; approve every call it holds while it runs. ``holds``: whether
-    it must hold something (a first run), or must not (a run the ledger answers from its
-    record)."""
+    """Run ``command`` (two minutes at the most), calling ``beside`` every 0.2 s while it runs:
+    what the ledger's side does meanwhile."""
     process = subprocess.Popen(
-        [sys.executable, str(script)],
+        command,
         cwd=cwd,
         env=env,
         stdout=subprocess.PIPE,
@@ -67,8 +67,28 @@ def run_approving(
         text=True,
     )
     deadline = time.monotonic() + 120
-    approved: set[str] = set()
     while process.poll() is None and time.monotonic() < deadline:
+        beside()
+        time.sleep(0.2)
+    stdout, stderr = process.communicate(timeout=10)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def seal_everything() -> None:
+    """Seal every event recorded so far, as the worker would."""
+    while chain.seal() is not None:
+        pass
+
+
+def run_approving(
+    script: Path, cwd: Path, env: dict[str, str], reviewer, *, holds: bool
+) -> subprocess.CompletedProcess:
+    """Run an approval example; approve every call it holds while it runs. ``holds``: whether
+    it must hold something (a first run), or must not (a run the ledger answers from its
+    record)."""
+    approved: set[str] = set()
+
+    def approve_held() -> None:
         for attempt_id in Attempt.objects.filter(state=State.AWAITING_APPROVAL).values_list(
             "attempt_id", flat=True
         ):
@@ -76,13 +96,13 @@ def run_approving(
                 approved.add(attempt_id)
                 time.sleep(0.5)  # the example sees it held first
                 approve(attempt_id, reviewer)
-        time.sleep(0.2)
-    stdout, stderr = process.communicate(timeout=10)
+
+    done = run_beside([sys.executable, str(script)], cwd, env, approve_held)
     if holds:
         assert approved, "the example held nothing"
     else:
         assert not approved, f"a second run was held again: {approved}"
-    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+    return done
 
 
 def run_page(folder: Path, env: dict[str, str], reviewer, *, first: bool) -> list[str]:
@@ -299,24 +319,11 @@ def run_pages(root: Path, env: dict[str, str], *, first: bool) -> dict[str, str]
                     command = [sys.executable, "manage.py", "shell", "-v", "0", "-c"]
                     command.append(f"exec(open({str(script)!r}).read())")
                     cwd = REPO
-            process = subprocess.Popen(
-                command,
-                cwd=cwd,
-                env=run_env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            deadline = time.monotonic() + 120
-            while process.poll() is None and time.monotonic() < deadline:
-                while chain.seal() is not None:
-                    pass
-                time.sleep(0.2)
-            stdout, stderr = process.communicate(timeout=10)
+            done = run_beside(command, cwd, run_env, seal_everything)
             where = f"{page.relative_to(REPO)}:{line}"
             run = "first" if first else "second"
-            assert process.returncode == 0, f"{where}, {run} run:\n{stdout}\n{stderr}"
-            outputs[where] = stdout
+            assert done.returncode == 0, f"{where}, {run} run:\n{done.stdout}\n{done.stderr}"
+            outputs[where] = done.stdout
     return outputs
 
 
