@@ -19,7 +19,7 @@ from ledgerweb_client.mcp_gateway.schema import SchemaMissing, SchemaRefusal, co
 from reconciliation.providers.base import Call, LookupStatus
 from reconciliation.providers.mcp import SESSIONS, McpAdapter
 from tests.conftest import PYTHON, REPO
-from tests.reconciliation.test_bulkhead import BadProvider
+from tests.reconciliation.conftest import BadProvider
 
 TICKET = {
     "type": "object",

@@ -1,8 +1,10 @@
 """Fixtures for reconciliation tests: a real demo provider process on 127.0.0.1 and the test
-world's tools pointed at it."""
+world's tools pointed at it, and a misbehaving provider (slow, silent, huge, rate-limiting)."""
 
 from __future__ import annotations
 
+import http.client
+import json
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -15,7 +17,7 @@ from django.utils import timezone
 from attempts import ledger
 from attempts.models import Attempt, State, Tool
 from reconciliation.crashtest.harness import ProviderProcess
-from tests.conftest import agent_intent
+from tests.conftest import PYTHON, REPO, agent_intent
 
 
 class DemoProvider(ProviderProcess):
@@ -68,6 +70,55 @@ def wired(world, demo: DemoProvider):
     """The test world with every tool pointed at the demo provider."""
     demo.configure_tools()
     return world
+
+
+class BadProvider:
+    """A misbehaving provider (tests/reconciliation/bad_provider.py) in ``mode``, as a process."""
+
+    def __init__(self, workdir: Path, mode: str) -> None:
+        self.port_file = workdir / f"bad-{mode}.port"
+        self.log = workdir / f"bad-{mode}.log"
+        self.mode = mode
+        command = [PYTHON, "-m", "tests.reconciliation.bad_provider", mode]
+        with open(self.log, "wb") as out:
+            self.process = subprocess.Popen(
+                [*command, "--port-file", str(self.port_file)], cwd=REPO, stdout=out, stderr=out
+            )
+        deadline = time.monotonic() + 15
+        while not self.port_file.exists():
+            assert self.process.poll() is None, self.log.read_text()
+            assert time.monotonic() < deadline, "bad provider did not start"
+            time.sleep(0.02)
+        self.port = int(self.port_file.read_text())
+        self.base = f"http://127.0.0.1:{self.port}"
+
+    def hits(self) -> int:
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+        try:
+            connection.request("GET", "/_hits")
+            return json.loads(connection.getresponse().read())["hits"]
+        finally:
+            connection.close()
+
+    def point(self, tool: str, timeout: float) -> None:
+        """``tool`` sends to and looks up at this provider, with ``timeout`` seconds a call."""
+        Tool.objects.filter(name=tool).update(
+            dispatch_url=f"{self.base}/send",
+            lookup_url=f"{self.base}/lookup",
+            timeout_seconds=timeout,
+        )
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait(timeout=10)
+
+
+@pytest.fixture
+def bad_provider(tmp_path: Path, request) -> Iterator[BadProvider]:
+    """The bad provider in the mode the test names (``parametrize(..., indirect=True)``)."""
+    provider = BadProvider(tmp_path, request.param)
+    yield provider
+    provider.stop()
 
 
 def make_due(attempt: Attempt) -> Attempt:

@@ -6,13 +6,9 @@ demo provider for the healthy tool, and a real ``manage.py reconcile`` loop."""
 
 from __future__ import annotations
 
-import http.client
-import json
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from django.test import Client
@@ -22,57 +18,19 @@ from attempts.models import AttemptEvent, State, Tool
 from reconciliation.models import WorkerHeartbeat
 from reconciliation.providers.registry import Registry
 from reconciliation.reconciler import Reconciler
-from tests.conftest import PYTHON, REPO, child_env, make_world, start_manage
-from tests.reconciliation.conftest import intent, make_due, make_stale, seconds_to_confirm, unknown
+from tests.conftest import child_env, make_world, start_manage
+from tests.reconciliation.conftest import (
+    BadProvider,
+    intent,
+    make_due,
+    make_stale,
+    seconds_to_confirm,
+    unknown,
+)
 
 BAD_TOOL = "open_ticket"
 HEALTHY_TOOL = "update_crm"
 TIMEOUT = 1.0
-
-
-class BadProvider:
-    def __init__(self, workdir: Path, mode: str) -> None:
-        self.port_file = workdir / f"bad-{mode}.port"
-        self.log = workdir / f"bad-{mode}.log"
-        self.mode = mode
-        command = [PYTHON, "-m", "tests.reconciliation.bad_provider", mode]
-        with open(self.log, "wb") as out:
-            self.process = subprocess.Popen(
-                [*command, "--port-file", str(self.port_file)], cwd=REPO, stdout=out, stderr=out
-            )
-        deadline = time.monotonic() + 15
-        while not self.port_file.exists():
-            assert self.process.poll() is None, self.log.read_text()
-            assert time.monotonic() < deadline, "bad provider did not start"
-            time.sleep(0.02)
-        self.port = int(self.port_file.read_text())
-        self.base = f"http://127.0.0.1:{self.port}"
-
-    def hits(self) -> int:
-        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
-        try:
-            connection.request("GET", "/_hits")
-            return json.loads(connection.getresponse().read())["hits"]
-        finally:
-            connection.close()
-
-    def point(self, tool: str) -> None:
-        Tool.objects.filter(name=tool).update(
-            dispatch_url=f"{self.base}/send",
-            lookup_url=f"{self.base}/lookup",
-            timeout_seconds=TIMEOUT,
-        )
-
-    def stop(self) -> None:
-        self.process.kill()
-        self.process.wait(timeout=10)
-
-
-@pytest.fixture
-def bad_provider(tmp_path: Path, request) -> Iterator[BadProvider]:
-    provider = BadProvider(tmp_path, request.param)
-    yield provider
-    provider.stop()
 
 
 def _settle_time(world, key: str, limit: float, worker: subprocess.Popen) -> float:
@@ -111,7 +69,7 @@ def test_one_misbehaving_provider_holds_up_nobody_else(
 ) -> None:
     world = make_world()
     demo.configure_tools()
-    bad_provider.point(BAD_TOOL)
+    bad_provider.point(BAD_TOOL, TIMEOUT)
     worker = start_manage(
         ["reconcile", "--interval", "0.2", "--worker-id", "bulkhead"],
         env=child_env(LEDGERWEB_STALE_AFTER="1", LEDGERWEB_PROVIDER_BREAKER_OPEN_SECONDS="60"),
@@ -175,7 +133,7 @@ def test_one_misbehaving_provider_holds_up_nobody_else(
 def test_a_provider_id_the_api_would_refuse_goes_to_a_person_not_into_the_ledger(
     world, bad_provider: BadProvider
 ) -> None:
-    bad_provider.point(BAD_TOOL)
+    bad_provider.point(BAD_TOOL, TIMEOUT)
     attempt = make_due(unknown(world, BAD_TOOL, "lying", {"n": 1}))
     Reconciler(worker_id="w").run_pass()
     attempt.refresh_from_db()
@@ -213,7 +171,7 @@ def test_healthz_and_metrics_name_an_open_circuited_provider(world, settings) ->
 def test_the_attempt_page_says_when_recovery_deferred_it_for_its_provider(
     world, bad_provider: BadProvider
 ) -> None:
-    bad_provider.point(BAD_TOOL)
+    bad_provider.point(BAD_TOOL, TIMEOUT)
     attempts = [make_due(unknown(world, BAD_TOOL, f"held:{i}", {"i": i})) for i in range(8)]
     Reconciler(worker_id="w", concurrency=8).run_pass()
     assert bad_provider.hits() <= 4  # the cap, then Retry-After held the rest
@@ -243,7 +201,7 @@ def test_a_slow_providers_call_in_flight_holds_back_no_other_answer(
     """Answers are written in groups, but a group stays open only while answers keep coming:
     a call of another provider that takes its whole deadline does not hold it open."""
     demo.configure_tools()
-    bad_provider.point(BAD_TOOL)
+    bad_provider.point(BAD_TOOL, TIMEOUT)
     Tool.objects.filter(name=BAD_TOOL).update(timeout_seconds=30)
     reconciler = Reconciler(worker_id="w")
     try:
@@ -268,7 +226,7 @@ def test_a_pass_does_not_wait_for_the_probe_of_a_failing_provider(
     """The loop's pass waits a moment for the calls it started, to write fast answers at
     once; not for a probe of a provider whose last calls failed (it takes its deadline), so
     the worker looks for due work again on time."""
-    bad_provider.point(BAD_TOOL)
+    bad_provider.point(BAD_TOOL, TIMEOUT)
     Tool.objects.filter(name=BAD_TOOL).update(timeout_seconds=30)
     reconciler = Reconciler(worker_id="w")
     reconciler.FLUSH_AFTER = 5.0

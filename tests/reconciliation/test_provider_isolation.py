@@ -17,8 +17,14 @@ from django.utils import timezone
 from attempts.models import Attempt, AttemptEvent, State, Tool
 from reconciliation.reconciler import Reconciler
 from tests.conftest import child_env, make_world, start_manage
-from tests.reconciliation.conftest import intent, make_due, make_stale, seconds_to_confirm, unknown
-from tests.reconciliation.test_bulkhead import BadProvider
+from tests.reconciliation.conftest import (
+    BadProvider,
+    intent,
+    make_due,
+    make_stale,
+    seconds_to_confirm,
+    unknown,
+)
 
 OUTAGE = {
     "tools": {name: {"lookup_mode": "error_5xx"} for name in ("open_ticket", "send_invoice_email")}
@@ -161,17 +167,11 @@ def test_a_tool_without_its_key_is_told_once_and_used_at_the_first_pass_after_th
     assert attempt.events.filter(action="attempt.recovery_blocked").count() == 1
 
 
-@pytest.fixture
-def trickling(tmp_path):
-    provider = BadProvider(tmp_path, "trickle_close")
-    yield provider
-    provider.stop()
-
-
-def test_healthz_names_every_provider_whose_calls_run_past_their_deadline(world, trickling) -> None:
-    bad_provider = trickling
-    bad_provider.point("open_ticket")
-    Tool.objects.filter(name="open_ticket").update(timeout_seconds=0.5)
+@pytest.mark.parametrize("bad_provider", ["trickle_close"], indirect=True)
+def test_healthz_names_every_provider_whose_calls_run_past_their_deadline(
+    world, bad_provider: BadProvider
+) -> None:
+    bad_provider.point("open_ticket", 0.5)
     make_due(unknown(world, "open_ticket", "slow", {"n": 1}))
     started = time.monotonic()
     Reconciler(worker_id="w").run_once()
@@ -288,27 +288,23 @@ def test_held_work_is_taken_up_oldest_first_and_a_full_batch_never_starves_a_pro
     assert pks - {ticket.pk} == {crm[4].pk, crm[3].pk}  # the oldest due, not the lowest ids
 
 
-@pytest.fixture
-def limiting(tmp_path):
-    provider = BadProvider(tmp_path, "ratelimit")
-    yield provider
-    provider.stop()
-
-
-def test_a_second_worker_does_not_call_a_provider_the_first_found_down(world, limiting) -> None:
+@pytest.mark.parametrize("bad_provider", ["ratelimit"], indirect=True)
+def test_a_second_worker_does_not_call_a_provider_the_first_found_down(
+    world, bad_provider: BadProvider
+) -> None:
     """Breakers are shared through the heartbeats: the first worker's Retry-After hold (and
     open breaker) holds the second worker too, which makes no call before it ends."""
-    limiting.point("open_ticket")
+    bad_provider.point("open_ticket", 1.0)
     for i in range(4):
         make_due(unknown(world, "open_ticket", f"first:{i}", {"i": i}))
     Reconciler(worker_id="first", concurrency=4).run_once()
-    hits = limiting.hits()
+    hits = bad_provider.hits()
     assert hits >= 1
     for i in range(4):
         make_due(unknown(world, "open_ticket", f"second:{i}", {"i": i}))
     second = Reconciler(worker_id="second", concurrency=4)
     second.run_once()
     second.run_once()
-    assert limiting.hits() == hits
+    assert bad_provider.hits() == hits
     bulkhead = next(iter(second.bulkheads.providers.values()))
     assert bulkhead.shared_from == "first"
