@@ -21,7 +21,8 @@ Live work is counted per request while it is small. A backlog of more than ``LIV
 attempts in a person's tenants (a provider down for a day, say) is read from what the same pass
 keeps (``LiveDayCount``: per day, tenant, tool, state and whether anyone owns it), and the
 overview says how old those counts are. Deciding costs one index range of at most
-``LIVE_EXACT`` entries.
+``LIVE_EXACT`` entries. Before a pass has kept them, such a backlog is counted per state up to
+``LIVE_EXACT`` each (``Live.bounded``), never whole: a page load reads bounded index ranges only.
 """
 
 from __future__ import annotations
@@ -185,20 +186,34 @@ def terminal_counts(tenants: list[str]) -> tuple[dict[str, int], dt.datetime] | 
     return {state: int(counts.get(state, 0)) for state in sorted(TERMINAL_STATES)}, taken
 
 
+Bound = tuple[int, bool]  # a count up to LIVE_EXACT, and whether there are more
+
+
 @dataclass(frozen=True)
 class Live:
     """Live attempts per day, tenant, tool, state and owned or not; ``at`` is when the count
-    pass took them, or None when they were counted for this request."""
+    pass took them, or None when they were counted for this request. ``bounded``: a backlog too
+    large to count on a page load that no pass has counted yet; ``rows`` are then empty and
+    these are each state's count up to LIVE_EXACT (and the unowned UNKNOWN's, ``unowned``)."""
 
     rows: list[LiveRow]
     at: dt.datetime | None
+    bounded: dict[str, Bound] | None = None
+    unowned: Bound = (0, False)
+
+
+def _upto(attempts: Any) -> Bound:
+    # ids only: read from an index, never from the rows.
+    n = attempts.order_by().values("id")[: LIVE_EXACT + 1].count()
+    return min(n, LIVE_EXACT), n > LIVE_EXACT
 
 
 def live_counts(tenants: list[str]) -> Live:
     """The live counts of these tenants: exact while they hold at most LIVE_EXACT live
-    attempts (or before the first count pass), else as the last count pass kept them."""
+    attempts, else as the last count pass kept them, else (no pass has counted them yet) each
+    state up to LIVE_EXACT."""
     live = Attempt.objects.for_tenants(tenants)
-    if live.filter(state__in=LIVE_STATES).values("id")[: LIVE_EXACT + 1].count() > LIVE_EXACT:
+    if _upto(live.filter(state__in=LIVE_STATES))[1]:
         taken = TerminalCountPass.objects.values_list("counted_at", flat=True).first()
         kept = LiveDayCount.objects.filter(tenant_id__in=tenants)
         if taken is not None and kept.exists():
@@ -206,4 +221,10 @@ def live_counts(tenants: list[str]) -> Live:
                 list(kept.values_list("day", "tenant_id", "tool_name", "state", "unowned", "n")),
                 taken,
             )
+        return Live(
+            [],
+            None,
+            bounded={state: _upto(live.filter(state=state)) for state in LIVE_STATES},
+            unowned=_upto(live.filter(state=State.UNKNOWN, owner__isnull=True)),
+        )
     return Live(_live_rows(live), None)

@@ -6,8 +6,10 @@ the (state, tenant, tool, owner) index. A larger backlog, and the terminal state
 almost every row of a busy ledger, are read from what the reconcile worker's count pass keeps
 (attempts/counts.py), and shown with the time they were taken. Before its first pass the
 terminal counts are counted here only up to ``TERMINAL_UPTO`` each (one bounded index range per
-state, at most once a minute per tenant set) and shown as "at least": a page load never counts
-the whole ledger.
+state, at most once a minute per tenant set), a larger live backlog up to ``counts.LIVE_EXACT``
+per state, and both are shown as "at least"; the tables by tenant and tool and the chart wait
+for the pass (the queues are live): a page load never counts the whole ledger, nor the whole
+backlog.
 """
 
 from __future__ import annotations
@@ -142,13 +144,18 @@ def overview_context(user: Any, now: dt.datetime) -> dict[str, Any]:
     by_state: dict[str, int] = defaultdict(int)
     by_tenant: dict[str, dict[str, int]] = {t: defaultdict(int) for t in tenants}
     by_tool: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    unassigned = 0
+    unassigned, unassigned_more = live.unowned
     for _, tenant, tool, state, unowned, n in live.rows:
         by_state[state] += n
         by_tenant[tenant][state] += n
         by_tool[tool][state] += n
         if state == State.UNKNOWN and unowned:
             unassigned += n
+    live_more: set[str] = set()
+    for state, (n, more) in (live.bounded or {}).items():
+        by_state[state] = n
+        if more:
+            live_more.add(state)
     terminal, terminal_at, terminal_kept, terminal_more = _terminal_counts_kept(tenants, now)
     oldest = (
         Attempt.objects.visible_to(user)
@@ -168,8 +175,14 @@ def overview_context(user: Any, now: dt.datetime) -> dict[str, Any]:
         ({"tool": tool, **_work_row(c)} for tool, c in by_tool.items()),
         key=lambda r: (-(r["unknown"] + r["review"]), r["tool"]),
     )
-    tenant_rows = [{"tenant": t, **_work_row(c)} for t, c in by_tenant.items()]
-    state_rows = [{"state": s, "n": by_state.get(s, 0), "live": True} for s in LIVE_STATES] + [
+    # A bounded backlog is not broken down by tenant (nor by tool, nor by day) until the pass.
+    tenant_rows = (
+        [] if live.bounded else [{"tenant": t, **_work_row(c)} for t, c in by_tenant.items()]
+    )
+    state_rows = [
+        {"state": s, "n": by_state.get(s, 0), "live": True, "more": s in live_more}
+        for s in LIVE_STATES
+    ] + [
         {"state": s, "n": terminal.get(s, 0), "live": False, "more": s in terminal_more}
         for s in sorted(TERMINAL_STATES)
     ]
@@ -189,15 +202,20 @@ def overview_context(user: Any, now: dt.datetime) -> dict[str, Any]:
         },
         "my_work": _my_open_work(user, tenants),
         "unassigned_unknown": unassigned,
+        "unassigned_more": unassigned_more,
         "awaiting_me": awaiting_me,
-        "chart": _chart(live, now),
+        "chart": None if live.bounded else _chart(live, now),
         "live_at": live.at,
+        "live_bounded": live.bounded is not None,
         "live_exact": counts.LIVE_EXACT,
         "now": now,
         "unknown_total": by_state.get(State.UNKNOWN, 0),
+        "unknown_more": State.UNKNOWN in live_more,
         "review_total": by_state.get(State.MANUAL_REVIEW, 0),
+        "review_more": State.MANUAL_REVIEW in live_more,
         # Approval before dispatch: held work, and what this person may approve now.
         "held_total": by_state.get(State.AWAITING_APPROVAL, 0),
+        "held_more": State.AWAITING_APPROVAL in live_more,
         "held_me": held_me,
         "held_me_more": held_me_more,
     }

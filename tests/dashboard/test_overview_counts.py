@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import io
+import re
 from collections import Counter
 
 import pytest
@@ -25,7 +26,7 @@ from attempts.models import (
     TerminalCountPass,
     TerminalDayCount,
 )
-from tests.dashboard.conftest import WORKER, make_attempt, make_unknown
+from tests.dashboard.conftest import WORKER, make_attempt, make_review, make_unknown
 
 
 def truth() -> Counter:
@@ -156,8 +157,9 @@ def test_a_large_live_backlog_is_read_from_the_count_pass_and_says_how_old_it_is
     review.assign(old, user=world.operator, owner=None)
     review.assign(make_unknown(world), user=world.operator, owner=None)
     make_unknown(world, tenant="globex")
-    exact = clients.operator.get("/").context
-    assert exact["live_at"] is None and exact["unknown_total"] == 3  # counted: 3 > 2 but no pass
+    bounded = clients.operator.get("/").context  # 3 > 2 and no pass yet: counted up to 2
+    assert bounded["live_at"] is None and bounded["live_bounded"]
+    assert (bounded["unknown_total"], bounded["unknown_more"]) == (2, True)
     taken = counts.refresh().counted_at
     make_unknown(world)  # after the pass: not in its counts
     response = clients.operator.get("/")
@@ -237,3 +239,46 @@ def test_before_the_first_count_pass_the_overview_counts_terminal_work_only_up_t
     assert rows[State.FAILED]["n"] == 1 and not rows[State.FAILED]["more"]
     body = response.content.decode()
     assert "2+" in body and "each counted up to 2 until the reconcile worker" in body
+
+
+def test_before_the_first_count_pass_a_large_live_backlog_is_counted_only_up_to_a_bound(
+    world, clients, monkeypatch
+):
+    """No page load counts the whole live backlog either: above LIVE_EXACT live attempts and
+    before any pass has counted them, each live state is counted up to LIVE_EXACT ("at least"),
+    and the tables by tenant and tool and the chart wait for the pass."""
+    cache.clear()
+    monkeypatch.setattr(counts, "LIVE_EXACT", 2)
+    for _ in range(3):
+        review.assign(make_unknown(world), user=world.operator, owner=None)
+    review.assign(make_unknown(world), user=world.operator, owner=world.operator)
+    make_review(world)
+    assert not TerminalCountPass.objects.exists()
+    sql = _overview_queries(clients.viewer)
+    attempt_table = Attempt._meta.db_table
+    live_counts = [
+        q
+        for q in sql
+        if attempt_table in q
+        and "COUNT(" in q.upper()
+        and any(f"'{s}'" in q for s in counts.LIVE_STATES)
+        and '"owner_id" = ' not in q  # a person's own work is always counted (partial index)
+        and "awaiting_approval" not in q  # "awaiting me": from its own small index
+    ]
+    unbounded = [q for q in live_counts if not re.search(r"LIMIT \d+\) subquery$", q)]
+    assert live_counts and not unbounded, unbounded
+    response = clients.viewer.get("/")
+    ctx = response.context
+    rows = {row["state"]: row for row in ctx["state_rows"]}
+    assert (rows[State.UNKNOWN]["n"], rows[State.UNKNOWN]["more"]) == (2, True)
+    assert (rows[State.MANUAL_REVIEW]["n"], rows[State.MANUAL_REVIEW]["more"]) == (1, False)
+    assert (ctx["unassigned_unknown"], ctx["unassigned_more"]) == (2, True)
+    assert ctx["tenant_rows"] == [] and ctx["tool_rows"] == [] and ctx["chart"] is None
+    body = response.content.decode()
+    assert 'data-testid="count-unknown">2+<' in body and 'data-testid="chart-waits"' in body
+    assert "each state counted up to 2 until the reconcile worker" in body
+    # Once the pass has run, the same backlog is shown whole, by tenant, tool and day.
+    counts.refresh()
+    ctx = clients.viewer.get("/").context
+    assert (ctx["unknown_total"], ctx["unknown_more"], ctx["review_total"]) == (4, False, 1)
+    assert [r["tenant"] for r in ctx["tenant_rows"]] == ["acme"] and ctx["chart"]["bars"]
