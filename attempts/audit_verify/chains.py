@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import hmac
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
@@ -17,6 +16,7 @@ from attempts import jcs
 from attempts.audit_verify.digests import (
     NO_TEXT,
     Args,
+    SaltKey,
     event_digest,
     event_payload,
     event_time,
@@ -59,16 +59,17 @@ SELECT id, prev_hash, hash FROM {EVENTS} WHERE chain_format = {LEGACY_FORMAT} OR
 """  # noqa: S608 -- constant table names only
 
 # The attempts with ids in (lo, hi] with their newest checkpoint leaf, and (a second stream,
-# merged by attempt id) their events in order: read apart, the attempt's columns (its args, a
-# JSON value) are read once, not once per event. ``{since}`` narrows both to the attempts that
-# changed after a checkpoint (``--since``).
+# merged by attempt id) their events: read apart, the attempt's columns (its args, a JSON value)
+# are read once, not once per event. ``{since}`` narrows both to the attempts that changed after
+# a checkpoint (``--since``). The parent's id is a subquery: as a join, PostgreSQL hashed every
+# attempt of the ledger for each batch.
 ATTEMPT_SQL = f"""
 SELECT a.id, a.attempt_id, a.state, a.tenant_id, a.task_id, a.tool_name, a.idempotency_key,
-       a.args, a.args_hash, a.policy_version, a.credential_scope, p.attempt_id,
+       a.args, a.args_hash, a.policy_version, a.credential_scope,
+       (SELECT p.attempt_id FROM {ATTEMPTS} p WHERE p.id = a.parent_id),
        a.provider_request_id, a.result_ref, a.chain_head, a.chain_length, a.sealed,
        l.length, l.head, l.checkpoint_id, a.args_salt
 FROM {ATTEMPTS} a
-LEFT JOIN {ATTEMPTS} p ON p.id = a.parent_id
 LEFT JOIN {LEAVES} l ON l.attempt_id = a.attempt_id
      AND l.checkpoint_id = (SELECT MAX(l2.checkpoint_id) FROM {LEAVES} l2
                             WHERE l2.attempt_id = a.attempt_id)
@@ -91,8 +92,16 @@ SELECT e.attempt_id, e.id, e.action, e.actor_kind, e.actor, e.from_state, e.to_s
        e.details, e.created_at, e.prev_hash, e.hash, e.chain_format, e.text_digest
 FROM {EVENTS} e
 WHERE e.attempt_id > {{lo}} AND e.attempt_id <= {{hi}}{{since}}
-ORDER BY e.attempt_id, e.id
 """  # noqa: S608 -- constant table names and integers only
+# No ORDER BY: a batch's events are put in (attempt, id) order by the verifier (``_in_order``),
+# which costs one pass when they come in that order already (SQLite reads them in the order of
+# (attempt_id, id) index). PostgreSQL, asked to order them, sorted every batch, on disk once
+# it outgrew work_mem, rather than read that index.
+# SQLite: the time as stored (text), which Django's connection would otherwise turn into a
+# datetime for the verifier to turn back into text.
+EVENT_SQL_SQLITE = EVENT_SQL.replace("e.created_at,", "CAST(e.created_at AS TEXT),")
+if "CAST" not in EVENT_SQL_SQLITE:  # the portable query changed: keep the two in step
+    raise AssertionError("EVENT_SQL_SQLITE no longer replaces the event time")
 # PostgreSQL writes each event's time in the chain's own text form (``chain_time``: UTC,
 # microseconds, ``Z``), which the verifier would otherwise build from a datetime per event. Years
 # before 1000 are the one place the two differ (see ``_created_text``).
@@ -173,6 +182,14 @@ def _rows(cursor: Any, sql: str) -> Iterator[tuple]:
         yield from chunk
 
 
+def _in_order(events: Iterable[tuple]) -> Iterator[tuple]:
+    """One batch's events (EVENT_SQL's rows) by (attempt, id)."""
+    batch = list(events)
+    # Rows compare by attempt, then id (unique): the columns after them are never compared.
+    batch.sort()
+    return iter(batch)
+
+
 class Cursors(NamedTuple):
     """How the verifier opens cursors: ``stream`` for reads of a whole table (a server-side
     cursor where the database has one, so memory stays flat), ``batch`` for the reads of one
@@ -203,7 +220,7 @@ class Verifier:
         self.cursor_factory = self.cursors.stream
         self.since = since
         self.attempt_sql = ATTEMPT_SQL_POSTGRESQL if vendor == "postgresql" else ATTEMPT_SQL
-        self.event_sql = EVENT_SQL_POSTGRESQL if vendor == "postgresql" else EVENT_SQL
+        self.event_sql = EVENT_SQL_POSTGRESQL if vendor == "postgresql" else EVENT_SQL_SQLITE
         self.vendor = vendor
         self.anchors = frozenset(anchors)
         self.found: set[str] = set()
@@ -216,7 +233,7 @@ class Verifier:
         self.oldest_unsealed: dt.datetime | None = None
         self.checkpoint: tuple[int, str] | None = None
         # The salted digest of "no free text" for the attempt being checked (format 3).
-        self.no_text_digests: dict[bytes, str] = {}
+        self.no_text_digests: dict[SaltKey, str] = {}
 
     def bad(self, kind: str, message: str, event_id: int | None = None, attempt_id=None) -> None:
         self.checker.problem(Problem(kind, message, event_id, attempt_id))
@@ -263,7 +280,9 @@ class Verifier:
         for start in range(lo, hi, BATCH):
             bounds = {"lo": int(start), "hi": int(min(start + BATCH, hi))}
             events_since = EVENT_SINCE_SQL.format(**bounds, since=since) if since else ""
-            events = self.stream(self.event_sql.format(**bounds, since=events_since), batch=True)
+            events = _in_order(
+                self.stream(self.event_sql.format(**bounds, since=events_since), batch=True)
+            )
             pending = next(events, None)
             for row in self.stream(self.attempt_sql.format(**bounds, since=since), batch=True):
                 pk = row[0]
@@ -315,7 +334,7 @@ class Verifier:
         prev = GENESIS
         salt = row[SALT]
         try:
-            key = bytes.fromhex(salt) if salt else None
+            key = SaltKey(bytes.fromhex(salt)) if salt else None
         except ValueError:
             key = None  # an edited salt: the args check says so, the text checks use the reference
         # The attempt id and the previous event's hash go into every event's payload: the id is
@@ -366,7 +385,7 @@ class Verifier:
             prev = stored
             hashes.append(stored)
             details_seen.append(details)
-        self.check_row(row, events, details_seen)
+        self.check_row(row, events, details_seen, salt_key=key)
         self.erased_texts(attempt_id, events, details_seen, salt)
         self.approvals(attempt_id, events, details_seen)
         if (chain_head, chain_length) != ((hashes[-1] if hashes else ""), len(hashes)):
@@ -448,7 +467,7 @@ class Verifier:
         details: Any,
         plain: bool | None,
         salt: str | None,
-        key: bytes | None,
+        key: SaltKey | None,
         quoted: tuple[str | None, str | None] = (None, None),
     ) -> str:
         """Format 3: the event's hash (covering its salted text digest, not the text), after
@@ -465,12 +484,12 @@ class Verifier:
                     # No free text at all: one digest per attempt, whichever events have none.
                     fast = self.no_text_digests.get(key)
                     if fast is None:
-                        fast = hmac.digest(key, NO_TEXT, "sha256").hex()
+                        fast = key.hex(NO_TEXT)
                         self.no_text_digests = {key: fast}
                 else:
                     covered = {"details": private, "reason": reason}
                     committed = jcs.encode_plain(covered) if plain else jcs.dumps(covered)
-                    fast = hmac.digest(key, committed, "sha256").hex() if key is not None else None
+                    fast = key.hex(committed) if key is not None else None
             except (TypeError, ValueError, UnicodeEncodeError, rfc8785.CanonicalizationError):
                 fast = None
             if fast != text:
@@ -481,7 +500,12 @@ class Verifier:
         return event_digest(attempt_id, event, public, plain, text=text, quoted=quoted)
 
     def salted_row(
-        self, row: tuple, events: list[tuple], created: dict[str, Any], args: Args
+        self,
+        row: tuple,
+        events: list[tuple],
+        created: dict[str, Any],
+        args: Args,
+        key: SaltKey | None = None,
     ) -> bool:
         """Format 3: the attempt's args are what its creation event's salted digest committed
         to, or were erased by an erasure its history records. Returns whether they were erased
@@ -510,7 +534,7 @@ class Verifier:
         recorded = created.get("args_digest")
         try:
             matches = bool(salt) and (
-                args.commitment(salt) == recorded
+                (key is not None and args.commitment(key) == recorded)
                 or args_commitment(salt, value) == recorded  # the reference has the last word
             )
         except (TypeError, ValueError, rfc8785.CanonicalizationError):
@@ -525,7 +549,13 @@ class Verifier:
             )
         return False
 
-    def check_row(self, row: tuple, events: list[tuple], details: list[Any]) -> None:
+    def check_row(
+        self,
+        row: tuple,
+        events: list[tuple],
+        details: list[Any],
+        salt_key: SaltKey | None = None,
+    ) -> None:
         (
             _pk,
             attempt_id,
@@ -577,7 +607,7 @@ class Verifier:
                 bad(f"unreadable JSON in the attempt or its creation event: {exc}")
                 return
             salted = events[0][12] is not None and int(events[0][12]) >= SALTED_FORMAT
-            erased = salted and self.salted_row(row, events, created, parsed)
+            erased = salted and self.salted_row(row, events, created, parsed, salt_key)
             for name in KEY_FIELDS:
                 if erased and name == "args_hash":
                     continue  # committed as free text, erased with it

@@ -230,3 +230,18 @@ def test_the_verifiers_leaf_digest_is_the_references(attempt_id, length, head):
     from attempts.verify_export import leaf_hash
 
     assert _leaf_digest(attempt_id, length, head) == leaf_hash(attempt_id, length, head)
+
+
+@settings(max_examples=200, deadline=None)
+@given(key=st.binary(max_size=100), messages=st.lists(st.binary(max_size=300), max_size=4))
+def test_the_verifiers_salted_digest_is_hmac_sha256(key, messages):
+    """One attempt's salt key serves several messages (its args commitment, its events' text
+    digests): each is the standard library's HMAC-SHA256, keys longer than a block included."""
+    import hashlib
+    import hmac
+
+    from attempts.audit_verify.digests import SaltKey
+
+    salt_key = SaltKey(key)
+    for message in messages:
+        assert salt_key.hex(message) == hmac.new(key, message, hashlib.sha256).hexdigest()
