@@ -41,7 +41,7 @@ from attempts import authority, ledger, linked, locking, states, tracing
 from attempts.locking import write_transaction
 from attempts.models import Attempt, AttemptEvent, EffectClass, State
 from attempts.states import Actor, TransitionError
-from reconciliation.bulkhead import LOOKUP, SEND, Bulkheads, Deferral
+from reconciliation.bulkhead import LOOKUP, SEND, Bulkhead, Bulkheads, Deferral
 from reconciliation.faults import arm_kill_timer, crash_point, mutation
 from reconciliation.models import WorkerHeartbeat
 from reconciliation.providers.answers import evidence_of, id_problem
@@ -185,6 +185,7 @@ class _Job:
     adapter: Adapter
     call: Call
     pass_id: int = 0  # the pass that started its call
+    bulkhead: Bulkhead | None = None  # its adapter's for its kind, once looked up
 
 
 @dataclass(frozen=True, slots=True)
@@ -517,7 +518,9 @@ class Reconciler:
         full: set[int] = set()
         while waiting:
             job = waiting.popleft()
-            bulkhead = id(self.bulkheads.of(job.adapter, job.kind))
+            if job.bulkhead is None:
+                job.bulkhead = self.bulkheads.of(job.adapter, job.kind)
+            bulkhead = id(job.bulkhead)
             if bulkhead in full:
                 self._waiting.append(job)
                 continue
