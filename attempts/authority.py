@@ -68,6 +68,37 @@ def active_terms(tenant: str, tool_name: str, *, tool_active: bool = False) -> G
     return GrantTerms(terms[0], tuple(terms[1]), terms[2]) if terms else None
 
 
+# The terms the last intent of each (tenant, tool) was recorded under, in this process: a
+# guess an intent builds its rows from, never trusted, for its INSERT writes them only while
+# they still hold (``rows.insert_attempt(terms=)``); a guess that no longer holds, or that
+# would refuse the intent, is read again (``intent_terms(fresh=True)``). It saves every intent
+# a round trip. Bounded: emptied when it reaches ``_RECENT_LIMIT`` entries.
+_recent_terms: dict[tuple[str, str], GrantTerms] = {}
+_RECENT_LIMIT = 10_000
+
+
+def forget_terms() -> None:
+    """Drop every guess ``intent_terms`` holds."""
+    _recent_terms.clear()
+
+
+def intent_terms(tenant: str, tool_name: str, *, fresh: bool) -> tuple[GrantTerms | None, bool]:
+    """The terms a new intent of ``tool_name`` for ``tenant`` is built with (``active_terms``
+    with ``tool_active``), and whether they are this process's guess rather than read now:
+    read now when ``fresh`` or when there is no guess."""
+    key = (tenant, tool_name)
+    if not fresh and (guess := _recent_terms.get(key)) is not None:
+        return guess, True
+    terms = active_terms(tenant, tool_name, tool_active=True)
+    if terms is None:
+        _recent_terms.pop(key, None)
+        return None, False
+    if len(_recent_terms) >= _RECENT_LIMIT:
+        _recent_terms.clear()
+    _recent_terms[key] = terms
+    return terms, False
+
+
 def authority_holds(attempt: Attempt, grant: Grant | GrantTerms | None = None) -> tuple[bool, str]:
     """Whether the attempt may still be sent under today's authority, and if not, why.
 

@@ -326,51 +326,64 @@ def _record_intent(
     except InvalidArguments as exc:
         raise InvalidIntent(str(exc), code=exc.code) from None
 
-    terms = authority.active_terms(tenant, tool_name, tool_active=True)
-    try:
-        if terms is None:
-            _explain_missing_grant(tenant, tool_name)
-        auth = authority.authority_for_intent(
-            terms, policy_version=policy_version, scopes=credential_scope
+    fields = {"actor": actor, "tenant_id": tenant, "task_id": task_id, "tool_name": tool_name}
+    fields |= {"idempotency_key": idempotency_key, "args": normalized.value}
+    fields |= {"args_hash": normalized.args_hash}
+    if trace:
+        fields |= {"traceparent": trace.header, "trace_id": trace.trace_id}
+    # Built first from this process's guess of the grant's terms, which the INSERT checks; a
+    # guess that no longer holds, or that would refuse the intent, is read again.
+    for fresh in (False, True):
+        terms, guessed = authority.intent_terms(tenant, tool_name, fresh=fresh)
+        try:
+            if terms is None:
+                _explain_missing_grant(tenant, tool_name)
+            auth = authority.authority_for_intent(
+                terms, policy_version=policy_version, scopes=credential_scope
+            )
+        except (LedgerError, authority.NotGranted) as exc:
+            if guessed:
+                continue
+            return _refused_intent(exc, idempotency_key, tenant, tool_name, normalized.args_hash)
+        held = (
+            _held_fields(tenant, tool_name, normalized.value)
+            if terms.approval_policies
+            else {"state": State.INTENT_RECORDED}
         )
-    except (LedgerError, authority.NotGranted) as exc:
-        # A replay of an intent already recorded is answered with it, whatever changed since.
-        existing = _recorded(idempotency_key)
-        if existing is not None:
+        try:
+            attempt = states.create(
+                policy_version=auth.policy_version,
+                credential_scope=auth.scopes,
+                terms=terms if guessed else None,
+                **fields,
+                **held,
+            )
+        except states.TermsChanged:
+            continue
+        except IntegrityError:
+            # The key is already recorded: a replay of the same intent, a race, or a
+            # conflict; its attempt live or archived.
+            existing = _recorded(idempotency_key)
+            if existing is None:
+                raise
             return _same_intent_or_conflict(
                 existing, tenant, tool_name, normalized.args_hash
             ), False
-        if isinstance(exc, authority.NotGranted):
-            raise NotGranted(str(exc), code=exc.code) from None
-        raise
+        return attempt, True
+    raise AssertionError("a fresh read of the grant's terms is never a guess")
 
-    held = (
-        _held_fields(tenant, tool_name, normalized.value)
-        if terms.approval_policies
-        else {"state": State.INTENT_RECORDED}
-    )
-    try:
-        attempt = states.create(
-            actor=actor,
-            tenant_id=tenant,
-            task_id=task_id,
-            tool_name=tool_name,
-            idempotency_key=idempotency_key,
-            args=normalized.value,
-            args_hash=normalized.args_hash,
-            policy_version=auth.policy_version,
-            credential_scope=auth.scopes,
-            **({"traceparent": trace.header, "trace_id": trace.trace_id} if trace else {}),
-            **held,
-        )
-    except IntegrityError:
-        # The key is already recorded: a replay of the same intent, a race, or a conflict;
-        # its attempt live or archived.
-        existing = _recorded(idempotency_key)
-        if existing is None:
-            raise
-        return _same_intent_or_conflict(existing, tenant, tool_name, normalized.args_hash), False
-    return attempt, True
+
+def _refused_intent(
+    exc: Exception, idempotency_key: str, tenant: str, tool_name: str, args_hash: str
+) -> tuple[Attempt, bool]:
+    """An intent the grant refuses: a replay of an intent already recorded is answered with
+    it, whatever changed since; anything else is refused."""
+    existing = _recorded(idempotency_key)
+    if existing is not None:
+        return _same_intent_or_conflict(existing, tenant, tool_name, args_hash), False
+    if isinstance(exc, authority.NotGranted):
+        raise NotGranted(str(exc), code=exc.code) from None
+    raise exc
 
 
 def _held_fields(tenant: str, tool_name: str, args: Any) -> dict[str, Any]:

@@ -246,14 +246,20 @@ def _atomic(db: BaseDatabaseWrapper, statements: int) -> contextlib.AbstractCont
     return sqlite_transaction(db) if db.vendor == "sqlite" else write_transaction()
 
 
-def insert_attempt(attempt: Attempt, event: EventRow) -> None:
+def insert_attempt(
+    attempt: Attempt, event: EventRow, *, terms: tuple[str, list[str], bool] | None = None
+) -> bool:
     """Insert a new attempt with its first event and its key's row in the permanent key index
     (``RecordedKey``), and set the attempt's primary key. The index's primary key raises
     IntegrityError for a key ever recorded, its attempt live or archived (the attempts' own
-    unique index also does while the attempt is live)."""
+    unique index also does while the attempt is live).
+
+    ``terms`` (policy version, allowed scopes, whether an approval policy is active: what
+    ``grant_terms`` read earlier for the attempt's tenant and tool): the insert is made only
+    while they are still the grant's terms (``_terms_still``), checked in the same statement
+    (PostgreSQL) or transaction; False when they are not, and nothing was written."""
     db = _db()
     key_values = _key_values(attempt)
-    key_insert = f"{_index_insert(RecordedKey, _KEY_COLUMNS)} VALUES ({_marks(len(key_values))})"
     columns = _attempt_fields()
     saved = [
         getattr(attempt, c.attname) if c.attname else c.field.pre_save(attempt, True)
@@ -261,32 +267,88 @@ def insert_attempt(attempt: Attempt, event: EventRow) -> None:
     ]
     values = _prepared(columns, saved, db)
     event_values = _event_values(event, db)
+    check = _terms_params(attempt, terms, db) if terms is not None else None
+    # A savepoint when nested: a key already recorded (IntegrityError) must not abort the
+    # caller's transaction.
+    nested = write_transaction() if dbadapter.in_atomic_block(db) else None
     if db.vendor == "postgresql":
-        # One statement: the key's index row, the attempt and its event.
-        sql = (
-            f"WITH k AS ({key_insert}), new AS ({_attempt_insert()}) "
-            f"{_event_insert('new')} RETURNING attempt_id"
-        )
-        # A savepoint when nested: a key already recorded (IntegrityError) must not abort the
-        # caller's transaction.
-        with (
-            write_transaction() if dbadapter.in_atomic_block(db) else lock_errors(),
-            _cursor(db) as cursor,
-        ):
-            cursor.execute(sql, key_values + values + event_values)
-            attempt.pk = cursor.fetchone()[0]
+        # One statement: the key's index row, the attempt and its event (and the terms' check).
+        if check is None:
+            sql, params = _intent_statement(), key_values + values + event_values
+        else:
+            sql, params = (
+                _checked_intent_statement(),
+                _checked_params(key_values, check, values, event_values),
+            )
+        with nested or lock_errors(), _cursor(db) as cursor:
+            cursor.execute(sql, params)
+            row = cursor.fetchone()
+        if row is None:
+            return False
+        attempt.pk = row[0]
     else:
-        # A savepoint when nested, as above; else a transaction of its own.
-        with (
-            write_transaction() if dbadapter.in_atomic_block(db) else _atomic(db, 3),
-            _cursor(db) as cursor,
-        ):
-            cursor.execute(key_insert, key_values)
+        with nested or _atomic(db, 3), _cursor(db) as cursor:
+            if check is not None:
+                cursor.execute(f"SELECT 1 WHERE {_terms_still()}", check)
+                if cursor.fetchone() is None:
+                    return False
+            cursor.execute(
+                f"{_index_insert(RecordedKey, _KEY_COLUMNS)} VALUES ({_marks(len(key_values))})",
+                key_values,
+            )
             cursor.execute(_attempt_insert(), values)
             attempt.pk = cursor.fetchone()[0]
             cursor.execute(_event_insert(""), [attempt.pk, *event_values])
     attempt._state.adding = False
     attempt._state.db = db.alias
+    return True
+
+
+@functools.cache
+def _intent_statement() -> str:
+    """PostgreSQL's one statement of an intent."""
+    return (
+        f"WITH k AS ({_index_insert(RecordedKey, _KEY_COLUMNS)} "
+        f"VALUES ({_marks(len(_KEY_COLUMNS))})), "
+        f"new AS ({_attempt_insert()}) {_event_insert('new')} RETURNING attempt_id"
+    )
+
+
+@functools.cache
+def _checked_intent_statement() -> str:
+    """``_intent_statement`` whose rows are written only while the grant's terms hold
+    (``_terms_still``). Its parameters are named (``_checked_params``), each value sent once:
+    psycopg parses a statement of more than 50 parameters anew at every execution."""
+    attempt = {c.field.attname: f"%(a{i})s" for i, c in enumerate(_attempt_fields())}
+    key = ["%(key)s", *(attempt[name] for name in _KEY_COLUMNS[1:])]
+    event = [f"%(e{i})s" for i in range(len(_event_fields()))]
+    still = _terms_still(
+        attempt["tenant_id"], attempt["tool_name"], "%(version)s", "%(scopes)s", "%(policies)s"
+    )
+    return (
+        f"WITH ok AS (SELECT 1 WHERE {still}), "
+        f"k AS ({_index_insert(RecordedKey, _KEY_COLUMNS)} SELECT {', '.join(key)} FROM ok), "
+        f"new AS (INSERT INTO {_q(Attempt._meta.db_table)} "
+        f"({', '.join(c.name for c in _attempt_fields())}) "
+        f"SELECT {', '.join(attempt.values())} FROM ok RETURNING {_q('id')}) "
+        f"INSERT INTO {_q(AttemptEvent._meta.db_table)} "
+        f"({_q(AttemptEvent._meta.get_field('attempt').column)}, "
+        f"{', '.join(c.name for c in _event_fields())}) "
+        f"SELECT new.{_q('id')}, {', '.join(event)} FROM new RETURNING attempt_id"
+    )
+
+
+def _checked_params(
+    key_values: list[Any], check: list[Any], values: list[Any], event_values: list[Any]
+) -> dict[str, Any]:
+    """The named parameters of ``_checked_intent_statement``: the key's digest (the key
+    index's other columns are the attempt's own), the terms' (``_terms_params``; tenant and
+    tool are the attempt's), the attempt's values and the event's."""
+    params = {"key": key_values[0], "version": check[2], "scopes": check[3]}
+    params["policies"] = check[4]
+    params |= {f"a{i}": value for i, value in enumerate(values)}
+    params |= {f"e{i}": value for i, value in enumerate(event_values)}
+    return params
 
 
 def compare_and_set(
@@ -421,6 +483,42 @@ def _grant_covers() -> str:
         f"AND g.{_q('active')} "
         f"AND g.{_q('policy_version')} = {a}.{_q('policy_version')} AND {covered})"
     )
+
+
+@functools.cache
+def _terms_still(
+    tenant: str = "%s", tool: str = "%s", version: str = "%s", scopes: str = "%s", flag: str = "%s"
+) -> str:
+    """Whether the tenant's grant for a tool still has the terms an intent was built with:
+    active, with the tool active, at that policy version and those allowed scopes, and an
+    approval policy active for the tool exactly when one was (``_terms_select`` asked with
+    ``tool_active``, as a condition). Its placeholders: tenant, tool, policy version, allowed
+    scopes, whether a policy was active."""
+    grant, tool_meta, policy = Grant._meta, Tool._meta, ApprovalPolicy._meta
+    tool_col = _q(grant.get_field("tool").column)
+    allowed = f"g.{_q(grant.get_field('allowed_scopes').column)}"
+    same_scopes = (
+        f"{allowed} = {scopes}"
+        if _db().vendor == "postgresql"
+        else f"json({allowed}) = json({scopes})"
+    )
+    return (
+        f"EXISTS (SELECT 1 FROM {_q(grant.db_table)} g JOIN {_q(tool_meta.db_table)} t "
+        f"ON t.{_q(tool_meta.pk.column)} = g.{tool_col} AND t.{_q('active')} "
+        f"WHERE g.{_q(grant.get_field('tenant').column)} = {tenant} AND g.{tool_col} = {tool} "
+        f"AND g.{_q('active')} AND g.{_q('policy_version')} = {version} AND {same_scopes} "
+        f"AND EXISTS (SELECT 1 FROM {_q(policy.db_table)} p "
+        f"WHERE p.{_q(policy.get_field('tool').column)} = g.{tool_col} "
+        f"AND p.{_q('active')}) = {flag})"
+    )
+
+
+def _terms_params(
+    attempt: Attempt, terms: tuple[str, list[str], bool], db: BaseDatabaseWrapper
+) -> list[Any]:
+    version, scopes, policies = terms
+    scopes_value = Grant._meta.get_field("allowed_scopes").get_db_prep_save(list(scopes), db)
+    return [attempt.tenant_id, attempt.tool_name, version, scopes_value, bool(policies)]
 
 
 def grant_terms(

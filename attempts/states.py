@@ -122,6 +122,11 @@ class ApprovalsNotValid(TransitionError):
         self.verdict = verdict
 
 
+class TermsChanged(TransitionError):
+    """A new attempt was not created because the grant terms it was built with (``create``'s
+    ``terms``) are no longer the grant's; nothing was written."""
+
+
 class EffectClaimed(TransitionError):
     """The move would give the attempt a provider request id that names an effect another
     attempt already claimed (protocol section 7, invariant 12: one provider effect confirms at
@@ -219,10 +224,12 @@ def create(
     reason: str = "",
     details: dict[str, Any] | None = None,
     now: dt.datetime | None = None,
+    terms: authority.GrantTerms | None = None,
     **fields: Any,
 ) -> Attempt:
     """Create a new attempt in an initial state with its first event. ``fields`` are the
-    attempt's own (tenant_id, task_id, tool_name, ...)."""
+    attempt's own (tenant_id, task_id, tool_name, ...). ``terms``: the grant terms the attempt
+    was built with, which its INSERT checks still hold (TermsChanged when not)."""
     if state not in INITIAL_STATES:
         raise TransitionError(f"an attempt cannot be created in {state}")
     if state == S.AWAITING_APPROVAL and fields.get("approval_policy") is None:
@@ -279,7 +286,8 @@ def create(
         now=now,
     )
     attempt.chain_head, attempt.chain_length, attempt.sealed = event.hash, 1, False
-    rows.insert_attempt(attempt, event)
+    if not rows.insert_attempt(attempt, event, terms=terms):
+        raise TermsChanged(f"the grant of {attempt.tool_name} for {attempt.tenant_id} changed")
     return attempt
 
 

@@ -87,6 +87,18 @@ def _no_signer_state_from_another_test():
 
 
 @pytest.fixture(autouse=True)
+def _no_grant_guess_from_another_test():
+    """New intents are built from the process's guess of their grant's terms
+    (``authority.intent_terms``), checked by their INSERT: a guess left by another test's
+    database is never trusted, but its first intent would pay a second statement, which the
+    tests that count statements would see."""
+    from attempts import authority
+
+    authority.forget_terms()
+    yield
+
+
+@pytest.fixture(autouse=True)
 def _history_guards_allow_flush(request):
     """Tests that commit (transactional_db, live_server) end with a flush, which the append-only
     triggers would refuse: drop them just before the flush; post_migrate (sent by flush)

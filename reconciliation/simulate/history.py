@@ -293,7 +293,27 @@ class History:
             actor=AGENT,
         )
         attempt._sim_created = created  # type: ignore[attr-defined]
+        if created:
+            self._recorded_under_todays_grant(attempt)
         return attempt
+
+    def _recorded_under_todays_grant(self, attempt: Attempt) -> None:
+        """A new intent is recorded under the grant as it stands (histories are one thread, so
+        that is the grant now), whatever the process guessed of it from an earlier intent
+        (``authority.intent_terms``) before an authority change."""
+        grant = Grant.objects.get(tenant_id=attempt.tenant_id, tool_id=attempt.tool_name)
+        if not grant.active or attempt.policy_version != grant.policy_version:
+            self.violate(
+                "authority",
+                f"{attempt.attempt_id} recorded under policy {attempt.policy_version!r}; the "
+                f"grant is {'active' if grant.active else 'revoked'} at {grant.policy_version!r}",
+            )
+        if sorted(attempt.credential_scope) != sorted(grant.allowed_scopes):
+            self.violate(
+                "authority",
+                f"{attempt.attempt_id} recorded with scopes {attempt.credential_scope}; the "
+                f"grant allows {grant.allowed_scopes}",
+            )
 
     def op_record_new(self, choice: int) -> None:
         tools = list(world.TOOLS)

@@ -8,7 +8,7 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
-from attempts.models import Attempt, AttemptEvent
+from attempts.models import Attempt, AttemptEvent, ProviderEffect, RecordedKey
 
 # attempts.models.search_key (PostgreSQL only): attempt_id's byte-order copy; the other
 # identifiers are byte-order columns (ByteOrderCharField) read through their own index.
@@ -22,7 +22,9 @@ def test_models_and_migrations_agree():
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("model", [Attempt, AttemptEvent], ids=lambda m: m.__name__)
+@pytest.mark.parametrize(
+    "model", [Attempt, AttemptEvent, RecordedKey, ProviderEffect], ids=lambda m: m.__name__
+)
 def test_postgresql_has_only_the_declared_indexes(model):
     if connection.vendor != "postgresql":
         pytest.skip("PostgreSQL: Django's pattern-ops copies and the byte-order prefix indexes")
@@ -36,6 +38,7 @@ def test_postgresql_has_only_the_declared_indexes(model):
         found = cursor.fetchall()
     assert not [name for name, *_, definition in found if "pattern_ops" in definition]
     declared = {index.name for index in model._meta.indexes}
+    constraints = {constraint.name for constraint in model._meta.constraints}
     if model is Attempt:
         declared |= PREFIX_INDEXES
     unique_columns = {f.column for f in model._meta.concrete_fields if f.unique}
@@ -46,7 +49,12 @@ def test_postgresql_has_only_the_declared_indexes(model):
     ]
     assert other == []
     assert declared <= {name for name, *_ in found}
-    uniques = [name for name, unique, primary, _ in found if unique and not primary]
+    assert constraints <= {name for name, *_ in found}
+    uniques = [
+        name
+        for name, unique, primary, _ in found
+        if unique and not primary and name not in constraints
+    ]
     assert len(uniques) == len(unique_columns - {model._meta.pk.column}), uniques
 
 

@@ -381,6 +381,8 @@ def test_postgresql_prepares_the_write_path_once_per_connection(world):
     with connection.cursor() as cursor:
         cursor.execute("SELECT statement FROM pg_prepared_statements")
         prepared = [row[0] for row in cursor.fetchall()]
-    # The intent: its key in the permanent index, the attempt and its first event, one statement.
-    assert any(text.startswith("WITH k AS (INSERT INTO") for text in prepared), prepared
+    # The intent: the grant's terms still as guessed, its key in the permanent index, the
+    # attempt and its first event, one statement; the grant is read once, not once an intent.
+    assert any(text.startswith("WITH ok AS (SELECT 1 WHERE EXISTS") for text in prepared), prepared
+    assert not any('"policy_version", g."allowed_scopes"' in text for text in prepared), prepared
     assert any(text.startswith("WITH moved AS (UPDATE") for text in prepared), prepared
