@@ -15,12 +15,19 @@ Recording the weights again (after tests were added or made faster)::
 
     LEDGERWEB_TEST_TIMES=var/test-times scripts/test
     .venv/bin/python tests/shards.py merge var/test-times > tests/shard_weights.json
+
+The same recording also holds each file's processor seconds (this process's and its children's),
+which the deal does not use: the shards share the machine's cores, so work a file saves makes
+every shard faster, and a file that only waits costs its own shard alone.
+``tests/shards.py report var/test-times`` lists the files by processor seconds, beside their
+seconds.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import resource
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -82,13 +89,29 @@ def keep(items: list, value: str) -> tuple[list, list]:
     return mine, others
 
 
+def cpu_seconds() -> float:
+    """Processor seconds (user and system) of this process and of its children that ended."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 class Timer:
-    """Seconds per test file (setup, call and teardown) of this run, written as JSON at the end
-    of the session to ``LEDGERWEB_TEST_TIMES/<database>-<shard>.json``."""
+    """Seconds per test file (setup, call and teardown) of this run, and the processor seconds
+    they took (a child's count when it ends), written as JSON at the end of the session to
+    ``LEDGERWEB_TEST_TIMES/<database>-<shard>.json``."""
 
     def __init__(self, folder: str) -> None:
         self.folder = Path(folder)
         self.seconds: dict[str, float] = defaultdict(float)
+        self.cpu: dict[str, float] = defaultdict(float)
+        self.cpu_at_start = 0.0
+
+    def pytest_runtest_logstart(self, nodeid, location) -> None:
+        self.cpu_at_start = cpu_seconds()
+
+    def pytest_runtest_logfinish(self, nodeid, location) -> None:
+        self.cpu[file_of(nodeid)] += cpu_seconds() - self.cpu_at_start
 
     def pytest_runtest_logreport(self, report) -> None:
         self.seconds[file_of(report.nodeid)] += report.duration
@@ -97,17 +120,28 @@ class Timer:
         self.folder.mkdir(parents=True, exist_ok=True)
         shard = os.environ.get("LEDGERWEB_TEST_SHARD", "1/1").replace("/", "of")
         out = self.folder / f"{database()}-{shard}.json"
-        out.write_text(json.dumps(dict(sorted(self.seconds.items())), indent=1))
+        table = {
+            "seconds": dict(sorted(self.seconds.items())),
+            "cpu": dict(sorted(self.cpu.items())),
+        }
+        out.write_text(json.dumps(table, indent=1))
+
+
+def recorded(folder: Path, table: str) -> dict[str, dict[str, float]]:
+    """One of a recorded run's tables (``seconds`` or ``cpu``) per database, its shards'
+    files together."""
+    merged: dict[str, dict[str, float]] = {"sqlite": {}, "postgres": {}}
+    for path in sorted(folder.glob("*.json")):
+        kind = path.name.split("-", 1)[0]
+        for name, seconds in json.loads(path.read_text())[table].items():
+            merged[kind][name] = round(merged[kind].get(name, 0.0) + seconds, 1)
+    return merged
 
 
 def merge(folder: Path) -> dict[str, dict[str, float]]:
     """One weights table from a recorded run's files; the crash gate's seconds come from
     ``gate-<database>.txt`` where scripts/test wrote them."""
-    merged: dict[str, dict[str, float]] = {"sqlite": {}, "postgres": {}}
-    for path in sorted(folder.glob("*.json")):
-        kind = path.name.split("-", 1)[0]
-        for name, seconds in json.loads(path.read_text()).items():
-            merged[kind][name] = round(merged[kind].get(name, 0.0) + seconds, 1)
+    merged = recorded(folder, "seconds")
     for kind in merged:
         gate = folder / f"gate-{kind}.txt"
         if gate.exists():
@@ -115,15 +149,41 @@ def merge(folder: Path) -> dict[str, dict[str, float]]:
     return merged
 
 
+def report(folder: Path) -> str:
+    """A recorded run's files, most processor seconds first: per database, its processor
+    seconds and its seconds, then the totals."""
+    seconds, cpu = recorded(folder, "seconds"), recorded(folder, "cpu")
+    names = sorted(
+        set(seconds["sqlite"]) | set(seconds["postgres"]),
+        key=lambda name: (-cpu["sqlite"].get(name, 0.0) - cpu["postgres"].get(name, 0.0), name),
+    )
+    lines = [f"{'sqlite cpu':>10} {'seconds':>8} {'pg cpu':>8} {'seconds':>8}  file"]
+    for name in [*names, "total"]:
+        row = []
+        for kind in ("sqlite", "postgres"):
+            if name == "total":
+                row += [sum(cpu[kind].values()), sum(seconds[kind].values())]
+            else:
+                row += [cpu[kind].get(name, 0.0), seconds[kind].get(name, 0.0)]
+        lines.append(f"{row[0]:10.1f} {row[1]:8.1f} {row[2]:8.1f} {row[3]:8.1f}  {name}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) == 2 and argv[0] == "merge":
+    if len(argv) == 2 and argv[0] in ("merge", "report"):
         folder = Path(argv[1])
         if not folder.is_dir():
             print(f"shards: {folder} is not a folder of recorded times", file=sys.stderr)
             return 2
-        print(json.dumps(merge(folder), indent=1, sort_keys=True))
+        if argv[0] == "merge":
+            print(json.dumps(merge(folder), indent=1, sort_keys=True))
+        else:
+            print(report(folder))
         return 0
-    print("usage: tests/shards.py merge FOLDER  (weights from a recorded run, as JSON)")
+    print(
+        "usage: tests/shards.py merge FOLDER  (weights from a recorded run, as JSON)\n"
+        "       tests/shards.py report FOLDER  (its files by processor seconds)"
+    )
     return 0 if argv in (["-h"], ["--help"]) else 2
 
 
