@@ -310,8 +310,9 @@ def pytest_configure(config):
 
     config.addinivalue_line(
         "markers",
-        "one_database: does not depend on the database; when scripts/test runs both databases'"
-        " passes (LEDGERWEB_TEST_PASSES=both), only the SQLite pass runs it",
+        "one_database(pass_='sqlite'): does not depend on the database; when scripts/test runs"
+        " both databases' passes (LEDGERWEB_TEST_PASSES=both), only the pass named runs it"
+        " ('sqlite' or 'postgres', for the passes to take about as long)",
     )
 
     if folder := os.environ.get("LEDGERWEB_TEST_TIMES"):
@@ -329,11 +330,38 @@ def pytest_configure(config):
     Path(settings.STATIC_ROOT).mkdir(parents=True, exist_ok=True)
 
 
+ONE_DATABASE_PASSES = ("sqlite", "postgres")
+
+
+def one_database_pass(item) -> str | None:
+    """The pass that runs ``item`` when both databases' passes run (its one_database marker's
+    argument, the SQLite pass by default); None when every pass runs it."""
+    marker = item.get_closest_marker("one_database")
+    if marker is None:
+        return None
+    chosen = marker.args[0] if marker.args else marker.kwargs.get("pass_", "sqlite")
+    if chosen not in ONE_DATABASE_PASSES:
+        raise pytest.UsageError(
+            f"{item.nodeid}: one_database takes 'sqlite' or 'postgres', not {chosen!r}"
+        )
+    return chosen
+
+
+@pytest.hookimpl(trylast=True)  # after -m and -k have left out theirs: the deal sees what runs
 def pytest_collection_modifyitems(session, config, items):
-    """This shard's test files only, when scripts/test runs the suite in shards
-    (tests/shards.py). Then the container image, which takes minutes to build: when its tests
-    are selected on the SQLite pass, the build starts now, in a thread, beside the other tests
-    (tests/test_container.py)."""
+    """When both databases' passes run, the tests of the other pass (one_database) are left
+    out; then this shard's test files only, when scripts/test runs the suite in shards
+    (tests/shards.py), dealt by what this pass runs. Then the container image, which takes
+    minutes to build: when its tests are selected on the SQLite pass, the build starts now, in
+    a thread, beside the other tests (tests/test_container.py)."""
+    on_postgres = bool(os.environ.get("DATABASE_URL"))
+    if os.environ.get("LEDGERWEB_TEST_PASSES") == "both":
+        this_pass = "postgres" if on_postgres else "sqlite"
+        others = [item for item in items if one_database_pass(item) not in (None, this_pass)]
+        if others:
+            config.hook.pytest_deselected(items=others)
+            left_out = set(map(id, others))
+            items[:] = [item for item in items if id(item) not in left_out]
     if shard := os.environ.get("LEDGERWEB_TEST_SHARD"):
         from tests import shards
 
@@ -344,12 +372,7 @@ def pytest_collection_modifyitems(session, config, items):
         if others:
             config.hook.pytest_deselected(items=others)
             items[:] = mine
-    if os.environ.get("DATABASE_URL"):
-        if os.environ.get("LEDGERWEB_TEST_PASSES") == "both":
-            once = [item for item in items if item.get_closest_marker("one_database")]
-            if once:
-                config.hook.pytest_deselected(items=once)
-                items[:] = [item for item in items if item not in once]
+    if on_postgres:
         return  # the image's tests run on the SQLite pass only
     if any(item.nodeid.startswith("tests/test_container.py::test_the_image") for item in items):
         from tests import test_container

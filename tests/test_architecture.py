@@ -9,7 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO
+
+# Does not depend on the database: one pass runs it.
+pytestmark = pytest.mark.one_database("postgres")
 
 
 def test_the_import_contracts_hold() -> None:

@@ -10,6 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+# Does not depend on the database: one pass runs it.
+pytestmark = pytest.mark.one_database("postgres")
+
 ROOT = Path(__file__).resolve().parents[1]
 APP = ("attempts", "ledgerweb", "reconciliation", "ledgerweb_client")
 EXEMPT = {"attempts/verify_export.py"}

@@ -9,6 +9,10 @@ from django.db import connection
 
 from tests.conftest import REPO, child_env, manage
 
+# The checks of settings run manage.py on a SQLite file of their own (or none): one pass runs
+# them. The two tests of the database's own settings run on each.
+ONE_DATABASE = pytest.mark.one_database("postgres")
+
 
 @pytest.mark.django_db
 def test_sqlite_pragmas_really_apply():
@@ -46,6 +50,7 @@ def run_manage(tmp_path, *args, **env):
     return manage(*args, env=base)
 
 
+@ONE_DATABASE
 @pytest.mark.parametrize(
     ("variable", "value", "message"),
     [
@@ -64,6 +69,7 @@ def test_bad_settings_fail_with_a_clear_message(tmp_path, variable, value, messa
     assert result.stderr.strip().count("\n") == 0, result.stderr
 
 
+@ONE_DATABASE
 def test_a_bad_postgresql_prepare_threshold_fails_with_a_clear_message(tmp_path):
     result = run_manage(
         tmp_path,
@@ -75,6 +81,7 @@ def test_a_bad_postgresql_prepare_threshold_fails_with_a_clear_message(tmp_path)
     assert "LEDGERWEB_PG_PREPARE_THRESHOLD must be a whole number" in result.stderr
 
 
+@ONE_DATABASE
 def test_production_settings_pass_the_deploy_check(tmp_path):
     assert (
         run_manage(tmp_path, "ledger_log", "genkey", "--out", str(tmp_path / "k")).returncode == 0
@@ -97,6 +104,7 @@ def test_production_settings_pass_the_deploy_check(tmp_path):
     assert "no issues" in result.stdout
 
 
+@ONE_DATABASE
 def test_missing_owner_configuration_is_reported_where_it_matters(tmp_path):
     assert run_manage(tmp_path, "migrate", "-v0").returncode == 0
     # An ordinary command does not query the database for it...
@@ -116,6 +124,7 @@ def test_missing_owner_configuration_is_reported_where_it_matters(tmp_path):
     assert "attempts.W001" not in result.stdout + result.stderr
 
 
+@ONE_DATABASE
 def test_a_default_owner_who_cannot_own_work_fails_the_check(tmp_path):
     assert run_manage(tmp_path, "migrate", "-v0").returncode == 0
     made = run_manage(
@@ -143,6 +152,7 @@ def test_a_default_owner_who_cannot_own_work_fails_the_check(tmp_path):
     assert result.returncode == 0, result.stderr
 
 
+@ONE_DATABASE
 def test_log_records_skip_only_fields_no_format_prints_in_server_processes():
     from django.conf import settings
 
@@ -181,6 +191,7 @@ def test_log_records_skip_only_fields_no_format_prints_in_server_processes():
     )
 
 
+@ONE_DATABASE
 def test_the_deploy_check_warns_without_a_log_signing_key(tmp_path):
     result = run_manage(tmp_path, "check", "--deploy")
     assert "attempts.W012" in result.stdout + result.stderr
@@ -192,6 +203,7 @@ def test_the_deploy_check_warns_without_a_log_signing_key(tmp_path):
     assert "attempts.E012" in result.stderr and "chmod 600" in result.stderr
 
 
+@ONE_DATABASE
 def test_workers_starting_together_share_one_generated_secret_key(tmp_path, monkeypatch):
     """On a first start every gunicorn worker makes the data folder's key at once: each must
     get the same whole key (an empty one answered 500, two keys broke each other's sessions)."""
@@ -219,6 +231,7 @@ def test_workers_starting_together_share_one_generated_secret_key(tmp_path, monk
         assert [p.name for p in key_file.parent.iterdir()] == ["secret_key"]
 
 
+@ONE_DATABASE
 def test_an_empty_secret_key_file_fails_with_a_clear_message(tmp_path):
     (tmp_path / "secret_key").write_text("")
     done = manage("check", env=child_env(LEDGERWEB_DATA_DIR=str(tmp_path)))
@@ -226,6 +239,7 @@ def test_an_empty_secret_key_file_fails_with_a_clear_message(tmp_path):
     assert "secret_key is empty: remove it and a new key is made" in done.stderr
 
 
+@ONE_DATABASE
 def test_a_mistyped_setting_is_reported_with_the_setting_it_meant(tmp_path):
     result = run_manage(
         tmp_path,
@@ -277,6 +291,7 @@ SSO = {
 }
 
 
+@ONE_DATABASE
 @pytest.mark.parametrize(
     ("extra", "refusal"),
     [
@@ -307,6 +322,7 @@ def test_the_deploy_check_refuses_what_production_must_not_run_with(tmp_path, ex
     assert refusal in refused.stderr, refused.stderr
 
 
+@ONE_DATABASE
 def test_every_secret_can_come_from_a_file(tmp_path):
     key = "Vt3o_q9ZkP0r7LxW2mYc8HfN5aJdE1sGbU4iKlR6nTzQwX-yAvBgMhOe"
     (tmp_path / "secret_key").write_text(key + "\n")
@@ -332,6 +348,7 @@ def test_every_secret_can_come_from_a_file(tmp_path):
     assert "Traceback" not in missing.stderr
 
 
+@ONE_DATABASE
 def test_every_secret_and_the_database_url_are_readable_from_a_file():
     from ledgerweb import settings_reference as reference
 

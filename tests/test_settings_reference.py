@@ -12,6 +12,9 @@ from django.core.management import call_command
 from ledgerweb import settings_reference as reference
 from tests.conftest import REPO, child_env, manage
 
+# Does not depend on the database: one pass runs it.
+pytestmark = pytest.mark.one_database("postgres")
+
 SERVER_PACKAGES = ("ledgerweb", "attempts", "reconciliation")
 NAME = re.compile(r"\bLEDGERWEB_[A-Z0-9_]*[A-Z0-9]\b")
 EXAMPLE_ENV = Path(REPO) / "deploy" / "ledgerweb.env.example"

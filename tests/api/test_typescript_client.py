@@ -12,13 +12,13 @@ import subprocess
 import sys
 
 import pytest
-from django.db import connection
 
 from attempts.models import ApprovalPolicy, Attempt, State
 from tests.api.conftest import Tokens
 from tests.conftest import REPO, child_env
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# The client's behaviour does not depend on the database: one pass runs it.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.one_database]
 
 CLIENT = REPO / "clients" / "typescript"
 
@@ -31,8 +31,6 @@ def npm() -> str:
 
 
 def test_typescript_client_against_the_live_api(live_server, tokens: Tokens) -> None:
-    if connection.vendor != "sqlite":
-        pytest.skip("the client's behaviour does not depend on the database: runs once, on SQLite")
     assert not ApprovalPolicy.objects.exists()
     env = child_env(
         LEDGERWEB_URL=live_server.url,
@@ -71,8 +69,6 @@ def test_typescript_client_against_the_live_api(live_server, tokens: Tokens) -> 
 def test_the_documented_typescript_example_runs(live_server, tokens: Tokens, tmp_path) -> None:
     """The example of docs/integrations-stripe-ts.md, compiled against the built client (installed
     as the package ``ledgerweb-client``) and run against the live server."""
-    if connection.vendor != "sqlite":
-        pytest.skip("the client's behaviour does not depend on the database: runs once, on SQLite")
     text = (REPO / "docs" / "integrations-stripe-ts.md").read_text()
     [example] = [block.split("```", 1)[0] for block in text.split("```ts\n")[1:]]
     built = subprocess.run([npm(), "run", "build"], cwd=CLIENT, capture_output=True, text=True)

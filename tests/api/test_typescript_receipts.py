@@ -11,7 +11,6 @@ import subprocess
 
 import pytest
 import rfc8785
-from django.db import connection
 
 from attempts import log
 from attempts.verify_export import LogCheckpoint, NoteSignature
@@ -21,12 +20,11 @@ from tests.api.test_typescript_client import CLIENT, npm
 from tests.attempts.audit_helpers import ORIGIN, seal_all, sign_with_new_key
 from tests.attempts.test_witness import _start_witness
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# The client's behaviour does not depend on the database: one pass runs it.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.one_database]
 
 
 def test_typescript_client_verifies_receipts(live_server, tokens: Tokens, tmp_path, settings):
-    if connection.vendor != "sqlite":
-        pytest.skip("the client's behaviour does not depend on the database: runs once, on SQLite")
     key_path, verifier = sign_with_new_key(tmp_path, settings)
     process, port, witness_key = _start_witness(tmp_path, verifier)
     settings.TLOG = {**settings.TLOG, "WITNESSES": [f"{witness_key} http://127.0.0.1:{port}"]}

@@ -9,6 +9,9 @@ from hypothesis import strategies as st
 
 from attempts import jcs
 
+# Does not depend on the database: one pass runs it.
+pytestmark = pytest.mark.one_database("postgres")
+
 # Characters from every region that matters to JCS: controls (escaped), quotes and backslashes,
 # ASCII, U+E000..U+FFFF (where code point and UTF-16 order disagree with astral characters),
 # astral characters, and (in the surrogate strategy) lone surrogates.

@@ -42,13 +42,6 @@ def _once_recorded(key: str) -> Attempt:
     return Attempt.objects.get(idempotency_key=key)
 
 
-def _sqlite_only() -> None:
-    from django.db import connection
-
-    if connection.vendor != "sqlite":
-        pytest.skip("client behaviour, independent of the database: runs once, on SQLite")
-
-
 def test_the_api_shows_the_link_on_the_reconciled_original_only(
     live_server,
     tokens: Tokens,  # noqa: F811
@@ -70,12 +63,12 @@ def test_the_api_shows_the_link_on_the_reconciled_original_only(
         assert client.follow_links(after) == child
 
 
+@pytest.mark.one_database  # client behaviour, independent of the database
 def test_python_call_follows_the_link_and_waits_for_the_second_approver(
     live_server,
     tokens: Tokens,  # noqa: F811
     world: World,
 ) -> None:
-    _sqlite_only()
     hold("open_ticket", approvals_needed=2)
     sent: list[tuple[str, dict[str, Any]]] = []
     results: list[Any] = []
@@ -109,13 +102,13 @@ def test_python_call_follows_the_link_and_waits_for_the_second_approver(
     assert (original.state, original.send_count) == (State.RECONCILED, 0)
 
 
+@pytest.mark.one_database  # client behaviour, independent of the database
 def test_typescript_call_follows_the_link(
     live_server,
     tokens: Tokens,  # noqa: F811
     world: World,
     tmp_path,
 ) -> None:
-    _sqlite_only()
     node = shutil.which("node")
     if node is None or not (CLIENT / "node_modules").is_dir():
         pytest.fail("the TypeScript client needs Node.js 20 and npm; run scripts/setup (npm ci)")
@@ -168,6 +161,7 @@ console.log(JSON.stringify({{ sent, attempt: result.attempt.attempt_id,
     assert linked.send_count == 1
 
 
+@pytest.mark.one_database  # client behaviour, independent of the database
 def test_the_documented_edit_and_approve_example_runs(
     live_server,
     tokens: Tokens,  # noqa: F811
@@ -179,7 +173,6 @@ def test_the_documented_edit_and_approve_example_runs(
     import re
     import sys
 
-    _sqlite_only()
     text = (REPO / "docs" / "client.md").read_text(encoding="utf-8")
     [code] = re.findall(r"^```python runs=edit-and-approve\n(.*?)^```$", text, re.M | re.S)
     script = tmp_path / "example.py"

@@ -26,6 +26,9 @@ from packaging.requirements import Requirement
 
 from tests.conftest import REPO
 
+# Does not depend on the database: one pass runs it.
+pytestmark = pytest.mark.one_database("postgres")
+
 CLIENT = REPO / "ledgerweb_client"
 PROJECT = tomllib.loads((CLIENT / "pyproject.toml").read_text())
 EXTRAS: dict[str, list[str]] = PROJECT["project"]["optional-dependencies"]

@@ -13,7 +13,6 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from django.db import connection
 
 import ledgerweb_client
 from attempts.models import AgentToken, Attempt
@@ -131,6 +130,7 @@ def fresh_venv(python: Path, path: Path) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.one_database  # packaging does not depend on the database
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("version", SUPPORTED)
 def test_the_client_installs_and_runs_on_each_supported_python(
@@ -139,8 +139,6 @@ def test_the_client_installs_and_runs_on_each_supported_python(
     """``pip install ./ledgerweb_client`` (the standard-library package, no extras) in a fresh
     venv of each supported Python, without Django, then the README's example and a smoke run
     against a live server."""
-    if connection.vendor != "sqlite":
-        pytest.skip("packaging does not depend on the database; the SQLite pass covers it")
     interpreter = find_python(version)
     if interpreter is None:
         pytest.skip(

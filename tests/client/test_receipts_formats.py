@@ -14,6 +14,9 @@ import rfc8785
 from attempts import verify_export
 from ledgerweb_client import receipts
 
+# Does not depend on the database: one pass runs it.
+pytestmark = pytest.mark.one_database("postgres")
+
 TRICKY_NUMBERS = [
     0,
     -0.0,

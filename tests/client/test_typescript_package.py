@@ -14,7 +14,6 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from django.db import connection
 
 from attempts.models import AgentToken, Attempt
 from attempts.models import State as ServerState
@@ -117,10 +116,9 @@ def test_the_state_union_is_the_protocols_states() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.one_database  # packaging does not depend on the database
 @pytest.mark.django_db(transaction=True)
 def test_installed_from_its_path_into_a_scratch_project(world, live_server, tmp_path) -> None:
-    if connection.vendor != "sqlite":
-        pytest.skip("packaging does not depend on the database; the SQLite pass covers it")
     source = tracked_copy(tmp_path / "ledgerweb-client")
     project = tmp_path / "agent"
     project.mkdir()

@@ -12,15 +12,13 @@ import subprocess
 import sys
 
 import pytest
-from django.db import connection
 
 from tests.conftest import REPO, machine_cache
 
 
+@pytest.mark.one_database  # typing does not depend on the database
 @pytest.mark.parametrize("python_version", ["current", "3.10"])
 def test_mypy_strict_finds_nothing_in_the_client(python_version) -> None:
-    if connection.vendor != "sqlite":
-        pytest.skip("typing does not depend on the database; the SQLite pass covers it")
     target = [] if python_version == "current" else ["--python-version", python_version]
     checked = subprocess.run(
         [

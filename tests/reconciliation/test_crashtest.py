@@ -18,8 +18,9 @@ from tests.conftest import REPO, manage
 
 pytestmark = pytest.mark.slow
 # The harness's own tests (a broken ledger or reconciler is caught, the table, bad use) do not
-# depend on the database; the gate's cases run on each (scripts/test).
-ONE_DATABASE = pytest.mark.one_database
+# depend on the database; the gate's cases run on each (scripts/test). They run in the
+# PostgreSQL pass, which the browser tests leave the lighter.
+ONE_DATABASE = pytest.mark.one_database("postgres")
 
 
 def crashtest(*args: str, **env: str | None) -> tuple[int, Any, str]:

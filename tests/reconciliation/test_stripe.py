@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 import stripe
-from django.db import connection
 
 from attempts import ledger
 from attempts.models import Attempt, EffectClass, Grant, State, Tool
@@ -261,9 +260,8 @@ def test_localstripe_ignores_idempotency_keys_and_the_adapter_does_not_rely_on_t
     assert attempt.provider_request_id == ""
 
 
+@pytest.mark.one_database  # no database behaviour under test
 def test_an_unreachable_stripe_is_unavailable_and_nothing_is_sent(world, settings) -> None:
-    if connection.vendor != "sqlite":
-        pytest.skip("no database behaviour under test: runs once, on SQLite")
     settings.LEDGER = {**settings.LEDGER, "STRIPE_API_KEY": API_KEY}
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
@@ -312,6 +310,7 @@ def test_the_documented_stripe_example_runs(
     assert capsys.readouterr().out.strip() == f"OUTCOME_CONFIRMED stripe:{paid['id']}"
 
 
+@pytest.mark.one_database  # no database behaviour under test
 @pytest.mark.parametrize(
     ("error", "status", "retryable"),
     [
@@ -343,7 +342,5 @@ def test_stripe_errors_map_onto_send_answers(error, status: str, retryable: bool
     every one of them: localstripe has no decline codes, no 409, no 5xx)."""
     from reconciliation.providers.stripe import _send_error
 
-    if connection.vendor != "sqlite":
-        pytest.skip("no database behaviour under test: runs once, on SQLite")
     answer = _send_error(error, 5)
     assert (str(answer.status), answer.retryable) == (status, retryable)
