@@ -225,7 +225,7 @@ def test_axe_finds_nothing_serious_in_the_inbox(live_server, browser, dark):
     if not AXE.exists():
         pytest.skip("axe-core is not installed (scripts/setup runs npm ci)")
     held_world()
-    tab = Tab(browser, live_server.url, dark=dark, axe=True)
+    tab = Tab(browser, live_server.url, dark=dark)
     tab.login("reviewer")
     found = {}
     for path in ("/approvals/", "/approvals/?tab=group", "/approvals/?tab=all", "/"):

@@ -21,7 +21,7 @@ def test_two_admins_erase_an_attempt_from_its_page(live_server, browser):
     second_admin(world)
     path = f"/attempts/{attempt.attempt_id}/"
 
-    asker = Tab(browser, live_server.url, axe=True)
+    asker = Tab(browser, live_server.url)
     asker.login("admin")
     asker.goto(path)
     asker.page.click("[data-testid=erasure] summary")
@@ -32,7 +32,7 @@ def test_two_admins_erase_an_attempt_from_its_page(live_server, browser):
     assert "another admin must approve" in asker.page.content()
     assert asker.page.locator("[data-testid=erasure-approve]").count() == 0
 
-    approver = Tab(browser, live_server.url, axe=True)
+    approver = Tab(browser, live_server.url)
     approver.login("admin2")
     approver.goto(path)
     assert "DSR-40" in approver.page.inner_text("[data-testid=erasure-pending]")

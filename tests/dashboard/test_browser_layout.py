@@ -67,7 +67,7 @@ def test_sideways_scrolling_regions_take_the_keyboard_on_a_phone(live_server, br
     if not AXE.exists():
         pytest.skip("axe-core is not installed (scripts/setup runs npm ci)")
     _, unknown, review_item = _busy_world()
-    tab = Tab(browser, live_server.url, viewport=PHONE, axe=True)
+    tab = Tab(browser, live_server.url, viewport=PHONE)
     tab.login("reviewer")
     found = {}
     for path in (
