@@ -618,14 +618,8 @@ class Verifier:
                         first_event_id,
                     )
         if not erased:  # erased args hash to nothing: the history's erasure event says so
-            try:
-                value = parsed.value()
-                if parsed.digest() != args_hash and reference_digest(value) != args_hash:
-                    bad("its args no longer hash to its args_hash: the args were edited")
-            except (ValueError, TypeError, rfc8785.CanonicalizationError) as exc:
-                bad(f"its args cannot be hashed: {exc}")
-        last = events[-1]
-        last_event_id, last_to_state = last[1], last[6]
+            _args_still_hash(parsed, args_hash, bad)
+        last_event_id, last_to_state = events[-1][1], events[-1][6]
         if state != last_to_state:
             bad(
                 f"its state is {state} but its last event (id {last_event_id}) moved it to "
@@ -731,3 +725,13 @@ class Verifier:
             + " (detected from the next checkpoint on; keep the newest checkpoint hash elsewhere)"
         )
         report.truncated = self.checker.truncated
+
+
+def _args_still_hash(parsed: Args, args_hash: str, bad: Callable[[str], None]) -> None:
+    """Whether an attempt's args still hash to its ``args_hash`` (``bad`` says why not)."""
+    try:
+        value = parsed.value()
+        if parsed.digest() != args_hash and reference_digest(value) != args_hash:
+            bad("its args no longer hash to its args_hash: the args were edited")
+    except (ValueError, TypeError, rfc8785.CanonicalizationError) as exc:
+        bad(f"its args cannot be hashed: {exc}")

@@ -157,20 +157,6 @@ def overview_context(user: Any, now: dt.datetime) -> dict[str, Any]:
         if more:
             live_more.add(state)
     terminal, terminal_at, terminal_kept, terminal_more = _terminal_counts_kept(tenants, now)
-    oldest = (
-        Attempt.objects.visible_to(user)
-        .filter(state=State.UNKNOWN)
-        .aggregate(oldest=Min("created_at"))["oldest"]
-    )
-    my_counts = dict(
-        Attempt.objects.visible_to(user)
-        .filter(owner_id=user.pk, state__in=ATTENTION_STATES)
-        .values_list("state")
-        .annotate(n=Count("id"))
-        .order_by()
-    )
-    awaiting_me = Attempt.objects.awaiting_approval_of(user).count()
-    held_me, held_me_more = Attempt.objects.held_for(user, "me", now).count_upto()
     tool_rows = sorted(
         ({"tool": tool, **_work_row(c)} for tool, c in by_tool.items()),
         key=lambda r: (-(r["unknown"] + r["review"]), r["tool"]),
@@ -194,16 +180,10 @@ def overview_context(user: Any, now: dt.datetime) -> dict[str, Any]:
         "terminal_at": terminal_at,
         "terminal_kept": terminal_kept,
         "terminal_upto": TERMINAL_UPTO,
-        "oldest_unknown": oldest,
-        "oldest_unknown_age": (now - oldest) if oldest else None,
-        "my_counts": {
-            "unknown": my_counts.get(State.UNKNOWN, 0),
-            "review": my_counts.get(State.MANUAL_REVIEW, 0),
-        },
+        **_for_this_person(user, now),
         "my_work": _my_open_work(user, tenants),
         "unassigned_unknown": unassigned,
         "unassigned_more": unassigned_more,
-        "awaiting_me": awaiting_me,
         "chart": None if live.bounded else _chart(live, now),
         "live_at": live.at,
         "live_bounded": live.bounded is not None,
@@ -216,6 +196,33 @@ def overview_context(user: Any, now: dt.datetime) -> dict[str, Any]:
         # Approval before dispatch: held work, and what this person may approve now.
         "held_total": by_state.get(State.AWAITING_APPROVAL, 0),
         "held_more": State.AWAITING_APPROVAL in live_more,
+    }
+
+
+def _for_this_person(user: Any, now: dt.datetime) -> dict[str, Any]:
+    """The oldest UNKNOWN this person can see, their own open work by state, and what waits
+    for their approval."""
+    oldest = (
+        Attempt.objects.visible_to(user)
+        .filter(state=State.UNKNOWN)
+        .aggregate(oldest=Min("created_at"))["oldest"]
+    )
+    my_counts = dict(
+        Attempt.objects.visible_to(user)
+        .filter(owner_id=user.pk, state__in=ATTENTION_STATES)
+        .values_list("state")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    held_me, held_me_more = Attempt.objects.held_for(user, "me", now).count_upto()
+    return {
+        "oldest_unknown": oldest,
+        "oldest_unknown_age": (now - oldest) if oldest else None,
+        "my_counts": {
+            "unknown": my_counts.get(State.UNKNOWN, 0),
+            "review": my_counts.get(State.MANUAL_REVIEW, 0),
+        },
+        "awaiting_me": Attempt.objects.awaiting_approval_of(user).count(),
         "held_me": held_me,
         "held_me_more": held_me_more,
     }
