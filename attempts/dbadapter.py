@@ -131,6 +131,9 @@ class DriverCursor:
     def fetchone(self) -> tuple | None:
         return self.cursor.fetchone()
 
+    def fetchall(self) -> list[tuple]:
+        return self.cursor.fetchall()
+
     @property
     def rowcount(self) -> int:
         return self.cursor.rowcount

@@ -428,6 +428,46 @@ def _compare_and_set_claiming(
 
 
 # ---------------------------------------------------------------------------------------------
+# Leases
+
+# Candidates per lease UPDATE: their (id, version) pairs are two parameters each, well under
+# every backend's limit on parameters and on the depth of an expression.
+LEASE_CHUNK = 100
+
+
+@functools.cache
+def _lease_update(count: int) -> str:
+    pairs = " OR ".join([f"({_q('id')} = %s AND {_q('version')} = %s)"] * count)
+    until = _q("lease_until")
+    return (
+        f"UPDATE {_q(Attempt._meta.db_table)} SET {_q('lease_owner')} = %s, {until} = %s, "
+        f"{_q('version')} = {_q('version')} + 1 "
+        f"WHERE ({until} IS NULL OR {until} < %s) AND ({pairs}) RETURNING {_q('id')}"
+    )
+
+
+def claim_leases(
+    candidates: list[tuple[int, int]], *, owner: str, until: dt.datetime, now: dt.datetime
+) -> set[int]:
+    """Lease each candidate (id, version) whose lease is free at ``now`` and whose version is
+    unchanged to ``owner`` until ``until``, bumping its version: per row the compare-and-set of
+    ``states.claim_lease``, a hundred rows a statement. Returns the ids leased."""
+    db = _db()
+    column = _attempt_field("lease_until")
+    times = [column.prep(until, db), column.prep(now, db)]
+    claimed: set[int] = set()
+    for start in range(0, len(candidates), LEASE_CHUNK):
+        chunk = candidates[start : start + LEASE_CHUNK]
+        params: list[Any] = [owner, *times]
+        for pk, version in chunk:
+            params += [pk, version]
+        with _cursor(db) as cursor:
+            cursor.execute(_lease_update(len(chunk)), params)
+            claimed.update(row[0] for row in cursor.fetchall())
+    return claimed
+
+
+# ---------------------------------------------------------------------------------------------
 # The grant read
 
 

@@ -16,7 +16,6 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, connection
-from django.db.models import F, Q
 from django.utils import timezone
 
 from attempts import authority, chain, dbadapter, rows
@@ -470,17 +469,9 @@ def claim_lease(
     its version unchanged: a compare-and-set per attempt that bumps the version, the fencing
     token every later move of the lease holder compares against. Returns the pks claimed."""
     _require_write_transaction()
-    free = Q(lease_until__isnull=True) | Q(lease_until__lt=now)
-    claimed = []
-    for pk, version in candidates:
-        if (
-            Attempt.objects.filter(free, pk=pk, version=version).update(
-                lease_owner=owner, lease_until=until, version=F("version") + 1
-            )
-            == 1
-        ):
-            claimed.append(pk)
-    return claimed
+    candidates = list(candidates)
+    leased = rows.claim_leases(candidates, owner=owner, until=until, now=now)
+    return [pk for pk in dict.fromkeys(pk for pk, _ in candidates) if pk in leased]
 
 
 def restore_archived(

@@ -306,9 +306,8 @@ class Reconciler:
 
         Each claim is a compare-and-set on (id, version, lease free) that bumps the version
         (``states.claim_lease``, many rows a statement): the fencing token every later move
-        compares against. On
-        PostgreSQL candidates are read ``FOR UPDATE SKIP LOCKED`` so workers do not queue on each
-        other's rows.
+        compares against. On PostgreSQL candidates are read ``FOR UPDATE SKIP LOCKED`` so
+        workers do not queue on each other's rows.
         """
         self._claimed_at = time.monotonic()
         now = timezone.now()
