@@ -76,10 +76,10 @@ class _Column:
     Django's field preparation (``get_db_prep_save``) runs for every value of every write
     (docs/scaling.md) while handing most values back unchanged: a ``str`` for a text
     column, an ``int`` or ``bool`` of exactly that type for a number or flag column, ``None``.
-    Those go as they are, and so does an aware ``datetime`` on PostgreSQL (Django's
-    preparation hands it back as it is there; SQLite's turns it into text). Every other value
-    (naive datetimes, dates, JSON, lazy strings, a bool for a number column) still goes through
-    Django."""
+    Those go as they are. An aware ``datetime`` goes straight to the backend's adaptation (all
+    the field's own preparation adds is a check that it is aware): as it is on PostgreSQL, UTC
+    text on SQLite. Every other value (naive datetimes, dates, JSON, lazy strings, a bool for a
+    number column) still goes through Django."""
 
     # Internal field types (of the field, or of the field a foreign key points at) whose
     # prepared value is the Python value itself.
@@ -99,9 +99,7 @@ class _Column:
         self.name = _q(field.column)
         target = field.target_field if field.is_relation else field
         self.plain = self.PLAIN.get(target.get_internal_type())
-        self.aware_datetime_as_is = (
-            target.get_internal_type() == "DateTimeField" and _db().vendor == "postgresql"
-        )
+        self.datetime = target.get_internal_type() == "DateTimeField"
         # Field.pre_save returns the attribute; a field that overrides it (a date with
         # auto_now) is asked.
         self.attname = field.attname if type(field).pre_save is Field.pre_save else ""
@@ -114,12 +112,8 @@ class _Column:
             return value
         if plain is not None and type(value) is plain:
             return value
-        if (
-            self.aware_datetime_as_is
-            and type(value) is dt.datetime
-            and value.utcoffset() is not None
-        ):
-            return value
+        if self.datetime and type(value) is dt.datetime and value.utcoffset() is not None:
+            return db.ops.adapt_datetimefield_value(value)
         return self.field.get_db_prep_save(value, db)
 
 
@@ -200,9 +194,30 @@ def _update(
         sets.append(f"{column} = {column} + %s")
     return (
         f"UPDATE {_q(Attempt._meta.db_table)} SET {', '.join(sets)} "
-        f"WHERE {_q('id')} = %s AND {_q('state')} = %s AND {_q('version')} = %s"
+        f"WHERE {_still(granted, unclaimed)}"
+    )
+
+
+@functools.cache
+def _still(granted: bool, unclaimed: int) -> str:
+    """The compare-and-set's condition on the attempt's row (its parameters: the id, the
+    expected state and version, then ``_unclaimed``'s)."""
+    return (
+        f"{_q('id')} = %s AND {_q('state')} = %s AND {_q('version')} = %s"
         + (f" AND {_grant_covers()}" if granted else "")
         + (f" AND {_unclaimed(unclaimed)}" if unclaimed else "")
+    )
+
+
+@functools.cache
+def _claim_while_still(granted: bool, unclaimed: int) -> str:
+    """SQLite: the effects' index row of a move that claims an effect, inserted only while
+    the attempt's row meets the compare-and-set's condition (its parameters: the effect's,
+    then ``_still``'s)."""
+    return (
+        f"{_index_insert(ProviderEffect, _EFFECT_COLUMNS)} SELECT {_marks(len(_EFFECT_COLUMNS))} "
+        f"WHERE EXISTS (SELECT 1 FROM {_q(Attempt._meta.db_table)} "
+        f"WHERE {_still(granted, unclaimed)})"
     )
 
 
@@ -373,19 +388,25 @@ def compare_and_set(
     ``effect`` (tool name, provider request id, attempt id): the move claims that provider
     effect for the attempt in the effects' index, in the same statement (PostgreSQL) or
     transaction. An effect another attempt claimed raises IntegrityError (its unique
-    constraint) and nothing is written; a savepoint keeps the caller's transaction usable."""
+    constraint) and nothing is written; the caller's transaction stays usable."""
     db = _db()
     names = tuple(values)
-    update = _update(names, tuple(increments), granted, len(unclaimed[1]) if unclaimed else 0)
+    checks = (granted, len(unclaimed[1]) if unclaimed else 0)
+    update = _update(names, tuple(increments), *checks)
     params = _prepared(_set_columns(names), values.values(), db)
     params += [int(amount) for amount in increments.values()]
-    params += [pk, state, version]
+    still = [pk, state, version]
     if unclaimed:
         tool_name, ids, attempt_id = unclaimed
-        params += [tool_name, *ids, attempt_id]
+        still += [tool_name, *ids, attempt_id]
+    params += still
     event_values = _event_values(event, db)
+    if effect is not None and db.vendor == "sqlite":
+        return _compare_and_set_claiming_sqlite(
+            db, pk, (update, params), (_claim_while_still(*checks), [*effect, *still]), event_values
+        )
     if effect is not None:
-        return _compare_and_set_claiming(db, pk, update, params, event_values, list(effect))
+        return _compare_and_set_claiming(db, update, params, event_values, list(effect))
     if db.vendor == "postgresql":
         sql = f"WITH moved AS ({update} RETURNING {_q('id')}) {_event_insert('moved')}"
         with _atomic(db, 1), _cursor(db) as cursor:
@@ -401,28 +422,47 @@ def compare_and_set(
 
 def _compare_and_set_claiming(
     db: BaseDatabaseWrapper,
-    pk: int,
     update: str,
     params: list[Any],
     event_values: list[Any],
     effect: list[str],
 ) -> bool:
+    """PostgreSQL: the move, its effect's index row and its event in one statement, in a
+    savepoint when nested (an effect another attempt claimed fails the statement, and
+    PostgreSQL goes on in no transaction after an error)."""
     claim = _index_insert(ProviderEffect, _EFFECT_COLUMNS)
+    sql = (
+        f"WITH moved AS ({update} RETURNING {_q('id')}), "
+        f"claimed AS ({claim} SELECT {_marks(len(effect))} FROM moved) "
+        f"{_event_insert('moved')}"
+    )
     nested = write_transaction() if dbadapter.in_atomic_block(db) else None
-    if db.vendor == "postgresql":
-        sql = (
-            f"WITH moved AS ({update} RETURNING {_q('id')}), "
-            f"claimed AS ({claim} SELECT {_marks(len(effect))} FROM moved) "
-            f"{_event_insert('moved')}"
-        )
-        with nested or lock_errors(), _cursor(db) as cursor:
-            cursor.execute(sql, params + effect + event_values)
-            return cursor.rowcount == 1
-    with nested or _atomic(db, 3), _cursor(db) as cursor:
-        cursor.execute(update, params)
+    with nested or lock_errors(), _cursor(db) as cursor:
+        cursor.execute(sql, params + effect + event_values)
+        return cursor.rowcount == 1
+
+
+def _compare_and_set_claiming_sqlite(
+    db: BaseDatabaseWrapper,
+    pk: int,
+    update: tuple[str, list[Any]],
+    claim: tuple[str, list[Any]],
+    event_values: list[Any],
+) -> bool:
+    """SQLite: the effect's index row first, only while the attempt is as the move expects
+    (``_claim_while_still``), then the move and its event. An effect already claimed fails that
+    first statement, which SQLite undoes alone: nothing is written and the caller's transaction
+    goes on, with no savepoint around the three. From that statement on this transaction holds
+    the database's one write lock, so the attempt is still as expected for the UPDATE."""
+    with _atomic(db, 3), _cursor(db) as cursor:
+        cursor.execute(*claim)
         if cursor.rowcount != 1:
             return False
-        cursor.execute(f"{claim} VALUES ({_marks(len(effect))})", effect)
+        cursor.execute(*update)
+        if cursor.rowcount != 1:
+            raise RuntimeError(
+                f"attempt {pk} changed inside the write transaction that holds SQLite's lock"
+            )
         cursor.execute(_event_insert(""), [pk, *event_values])
         return True
 
