@@ -183,7 +183,10 @@ from attempts.models import (  # noqa: E402
     Attempt,
     AttemptEvent,
     CheckpointLeaf,
+    ProviderEffect,
+    RecordedKey,
     State,
+    key_digest,
 )
 from attempts.verify_export import (  # noqa: E402
     GENESIS,
@@ -196,6 +199,11 @@ from attempts.verify_export import (  # noqa: E402
 ATTEMPT_TABLE = Attempt._meta.db_table
 EVENT_TABLE = AttemptEvent._meta.db_table
 LEAF_TABLE = CheckpointLeaf._meta.db_table
+# The permanent indexes every intent (key) and every claimed provider effect writes a row to.
+KEY_TABLE = RecordedKey._meta.db_table
+EFFECT_TABLE = ProviderEffect._meta.db_table
+KEY_COLUMNS = ["key_digest", "tenant_id", "tool_name", "args_hash", "attempt_id"]
+EFFECT_COLUMNS = ["tool_name", "provider_request_id", "attempt_id"]
 # Attempt fields a copy takes from its own n (the rest are the template's).
 VARYING = ("tenant", "task_id", "tool_name", "idempotency_key", "args_hash")
 
@@ -440,7 +448,7 @@ def _bump_sequences() -> None:
     if ARGS.database != "postgres":
         return  # SQLite's AUTOINCREMENT follows the largest id written
     with connection.cursor() as cursor:
-        for table in (ATTEMPT_TABLE, EVENT_TABLE):
+        for table in (ATTEMPT_TABLE, EVENT_TABLE, EFFECT_TABLE):
             cursor.execute(
                 f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), "  # noqa: S608
                 f"(SELECT MAX(id) FROM {table}))"
@@ -498,18 +506,24 @@ def _grow(have: int, target: int, templates: dict[str, Template]) -> None:
     n = have
     while n < target:
         attempt_pk, event_pk = _max_id(ATTEMPT_TABLE) + 1, _max_id(EVENT_TABLE) + 1
-        attempt_rows, event_rows = [], []
+        attempt_rows, event_rows, key_rows, effect_rows = [], [], [], []
         end = min(n + BATCH, target)
         for i in range(n, end):
             created = anchor + step * i + dt.timedelta(microseconds=rng.randrange(1000))
             row, events = templates[shape_of(i)].copy(i, attempt_pk, event_pk, created)
             attempt_rows.append(row)
             event_rows.extend(events)
+            # As the write path: the key's row in the permanent index, and the claimed effect's.
+            key_rows.append({**row, "key_digest": key_digest(row["idempotency_key"])})
+            if row["provider_request_id"]:
+                effect_rows.append(row)
             attempt_pk, event_pk = attempt_pk + 1, event_pk + len(events)
         n = end
         with transaction.atomic():
             _write(ATTEMPT_TABLE, attempt_columns, attempt_rows)
             _write(EVENT_TABLE, event_columns, event_rows)
+            _write(KEY_TABLE, KEY_COLUMNS, key_rows)
+            _write(EFFECT_TABLE, EFFECT_COLUMNS, effect_rows)
             _bump_sequences()
         seconds = time.perf_counter() - began
         print(f"  built {n:,} of {target:,} ({(n - have) / seconds:,.0f} attempts/s)", flush=True)
@@ -548,7 +562,7 @@ def sizes() -> list[tuple[str, str, int]]:
     """(table, relation, bytes) for the ledger's two tables, their indexes and TOAST."""
     out = []
     with connection.cursor() as cursor:
-        for table in (ATTEMPT_TABLE, EVENT_TABLE, LEAF_TABLE):
+        for table in (ATTEMPT_TABLE, EVENT_TABLE, LEAF_TABLE, KEY_TABLE, EFFECT_TABLE):
             if ARGS.database == "postgres":
                 cursor.execute(
                     "SELECT pg_relation_size(%s::regclass), "
@@ -579,16 +593,23 @@ def sizes() -> list[tuple[str, str, int]]:
 def print_sizes(attempts: int, events: int) -> dict[str, float]:
     rows = sizes()
     leaves = CheckpointLeaf.objects.count()
+    effects = ProviderEffect.objects.count()
     total = sum(size for _, _, size in rows)
     print(
-        f"\n== bytes: {total / 1e6:,.1f} MB for {attempts:,} attempts, {events:,} events and "
-        f"{leaves:,} checkpoint leaves (B/row: per row of that table)"
+        f"\n== bytes: {total / 1e6:,.1f} MB for {attempts:,} attempts, {events:,} events, "
+        f"{leaves:,} checkpoint leaves, {effects:,} claimed effects (B/row: per row of that "
+        "table)"
     )
     for table, name, size in rows:
-        per = {ATTEMPT_TABLE: attempts, EVENT_TABLE: events}.get(table, max(leaves, 1))
+        per = {ATTEMPT_TABLE: attempts, EVENT_TABLE: events, KEY_TABLE: attempts}.get(
+            table, max(effects if table == EFFECT_TABLE else leaves, 1)
+        )
         print(f"  {table:<22} {name:<40} {size / 1e6:10.1f} MB {size / per:8.1f} B/row")
     per_attempt = total / attempts
-    print(f"  total bytes per attempt (with its events and leaves): {per_attempt:,.0f} B")
+    print(
+        f"  total bytes per attempt (with its events, leaves, key and effect index rows): "
+        f"{per_attempt:,.0f} B"
+    )
     return {"bytes_per_attempt": per_attempt}
 
 

@@ -152,6 +152,9 @@ def test_scale_bench_builds_a_valid_ledger_and_prints_every_figure(tmp_path):
             "approvals inbox (mine)",
             "export (JSON Lines",
             "write path (record, claim, attach, confirm",
+            # The permanent key and effect indexes are part of what an attempt costs.
+            "attempts_recordedkey",
+            "attempts_providereffect",
         ):
             assert figure in out, figure
         # The loader's rows are the write path's: every chain and checkpoint verifies.
