@@ -347,11 +347,25 @@ def one_database_pass(item) -> str | None:
     return chosen
 
 
+def pytest_ignore_collect(collection_path, config):
+    """In a shard of the suite (tests/shards.py), another shard's test files are not collected:
+    importing the whole suite cost each shard about 12 processor seconds."""
+    shard = os.environ.get("LEDGERWEB_TEST_SHARD")
+    if not shard or not collection_path.name.startswith("test_") or collection_path.is_dir():
+        return None
+    from tests import shards
+
+    try:
+        return True if shards.elsewhere(collection_path, shard) else None
+    except ValueError as error:
+        raise pytest.UsageError(str(error)) from None
+
+
 @pytest.hookimpl(trylast=True)  # after -m and -k have left out theirs: the deal sees what runs
 def pytest_collection_modifyitems(session, config, items):
     """When both databases' passes run, the tests of the other pass (one_database) are left
     out; then this shard's test files only, when scripts/test runs the suite in shards
-    (tests/shards.py), dealt by what this pass runs. Then the container image, which takes
+    (tests/shards.py; the other shards' files were not even collected). Then the container image, which takes
     minutes to build: when its tests are selected on the SQLite pass, the build starts now, in
     a thread, beside the other tests (tests/test_container.py)."""
     on_postgres = bool(os.environ.get("DATABASE_URL"))

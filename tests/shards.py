@@ -25,6 +25,7 @@ seconds.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import resource
@@ -33,6 +34,7 @@ from collections import defaultdict
 from pathlib import Path
 
 WEIGHTS = Path(__file__).with_name("shard_weights.json")
+TESTS = Path(__file__).resolve().parent
 DEFAULT_SECONDS = 5.0
 GATE = "<crash gate>"
 
@@ -51,17 +53,48 @@ def weights(kind: str) -> dict[str, float]:
 
 def deal(files: list[str], count: int, kind: str, *, gate: bool) -> dict[str, int]:
     """Each file's shard, from 1 to ``count``; with ``gate``, shard 1 starts with the crash
-    gate's seconds."""
+    gate's seconds. A file recorded in the other database's pass only (its tests run there
+    alone: browser, one_database) weighs nothing here; one recorded in neither (new) weighs
+    ``DEFAULT_SECONDS``."""
     known = weights(kind)
+    elsewhere = weights("postgres" if kind == "sqlite" else "sqlite")
+
+    def seconds(name: str) -> float:
+        return known.get(name, 0.0 if name in elsewhere else DEFAULT_SECONDS)
+
     load = [0.0] * count
     if gate:
         load[0] = known.get(GATE, 0.0)
     dealt = {}
-    for name in sorted(set(files), key=lambda name: (-known.get(name, DEFAULT_SECONDS), name)):
+    for name in sorted(set(files), key=lambda name: (-seconds(name), name)):
         lightest = min(range(count), key=lambda shard: (load[shard], shard))
-        load[lightest] += known.get(name, DEFAULT_SECONDS)
+        load[lightest] += seconds(name)
         dealt[name] = lightest + 1
     return dealt
+
+
+@functools.cache
+def _suite(count: int, kind: str, gate: bool) -> dict[str, int]:
+    """The deal of every test file of the suite (``tests/**/test_*.py``, named as in node
+    ids), made before collection so that a shard never imports another's files."""
+    files = [str(path.relative_to(TESTS.parent)) for path in TESTS.rglob("test_*.py")]
+    return deal(files, count, kind, gate=gate)
+
+
+def _gate() -> bool:
+    return os.environ.get("LEDGERWEB_CRASH_GATE") == "1"
+
+
+def elsewhere(path: Path, value: str) -> bool:
+    """Whether the test file at ``path`` is another shard's (it is then not collected at all:
+    collecting the whole suite cost each shard about 12 processor seconds)."""
+    shard, count = parse(value)
+    try:
+        name = str(path.resolve().relative_to(TESTS.parent))
+    except ValueError:
+        return False
+    dealt = _suite(count, database(), _gate())
+    return name in dealt and dealt[name] != shard
 
 
 def parse(value: str) -> tuple[int, int]:
@@ -80,12 +113,13 @@ def file_of(nodeid: str) -> str:
 
 
 def keep(items: list, value: str) -> tuple[list, list]:
-    """The items of this shard's files, and the rest."""
+    """The items of this shard's files, and the rest: the suite's deal (``elsewhere`` left the
+    other shards' files uncollected), and for a file outside it, shard 1."""
     shard, count = parse(value)
-    gate = os.environ.get("LEDGERWEB_CRASH_GATE") == "1"
-    dealt = deal([file_of(item.nodeid) for item in items], count, database(), gate=gate)
-    mine = [item for item in items if dealt[file_of(item.nodeid)] == shard]
-    others = [item for item in items if dealt[file_of(item.nodeid)] != shard]
+    dealt = _suite(count, database(), _gate())
+    mine, others = [], []
+    for item in items:
+        (mine if dealt.get(file_of(item.nodeid), 1) == shard else others).append(item)
     return mine, others
 
 
