@@ -361,7 +361,7 @@ def pytest_ignore_collect(collection_path, config):
         raise pytest.UsageError(str(error)) from None
 
 
-@pytest.hookimpl(trylast=True)  # after -m and -k have left out theirs: the deal sees what runs
+@pytest.hookimpl(trylast=True)  # after -m and -k have left out theirs
 def pytest_collection_modifyitems(session, config, items):
     """When both databases' passes run, the tests of the other pass (one_database) are left
     out; then this shard's test files only, when scripts/test runs the suite in shards
