@@ -14,10 +14,10 @@ SQLite the two statements run in a transaction of their own. Inside a caller's
 ``write_transaction()`` both simply join it.
 
 Only ``attempts.states`` (and the grant read in ``attempts.authority``) call the write path's
-statements. The module also holds the ledger's two other hand-written reads, on Django's public
-cursor: the agent token lookup every API call starts with (``live_token_rows``, for
-``api.authenticate``) and the planner's row estimate for a long queue (``planned_rows``, for
-``queues.queue_page``). The models never import this module: what calls it imports both.
+statements. The module also holds the ledger's two other hand-written reads: the agent token
+lookup every API call starts with (``live_token_rows``, for ``api.authenticate``, on the
+driver's cursor as the write path), and the planner's row estimate for a long queue
+(``planned_rows``, for ``queues.queue_page``, on Django's public cursor). The models never import this module: what calls it imports both.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ class _Column:
         if plain is not None and type(value) is plain:
             return value
         if self.datetime and type(value) is dt.datetime and value.utcoffset() is not None:
-            return db.ops.adapt_datetimefield_value(value)
+            return dbadapter.datetime_param(db, value)
         return self.field.get_db_prep_save(value, db)
 
 
@@ -646,7 +646,7 @@ def live_token_rows(token_hash: str, *, used_after: dt.datetime) -> list[tuple[A
     the issuer's username or None) for the live (not revoked) token whose hash is ``token_hash``: one row per tenant (one row
     with no tenant when it has none), no row for no such token."""
     db = _db()
-    with db.cursor() as cursor:
+    with _cursor(db) as cursor:
         cursor.execute(_token_select(), [dbadapter.datetime_param(db, used_after), token_hash])
         return cursor.fetchall()
 
