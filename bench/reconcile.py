@@ -24,7 +24,7 @@ window is 2 s there (``LEDGERWEB_PROVIDER_BREAKER_OPEN_SECONDS``, 30 by default)
 takes seconds, not minutes.
 
 Usage: .venv/bin/python bench/reconcile.py [--concurrency 16] [--serial 1000] [--sizes 1000 5000]
-       .venv/bin/python bench/reconcile.py --mode degrade [--degrade-size 3000]
+       .venv/bin/python bench/reconcile.py --mode degrade [--degrade-size 7000]
 """
 
 from __future__ import annotations
@@ -328,7 +328,7 @@ def main() -> None:
     parser.add_argument("--latency-ms", type=float, default=20.0)
     parser.add_argument("--slow-ms", type=float, default=300.0, help="degrade: the slow phase")
     parser.add_argument("--phase-seconds", type=float, default=3.0, help="degrade: each phase")
-    parser.add_argument("--degrade-size", type=int, default=3000, help="degrade: attempts")
+    parser.add_argument("--degrade-size", type=int, default=7000, help="degrade: attempts")
     args = parser.parse_args()
 
     workdir = REPO / "var" / "bench" / f"reconcile-{os.getpid()}"
