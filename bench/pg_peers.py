@@ -469,11 +469,12 @@ def main() -> None:
         f"  ledger {high} / ledger {low}: {ratio(('ledger', high), ('ledger', low))}  (target >= 1.5)"
     )
     print(f"  dbos / raw     at {high}: {ratio(('dbos', high), ('raw', high))}")
-    # Issue 26: the ledger against the one-statement floor (target >= 0.5, moonshot 0.7).
+    # Issue 46: the ledger against the one-statement floor, at least 0.6 with one process and
+    # 0.5 with several.
     for count in sorted({low, high}):
         print(
             f"  ledger / raw1  at {count}: {ratio(('ledger', count), ('raw1', count))}"
-            "  (target >= 0.5)"
+            f"  (target >= {0.6 if count == 1 else 0.5})"
         )
     # The floor's own scaling on this machine: what more processes can give at all when the
     # clients and the database share its cores.
