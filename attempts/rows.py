@@ -17,7 +17,8 @@ Only ``attempts.states`` (and the grant read in ``attempts.authority``) call the
 statements. The module also holds the ledger's two other hand-written reads: the agent token
 lookup every API call starts with (``live_token_rows``, for ``api.authenticate``, on the
 driver's cursor as the write path), and the planner's row estimate for a long queue
-(``planned_rows``, for ``queues.queue_page``, on Django's public cursor). The models never import this module: what calls it imports both.
+(``planned_rows``, for ``queues.queue_page``, on Django's public cursor). The models never
+import this module: what calls it imports both.
 """
 
 from __future__ import annotations
@@ -159,13 +160,13 @@ def _event_fields() -> tuple[_Column, ...]:
 
 
 @functools.cache
-def _event_insert(source: str) -> str:
+def _event_insert(source: str, marks: str = "") -> str:
     """The event INSERT taking its attempt's id from the CTE ``source`` (PostgreSQL), or from
-    the first parameter (``source`` empty)."""
+    the first parameter (``source`` empty); its values' placeholders are ``marks`` if given."""
     attempt = _q(AttemptEvent._meta.get_field("attempt").column)
     columns = ", ".join([attempt, *(c.name for c in _event_fields())])
     head = f"INSERT INTO {_q(AttemptEvent._meta.db_table)} ({columns})"
-    marks = _marks(len(_event_fields()))
+    marks = marks or _marks(len(_event_fields()))
     if source:
         return f"{head} SELECT {source}.{_q('id')}, {marks} FROM {source}"
     return f"{head} VALUES (%s, {marks})"
@@ -336,7 +337,7 @@ def _checked_intent_statement() -> str:
     psycopg parses a statement of more than 50 parameters anew at every execution."""
     attempt = {c.field.attname: f"%(a{i})s" for i, c in enumerate(_attempt_fields())}
     key = ["%(key)s", *(attempt[name] for name in _KEY_COLUMNS[1:])]
-    event = [f"%(e{i})s" for i in range(len(_event_fields()))]
+    event = ", ".join(f"%(e{i})s" for i in range(len(_event_fields())))
     still = _terms_still(
         attempt["tenant_id"], attempt["tool_name"], "%(version)s", "%(scopes)s", "%(policies)s"
     )
@@ -346,10 +347,7 @@ def _checked_intent_statement() -> str:
         f"new AS (INSERT INTO {_q(Attempt._meta.db_table)} "
         f"({', '.join(c.name for c in _attempt_fields())}) "
         f"SELECT {', '.join(attempt.values())} FROM ok RETURNING {_q('id')}) "
-        f"INSERT INTO {_q(AttemptEvent._meta.db_table)} "
-        f"({_q(AttemptEvent._meta.get_field('attempt').column)}, "
-        f"{', '.join(c.name for c in _event_fields())}) "
-        f"SELECT new.{_q('id')}, {', '.join(event)} FROM new RETURNING attempt_id"
+        f"{_event_insert('new', event)} RETURNING attempt_id"
     )
 
 
