@@ -349,7 +349,7 @@ def one_database_pass(item) -> str | None:
 
 def pytest_ignore_collect(collection_path, config):
     """In a shard of the suite (tests/shards.py), another shard's test files are not collected:
-    importing the whole suite cost each shard about 12 processor seconds."""
+    importing the whole suite costs every shard processor time it need not spend."""
     shard = os.environ.get("LEDGERWEB_TEST_SHARD")
     if not shard or not collection_path.name.startswith("test_") or collection_path.is_dir():
         return None

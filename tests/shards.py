@@ -87,7 +87,7 @@ def _gate() -> bool:
 
 def elsewhere(path: Path, value: str) -> bool:
     """Whether the test file at ``path`` is another shard's (it is then not collected at all:
-    collecting the whole suite cost each shard about 12 processor seconds)."""
+    collecting the whole suite costs every shard processor time it need not spend)."""
     shard, count = parse(value)
     try:
         name = str(path.resolve().relative_to(TESTS.parent))
