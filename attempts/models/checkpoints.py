@@ -39,7 +39,10 @@ class CheckpointLeaf(models.Model):
     """One attempt's chain head as a checkpoint sealed it: the attempt's public id (kept as text,
     so a deleted attempt still shows), how many events its chain had and the newest one's hash."""
 
-    checkpoint = models.ForeignKey(Checkpoint, on_delete=models.PROTECT, related_name="leaves")
+    # No index of its own: the unique (checkpoint, position) index starts with it.
+    checkpoint = models.ForeignKey(
+        Checkpoint, on_delete=models.PROTECT, related_name="leaves", db_index=False
+    )
     position = models.PositiveIntegerField()
     attempt_id = models.CharField(max_length=32)
     length = models.PositiveIntegerField()
