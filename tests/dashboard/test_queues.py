@@ -351,10 +351,43 @@ def test_prefix_search_has_a_byte_order_index_on_postgresql(world, field):
         "provider_request_id": "attempt_provider_req_idx",
         "task_id": "attempt_task_idx",
         "attempt_id": "attempt_id_prefix_idx",
-        "args_hash": "attempt_args_hash_idx",
+        "args_hash": "attempt_args_hash16_idx",
     }[field]
     assert f"Scan using {index}" in plan or f"Index Scan on {index}" in plan, plan
     assert "Index Cond" in plan, plan
+
+
+def test_a_long_args_hash_prefix_is_checked_past_the_indexed_characters(world, clients):
+    """The index keeps an args hash's first HASH_PREFIX characters: a longer term is a range
+    of those, then the rest is checked on each row, so a term that differs only after them
+    finds nothing, and the whole hash finds its attempt."""
+    from attempts.models.attempts import HASH_PREFIX
+
+    target = make_unknown(world)
+    make_unknown(world)
+    whole = target.args_hash
+    assert ids_in(clients.viewer.get("/queues/all/", {"q": whole})) == [target.attempt_id]
+    longer = whole[: HASH_PREFIX + 4]
+    assert ids_in(clients.viewer.get("/queues/all/", {"q": longer})) == [target.attempt_id]
+    tail = "0" if whole[HASH_PREFIX] != "0" else "1"
+    wrong = whole[:HASH_PREFIX] + tail
+    assert ids_in(clients.viewer.get("/queues/all/", {"q": wrong})) == []
+
+
+def test_the_args_hash_prefix_search_reads_its_index(world):
+    """On both databases: SQLite uses an index on an expression only for the same expression,
+    so the search must read the hash's first characters exactly as the index keeps them."""
+    make_unknown(world)
+    lane = Attempt.objects.prefix_search("abcd", "args_hash").order_by("search_key").values("id")
+    sql, params = lane.query.sql_with_params()
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SET LOCAL enable_seqscan = off")
+            cursor.execute("EXPLAIN " + sql, params)
+        else:
+            cursor.execute("EXPLAIN QUERY PLAN " + sql, params)
+        plan = " | ".join(str(row[-1]) for row in cursor.fetchall())
+    assert "attempt_args_hash16_idx" in plan, plan
 
 
 def test_a_broad_prefix_with_more_matches_than_counted_exactly_is_estimated(
