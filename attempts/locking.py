@@ -15,7 +15,9 @@ those writers alone.
 from __future__ import annotations
 
 import contextlib
+import functools
 import sqlite3
+import threading
 import time
 import zlib
 from collections.abc import Iterator
@@ -141,14 +143,37 @@ def write_transaction() -> Iterator[None]:
         yield
 
 
+# The ledger's own SQLite write transactions of this process, one at a time per database: the
+# other threads of a worker wait here, asleep, instead of each polling SQLite's write lock.
+_OWN_WRITERS: dict[str, threading.RLock] = {}
+
+
 @contextlib.contextmanager
 def sqlite_transaction(db: BaseDatabaseWrapper) -> Iterator[None]:
     """One ledger write's own transaction on SQLite, outside any other: ``BEGIN IMMEDIATE`` and
     ``COMMIT`` on the ``sqlite3`` connection, as ``write_transaction()`` would send them, without
     Django's bookkeeping for nested blocks (docs/scaling.md says what that saves).
-    Whatever fails, the transaction is rolled back before the error goes on."""
-    with dbadapter.sqlite_own_transaction(db, _begin_immediate, lock_errors):
-        yield
+    Whatever fails, the transaction is rolled back before the error goes on.
+
+    SQLite has one writer at a time, so the process's own ledger writers first take turns on a
+    lock of their own (``_OWN_WRITERS``): a thread waiting for another thread of its process
+    costs no CPU, and only one thread per process polls SQLite's lock (``_begin_immediate``).
+    Both waits together last at most the configured busy timeout."""
+    timeout = db.settings_dict["OPTIONS"].get("timeout", 5.0)
+    deadline = time.monotonic() + timeout
+    writers = _OWN_WRITERS.get(db.alias) or _OWN_WRITERS.setdefault(db.alias, threading.RLock())
+    if not writers.acquire(timeout=timeout):
+        raise LedgerBusy(
+            f"the ledger database is busy: this process's other writers held it for {timeout} s; "
+            "nothing was written, try again (a writer holding a transaction open too long is "
+            "the usual cause)"
+        )
+    try:
+        begin = functools.partial(_begin_immediate, deadline=deadline)
+        with dbadapter.sqlite_own_transaction(db, begin, lock_errors):
+            yield
+    finally:
+        writers.release()
 
 
 # How long a ledger writer pauses between tries for SQLite's write lock: from the first pause,
@@ -156,8 +181,9 @@ def sqlite_transaction(db: BaseDatabaseWrapper) -> Iterator[None]:
 FIRST_PAUSE, LONGEST_PAUSE = 0.0001, 0.002
 
 
-def _begin_immediate(raw: sqlite3.Connection) -> None:
-    """``BEGIN IMMEDIATE``, waiting for the write lock as long as the connection's busy timeout.
+def _begin_immediate(raw: sqlite3.Connection, deadline: float = float("inf")) -> None:
+    """``BEGIN IMMEDIATE``, waiting for the write lock as long as the connection's busy timeout
+    (and never past ``deadline``, on ``time.monotonic()``'s clock).
 
     SQLite's own busy handler sleeps 1, 2, 5, 10, 15, 20 ms... between tries, while a ledger
     write holds the lock for well under a millisecond: under load writers slept far longer than
@@ -165,7 +191,7 @@ def _begin_immediate(raw: sqlite3.Connection) -> None:
     after FIRST_PAUSE instead, doubling to LONGEST_PAUSE; every other transaction keeps SQLite's
     handler. Raises "database is locked" once the busy timeout has passed."""
     (timeout_ms,) = raw.execute("PRAGMA busy_timeout").fetchone()
-    deadline = time.monotonic() + timeout_ms / 1000
+    deadline = min(deadline, time.monotonic() + timeout_ms / 1000)
     pause = FIRST_PAUSE
     raw.execute("PRAGMA busy_timeout = 0")
     try:
