@@ -76,15 +76,17 @@ MIDDLEWARE = [
     "ledgerweb.request_context.RequestIdMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
-    "django.contrib.sessions.middleware.SessionMiddleware",
+    # Sessions, the signed-in person, their time zone and messages: for pages, not for the
+    # agent API's token-authenticated JSON (ledgerweb/browser.py).
+    "ledgerweb.browser.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "ledgerweb.browser.AuthenticationMiddleware",
     "django.contrib.auth.middleware.LoginRequiredMiddleware",
     # Who changed an authority row (tenant, role, token, tool...): the signed-in person.
     "attempts.config_history.ActingMiddleware",
-    "attempts.timezones.TimeZoneMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
+    "ledgerweb.browser.TimeZoneMiddleware",
+    "ledgerweb.browser.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django.middleware.csp.ContentSecurityPolicyMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
