@@ -8,6 +8,8 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 from collections.abc import Callable, Iterable, Iterator
+from itertools import groupby
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 import rfc8785
@@ -16,7 +18,9 @@ from attempts import jcs
 from attempts.audit_verify.digests import (
     NO_TEXT,
     Args,
+    Quoted,
     SaltKey,
+    common_event_digest,
     event_digest,
     event_payload,
     event_time,
@@ -234,6 +238,7 @@ class Verifier:
         self.checkpoint: tuple[int, str] | None = None
         # The salted digest of "no free text" for the attempt being checked (format 3).
         self.no_text_digests: dict[SaltKey, str] = {}
+        self.quoted = Quoted()
 
     def bad(self, kind: str, message: str, event_id: int | None = None, attempt_id=None) -> None:
         self.checker.problem(Problem(kind, message, event_id, attempt_id))
@@ -280,23 +285,31 @@ class Verifier:
         for start in range(lo, hi, BATCH):
             bounds = {"lo": int(start), "hi": int(min(start + BATCH, hi))}
             events_since = EVENT_SINCE_SQL.format(**bounds, since=since) if since else ""
-            events = _in_order(
-                self.stream(self.event_sql.format(**bounds, since=events_since), batch=True)
+            # Each attempt's events, grouped by attempt (``groupby``'s (pk, events) pairs).
+            groups = groupby(
+                _in_order(
+                    self.stream(self.event_sql.format(**bounds, since=events_since), batch=True)
+                ),
+                itemgetter(0),
             )
-            pending = next(events, None)
+            pending = next(groups, None)
             for row in self.stream(self.attempt_sql.format(**bounds, since=since), batch=True):
                 pk = row[0]
                 while pending is not None and pending[0] < pk:
-                    self.orphan(pending[1])  # its attempt is gone
-                    pending = next(events, None)
-                group = []
-                while pending is not None and pending[0] == pk:
-                    group.append(pending)
-                    pending = next(events, None)
-                self.attempt(row, group)
+                    self.orphans(pending[1])  # their attempt is gone
+                    pending = next(groups, None)
+                if pending is not None and pending[0] == pk:
+                    self.attempt(row, list(pending[1]))
+                    pending = next(groups, None)
+                else:
+                    self.attempt(row, [])
             while pending is not None:
-                self.orphan(pending[1])
-                pending = next(events, None)
+                self.orphans(pending[1])
+                pending = next(groups, None)
+
+    def orphans(self, events: Iterable[tuple]) -> None:
+        for event in events:
+            self.orphan(event[1])
 
     def orphan(self, event_id: int) -> None:
         self.bad("orphan", "the event's attempt no longer exists: it was deleted", event_id)
@@ -342,27 +355,28 @@ class Verifier:
         # hex, which JSON writes as it is (``prev_known``).
         quoted_id = jcs.encode_string(attempt_id) if type(attempt_id) is str else None
         prev_known = True  # GENESIS
+        # Most events have no free text: their text digest is this one, for every such event.
+        no_text = None
+        if key is not None:
+            no_text = key.hex(NO_TEXT)
+            self.no_text_digests = {key: no_text}
         for event in events:
-            (_, event_id, _, _, _, _, _, _, text, created_at, prev_hash, stored, v, _) = event
-            quoted_prev = f'"{prev}"' if prev_known and prev_hash == prev else None
-            unhashable = ""
-            try:
-                details, plain = load_details(text)
-                if v is not None and v >= SALTED_FORMAT:
-                    recomputed = self.salted_event(
-                        attempt_id, event, details, plain, salt, key, (quoted_id, quoted_prev)
-                    )
-                else:
-                    recomputed = event_digest(
-                        attempt_id, event, details, plain, quoted=(quoted_id, quoted_prev)
-                    )
-                if recomputed != stored:  # the reference encoder has the last word
-                    recomputed = hashlib.sha256(
-                        rfc8785.dumps(event_payload(attempt_id, event, details))
-                    ).hexdigest()
-            except (TypeError, ValueError, KeyError, rfc8785.CanonicalizationError) as exc:
-                recomputed, unhashable = None, cannot_hash(exc)
-                details = None
+            stored = event[11]
+            if prev_known and no_text is not None and quoted_id is not None:
+                fast = common_event_digest(self.quoted, quoted_id, event, prev, no_text)
+                if fast is not None and fast[0] == stored:
+                    prev = stored
+                    hashes.append(stored)
+                    details_seen.append(fast[1])
+                    continue
+            event_id, prev_hash, v = event[1], event[10], event[12]
+            recomputed, details, unhashable = self.event_hash(
+                attempt_id,
+                event,
+                salt,
+                key,
+                (quoted_id, f'"{prev}"') if prev_known and prev_hash == prev else (quoted_id, None),
+            )
             prev_known = recomputed is not None and recomputed == stored
             if not prev_known:
                 self.bad(
@@ -430,6 +444,31 @@ class Verifier:
                     "checkpoint: the row was edited so the sealer would pass them over",
                     attempt_id=attempt_id,
                 )
+
+    def event_hash(
+        self,
+        attempt_id: Any,
+        event: tuple,
+        salt: str | None,
+        key: SaltKey | None,
+        quoted: tuple[str | None, str | None],
+    ) -> tuple[str | None, Any, str]:
+        """Any event's hash recomputed (the fast encoder first, the reference on a mismatch),
+        its details, and why it cannot be hashed ("" when it can)."""
+        text, v = event[8], event[12]
+        try:
+            details, plain = load_details(text)
+            if v is not None and v >= SALTED_FORMAT:
+                recomputed = self.salted_event(attempt_id, event, details, plain, salt, key, quoted)
+            else:
+                recomputed = event_digest(attempt_id, event, details, plain, quoted=quoted)
+            if recomputed != event[11]:  # the reference encoder has the last word
+                recomputed = hashlib.sha256(
+                    rfc8785.dumps(event_payload(attempt_id, event, details))
+                ).hexdigest()
+        except (TypeError, ValueError, KeyError, rfc8785.CanonicalizationError) as exc:
+            return None, None, cannot_hash(exc)
+        return recomputed, details, ""
 
     def erased_texts(
         self, attempt_id: Any, events: list[tuple], details: list[Any], salt: str | None
@@ -593,30 +632,31 @@ class Verifier:
         else:
             try:
                 created = details[0] or {}
-                actual = {
-                    "tenant": tenant,
-                    "task_id": task_id,
-                    "tool_name": tool_name,
-                    "idempotency_key": key,
-                    "args_hash": args_hash,
-                    "policy_version": policy_version,
-                    "credential_scope": load_json(scope),
-                    "parent_attempt_id": parent_attempt_id,
-                }
+                actual = (
+                    tenant,
+                    task_id,
+                    tool_name,
+                    key,
+                    args_hash,
+                    policy_version,
+                    load_json(scope),
+                    parent_attempt_id,
+                )  # KEY_FIELDS' values
             except ValueError as exc:
                 bad(f"unreadable JSON in the attempt or its creation event: {exc}")
                 return
             salted = events[0][12] is not None and int(events[0][12]) >= SALTED_FORMAT
             erased = salted and self.salted_row(row, events, created, parsed, salt_key)
-            for name in KEY_FIELDS:
-                if erased and name == "args_hash":
-                    continue  # committed as free text, erased with it
-                if created.get(name) != actual[name]:
-                    bad(
-                        f"{name} is {actual[name]!r} but its creation event recorded "
-                        f"{created.get(name)!r}: the attempt row was edited",
-                        first_event_id,
-                    )
+            if tuple(map(created.get, KEY_FIELDS)) != actual:  # then say which differ
+                for name, value in zip(KEY_FIELDS, actual, strict=True):
+                    if erased and name == "args_hash":
+                        continue  # committed as free text, erased with it
+                    if created.get(name) != value:
+                        bad(
+                            f"{name} is {value!r} but its creation event recorded "
+                            f"{created.get(name)!r}: the attempt row was edited",
+                            first_event_id,
+                        )
         if not erased:  # erased args hash to nothing: the history's erasure event says so
             _args_still_hash(parsed, args_hash, bad)
         last_event_id, last_to_state = events[-1][1], events[-1][6]

@@ -14,6 +14,7 @@ import rfc8785
 
 from attempts import jcs
 from attempts.verify_export import (
+    PUBLIC_DETAILS,
     SALTED_FORMAT,
     chain_time,
     leaf_hash,
@@ -150,6 +151,60 @@ def event_digest(
     return hashlib.sha256(jcs.dumps(event_payload(attempt_id, event, details))).hexdigest()
 
 
+class Quoted(dict):
+    """JSON string literals of the texts events repeat (actions, states, actor kinds, actors),
+    written once each; bounded, since actors are as many as the people and agents."""
+
+    def __missing__(self, text: str) -> str:
+        if len(self) >= 4096:
+            self.clear()
+        quoted = self[text] = _string(text)  # TypeError for anything but text
+        return quoted
+
+
+def common_event_digest(
+    quoted: Quoted, quoted_id: str, event: tuple, prev: str, no_text: str | None
+) -> tuple[str, Any] | None:
+    """The hash and details of the event most of a ledger is made of (format 3, linked to the
+    ``prev`` hash this verifier computed, no free text: no reason, only public details in the
+    plain form ``load_details`` recognizes, its text digest the attempt's ``no_text``), written
+    as ``event_digest`` writes it with fewer steps; None for any other event, which
+    ``event_digest`` and the reference decide. ``quoted_id``: the attempt id as a JSON string."""
+    (_, _, action, actor_kind, actor, from_state, to_state, reason, details, created, prev_hash) = (
+        event[:11]
+    )
+    if (
+        no_text is None
+        or event[12] != SALTED_FORMAT
+        or reason
+        or event[13] != no_text
+        or prev_hash != prev
+    ):
+        return None
+    if details == "{}":
+        value, encoded = {}, "{}"
+    else:
+        value, plain = load_details(details)
+        if not plain or type(value) is not dict or not value.keys() <= PUBLIC_DETAILS:
+            return None
+        encoded = jcs.encode_plain_text(value)
+    if not (
+        type(created) is str and len(created) == 27 and created[10] == "T" and created[26] == "Z"
+    ):
+        created = chain_time(created)
+    try:
+        payload = (
+            f'{{"action":{quoted[action]},"actor":{quoted[actor]},'
+            f'"actor_kind":{quoted[actor_kind]},"attempt_id":{quoted_id},'
+            f'"created_at":{_string(created)},"details":{encoded},'
+            f'"from_state":{quoted[from_state]},"prev_hash":"{prev}","text":"{no_text}",'
+            f'"to_state":{quoted[to_state]},"v":3}}'
+        ).encode()
+    except (TypeError, UnicodeEncodeError):
+        return None  # a field that is not text, or a lone surrogate
+    return hashlib.sha256(payload).hexdigest(), value
+
+
 def created_text(text: Any) -> Any:
     """The writer's text for an event time PostgreSQL gave as ``to_char`` text: the same, except
     a year before 1000, which ``chain_time`` writes unpadded."""
@@ -206,16 +261,19 @@ class Args:
     def __init__(self, column: Any) -> None:
         self.column = column
         self._value: Any = Args
+        self._plain: bool | None = None
         self._encoded: bytes | None = None
 
     def value(self) -> Any:
         if self._value is Args:
-            self._value = load_json(self.column)
+            # Read as ``load_details`` reads details: plain text is known plain without a walk.
+            self._value, self._plain = load_details(self.column)
         return self._value
 
     def encoded(self) -> bytes:
         if self._encoded is None:
-            self._encoded = jcs.dumps(self.value())
+            value = self.value()
+            self._encoded = jcs.encode_plain(value) if self._plain else jcs.dumps(value)
         return self._encoded
 
     def digest(self) -> str:
