@@ -19,6 +19,7 @@ import uuid
 from django.core.signals import request_finished
 
 HEADER = "X-Request-ID"
+_META_HEADER = "HTTP_X_REQUEST_ID"
 _VALID_ID = re.compile(r"^[A-Za-z0-9\-_.:/+=@]{1,128}$")
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
 FIELDS = ("request_id", "trace_id", "attempt_id")
@@ -61,9 +62,11 @@ class RequestIdMiddleware:
         self.get_response = get_response
 
     def __call__(self, request):
-        request_id = request_id_from(request.headers.get(HEADER))
+        # From META, not request.headers: that mapping is built from every header of the
+        # request on first use, and an agent's call would build it for these two alone.
+        request_id = request_id_from(request.META.get(_META_HEADER))
         fields = {"request_id": request_id}
-        if trace_id := trace_id_from(request.headers.get("traceparent")):
+        if trace_id := trace_id_from(request.META.get("HTTP_TRACEPARENT")):
             fields["trace_id"] = trace_id
         request.request_id = request_id
         # Kept until the response is closed (request_finished), not only while the middleware
