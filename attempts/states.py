@@ -235,7 +235,7 @@ def create(
         raise TransitionError("an attempt is created AWAITING_APPROVAL under an approval policy")
     now = now or timezone.now()
     fields.setdefault("next_check_at", default_next_check(state, now))
-    attempt = Attempt(
+    attempt = Attempt.new(
         state=state,
         created_at=now,
         updated_at=now,

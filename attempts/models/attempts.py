@@ -7,6 +7,7 @@ Only ``attempts.states`` changes ``Attempt.state``; everything else asks it.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import os
 import re
 import time
@@ -514,6 +515,22 @@ class Attempt(models.Model):
     def __str__(self) -> str:
         return f"{self.attempt_id} {self.tool_name} {self.state}"
 
+    @classmethod
+    def new(cls, **values: Any) -> Attempt:
+        """A new, unsaved attempt: ``Attempt(**values)``, built by position when every value is
+        given by its column's attribute name (``tenant_id``, not ``tenant``), as the write path
+        gives them: Django's keyword handling in ``Model.__init__`` was a visible share of an
+        intent (docs/scaling.md). Fields not given get their defaults, as by keyword."""
+        columns = _columns()
+        if not values.keys() <= columns.keys():
+            return cls(**values)  # a related object (parent=, approval_policy=) goes by keyword
+        return cls(
+            *[
+                values[name] if name in values else field.get_default()
+                for name, field in columns.items()
+            ]
+        )
+
     def identifies_effect(self, provider_id: str) -> bool:
         """Whether this attempt names the provider's effect ``provider_id``: by its provider
         request id, or, confirmed without one, by its receipt (``result_ref``), which must then
@@ -640,3 +657,9 @@ class Attempt(models.Model):
             .filter(MOVED | Q(action__in=DECISIVE_ACTIONS))
             .order_by("id")
         )
+
+
+@functools.cache
+def _columns() -> dict[str, models.Field]:
+    """The attempt's columns by attribute name, in ``Model.__init__``'s positional order."""
+    return {field.attname: field for field in Attempt._meta.concrete_fields}
