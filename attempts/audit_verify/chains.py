@@ -362,8 +362,8 @@ class Verifier:
             self.no_text_digests = {key: no_text}
         for event in events:
             stored = event[11]
-            if prev_known and no_text is not None and quoted_id is not None:
-                fast = common_event_digest(self.quoted, quoted_id, event, prev, no_text)
+            if prev_known and key is not None and no_text is not None and quoted_id is not None:
+                fast = common_event_digest(self.quoted, quoted_id, event, prev, key, no_text)
                 if fast is not None and fast[0] == stored:
                     prev = stored
                     hashes.append(stored)

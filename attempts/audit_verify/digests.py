@@ -163,31 +163,35 @@ class Quoted(dict):
 
 
 def common_event_digest(
-    quoted: Quoted, quoted_id: str, event: tuple, prev: str, no_text: str | None
+    quoted: Quoted, quoted_id: str, event: tuple, prev: str, key: SaltKey, no_text: str
 ) -> tuple[str, Any] | None:
-    """The hash and details of the event most of a ledger is made of (format 3, linked to the
-    ``prev`` hash this verifier computed, no free text: no reason, only public details in the
-    plain form ``load_details`` recognizes, its text digest the attempt's ``no_text``), written
-    as ``event_digest`` writes it with fewer steps; None for any other event, which
+    """The hash and details of the events most of a ledger is made of (format 3, linked to the
+    ``prev`` hash this verifier computed, no reason, details in the plain form ``load_details``
+    recognizes, whose private part, if any, is what the text digest commits to under the
+    attempt's ``key``; ``no_text``: that digest when there is none), written as
+    ``event_digest`` writes them with fewer steps; None for any other event, which
     ``event_digest`` and the reference decide. ``quoted_id``: the attempt id as a JSON string."""
     (_, _, action, actor_kind, actor, from_state, to_state, reason, details, created, prev_hash) = (
         event[:11]
     )
-    if (
-        no_text is None
-        or event[12] != SALTED_FORMAT
-        or reason
-        or event[13] != no_text
-        or prev_hash != prev
-    ):
+    if event[12] != SALTED_FORMAT or reason or prev_hash != prev:
         return None
+    text = no_text
     if details == "{}":
         value, encoded = {}, "{}"
     else:
         value, plain = load_details(details)
-        if not plain or type(value) is not dict or not value.keys() <= PUBLIC_DETAILS:
+        if not plain or type(value) is not dict:
             return None
-        encoded = jcs.encode_plain_text(value)
+        if value.keys() <= PUBLIC_DETAILS:
+            encoded = jcs.encode_plain_text(value)
+        else:  # a creation event's args hash, say: public and private parts
+            public = {name: item for name, item in value.items() if name in PUBLIC_DETAILS}
+            private = {name: item for name, item in value.items() if name not in PUBLIC_DETAILS}
+            encoded = jcs.encode_plain_text(public)
+            text = key.hex(jcs.encode_plain({"details": private, "reason": ""}))
+    if event[13] != text:
+        return None  # the general path says what is wrong with the text
     if not (
         type(created) is str and len(created) == 27 and created[10] == "T" and created[26] == "Z"
     ):
@@ -197,7 +201,7 @@ def common_event_digest(
             f'{{"action":{quoted[action]},"actor":{quoted[actor]},'
             f'"actor_kind":{quoted[actor_kind]},"attempt_id":{quoted_id},'
             f'"created_at":{_string(created)},"details":{encoded},'
-            f'"from_state":{quoted[from_state]},"prev_hash":"{prev}","text":"{no_text}",'
+            f'"from_state":{quoted[from_state]},"prev_hash":"{prev}","text":"{text}",'
             f'"to_state":{quoted[to_state]},"v":3}}'
         ).encode()
     except (TypeError, UnicodeEncodeError):

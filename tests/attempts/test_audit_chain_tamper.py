@@ -121,6 +121,20 @@ def test_editing_an_event_without_free_text_names_it(history, column, value):
     assert [p.event_id for p in found] == [target]
 
 
+def test_editing_the_private_details_of_an_event_without_a_reason_names_it(history):
+    """A creation event has no reason but private details (the args hash), committed by its
+    text digest: editing them is an edited event, on the short path as on the general one."""
+    target = ids_of(history[0])[0]
+    row = event_row(target)
+    assert row["reason"] == "" and row["action"] == "attempt.created"
+    assert "args_hash" in row["details"]
+    drop_triggers()
+    forged = {**row["details"], "args_hash": "0" * 64}
+    sql(f"UPDATE {EVENTS} SET details = %s WHERE id = %s", [jcs.dumps(forged).decode(), target])
+    found = problems("content")
+    assert [p.event_id for p in found] == [target]
+
+
 def test_editing_and_rehashing_an_event_names_the_next_one(history):
     events = ids_of(history[0])
     drop_triggers()
