@@ -44,15 +44,8 @@ from attempts.states import Actor, TransitionError
 from reconciliation.bulkhead import LOOKUP, SEND, Bulkhead, Bulkheads, Deferral
 from reconciliation.faults import arm_kill_timer, crash_point, mutation
 from reconciliation.models import WorkerHeartbeat
+from reconciliation.providers import base
 from reconciliation.providers.answers import evidence_of, id_problem
-from reconciliation.providers.base import (
-    Adapter,
-    Call,
-    LookupAnswer,
-    LookupStatus,
-    SendAnswer,
-    SendStatus,
-)
 from reconciliation.providers.registry import Registry
 from reconciliation.providers.registry import close_shared as registry_close_shared
 
@@ -79,14 +72,14 @@ def new_worker_id() -> str:
 
 
 def backoff_delay(checks_so_far: int, *, rng: random.Random | None = None) -> float:
-    """Seconds until the next lookup: full jitter over ``base * 2**n``, capped."""
-    base = settings.LEDGER["BACKOFF_BASE"]
+    """Seconds until the next lookup: full jitter over ``first * 2**n``, capped."""
+    first = settings.LEDGER["BACKOFF_BASE"]
     cap = settings.LEDGER["BACKOFF_CAP"]
-    ceiling = min(float(cap), base * 2.0 ** min(checks_so_far, 32))
+    ceiling = min(float(cap), first * 2.0 ** min(checks_so_far, 32))
     return (rng or random).uniform(0.0, ceiling)
 
 
-def max_sends_for(adapter: Adapter) -> int:
+def max_sends_for(adapter: base.Adapter) -> int:
     return adapter.tool.max_sends or settings.LEDGER["MAX_SENDS"]
 
 
@@ -182,16 +175,16 @@ class _Job:
 
     kind: str  # "lookup" or "send"
     attempt: Attempt
-    adapter: Adapter
-    call: Call
+    adapter: base.Adapter
+    call: base.Call
     pass_id: int = 0  # the pass that started its call
     bulkhead: Bulkhead | None = None  # its adapter's for its kind, once looked up
 
 
 @dataclass(frozen=True, slots=True)
 class _SendResult:
-    send: SendAnswer
-    confirmation: LookupAnswer | None
+    send: base.SendAnswer
+    confirmation: base.LookupAnswer | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,14 +203,14 @@ def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}".rstrip(": ")[:300]
 
 
-def _outcome(future: Future) -> LookupAnswer | _SendResult | _JobError:
+def _outcome(future: Future) -> base.LookupAnswer | _SendResult | _JobError:
     try:
         return future.result()
     except Exception as exc:
         return _JobError(exc)
 
 
-def _run_job(job: _Job) -> LookupAnswer | _SendResult:
+def _run_job(job: _Job) -> base.LookupAnswer | _SendResult:
     """Runs in a pool thread: provider I/O only, no database."""
     if job.kind == "lookup":
         return _traced_lookup(job)
@@ -226,13 +219,13 @@ def _run_job(job: _Job) -> LookupAnswer | _SendResult:
         if s is not None:
             s.set_attribute("ledger.send_status", str(answer.status))
     confirmation = None
-    if answer.status == SendStatus.ACCEPTED and job.adapter.can_look_up:
+    if answer.status == base.SendStatus.ACCEPTED and job.adapter.can_look_up:
         # A 2xx alone is not confirmation: look the effect up right away.
         confirmation = _traced_lookup(job)
     return _SendResult(answer, confirmation)
 
 
-def _traced_lookup(job: _Job) -> LookupAnswer:
+def _traced_lookup(job: _Job) -> base.LookupAnswer:
     with tracing.span("ledger.lookup", job.attempt) as s:
         answer = job.adapter.lookup(job.call)
         if s is not None:
@@ -645,7 +638,7 @@ class Reconciler:
             if attempt.state == State.UNKNOWN and adapter is not None and not problems:
                 if adapter.can_look_up:
                     # The common case writes nothing before its lookup.
-                    jobs.append(_Job("lookup", attempt, adapter, Call.of(attempt)))
+                    jobs.append(_Job("lookup", attempt, adapter, base.Call.of(attempt)))
                     continue
             needs_write.append(attempt)
         if needs_write or deferred:
@@ -924,7 +917,7 @@ class Reconciler:
                 attempt, "manual_class", "manual class: no lookup, a person must decide", summary
             )
             return None
-        return _Job("lookup", attempt, adapter, Call.of(attempt))
+        return _Job("lookup", attempt, adapter, base.Call.of(attempt))
 
     def _approvals_hold(self, attempt: Attempt, summary: Summary) -> bool:
         """An approved intent an approval policy held is sent by recovery only while enough
@@ -978,7 +971,9 @@ class Reconciler:
         summary.outcomes["blocked"] += 1
         return None
 
-    def _prepare_send(self, attempt: Attempt, adapter: Adapter, summary: Summary) -> _Job | None:
+    def _prepare_send(
+        self, attempt: Attempt, adapter: base.Adapter, summary: Summary
+    ) -> _Job | None:
         """A stale or approved intent, or a retryable failure: send under today's authority."""
         holds, why = authority.authority_holds(attempt)
         if attempt.state == State.FAILED_RETRYABLE:
@@ -1005,10 +1000,10 @@ class Reconciler:
             keep_lease=True,
         )
         summary.sends += 1
-        return _Job("send", attempt, adapter, Call.of(attempt))
+        return _Job("send", attempt, adapter, base.Call.of(attempt))
 
     def _send_refusal(
-        self, attempt: Attempt, adapter: Adapter, holds: bool, why: str
+        self, attempt: Attempt, adapter: base.Adapter, holds: bool, why: str
     ) -> tuple[str, str] | None:
         """Why a FAILED_RETRYABLE attempt must not be sent again automatically, as (review
         reason, explanation); None when it may be."""
@@ -1058,7 +1053,7 @@ class Reconciler:
                         summary.lookups += 1
                     step = self._after_send
                 # Answers settled by one move need no savepoint (see _guarded).
-                single_move = job.kind == "lookup" and result.status != LookupStatus.NOT_FOUND
+                single_move = job.kind == "lookup" and result.status != base.LookupStatus.NOT_FOUND
                 with tracing.span("ledger.settle", job.attempt, after=job.kind) as s:
                     follow_up = self._guarded(
                         summary,
@@ -1075,7 +1070,7 @@ class Reconciler:
         return jobs
 
     def _after_lookup(
-        self, attempt: Attempt, job: _Job, answer: LookupAnswer, summary: Summary
+        self, attempt: Attempt, job: _Job, answer: base.LookupAnswer, summary: Summary
     ) -> _Job | None:
         """The decision table for an UNKNOWN attempt, given the provider's answer."""
         details = {"lookup": answer.as_details()}
@@ -1083,9 +1078,9 @@ class Reconciler:
         if answer.invalid:
             self._invalid_answer(attempt, answer.invalid, summary, details)
             return None
-        if answer.status == LookupStatus.FOUND:
+        if answer.status == base.LookupStatus.FOUND:
             return self._found(attempt, answer, details, summary, from_send=False)
-        if answer.status == LookupStatus.NOT_FOUND:
+        if answer.status == base.LookupStatus.NOT_FOUND:
             if adapter.effect_class != EffectClass.IDEMPOTENT:
                 self._to_review(
                     attempt,
@@ -1127,7 +1122,7 @@ class Reconciler:
                 keep_lease=True,
             )
             summary.sends += 1
-            return _Job("send", attempt, adapter, Call.of(attempt))
+            return _Job("send", attempt, adapter, base.Call.of(attempt))
         # Unavailable, timeout or ambiguous: nothing is known; wait and ask again.
         if self._too_old(attempt):
             self._to_review(
@@ -1153,7 +1148,7 @@ class Reconciler:
     def _found(
         self,
         attempt: Attempt,
-        answer: LookupAnswer,
+        answer: base.LookupAnswer,
         details: dict[str, Any],
         summary: Summary,
         *,
@@ -1247,7 +1242,7 @@ class Reconciler:
                 increments={"lookup_count": 1} if result.confirmation is not None else None,
             )
             return
-        if answer.status == SendStatus.REFUSED:
+        if answer.status == base.SendStatus.REFUSED:
             if answer.retryable and attempt.send_count < max_sends:
                 self._move(
                     attempt,
@@ -1276,7 +1271,7 @@ class Reconciler:
                 )
                 summary.outcomes["failed"] += 1
             return
-        if answer.status == SendStatus.ACCEPTED and answer.provider_request_id:
+        if answer.status == base.SendStatus.ACCEPTED and answer.provider_request_id:
             if not attempt.provider_request_id:
                 try:
                     self._move(
@@ -1292,10 +1287,10 @@ class Reconciler:
         confirmation = result.confirmation
         if confirmation is not None:
             details["lookup"] = confirmation.as_details()
-            if confirmation.status == LookupStatus.FOUND:
+            if confirmation.status == base.LookupStatus.FOUND:
                 self._found(attempt, confirmation, details, summary, from_send=True)
                 return
-        if answer.status == SendStatus.ACCEPTED:
+        if answer.status == base.SendStatus.ACCEPTED:
             reason = "sent; the provider accepted it but no lookup confirmed it yet"
         else:
             reason = f"send outcome unknown: {answer.detail or answer.status}"
@@ -1443,7 +1438,7 @@ class Reconciler:
         return age.total_seconds() > settings.LEDGER["UNKNOWN_MAX_AGE"]
 
 
-def _send_details(answer: SendAnswer) -> dict[str, Any]:
+def _send_details(answer: base.SendAnswer) -> dict[str, Any]:
     details: dict[str, Any] = {"answer": str(answer.status), "latency_ms": int(answer.latency_ms)}
     if answer.invalid:
         details["invalid"] = answer.invalid[:300]
@@ -1454,7 +1449,7 @@ def _send_details(answer: SendAnswer) -> dict[str, Any]:
         details["http_status"] = answer.http_status
     if answer.provider_request_id:
         details["provider_request_id"] = answer.provider_request_id
-    if answer.status == SendStatus.REFUSED:
+    if answer.status == base.SendStatus.REFUSED:
         details["retryable"] = answer.retryable
     if answer.detail:
         details["detail"] = answer.detail[:300]

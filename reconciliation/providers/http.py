@@ -31,16 +31,8 @@ from typing import Any
 from urllib.parse import SplitResult, quote, urlencode, urlsplit
 
 from attempts.canonical import canonical_bytes
-from reconciliation.providers import transport
+from reconciliation.providers import base, transport
 from reconciliation.providers.answers import checked_id, evidence_of, id_problem
-from reconciliation.providers.base import (
-    Adapter,
-    Call,
-    LookupAnswer,
-    LookupStatus,
-    SendAnswer,
-    SendStatus,
-)
 
 HASH = re.compile(r"[0-9a-fA-F]{64}")
 PLACEHOLDERS = ("idempotency_key", "attempt_id", "args_hash", "tenant")
@@ -120,7 +112,7 @@ def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}".rstrip(": ")
 
 
-class GenericHttpAdapter(Adapter):
+class GenericHttpAdapter(base.Adapter):
     """Adapter for any provider that speaks protocol section 10."""
 
     @property
@@ -166,7 +158,7 @@ class GenericHttpAdapter(Adapter):
             problems.append("timeout_seconds must be positive")
         return problems
 
-    def lookup_url_for(self, call: Call) -> str:
+    def lookup_url_for(self, call: base.Call) -> str:
         url = self.tool.lookup_url
         key, _ = wire_key(call.idempotency_key)
         if any("{" + name + "}" in url for name in PLACEHOLDERS):
@@ -183,7 +175,7 @@ class GenericHttpAdapter(Adapter):
         return f"{url}{separator}{urlencode({'idempotency_key': key})}"
 
     @staticmethod
-    def key_headers(call: Call) -> dict[str, str]:
+    def key_headers(call: base.Call) -> dict[str, str]:
         """``Idempotency-Key`` (and its encoding, when encoded) for a send or a lookup."""
         key, encoded = wire_key(call.idempotency_key)
         headers = {"Idempotency-Key": key}
@@ -192,14 +184,16 @@ class GenericHttpAdapter(Adapter):
         return headers
 
     @staticmethod
-    def lookup_headers(call: Call) -> dict[str, str]:
+    def lookup_headers(call: base.Call) -> dict[str, str]:
         """A lookup says how its ``idempotency_key`` is encoded, when it is."""
         _, encoded = wire_key(call.idempotency_key)
         return {KEY_ENCODING_HEADER: "percent"} if encoded else {}
 
-    def send(self, call: Call) -> SendAnswer:
+    def send(self, call: base.Call) -> base.SendAnswer:
         if not self.tool.dispatch_url:
-            return SendAnswer(SendStatus.REFUSED, retryable=True, detail="no dispatch_url")
+            return base.SendAnswer(
+                base.SendStatus.REFUSED, retryable=True, detail="no dispatch_url"
+            )
         headers = {
             "Content-Type": "application/json",
             **self.key_headers(call),
@@ -217,30 +211,30 @@ class GenericHttpAdapter(Adapter):
             )
         except _Unsent as exc:
             # Nothing left this machine, so nothing can have happened: safe to send again.
-            return SendAnswer(
-                SendStatus.REFUSED,
+            return base.SendAnswer(
+                base.SendStatus.REFUSED,
                 retryable=True,
                 latency_ms=_ms_since(started),
                 detail=f"not sent: {exc}",
             )
         except (OSError, http.client.HTTPException, transport.AnswerTooLarge) as exc:
             # A cut call ran until it was cut: its latency is that time, not 0.
-            return SendAnswer(
-                SendStatus.UNCERTAIN, latency_ms=_ms_since(started), detail=_error_text(exc)
+            return base.SendAnswer(
+                base.SendStatus.UNCERTAIN, latency_ms=_ms_since(started), detail=_error_text(exc)
             )
         body = answer.json()
         if 200 <= answer.status < 300:
             provider_id = body.get("id") if isinstance(body, dict) else None
             if provider_id is None:
-                return SendAnswer(
-                    SendStatus.ACCEPTED,
+                return base.SendAnswer(
+                    base.SendStatus.ACCEPTED,
                     http_status=answer.status,
                     latency_ms=answer.latency_ms,
                     detail="2xx answer without an id",
                 )
             kept, problem = checked_id("provider_request_id", provider_id)
-            return SendAnswer(
-                SendStatus.ACCEPTED,
+            return base.SendAnswer(
+                base.SendStatus.ACCEPTED,
                 provider_request_id=kept,
                 http_status=answer.status,
                 latency_ms=answer.latency_ms,
@@ -248,8 +242,8 @@ class GenericHttpAdapter(Adapter):
                 evidence=evidence_of(answer.body) if problem else "",
             )
         if 400 <= answer.status < 500:
-            return SendAnswer(
-                SendStatus.REFUSED,
+            return base.SendAnswer(
+                base.SendStatus.REFUSED,
                 retryable=answer.status in RETRYABLE_REFUSALS,
                 http_status=answer.status,
                 latency_ms=answer.latency_ms,
@@ -257,17 +251,19 @@ class GenericHttpAdapter(Adapter):
                 retry_after=answer.retry_after,
             )
         # 5xx (or anything stranger): a gateway may answer after the effect happened.
-        return SendAnswer(
-            SendStatus.UNCERTAIN,
+        return base.SendAnswer(
+            base.SendStatus.UNCERTAIN,
             http_status=answer.status,
             latency_ms=answer.latency_ms,
             detail=_error_detail(body, answer.status),
             retry_after=answer.retry_after,
         )
 
-    def lookup(self, call: Call) -> LookupAnswer:
+    def lookup(self, call: base.Call) -> base.LookupAnswer:
         if not self.tool.lookup_url:
-            return LookupAnswer(LookupStatus.UNAVAILABLE, detail="no lookup_url configured")
+            return base.LookupAnswer(
+                base.LookupStatus.UNAVAILABLE, detail="no lookup_url configured"
+            )
         started = time.monotonic()
         try:
             answer = _request(
@@ -278,26 +274,26 @@ class GenericHttpAdapter(Adapter):
                 timeout=self.timeout,
             )
         except transport.AnswerTooLarge as exc:
-            return LookupAnswer(
-                LookupStatus.AMBIGUOUS,
+            return base.LookupAnswer(
+                base.LookupStatus.AMBIGUOUS,
                 detail="answer refused unread",
                 latency_ms=_ms_since(started),
                 invalid=str(exc),
                 evidence="(not read)",
             )
         except (_Unsent, OSError, http.client.HTTPException) as exc:
-            return LookupAnswer(
-                LookupStatus.UNAVAILABLE,
+            return base.LookupAnswer(
+                base.LookupStatus.UNAVAILABLE,
                 detail=_error_text(exc.__cause__ if isinstance(exc, _Unsent) else exc),
                 latency_ms=_ms_since(started),
             )
         if answer.status == 404:
-            return LookupAnswer(
-                LookupStatus.NOT_FOUND, http_status=404, latency_ms=answer.latency_ms
+            return base.LookupAnswer(
+                base.LookupStatus.NOT_FOUND, http_status=404, latency_ms=answer.latency_ms
             )
         if answer.status != 200:
-            return LookupAnswer(
-                LookupStatus.UNAVAILABLE,
+            return base.LookupAnswer(
+                base.LookupStatus.UNAVAILABLE,
                 http_status=answer.status,
                 latency_ms=answer.latency_ms,
                 detail=_error_detail(answer.json(), answer.status),
@@ -306,14 +302,14 @@ class GenericHttpAdapter(Adapter):
         return _found(answer)
 
 
-def _found(answer: _Answer) -> LookupAnswer:
+def _found(answer: _Answer) -> base.LookupAnswer:
     """A 200 lookup answer: FOUND with the provider's id, args hash and count when they are
     what the protocol says; AMBIGUOUS (with the evidence) when not."""
     try:
         answer.body.decode("utf-8")
     except UnicodeDecodeError as exc:
-        return LookupAnswer(
-            LookupStatus.AMBIGUOUS,
+        return base.LookupAnswer(
+            base.LookupStatus.AMBIGUOUS,
             http_status=200,
             latency_ms=answer.latency_ms,
             detail="the provider's answer failed validation",
@@ -324,8 +320,8 @@ def _found(answer: _Answer) -> LookupAnswer:
     provider_id = body.get("id") if isinstance(body, dict) else None
     args_hash = body.get("args_hash") if isinstance(body, dict) else None
     if provider_id is None or args_hash is None:
-        return LookupAnswer(
-            LookupStatus.AMBIGUOUS,
+        return base.LookupAnswer(
+            base.LookupStatus.AMBIGUOUS,
             http_status=200,
             latency_ms=answer.latency_ms,
             detail="200 answer without a string id and args_hash",
@@ -337,16 +333,16 @@ def _found(answer: _Answer) -> LookupAnswer:
     if not problem and not (type(count) is int and 1 <= count <= 10**6):
         problem = "count is not a positive integer"
     if problem:
-        return LookupAnswer(
-            LookupStatus.AMBIGUOUS,
+        return base.LookupAnswer(
+            base.LookupStatus.AMBIGUOUS,
             http_status=200,
             latency_ms=answer.latency_ms,
             detail="the provider's answer failed validation",
             invalid=problem,
             evidence=evidence_of(answer.body),
         )
-    return LookupAnswer(
-        LookupStatus.FOUND,
+    return base.LookupAnswer(
+        base.LookupStatus.FOUND,
         provider_request_id=provider_id,
         args_hash=args_hash.lower(),
         count=count,

@@ -31,14 +31,7 @@ from django.conf import settings
 from attempts.canonical import InvalidArguments, normalize_args
 from ledgerweb_client.mcp_gateway.config import ConfigError, GatewayConfig, ToolConfig, load_config
 from ledgerweb_client.mcp_gateway.receipts import result_ref_for, structured_or_json_text
-from reconciliation.providers.base import (
-    Adapter,
-    Call,
-    LookupAnswer,
-    LookupStatus,
-    SendAnswer,
-    SendStatus,
-)
+from reconciliation.providers import base
 
 log = logging.getLogger("ledgerweb.reconciler")
 
@@ -192,7 +185,7 @@ def _error_text(result: dict[str, Any]) -> str:
     return ("upstream tool error: " + " ".join(texts))[:300]
 
 
-class McpAdapter(Adapter):
+class McpAdapter(base.Adapter):
     """Looks effects up (and resends) through the gateway's upstream MCP servers."""
 
     def __init__(self, tool: Any) -> None:
@@ -260,13 +253,15 @@ class McpAdapter(Adapter):
             lambda: call_tool_once(upstream, tool, arguments, timeout=self.timeout, meta=meta)
         )
 
-    def lookup(self, call: Call) -> LookupAnswer:
+    def lookup(self, call: base.Call) -> base.LookupAnswer:
         started = time.monotonic()
         try:
             loaded = self._gateway_tool()
             entry = loaded[1]
             if not entry.lookup_tool:
-                return LookupAnswer(LookupStatus.UNAVAILABLE, detail="no lookup_tool configured")
+                return base.LookupAnswer(
+                    base.LookupStatus.UNAVAILABLE, detail="no lookup_tool configured"
+                )
             arguments = entry.lookup_arguments(
                 {
                     "tenant": call.tenant,
@@ -278,32 +273,32 @@ class McpAdapter(Adapter):
                 call.args,
             )
         except (ConfigError, ValueError) as exc:
-            return LookupAnswer(LookupStatus.UNAVAILABLE, detail=str(exc)[:300])
+            return base.LookupAnswer(base.LookupStatus.UNAVAILABLE, detail=str(exc)[:300])
         try:
             config, _ = loaded
             result = SESSIONS.call(
                 config.upstreams[entry.upstream], entry.lookup_tool, arguments, timeout=self.timeout
             )
         except Exception as exc:  # the SDK's errors, timeouts, a dead upstream: all unavailable
-            return LookupAnswer(
-                LookupStatus.UNAVAILABLE,
+            return base.LookupAnswer(
+                base.LookupStatus.UNAVAILABLE,
                 detail=f"{type(exc).__name__}: {exc}"[:300],
                 latency_ms=_elapsed_ms(started),
             )
         latency = _elapsed_ms(started)
         if result.get("isError"):
-            return LookupAnswer(
-                LookupStatus.UNAVAILABLE, detail=_error_text(result), latency_ms=latency
+            return base.LookupAnswer(
+                base.LookupStatus.UNAVAILABLE, detail=_error_text(result), latency_ms=latency
             )
         answer = structured_or_json_text(result)
         if not isinstance(answer, dict) or not isinstance(answer.get("found"), bool):
-            return LookupAnswer(
-                LookupStatus.AMBIGUOUS,
+            return base.LookupAnswer(
+                base.LookupStatus.AMBIGUOUS,
                 detail="the lookup tool's answer has no boolean 'found'",
                 latency_ms=latency,
             )
         if not answer["found"]:
-            return LookupAnswer(LookupStatus.NOT_FOUND, latency_ms=latency)
+            return base.LookupAnswer(base.LookupStatus.NOT_FOUND, latency_ms=latency)
         provider_id = answer.get("id")
         args_hash = answer.get("args_hash")
         try:
@@ -315,11 +310,11 @@ class McpAdapter(Adapter):
         else:
             detail = "found without a string 'id' and 'args' (or 'args_hash')"
         if not isinstance(provider_id, str) or not provider_id or not isinstance(args_hash, str):
-            return LookupAnswer(LookupStatus.AMBIGUOUS, detail=detail, latency_ms=latency)
+            return base.LookupAnswer(base.LookupStatus.AMBIGUOUS, detail=detail, latency_ms=latency)
         count = answer.get("count", 1)
         kept = answer.get("result", answer)
-        return LookupAnswer(
-            LookupStatus.FOUND,
+        return base.LookupAnswer(
+            base.LookupStatus.FOUND,
             provider_request_id=provider_id,
             args_hash=args_hash.lower(),
             count=count if isinstance(count, int) and count >= 1 else 1,
@@ -327,35 +322,37 @@ class McpAdapter(Adapter):
             latency_ms=latency,
         )
 
-    def send(self, call: Call) -> SendAnswer:
+    def send(self, call: base.Call) -> base.SendAnswer:
         from ledgerweb_client.mcp_gateway.upstream import NotSent
 
         started = time.monotonic()
         try:
             loaded = self._gateway_tool()
         except ConfigError as exc:
-            return SendAnswer(SendStatus.REFUSED, retryable=True, detail=str(exc)[:300])
+            return base.SendAnswer(base.SendStatus.REFUSED, retryable=True, detail=str(exc)[:300])
         entry = loaded[1]
         meta = {META_KEY: call.idempotency_key, META_ATTEMPT: call.attempt_id}
         try:
             result = self._call_upstream(loaded, entry.name, dict(call.args), meta)
         except NotSent as exc:
             # The connection was never made: nothing can have happened.
-            return SendAnswer(SendStatus.REFUSED, retryable=True, detail=f"not sent: {exc}"[:300])
+            return base.SendAnswer(
+                base.SendStatus.REFUSED, retryable=True, detail=f"not sent: {exc}"[:300]
+            )
         except Exception as exc:
-            return SendAnswer(
-                SendStatus.UNCERTAIN,
+            return base.SendAnswer(
+                base.SendStatus.UNCERTAIN,
                 detail=f"{type(exc).__name__}: {exc}"[:300],
                 latency_ms=_elapsed_ms(started),
             )
         latency = _elapsed_ms(started)
         if result.get("isError"):
             if entry.error_result == "unknown":
-                return SendAnswer(
-                    SendStatus.UNCERTAIN, detail=_error_text(result), latency_ms=latency
+                return base.SendAnswer(
+                    base.SendStatus.UNCERTAIN, detail=_error_text(result), latency_ms=latency
                 )
-            return SendAnswer(
-                SendStatus.REFUSED,
+            return base.SendAnswer(
+                base.SendStatus.REFUSED,
                 retryable=entry.error_result == "retryable",
                 detail=_error_text(result),
                 latency_ms=latency,
@@ -365,4 +362,6 @@ class McpAdapter(Adapter):
             found = structured_or_json_text(result)
             value = found.get(entry.request_id) if isinstance(found, dict) else None
             provider_id = str(value) if value not in (None, "") else ""
-        return SendAnswer(SendStatus.ACCEPTED, provider_request_id=provider_id, latency_ms=latency)
+        return base.SendAnswer(
+            base.SendStatus.ACCEPTED, provider_request_id=provider_id, latency_ms=latency
+        )

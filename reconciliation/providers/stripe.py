@@ -33,16 +33,8 @@ from django.conf import settings
 
 from attempts.canonical import canonical_bytes, hash_bytes
 from reconciliation.faults import crash_point
-from reconciliation.providers import transport
+from reconciliation.providers import base, transport
 from reconciliation.providers.answers import evidence_of, id_problem
-from reconciliation.providers.base import (
-    Adapter,
-    Call,
-    LookupAnswer,
-    LookupStatus,
-    SendAnswer,
-    SendStatus,
-)
 
 DEFAULT_API_BASE = "https://api.stripe.com"
 METADATA_ATTEMPT = "ledger_attempt_id"
@@ -153,7 +145,7 @@ def _text(value: Any) -> str:
     return "" if value is None else str(value)
 
 
-def differences(call: Call, payment: Any) -> list[str]:
+def differences(call: base.Call, payment: Any) -> list[str]:
     """How the payment Stripe holds differs from what the ledger recorded (empty: it matches)."""
     args = call.args
     found = []
@@ -174,7 +166,7 @@ def differences(call: Call, payment: Any) -> list[str]:
     return found
 
 
-def _held_args_hash(call: Call, payment: Any) -> str:
+def _held_args_hash(call: base.Call, payment: Any) -> str:
     """The args hash of the recorded arguments with Stripe's values in the compared fields:
     equal to the attempt's hash exactly when nothing differs."""
     held = dict(call.args)
@@ -195,7 +187,7 @@ def _held_args_hash(call: Call, payment: Any) -> str:
     return hash_bytes(canonical_bytes(held))
 
 
-class StripePaymentIntentAdapter(Adapter):
+class StripePaymentIntentAdapter(base.Adapter):
     """Payment intents at Stripe (or a Stripe-compatible test server at ``dispatch_url``)."""
 
     # Payment intents read per lookup page, and pages read at most before the answer is
@@ -246,7 +238,7 @@ class StripePaymentIntentAdapter(Adapter):
     # -----------------------------------------------------------------------------------------
     # send
 
-    def send(self, call: Call) -> SendAnswer:
+    def send(self, call: base.Call) -> base.SendAnswer:
         problems = payment_problems(call.args)
         if len(call.idempotency_key) > MAX_KEY_LENGTH:
             problems.append(f"Stripe takes idempotency keys up to {MAX_KEY_LENGTH} characters")
@@ -254,7 +246,9 @@ class StripePaymentIntentAdapter(Adapter):
             problems.append("the idempotency key is too long for Stripe metadata")
         if problems:
             # Nothing left this machine; the same arguments will never be sendable.
-            return SendAnswer(SendStatus.REFUSED, detail="not sent: " + "; ".join(problems))
+            return base.SendAnswer(
+                base.SendStatus.REFUSED, detail="not sent: " + "; ".join(problems)
+            )
         params: dict[str, Any] = {
             "amount": call.args["amount"],
             "currency": call.args["currency"].lower(),
@@ -283,16 +277,16 @@ class StripePaymentIntentAdapter(Adapter):
         status = payment.get("status")
         if status in NO_EFFECT_STATUSES:
             error = payment.get("last_payment_error") or {}
-            return SendAnswer(
-                SendStatus.REFUSED,
+            return base.SendAnswer(
+                base.SendStatus.REFUSED,
                 provider_request_id=payment["id"],
                 retryable=_decline_retryable(error.get("decline_code"), error.get("code")),
                 http_status=200,
                 latency_ms=latency,
                 detail=f"payment intent {status}: {error.get('code') or 'no payment'}",
             )
-        return SendAnswer(
-            SendStatus.ACCEPTED,
+        return base.SendAnswer(
+            base.SendStatus.ACCEPTED,
             provider_request_id=payment["id"],
             http_status=200,
             latency_ms=latency,
@@ -302,13 +296,13 @@ class StripePaymentIntentAdapter(Adapter):
     # -----------------------------------------------------------------------------------------
     # look up
 
-    def lookup(self, call: Call) -> LookupAnswer:
+    def lookup(self, call: base.Call) -> base.LookupAnswer:
         started = time.monotonic()
         try:
             matches, complete = self._payments_under(call)
         except stripe.StripeError as exc:
-            return LookupAnswer(
-                LookupStatus.UNAVAILABLE,
+            return base.LookupAnswer(
+                base.LookupStatus.UNAVAILABLE,
                 http_status=exc.http_status,
                 detail=_error_text(exc),
                 latency_ms=int((time.monotonic() - started) * 1000),
@@ -316,8 +310,8 @@ class StripePaymentIntentAdapter(Adapter):
             )
         bad = next((p for p in matches if id_problem("provider_request_id", p.get("id"))), None)
         if bad is not None:
-            return LookupAnswer(
-                LookupStatus.AMBIGUOUS,
+            return base.LookupAnswer(
+                base.LookupStatus.AMBIGUOUS,
                 latency_ms=int((time.monotonic() - started) * 1000),
                 detail="Stripe's answer failed validation",
                 invalid=id_problem("provider_request_id", bad.get("id")),
@@ -332,8 +326,8 @@ class StripePaymentIntentAdapter(Adapter):
             if p.get("status") not in EFFECT_STATUSES | PENDING_STATUSES | NO_EFFECT_STATUSES
         ]
         if strange:
-            return LookupAnswer(
-                LookupStatus.AMBIGUOUS,
+            return base.LookupAnswer(
+                base.LookupStatus.AMBIGUOUS,
                 latency_ms=latency,
                 detail=f"payment intent {strange[0]['id']} has unexpected status "
                 f"{strange[0].get('status')!r}",
@@ -341,8 +335,8 @@ class StripePaymentIntentAdapter(Adapter):
         if effects:
             payment = effects[0]
             found = differences(call, payment)
-            return LookupAnswer(
-                LookupStatus.FOUND,
+            return base.LookupAnswer(
+                base.LookupStatus.FOUND,
                 provider_request_id=payment["id"],
                 args_hash=_held_args_hash(call, payment),
                 # Payments still pending under the same key are duplicates too.
@@ -354,22 +348,22 @@ class StripePaymentIntentAdapter(Adapter):
                 extra={"payment_intents": [p["id"] for p in matches]},
             )
         if pending:
-            return LookupAnswer(
-                LookupStatus.AMBIGUOUS,
+            return base.LookupAnswer(
+                base.LookupStatus.AMBIGUOUS,
                 latency_ms=latency,
                 detail=f"payment intent {pending[0]['id']} is {pending[0].get('status')}: "
                 "not settled yet",
             )
         if not complete:
-            return LookupAnswer(
-                LookupStatus.AMBIGUOUS,
+            return base.LookupAnswer(
+                base.LookupStatus.AMBIGUOUS,
                 latency_ms=latency,
                 detail=f"no payment in the newest {self.max_pages * self.page_size} payment "
                 "intents since the intent; older ones were not read",
             )
         declined = [p["id"] for p in matches]
-        return LookupAnswer(
-            LookupStatus.NOT_FOUND,
+        return base.LookupAnswer(
+            base.LookupStatus.NOT_FOUND,
             http_status=200,
             latency_ms=latency,
             detail=f"declined or canceled without payment: {', '.join(declined)}"
@@ -377,7 +371,7 @@ class StripePaymentIntentAdapter(Adapter):
             else "",
         )
 
-    def list_filters(self, call: Call) -> dict[str, Any]:
+    def list_filters(self, call: base.Call) -> dict[str, Any]:
         """What the lookup asks Stripe for: payment intents created since the intent (less
         the slack), of the payment's customer when the arguments name one."""
         params: dict[str, Any] = {"limit": self.page_size}
@@ -389,7 +383,7 @@ class StripePaymentIntentAdapter(Adapter):
             params["customer"] = customer
         return params
 
-    def _payments_under(self, call: Call) -> tuple[list[Any], bool]:
+    def _payments_under(self, call: base.Call) -> tuple[list[Any], bool]:
         """The payment intents whose metadata names this attempt's key, and whether every
         payment intent the filters select was read (at most ``max_pages`` requests)."""
         client = self.client()
@@ -426,21 +420,24 @@ def _error_text(exc: stripe.StripeError) -> str:
     return f"{type(exc).__name__}{code}: {message}"[:300]
 
 
-def _send_error(exc: stripe.StripeError, latency: int) -> SendAnswer:
+def _send_error(exc: stripe.StripeError, latency: int) -> base.SendAnswer:
     """Stripe's refusals mapped onto the send answers (see docs/providers.md)."""
     status = exc.http_status
     detail = _error_text(exc)
     if isinstance(exc, stripe.APIConnectionError):
         if isinstance(exc.__cause__, _NothingSent):
-            return SendAnswer(
-                SendStatus.REFUSED, retryable=True, latency_ms=latency, detail=f"not sent: {detail}"
+            return base.SendAnswer(
+                base.SendStatus.REFUSED,
+                retryable=True,
+                latency_ms=latency,
+                detail=f"not sent: {detail}",
             )
-        return SendAnswer(SendStatus.UNCERTAIN, latency_ms=latency, detail=detail)
+        return base.SendAnswer(base.SendStatus.UNCERTAIN, latency_ms=latency, detail=detail)
     if isinstance(exc, stripe.CardError):
         error = exc.error
         intent = getattr(error, "payment_intent", None) if error is not None else None
-        return SendAnswer(
-            SendStatus.REFUSED,
+        return base.SendAnswer(
+            base.SendStatus.REFUSED,
             provider_request_id=_text(getattr(intent, "id", None)),
             retryable=_decline_retryable(
                 getattr(error, "decline_code", None) if error is not None else None, exc.code
@@ -451,14 +448,14 @@ def _send_error(exc: stripe.StripeError, latency: int) -> SendAnswer:
         )
     if isinstance(exc, stripe.IdempotencyError) or status == 409:
         # The key is in use by a request that may be making this very payment.
-        return SendAnswer(
-            SendStatus.UNCERTAIN, http_status=status, latency_ms=latency, detail=detail
+        return base.SendAnswer(
+            base.SendStatus.UNCERTAIN, http_status=status, latency_ms=latency, detail=detail
         )
     if isinstance(exc, stripe.RateLimitError | stripe.AuthenticationError | stripe.PermissionError):
         # Refused before anything was done; may work later (or once the key is fixed). A 429
         # holds this provider for its Retry-After (reconciliation/bulkhead.py).
-        return SendAnswer(
-            SendStatus.REFUSED,
+        return base.SendAnswer(
+            base.SendStatus.REFUSED,
             retryable=True,
             http_status=status,
             latency_ms=latency,
@@ -466,6 +463,10 @@ def _send_error(exc: stripe.StripeError, latency: int) -> SendAnswer:
             retry_after=_retry_after(exc),
         )
     if isinstance(exc, stripe.InvalidRequestError) and status is not None and status < 500:
-        return SendAnswer(SendStatus.REFUSED, http_status=status, latency_ms=latency, detail=detail)
+        return base.SendAnswer(
+            base.SendStatus.REFUSED, http_status=status, latency_ms=latency, detail=detail
+        )
     # 5xx or anything else: Stripe may have made the payment before failing.
-    return SendAnswer(SendStatus.UNCERTAIN, http_status=status, latency_ms=latency, detail=detail)
+    return base.SendAnswer(
+        base.SendStatus.UNCERTAIN, http_status=status, latency_ms=latency, detail=detail
+    )

@@ -15,14 +15,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from reconciliation.providers.base import (
-    Adapter,
-    Call,
-    LookupAnswer,
-    LookupStatus,
-    SendAnswer,
-    SendStatus,
-)
+from reconciliation.providers import base
 
 MODES = (
     "accept",
@@ -61,7 +54,7 @@ class SimProvider:
     sends: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def _perform(self, call: Call) -> Effect:
+    def _perform(self, call: base.Call) -> Effect:
         if call.tool_name in self.idempotent_tools:
             for effect in self.effects:
                 if effect.tool == call.tool_name and effect.key == call.idempotency_key:
@@ -76,20 +69,22 @@ class SimProvider:
         self.effects.append(effect)
         return effect
 
-    def send(self, call: Call) -> SendAnswer:
+    def send(self, call: base.Call) -> base.SendAnswer:
         with self._lock:
             self.sends += 1
             mode = self.mode
             if mode in ("down", "rate_limit", "refuse_retryable"):
-                return SendAnswer(
-                    SendStatus.REFUSED,
+                return base.SendAnswer(
+                    base.SendStatus.REFUSED,
                     retryable=True,
                     detail=f"simulated {mode}",
                     http_status=503 if mode == "down" else 429,
                     retry_after=1.0 if mode == "rate_limit" else None,
                 )
             if mode == "refuse":
-                return SendAnswer(SendStatus.REFUSED, detail="simulated refusal", http_status=422)
+                return base.SendAnswer(
+                    base.SendStatus.REFUSED, detail="simulated refusal", http_status=422
+                )
             effect = self._perform(call)
             if mode == "deliver_twice" and call.tool_name in self.idempotent_tools:
                 # The transport delivered the request twice: the provider saw it twice and,
@@ -97,14 +92,16 @@ class SimProvider:
                 # would perform a duplicated delivery twice whatever the ledger does.)
                 effect = self._perform(call)
             if mode in ("lose_answer", "slow"):
-                return SendAnswer(SendStatus.UNCERTAIN, detail=f"simulated {mode}")
-            return SendAnswer(SendStatus.ACCEPTED, provider_request_id=effect.id, http_status=200)
+                return base.SendAnswer(base.SendStatus.UNCERTAIN, detail=f"simulated {mode}")
+            return base.SendAnswer(
+                base.SendStatus.ACCEPTED, provider_request_id=effect.id, http_status=200
+            )
 
-    def lookup(self, call: Call) -> LookupAnswer:
+    def lookup(self, call: base.Call) -> base.LookupAnswer:
         with self._lock:
             mode = self.mode
             if mode in ("down", "slow"):
-                return LookupAnswer(LookupStatus.UNAVAILABLE, detail=f"simulated {mode}")
+                return base.LookupAnswer(base.LookupStatus.UNAVAILABLE, detail=f"simulated {mode}")
             found = [
                 e
                 for e in self.effects
@@ -121,10 +118,10 @@ class SimProvider:
                 ]
                 found = other[:1] or found
             if not found:
-                return LookupAnswer(LookupStatus.NOT_FOUND)
+                return base.LookupAnswer(base.LookupStatus.NOT_FOUND)
             first = found[0]
-            return LookupAnswer(
-                LookupStatus.FOUND,
+            return base.LookupAnswer(
+                base.LookupStatus.FOUND,
                 provider_request_id=first.id,
                 args_hash=first.args_hash,
                 count=len(found),
@@ -138,7 +135,7 @@ class SimProvider:
         return out
 
 
-class SimAdapter(Adapter):
+class SimAdapter(base.Adapter):
     """The adapter of every simulated tool: reaches the provider the running simulation set.
     Listed as ``sim`` in ``LEDGER["ADAPTERS"]`` only while a simulation runs."""
 
@@ -149,10 +146,10 @@ class SimAdapter(Adapter):
             raise RuntimeError("no simulation is running")
         return SimAdapter.provider
 
-    def send(self, call: Call) -> SendAnswer:
+    def send(self, call: base.Call) -> base.SendAnswer:
         return self._provider().send(call)
 
-    def lookup(self, call: Call) -> LookupAnswer:
+    def lookup(self, call: base.Call) -> base.LookupAnswer:
         return self._provider().lookup(call)
 
     @property

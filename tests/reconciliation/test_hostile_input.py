@@ -14,14 +14,7 @@ import pytest
 
 from attempts import ledger
 from attempts.models import Attempt, AttemptEvent, State, Tool
-from reconciliation.providers.base import (
-    Adapter,
-    Call,
-    LookupAnswer,
-    LookupStatus,
-    SendAnswer,
-    SendStatus,
-)
+from reconciliation.providers import base
 from reconciliation.providers.http import wire_key
 from reconciliation.reconciler import Reconciler
 from tests.conftest import child_env, manage
@@ -153,29 +146,29 @@ def test_reasons_may_span_lines_but_not_carry_other_control_characters(world) ->
 # ------------------------------------------------------------------------------ quarantine
 
 
-class ExplodingAdapter(Adapter):
+class ExplodingAdapter(base.Adapter):
     """A provider adapter with a bug: it raises instead of answering."""
 
-    def send(self, call: Call) -> SendAnswer:
+    def send(self, call: base.Call) -> base.SendAnswer:
         raise UnicodeEncodeError("latin-1", call.idempotency_key, 0, 1, "ordinal not in range")
 
-    def lookup(self, call: Call) -> LookupAnswer:
+    def lookup(self, call: base.Call) -> base.LookupAnswer:
         raise ValueError(f"Invalid header value {call.idempotency_key!r}")
 
 
-class _UnrecordableAnswer(LookupAnswer):
+class _UnrecordableAnswer(base.LookupAnswer):
     def as_details(self) -> dict[str, Any]:
         raise RuntimeError("this answer cannot be recorded")
 
 
-class UnrecordableAdapter(Adapter):
+class UnrecordableAdapter(base.Adapter):
     """Answers FOUND with an answer whose recording raises (a bug on the apply side)."""
 
-    def send(self, call: Call) -> SendAnswer:
-        return SendAnswer(SendStatus.ACCEPTED, provider_request_id="x")
+    def send(self, call: base.Call) -> base.SendAnswer:
+        return base.SendAnswer(base.SendStatus.ACCEPTED, provider_request_id="x")
 
-    def lookup(self, call: Call) -> LookupAnswer:
-        return _UnrecordableAnswer(LookupStatus.FOUND, provider_request_id="x", args_hash="y")
+    def lookup(self, call: base.Call) -> base.LookupAnswer:
+        return _UnrecordableAnswer(base.LookupStatus.FOUND, provider_request_id="x", args_hash="y")
 
 
 class BrokenCheckAdapter(ExplodingAdapter):
