@@ -92,8 +92,10 @@ import signal
 import socket
 import socketserver
 import sqlite3
+import subprocess
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -984,6 +986,21 @@ def write_port_file(path: str, port: int) -> None:
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(temporary, target)
+
+
+def wait_for_port_file(
+    path: Path, process: subprocess.Popen[bytes], *, seconds: float, poll: float = 0.02
+) -> int | None:
+    """The port a child ``process`` wrote to ``path`` once it was listening (as
+    ``write_port_file`` does); None when it exited or ``seconds`` passed first, and then it is
+    killed: a child that never said where it listens is of no use."""
+    deadline = time.monotonic() + seconds
+    while not (path.exists() and path.read_text().strip()):
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            return None
+        time.sleep(poll)
+    return int(path.read_text().strip())
 
 
 def display_url(host: str, port: int) -> str:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from ledgerweb.paths import default_data_dir
 from ledgerweb.settings_reference import read
+from reconciliation.demo_provider import wait_for_port_file
 
 PR_SET_PDEATHSIG = 1
 # Seconds children get to stop after SIGTERM before SIGKILL (well within 15 s under load).
@@ -174,12 +175,10 @@ class DemoRun:
             *("--db", str(self.data / "demo" / "provider.sqlite3")),
             *("--port", port, "--port-file", str(port_file), "--seed", "7"),
         )
-        deadline = time.monotonic() + 10
-        while not (port_file.exists() and port_file.read_text().strip()):
-            if provider.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("run: the demo provider did not start (logs/provider.log)")
-            time.sleep(0.1)
-        url = f"http://127.0.0.1:{port_file.read_text().strip()}"
+        port = wait_for_port_file(port_file, provider, seconds=10, poll=0.1)
+        if port is None:
+            raise SystemExit("run: the demo provider did not start (logs/provider.log)")
+        url = f"http://127.0.0.1:{port}"
         self.say(f"demo provider on {url}")
         return url
 

@@ -47,6 +47,7 @@ from attempts.models import (
     Tool,
 )
 from reconciliation import faults
+from reconciliation.demo_provider import wait_for_port_file
 
 REPO = Path(settings.BASE_DIR)
 # Management commands in child processes, from a checkout or an installed package alike.
@@ -260,14 +261,10 @@ class ProviderProcess:
             self.process = subprocess.Popen(
                 command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=_base_env()
             )
-        deadline = time.monotonic() + 20
-        while not self.port_file.exists() or not self.port_file.read_text().strip():
-            if self.process.poll() is not None:
-                raise HarnessError(f"the demo provider did not start: {self.log.read_text()}")
-            if time.monotonic() > deadline:
-                raise HarnessError("the demo provider did not report its port in time")
-            time.sleep(0.02)
-        self.port = int(self.port_file.read_text().strip())
+        port = wait_for_port_file(self.port_file, self.process, seconds=20)
+        if port is None:
+            raise HarnessError(f"the demo provider did not start: {self.log.read_text()}")
+        self.port = port
         self.base = f"http://127.0.0.1:{self.port}"
 
     def stop(self) -> None:

@@ -25,6 +25,7 @@ from mcp import Client, StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
 from attempts.models import Attempt, State, Tool
+from reconciliation.demo_provider import wait_for_port_file
 from tests.conftest import PYTHON, REPO, child_env, manage
 from tests.integrations.conftest import Tokens, sqlite_only
 
@@ -84,15 +85,10 @@ class Upstream:
 
 
 def _wait_for_port(port_file: Path, process: subprocess.Popen[bytes]) -> int:
-    deadline = time.monotonic() + START_TIMEOUT
-    while not (port_file.exists() and port_file.read_text().strip()):
-        if process.poll() is not None:
-            raise RuntimeError(f"process exited with {process.returncode} before listening")
-        if time.monotonic() > deadline:
-            process.kill()
-            raise RuntimeError("process did not start listening in time")
-        time.sleep(0.05)
-    return int(port_file.read_text().strip())
+    port = wait_for_port_file(port_file, process, seconds=START_TIMEOUT, poll=0.05)
+    if port is None:
+        raise RuntimeError(f"process did not start listening (exit {process.returncode})")
+    return port
 
 
 def write_config(

@@ -17,6 +17,7 @@ from django.utils import timezone
 from attempts import ledger
 from attempts.models import Attempt, State, Tool
 from reconciliation.crashtest.harness import ProviderProcess
+from reconciliation.demo_provider import wait_for_port_file
 from tests.conftest import PYTHON, REPO, agent_intent
 
 
@@ -84,12 +85,9 @@ class BadProvider:
             self.process = subprocess.Popen(
                 [*command, "--port-file", str(self.port_file)], cwd=REPO, stdout=out, stderr=out
             )
-        deadline = time.monotonic() + 15
-        while not self.port_file.exists():
-            assert self.process.poll() is None, self.log.read_text()
-            assert time.monotonic() < deadline, "bad provider did not start"
-            time.sleep(0.02)
-        self.port = int(self.port_file.read_text())
+        port = wait_for_port_file(self.port_file, self.process, seconds=15)
+        assert port is not None, f"bad provider did not start: {self.log.read_text()}"
+        self.port = port
         self.base = f"http://127.0.0.1:{self.port}"
 
     def hits(self) -> int:

@@ -8,7 +8,6 @@ import io
 import json
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from django.core.management import CommandError, call_command
 
 from attempts.models import AgentToken, ApprovalPolicy, Attempt, State
 from reconciliation import demo_agents
+from reconciliation.demo_provider import wait_for_port_file
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -45,11 +45,9 @@ def provider_url(tmp_path: Path):
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 15
-        while not port_file.exists():
-            assert process.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
-        yield f"http://127.0.0.1:{port_file.read_text().strip()}"
+        port = wait_for_port_file(port_file, process, seconds=15, poll=0.05)
+        assert port is not None, "the demo provider did not start"
+        yield f"http://127.0.0.1:{port}"
     finally:
         process.kill()
         process.wait(timeout=10)

@@ -25,6 +25,8 @@ from urllib.parse import urlencode
 import pytest
 import rfc8785
 
+from reconciliation.demo_provider import wait_for_port_file
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MODULE = "reconciliation.demo_provider"
 SCRIPT = REPO_ROOT / "reconciliation" / "demo_provider.py"
@@ -62,14 +64,10 @@ class Provider:
         command += ["--port-file", str(self.port_file), "--seed", "1234", *self.extra_args]
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
             self.process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=out, stderr=err)
-        deadline = time.monotonic() + START_TIMEOUT
-        while not self.port_file.exists():
-            if self.process.poll() is not None:
-                raise RuntimeError(f"provider exited early: {self.stderr_path.read_text()}")
-            if time.monotonic() > deadline:
-                raise RuntimeError("provider did not write its port file in time")
-            time.sleep(0.02)
-        self.port = int(self.port_file.read_text().strip())
+        port = wait_for_port_file(self.port_file, self.process, seconds=START_TIMEOUT)
+        if port is None:
+            raise RuntimeError(f"provider did not start: {self.stderr_path.read_text()}")
+        self.port = port
 
     def stop(self, sig: int = signal.SIGKILL) -> int:
         assert self.process is not None

@@ -10,7 +10,6 @@ import re
 import signal
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import stripe
 
 from attempts import ledger
 from attempts.models import Attempt, EffectClass, Grant, State, Tool
+from reconciliation.demo_provider import wait_for_port_file
 from reconciliation.providers.base import Call, LookupStatus, SendStatus
 from reconciliation.providers.registry import adapter_for
 from reconciliation.providers.stripe import StripePaymentIntentAdapter
@@ -43,13 +43,10 @@ class LocalStripe:
         command += ["--port-file", str(port_file), "--store", str(workdir / "localstripe.pickle")]
         with open(self.log, "wb") as out:
             self.process = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=out)
-        deadline = time.monotonic() + START_TIMEOUT
-        while not port_file.exists() or not port_file.read_text().strip():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.process.kill()
-                raise RuntimeError(f"localstripe did not start: {self.log.read_text()}")
-            time.sleep(0.05)
-        self.base = f"http://127.0.0.1:{int(port_file.read_text())}"
+        port = wait_for_port_file(port_file, self.process, seconds=START_TIMEOUT, poll=0.05)
+        if port is None:
+            raise RuntimeError(f"localstripe did not start: {self.log.read_text()}")
+        self.base = f"http://127.0.0.1:{port}"
         self.client = stripe.StripeClient(
             API_KEY, base_addresses={"api": self.base}, max_network_retries=0
         )
