@@ -156,13 +156,9 @@ def scoped_attempts(user: Any | None, filters: ExportFilters) -> QuerySet[Attemp
         attempts = Attempt.objects.all()
     else:
         attempts = Attempt.objects.visible_to(user, Role.REVIEWER)
-    if filters.tenant:
-        attempts = attempts.filter(tenant_id=filters.tenant)
-    if filters.state:
-        attempts = attempts.filter(state=filters.state)
-    if filters.tool:
-        attempts = attempts.filter(tool_name=filters.tool)
-    return attempts
+    return attempts.where_given(
+        tenant_id=filters.tenant, state=filters.state, tool_name=filters.tool
+    )
 
 
 @dataclass

@@ -34,6 +34,7 @@ from attempts.models.events import (
     ActorKind,
     AttemptEvent,
 )
+from attempts.models.querysets import LedgerQuerySet
 from attempts.models.roles import Role, Tenant, sso_groups, tenants_where
 from attempts.models.tools import Tool
 
@@ -174,7 +175,7 @@ def attention_age(created_at: dt.datetime, now: dt.datetime) -> dt.timedelta:
 QUEUE_COUNT_CAP = 1000
 
 
-class AttemptQuerySet(models.QuerySet):
+class AttemptQuerySet(LedgerQuerySet):
     def visible_to(self, user: Any, minimum: str = Role.VIEWER) -> AttemptQuerySet:
         """The one place tenant scoping happens for people: views, exports, counts, the admin
         and notifications use it. ``minimum`` narrows to tenants where the role is at least it."""

@@ -10,6 +10,7 @@ from django.db import models
 from django.db.models import Q
 
 from attempts.models.events import ActorKind
+from attempts.models.querysets import LedgerQuerySet
 from attempts.models.roles import Role, tenants_where
 
 if TYPE_CHECKING:
@@ -27,7 +28,7 @@ TENANT_SUBJECT_KINDS = (
 )
 
 
-class ConfigEventQuerySet(models.QuerySet):
+class ConfigEventQuerySet(LedgerQuerySet):
     def visible_to(self, user: Any) -> ConfigEventQuerySet:
         """The one home of who may read which configuration changes: a superuser every one; a
         reviewer or admin of a tenant that tenant's (its row, memberships, grants, SSO group

@@ -168,12 +168,9 @@ class InboxFilters:
             raise InvalidIntent(f"{name} {exc}") from None
 
     def apply(self, held: Any) -> Any:
-        if self.tenant:
-            held = held.filter(tenant_id=self.tenant)
-        if self.tool:
-            held = held.filter(tool_name=self.tool)
-        if self.policy:
-            held = held.filter(approval_policy_id=self.policy)
+        held = held.where_given(
+            tenant_id=self.tenant, tool_name=self.tool, approval_policy_id=self.policy
+        )
         if self.currency:
             held = held.with_amount().filter(amount_currency=self.currency)
             low, high = self.minor_range

@@ -110,18 +110,14 @@ def changes_for(user: Any, filters: Filters):
     rows = ConfigEvent.objects.visible_to(user)
     if filters.kind:
         rows = rows.filter(Q(subject__startswith=f"{filters.kind}:") | Q(subject=filters.kind))
-    if filters.subject:
+    rows = rows.where_given(
         # An exact subject, or every subject starting with it ("membership:acme/").
-        rows = rows.filter(subject__startswith=filters.subject)
-    if filters.actor:
-        rows = rows.filter(actor=filters.actor)
-    if filters.action:
-        rows = rows.filter(action=filters.action)
-    since, until = _day(filters.since, "since"), _day(filters.until, "until")
-    if since:
-        rows = rows.filter(created_at__gte=since)
-    if until:
-        rows = rows.filter(created_at__lt=until)
+        subject__startswith=filters.subject,
+        actor=filters.actor,
+        action=filters.action,
+        created_at__gte=_day(filters.since, "since"),
+        created_at__lt=_day(filters.until, "until"),
+    )
     return rows.order_by("-seq")
 
 
