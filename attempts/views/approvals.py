@@ -12,6 +12,7 @@ the arguments (``review.edit_and_approve``) after seeing what differs.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlencode
 
@@ -282,49 +283,58 @@ def _back(request: HttpRequest) -> str:
     return reverse("approvals") + "?" + urlencode({"tab": tab if tab in TABS else "me"})
 
 
-@require_POST
-@refuse_nul_bytes
-def approve(request: HttpRequest, attempt_id: str) -> HttpResponse:
-    """Approve a held attempt with an optional comment."""
+def _decide(
+    request: HttpRequest,
+    attempt_id: str,
+    decision: Callable[[Attempt, review.Seen], HttpResponse],
+) -> HttpResponse:
+    """One person's decision on one held attempt, against the version they saw; a refusal
+    sends them back to the inbox with the reason."""
     attempt = get_attempt_for_user(request.user, attempt_id)
     seen = _seen(request)
     if seen is None:
         return bad_request(request, "the form did not say which version you saw; reload the page")
     try:
+        return decision(attempt, seen)
+    except LedgerError as exc:
+        return refusal(request, exc, redirect_to=_back(request))
+
+
+@require_POST
+@refuse_nul_bytes
+def approve(request: HttpRequest, attempt_id: str) -> HttpResponse:
+    """Approve a held attempt with an optional comment."""
+
+    def approved(attempt: Attempt, seen: review.Seen) -> HttpResponse:
         after = review.approve_held(
             attempt, user=request.user, comment=request.POST.get("comment", ""), seen=seen
         )
-    except LedgerError as exc:
-        return refusal(request, exc, redirect_to=_back(request))
-    if after.state == "INTENT_RECORDED":
-        message = f"Approved {attempt_id}: enough approvals, it may be sent now."
-    else:
-        message = f"Approval of {attempt_id} recorded; it needs another person's approval."
-    return done(request, message, redirect_to=_back(request))
+        if after.state == "INTENT_RECORDED":
+            message = f"Approved {attempt_id}: enough approvals, it may be sent now."
+        else:
+            message = f"Approval of {attempt_id} recorded; it needs another person's approval."
+        return done(request, message, redirect_to=_back(request))
+
+    return _decide(request, attempt_id, approved)
 
 
 @require_POST
 @refuse_nul_bytes
 def reject(request: HttpRequest, attempt_id: str) -> HttpResponse:
     """Reject a held attempt: FAILED with the reason given."""
-    attempt = get_attempt_for_user(request.user, attempt_id)
-    seen = _seen(request)
-    if seen is None:
-        return bad_request(request, "the form did not say which version you saw; reload the page")
-    reason = request.POST.get("reason", "").strip()
-    if not reason:
-        return refusal(
+
+    def rejected(attempt: Attempt, seen: review.Seen) -> HttpResponse:
+        reason = request.POST.get("reason", "").strip()
+        if not reason:
+            raise InvalidIntent("say why you reject it: the agent and the history keep the reason")
+        review.reject_held(attempt, user=request.user, reason=reason, seen=seen)
+        return done(
             request,
-            InvalidIntent("say why you reject it: the agent and the history keep the reason"),
+            f"Rejected {attempt_id} (FAILED): it will not be sent.",
             redirect_to=_back(request),
         )
-    try:
-        review.reject_held(attempt, user=request.user, reason=reason, seen=seen)
-    except LedgerError as exc:
-        return refusal(request, exc, redirect_to=_back(request))
-    return done(
-        request, f"Rejected {attempt_id} (FAILED): it will not be sent.", redirect_to=_back(request)
-    )
+
+    return _decide(request, attempt_id, rejected)
 
 
 BULK_RESULTS = "approval_bulk_results"
