@@ -988,15 +988,39 @@ class Reconciler:
             # Nothing was sent under the old authority; today's may send it after approval.
             self._supersede(attempt, why, summary)
             return None
-        elif attempt.send_count >= max_sends_for(adapter):
-            self._move(attempt, State.FAILED, reason="sends exhausted before recovery")
+        return self._send_again(
+            attempt,
+            adapter,
+            summary,
+            reason="recovery sends with the same key",
+            exhausted="sends exhausted before recovery",
+        )
+
+    def _send_again(
+        self,
+        attempt: Attempt,
+        adapter: base.Adapter,
+        summary: Summary,
+        *,
+        reason: str,
+        exhausted: str,
+        details: dict[str, Any] | None = None,
+        increments: dict[str, int] | None = None,
+    ) -> _Job | None:
+        """Send again with the same key (DISPATCHED, one more send), or FAILED when the tool's
+        sends are used up."""
+        if attempt.send_count >= max_sends_for(adapter):
+            self._move(
+                attempt, State.FAILED, reason=exhausted, details=details, increments=increments
+            )
             summary.outcomes["failed"] += 1
             return None
         self._move(
             attempt,
             State.DISPATCHED,
-            reason="recovery sends with the same key",
-            increments={"send_count": 1},
+            reason=reason,
+            details=details,
+            increments={**(increments or {}), "send_count": 1},
             keep_lease=True,
         )
         summary.sends += 1
@@ -1103,26 +1127,15 @@ class Reconciler:
             if not holds:
                 self._supersede(attempt, why, summary, details)
                 return None
-            if attempt.send_count >= max_sends_for(adapter):
-                self._move(
-                    attempt,
-                    State.FAILED,
-                    reason=f"not found and sends exhausted ({attempt.send_count})",
-                    details=details,
-                    increments={"lookup_count": 1},
-                )
-                summary.outcomes["failed"] += 1
-                return None
-            self._move(
+            return self._send_again(
                 attempt,
-                State.DISPATCHED,
+                adapter,
+                summary,
                 reason="not found: idempotent class, authority holds, sending again with the same key",
+                exhausted=f"not found and sends exhausted ({attempt.send_count})",
                 details=details,
-                increments={"lookup_count": 1, "send_count": 1},
-                keep_lease=True,
+                increments={"lookup_count": 1},
             )
-            summary.sends += 1
-            return _Job("send", attempt, adapter, base.Call.of(attempt))
         # Unavailable, timeout or ambiguous: nothing is known; wait and ask again.
         if self._too_old(attempt):
             self._to_review(
