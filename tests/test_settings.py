@@ -3,6 +3,7 @@ database really runs durable (WAL, synchronous=FULL, immediate transactions, bus
 
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -14,21 +15,23 @@ from tests.conftest import REPO, child_env, manage
 ONE_DATABASE = pytest.mark.one_database("postgres")
 
 
+def database_says(query: str) -> Any:
+    """The one value a PRAGMA or SHOW answers."""
+    with connection.cursor() as cursor:
+        cursor.execute(query)
+        return cursor.fetchone()[0]
+
+
 @pytest.mark.django_db
 def test_sqlite_pragmas_really_apply():
     if connection.vendor != "sqlite":
         pytest.skip("SQLite only")
-    with connection.cursor() as cursor:
-        cursor.execute("PRAGMA journal_mode")
-        assert cursor.fetchone()[0] == "wal"
-        cursor.execute("PRAGMA synchronous")
-        assert cursor.fetchone()[0] == 2  # FULL
-        cursor.execute("PRAGMA busy_timeout")
-        assert cursor.fetchone()[0] >= 5000
-        cursor.execute("PRAGMA foreign_keys")
-        assert cursor.fetchone()[0] == 1
-        cursor.execute("PRAGMA wal_autocheckpoint")
-        assert cursor.fetchone()[0] == 1000  # SQLite's own: the WAL is copied back as it grows
+    assert database_says("PRAGMA journal_mode") == "wal"
+    assert database_says("PRAGMA synchronous") == 2  # FULL
+    assert database_says("PRAGMA busy_timeout") >= 5000
+    assert database_says("PRAGMA foreign_keys") == 1
+    # SQLite's own: the WAL is copied back as it grows
+    assert database_says("PRAGMA wal_autocheckpoint") == 1000
     assert connection.transaction_mode == "IMMEDIATE"
     assert connection.settings_dict["CONN_MAX_AGE"] > 0  # connections outlive a request
 
@@ -37,9 +40,7 @@ def test_sqlite_pragmas_really_apply():
 def test_postgresql_commits_synchronously():
     if connection.vendor != "postgresql":
         pytest.skip("PostgreSQL only")
-    with connection.cursor() as cursor:
-        cursor.execute("SHOW synchronous_commit")
-        assert cursor.fetchone()[0] == "on"
+    assert database_says("SHOW synchronous_commit") == "on"
 
 
 def run_manage(tmp_path, *args, **env):
