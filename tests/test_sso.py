@@ -27,6 +27,7 @@ from django.core.management import call_command
 
 from attempts.models import ConfigEvent, Membership, SsoIdentity
 from tests.conftest import PYTHON, REPO, child_env, free_port, manage
+from tests.http_handler import QuietHandler
 
 # Sign-in is the web tier's: the SQLite pass covers it when both passes run.
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.one_database]
@@ -323,17 +324,11 @@ def test_an_unreachable_discovery_url_is_a_clear_message_not_an_error_page(tmp_p
     assert "attempts.E011" in done.stderr and "could not be read within 3" in done.stderr
 
 
-class _Document(http.server.BaseHTTPRequestHandler):
+class _Document(QuietHandler):
     body = b"{}"
 
     def do_GET(self) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.end_headers()
-        self.wfile.write(self.body)
-
-    def log_message(self, *args) -> None:
-        pass
+        self.reply(200, self.body)
 
 
 @pytest.mark.parametrize(

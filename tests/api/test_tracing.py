@@ -18,6 +18,7 @@ from reconciliation.reconciler import Reconciler
 from tests.api.conftest import intent_body
 from tests.conftest import PYTHON, REPO, child_env
 from tests.dashboard.conftest import login
+from tests.http_handler import QuietHandler
 from tests.reconciliation.conftest import DemoProvider, make_due
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -113,7 +114,7 @@ class Receiver(http.server.ThreadingHTTPServer):
         return f"http://127.0.0.1:{self.server_port}"
 
 
-class ReceiverHandler(http.server.BaseHTTPRequestHandler):
+class ReceiverHandler(QuietHandler):
     def do_POST(self) -> None:
         from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
             ExportTraceServiceRequest,
@@ -150,14 +151,7 @@ class ReceiverHandler(http.server.BaseHTTPRequestHandler):
                         }
                     )
         answer = ExportTraceServiceResponse().SerializeToString()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/x-protobuf")
-        self.send_header("Content-Length", str(len(answer)))
-        self.end_headers()
-        self.wfile.write(answer)
-
-    def log_message(self, *args) -> None:
-        pass
+        self.reply(200, answer, "application/x-protobuf")
 
 
 @pytest.fixture

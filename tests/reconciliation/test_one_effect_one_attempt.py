@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
 
@@ -18,28 +18,21 @@ from attempts.ledger import EFFECT_CLAIMED, EFFECT_CONTESTED
 from attempts.models import Attempt, AttemptEvent, ProviderEffect, State, Tool
 from reconciliation.reconciler import Reconciler
 from tests.conftest import agent_intent
+from tests.http_handler import QuietHandler
 from tests.reconciliation.conftest import make_due, unknown
 
 ARGS = {"n": 1, "to": "a@example.test"}
 EFFECT = "effect-1"
 
 
-class _OneEffect(BaseHTTPRequestHandler):
+class _OneEffect(QuietHandler):
     """A provider whose lookup answers every key with the same effect, whose payload hash
     matches the attempts' (they were recorded with the same arguments)."""
 
     args_hash = ""
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-        body = json.dumps({"id": EFFECT, "args_hash": self.args_hash}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args) -> None:
-        pass
+        self.reply(200, json.dumps({"id": EFFECT, "args_hash": self.args_hash}).encode())
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import datetime as dt
 import json
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -18,6 +18,7 @@ import pytest
 from attempts.models import EffectClass, Tool
 from reconciliation.providers.base import Call, LookupStatus, SendStatus
 from reconciliation.providers.stripe import StripePaymentIntentAdapter
+from tests.http_handler import QuietHandler
 
 
 class Recorder:
@@ -26,19 +27,9 @@ class Recorder:
         self.mode = "empty"
         recorder = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
+        class Handler(QuietHandler):
             def _answer(self, status: int, body: dict, headers: dict | None = None) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                for name, value in (headers or {}).items():
-                    self.send_header(name, value)
-                self.end_headers()
-                self.wfile.write(data)
+                self.reply(status, json.dumps(body).encode(), headers=headers)
 
             def do_GET(self) -> None:  # noqa: N802
                 parts = urlsplit(self.path)
