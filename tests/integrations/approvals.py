@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from attempts import ledger, review
 from attempts.actors import Actor
-from attempts.models import ApprovalPolicy, Attempt
+from attempts.models import ApprovalPolicy, Attempt, State
 
 
 def hold(tool: str, condition: str = "", approvals_needed: int = 1) -> ApprovalPolicy:
@@ -59,3 +59,11 @@ def expire_waits(days: float = 2) -> int:
         return ledger.expire_waits(actor=Actor.worker("test"), now=later)
     finally:
         connection.close()
+
+
+def assert_only_the_correction_was_sent(linked: Attempt, original: Attempt) -> None:
+    """After edit-and-approve: the linked attempt was sent once and confirmed, the original
+    never."""
+    linked.refresh_from_db()
+    assert (linked.state, linked.send_count) == (State.OUTCOME_CONFIRMED, 1)
+    assert Attempt.objects.get(pk=original.pk).send_count == 0

@@ -27,7 +27,7 @@ from attempts.models import Attempt, State
 from ledgerweb_client.guard import LedgerContext, use_ledger
 from ledgerweb_client.integrations.agent_framework import ledger_approvals, ledgered_tool
 from tests.conftest import World
-from tests.integrations.approvals import approve, edit_and_approve, expire_waits, reject
+from tests.integrations import approvals
 from tests.integrations.conftest import KEY, URGENT, Tickets, sqlite_only
 
 pytestmark = [pytest.mark.django_db(transaction=True), sqlite_only]
@@ -111,7 +111,7 @@ def test_held_then_approved_on_the_ledger_after_a_restart_it_is_sent_once(
 ) -> None:
     saved, requests = asked(tickets, acme)  # held: the agent keeps its state and stops
     attempt = Attempt.objects.get(idempotency_key="ticket:acme:cus_1:Printer on fire")
-    approve(attempt.attempt_id, world.reviewer)
+    approvals.approve(attempt.attempt_id, world.reviewer)
     result, answers = decide_and_resume(tickets, acme, saved, requests)
     assert [a.approved for a in answers] == [True]
     assert "T-1" in result.text and len(tickets.effects) == 1
@@ -127,7 +127,7 @@ def test_a_rejection_reaches_the_agent_as_the_frameworks_rejection(
 ) -> None:
     saved, requests = asked(tickets, acme)
     attempt = Attempt.objects.get(idempotency_key="ticket:acme:cus_1:Printer on fire")
-    reject(attempt.attempt_id, world.reviewer, "not urgent")
+    approvals.reject(attempt.attempt_id, world.reviewer, "not urgent")
     result, answers = decide_and_resume(tickets, acme, saved, requests)
     assert [a.approved for a in answers] == [False]
     assert REJECTED in result.text and tickets.effects == []
@@ -138,7 +138,7 @@ def test_an_expiry_reaches_the_agent_as_the_frameworks_rejection(
     tickets: Tickets, acme: LedgerContext, world: World, held_urgent
 ) -> None:
     saved, requests = asked(tickets, acme)
-    assert expire_waits() == 1
+    assert approvals.expire_waits() == 1
     result, answers = decide_and_resume(tickets, acme, saved, requests)
     assert [a.approved for a in answers] == [False]
     assert REJECTED in result.text and tickets.effects == []
@@ -149,12 +149,12 @@ def test_edit_and_approve_runs_the_corrected_call_never_the_original(
 ) -> None:
     saved, requests = asked(tickets, acme)
     original = Attempt.objects.get(idempotency_key="ticket:acme:cus_1:Printer on fire")
-    linked = edit_and_approve(original.attempt_id, world.reviewer, {**URGENT, "priority": 2})
+    linked = approvals.edit_and_approve(
+        original.attempt_id, world.reviewer, {**URGENT, "priority": 2}
+    )
     result, _ = decide_and_resume(tickets, acme, saved, requests)
     assert [t["priority"] for t in tickets.effects] == [2] and "T-1" in result.text
-    linked.refresh_from_db()
-    assert (linked.state, linked.send_count) == (State.OUTCOME_CONFIRMED, 1)
-    assert Attempt.objects.get(pk=original.pk).send_count == 0
+    approvals.assert_only_the_correction_was_sent(linked, original)
 
 
 def test_approving_in_the_framework_alone_sends_nothing(

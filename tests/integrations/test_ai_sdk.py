@@ -20,7 +20,14 @@ from django.db import connection
 from attempts.models import Attempt, State
 from tests.api.conftest import Tokens
 from tests.conftest import REPO, World
-from tests.integrations.approvals import approve, edit_and_approve, expire_waits, hold, reject
+from tests.integrations.approvals import (
+    approve,
+    assert_only_the_correction_was_sent,
+    edit_and_approve,
+    expire_waits,
+    hold,
+    reject,
+)
 from tests.integrations.conftest import sqlite_only
 
 pytestmark = [pytest.mark.django_db(transaction=True), sqlite_only]
@@ -128,9 +135,7 @@ def test_edit_and_approve_sends_the_corrected_call_never_the_original(
     )
     assert '"priority":2' in agent("resume")
     assert [e["priority"] for e in agent.effects] == [2]
-    linked.refresh_from_db()
-    assert (linked.state, linked.send_count) == (State.OUTCOME_CONFIRMED, 1)
-    assert Attempt.objects.get(pk=held.pk).send_count == 0
+    assert_only_the_correction_was_sent(linked, held)
 
 
 def test_approving_in_the_sdk_alone_sends_nothing(agent: Agent, held: Attempt) -> None:

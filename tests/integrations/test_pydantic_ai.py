@@ -29,7 +29,7 @@ from attempts.models import Attempt, State
 from ledgerweb_client.guard import LedgerContext
 from ledgerweb_client.integrations.pydantic_ai import ledger_decisions, ledgered_tool
 from tests.conftest import World
-from tests.integrations.approvals import approve, edit_and_approve, expire_waits, reject
+from tests.integrations import approvals
 from tests.integrations.conftest import KEY, URGENT, Tickets, sqlite_only
 
 pytestmark = [pytest.mark.django_db(transaction=True), sqlite_only]
@@ -98,7 +98,7 @@ def test_approved_on_the_ledger_while_the_agent_was_down_it_is_sent_once(
     results, pending = asyncio.run(ledger_decisions(REQUESTS.validate_json(requests), ledger=acme))
     assert [p.tool_call_id for p in pending] == ["call-1"] and not results.approvals
 
-    approve(attempt.attempt_id, world.reviewer)
+    approvals.approve(attempt.attempt_id, world.reviewer)
     final, results = resume(tickets, acme, messages, requests)
     assert isinstance(results.approvals["call-1"], ToolApproved)
     assert final.output.startswith("done: {") and "T-1" in final.output
@@ -115,7 +115,7 @@ def test_a_rejection_reaches_the_model_as_a_denial_and_nothing_is_sent(
     tickets: Tickets, acme: LedgerContext, world: World, held_urgent
 ) -> None:
     messages, requests, attempt = held_run(tickets, acme)
-    reject(attempt.attempt_id, world.reviewer, "not urgent")
+    approvals.reject(attempt.attempt_id, world.reviewer, "not urgent")
     final, results = resume(tickets, acme, messages, requests)
     denial = results.approvals["call-1"]
     assert isinstance(denial, ToolDenied) and "approval_rejected" in denial.message
@@ -127,7 +127,7 @@ def test_an_expired_wait_reaches_the_model_as_a_denial_and_nothing_is_sent(
     tickets: Tickets, acme: LedgerContext, world: World, held_urgent
 ) -> None:
     messages, requests, attempt = held_run(tickets, acme)
-    assert expire_waits() == 1
+    assert approvals.expire_waits() == 1
     final, results = resume(tickets, acme, messages, requests)
     assert "approval_expired" in results.approvals["call-1"].message
     assert "approval_expired" in final.output and tickets.effects == []
@@ -137,13 +137,13 @@ def test_edit_and_approve_runs_the_corrected_call_never_the_original(
     tickets: Tickets, acme: LedgerContext, world: World, held_urgent
 ) -> None:
     messages, requests, original = held_run(tickets, acme)
-    linked = edit_and_approve(original.attempt_id, world.reviewer, {**URGENT, "priority": 2})
+    linked = approvals.edit_and_approve(
+        original.attempt_id, world.reviewer, {**URGENT, "priority": 2}
+    )
     final, _ = resume(tickets, acme, messages, requests)
     assert [t["priority"] for t in tickets.effects] == [2]
     assert "T-1" in final.output
-    linked.refresh_from_db()
-    assert (linked.state, linked.send_count) == (State.OUTCOME_CONFIRMED, 1)
-    assert Attempt.objects.get(pk=original.pk).send_count == 0
+    approvals.assert_only_the_correction_was_sent(linked, original)
 
 
 def test_approving_in_pydantic_ai_alone_sends_nothing(
