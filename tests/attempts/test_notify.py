@@ -28,7 +28,7 @@ from attempts.models import (
     State,
 )
 from tests.conftest import child_env, make_world, no_digests, start_manage
-from tests.dashboard.conftest import make_review, make_unknown
+from tests.dashboard.conftest import escalating_sla, make_review, make_unknown
 from tests.notify_servers import MailSink, Webhook
 
 
@@ -114,12 +114,7 @@ def test_preferences_choose_channels_and_kinds(world, channels):
 
 
 def test_an_sla_breach_escalates_once_to_the_named_person_and_ack_stops_it(world, channels):
-    SlaPolicy.objects.create(
-        tool_id="open_ticket",
-        unknown_warn_after=dt.timedelta(minutes=5),
-        unknown_breach_after=dt.timedelta(minutes=30),
-        escalate_to=world.admin,
-    )
+    escalating_sla(world)
     late = make_unknown(world)
     acked = make_unknown(world)
     fresh = make_unknown(world)

@@ -3,6 +3,7 @@ itself (no hand-written rows), and logged-in clients for each named person."""
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import itertools
 from pathlib import Path
@@ -12,7 +13,7 @@ from django.test import Client
 
 from attempts import ledger, linked, states
 from attempts.locking import write_transaction
-from attempts.models import Attempt, State
+from attempts.models import Attempt, SlaPolicy, State
 from attempts.states import Actor
 from tests.conftest import PASSWORD, REPO, agent_intent
 
@@ -121,6 +122,17 @@ def make_unknown(world, *, provider_request_id: str = "", **kwargs) -> Attempt:
     if provider_request_id:
         attempt = ledger.attach_provider_request(attempt, provider_request_id, actor=world.agent)
     return ledger.mark_unknown(attempt, reason="timeout after 10s", actor=world.agent)
+
+
+def escalating_sla(world) -> SlaPolicy:
+    """open_ticket's SLA: a warning after 5 minutes UNKNOWN, a breach after 30 that escalates
+    to the admin."""
+    return SlaPolicy.objects.create(
+        tool_id="open_ticket",
+        unknown_warn_after=dt.timedelta(minutes=5),
+        unknown_breach_after=dt.timedelta(minutes=30),
+        escalate_to=world.admin,
+    )
 
 
 def make_review(world, *, reason: str = "payload_mismatch", **kwargs) -> Attempt:

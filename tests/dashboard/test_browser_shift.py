@@ -14,7 +14,7 @@ import pytest
 from django.utils import timezone
 
 from attempts import linked, notify, review
-from attempts.models import Attempt, Grant, Notification, SlaPolicy, State
+from attempts.models import Attempt, Grant, Notification, State
 from tests.conftest import PYTHON, REPO, child_env, make_world, no_digests
 from tests.dashboard.conftest import (
     AXE,
@@ -22,6 +22,7 @@ from tests.dashboard.conftest import (
     WORKER,
     Tab,
     csp_errors,
+    escalating_sla,
     make_awaiting,
     make_review,
     make_unknown,
@@ -121,12 +122,7 @@ def test_a_notice_reaches_a_real_mailbox_and_chat(live_server, browser):
 def test_an_sla_breach_is_coloured_escalated_and_acknowledged(live_server, browser, settings):
     world = make_world()
     settings.NOTIFY = {**settings.NOTIFY, "EMAIL": True}
-    SlaPolicy.objects.create(
-        tool_id="open_ticket",
-        unknown_warn_after=dt.timedelta(minutes=5),
-        unknown_breach_after=dt.timedelta(minutes=30),
-        escalate_to=world.admin,
-    )
+    escalating_sla(world)
     late = make_unknown(world)
     Attempt.objects.filter(pk=late.pk).update(created_at=timezone.now() - dt.timedelta(hours=2))
     assert notify.escalate_slas() == 1
