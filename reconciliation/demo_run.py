@@ -175,10 +175,10 @@ class DemoRun:
             *("--db", str(self.data / "demo" / "provider.sqlite3")),
             *("--port", port, "--port-file", str(port_file), "--seed", "7"),
         )
-        port = wait_for_port_file(port_file, provider, seconds=10, poll=0.1)
-        if port is None:
+        listening = wait_for_port_file(port_file, provider, seconds=10, poll=0.1)
+        if listening is None:
             raise SystemExit("run: the demo provider did not start (logs/provider.log)")
-        url = f"http://127.0.0.1:{port}"
+        url = f"http://127.0.0.1:{listening}"
         self.say(f"demo provider on {url}")
         return url
 
