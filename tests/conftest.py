@@ -305,6 +305,19 @@ def built_checkout(tmp_path_factory) -> Path:
     return source
 
 
+def pip_install(python: Path | str, what: str, *, timeout: float, **options: Any) -> None:
+    """``pip install`` a wheel or a folder into the venv of ``python``; pip's output when it
+    fails. ``options`` go to ``subprocess.run`` (cwd, env)."""
+    install = subprocess.run(
+        [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", what],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        **options,
+    )
+    assert install.returncode == 0, install.stdout + install.stderr
+
+
 def pytest_configure(config):
     from django.conf import settings
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from tests.conftest import REPO, free_port
+from tests.conftest import REPO, free_port, pip_install
 
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 
@@ -56,21 +56,7 @@ def test_the_wheel_runs_outside_the_checkout(tmp_path: Path, built_checkout: Pat
 
     target = tmp_path / "venv"
     venv.EnvBuilder(with_pip=True, clear=True).create(target)
-    install = subprocess.run(
-        [
-            target / "bin" / "python",
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            str(wheel),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert install.returncode == 0, install.stdout + install.stderr
+    pip_install(target / "bin" / "python", str(wheel), timeout=600)
 
     outside = tmp_path / "somewhere-else"
     outside.mkdir()

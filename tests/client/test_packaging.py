@@ -16,7 +16,7 @@ import pytest
 
 import ledgerweb_client
 from attempts.models import AgentToken, Attempt
-from tests.conftest import REPO
+from tests.conftest import REPO, pip_install
 
 CLIENT = REPO / "ledgerweb_client"
 # The Pythons the client supports (ledgerweb_client/pyproject.toml), oldest first.
@@ -149,23 +149,7 @@ def test_the_client_installs_and_runs_on_each_supported_python(
     source = tmp_path / "src" / "ledgerweb_client"
     shutil.copytree(CLIENT, source, ignore=shutil.ignore_patterns("__pycache__", "build"))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO", "PYTHON"))}
-    install = subprocess.run(
-        [
-            python,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            "./ledgerweb_client",
-        ],
-        cwd=source.parent,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert install.returncode == 0, install.stdout + install.stderr
+    pip_install(python, "./ledgerweb_client", cwd=source.parent, env=env, timeout=300)
     outside = tmp_path / "agent"
     outside.mkdir()
     no_django = subprocess.run(
