@@ -527,8 +527,8 @@ class Attempt(models.Model):
             return cls(**values)  # a related object (parent=, approval_policy=) goes by keyword
         return cls(
             *[
-                values[name] if name in values else field.get_default()
-                for name, field in columns.items()
+                values[name] if name in values else default() if made else default
+                for name, (default, made) in columns.items()
             ]
         )
 
@@ -661,6 +661,13 @@ class Attempt(models.Model):
 
 
 @functools.cache
-def _columns() -> dict[str, models.Field]:
-    """The attempt's columns by attribute name, in ``Model.__init__``'s positional order."""
-    return {field.attname: field for field in Attempt._meta.concrete_fields}
+def _columns() -> dict[str, tuple[Any, bool]]:
+    """The attempt's columns by attribute name, in ``Model.__init__``'s positional order, each
+    with its default: (a function that makes it, True) for a callable default, a new value each
+    time; (the value, False) otherwise, one value for every attempt as Django shares it."""
+    return {
+        field.attname: (field.get_default, True)
+        if field.has_default() and callable(field.default)
+        else (field.get_default(), False)
+        for field in Attempt._meta.concrete_fields
+    }
