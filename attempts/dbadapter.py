@@ -17,7 +17,8 @@ here, through these names of ``BaseDatabaseWrapper``, none of them documented:
 - ``chunked_cursor()``: a cursor that streams a large result (server-side on PostgreSQL), which
   ``QuerySet.iterator()`` uses; the exports and the verifier read whole tables through it;
 - ``in_atomic_block``: whether the connection is inside ``atomic()`` (the write path refuses to
-  run outside its write transaction, and some work waits for the caller's commit).
+  run outside its write transaction, and some work waits for the caller's commit);
+- ``timezone``: the zone a datetime is stored in on SQLite (``datetime_param``'s short path).
 
 And beyond the connection wrapper, the names the hand-written SQL needs:
 
@@ -37,6 +38,7 @@ public API: ``connection.cursor()`` and ``transaction.atomic()``.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import functools
 import inspect
 from collections.abc import Callable, Iterator
@@ -59,6 +61,7 @@ PRIVATE_API: dict[str, tuple[str, tuple[str, ...]]] = {
     "connection": ("attribute", ()),
     "chunked_cursor": ("method", ()),
     "in_atomic_block": ("attribute", ()),
+    "timezone": ("property", ()),
     "ops.quote_name": ("method", ("name",)),
     "ops.adapt_datetimefield_value": ("method", ("value",)),
     "introspection.table_names": ("method", ("cursor", "include_views")),
@@ -197,7 +200,17 @@ def quote_name(db: BaseDatabaseWrapper, name: str) -> str:
 
 
 def datetime_param(db: BaseDatabaseWrapper, value: Any) -> Any:
-    """A datetime as ``db`` takes it as a parameter of hand-written SQL."""
+    """A datetime as ``db`` takes it as a parameter of hand-written SQL. On SQLite a UTC
+    datetime (what ``timezone.now()`` makes) for a connection in UTC is the naive text that
+    ``adapt_datetimefield_value`` would make of it, made in one step: that adaptation reads the
+    settings twice and converts the zone for each of an intent's half-dozen datetimes."""
+    if (
+        value.__class__ is dt.datetime
+        and value.tzinfo is dt.UTC
+        and db.vendor == "sqlite"
+        and db.timezone is dt.UTC
+    ):
+        return str(value.replace(tzinfo=None))
     return db.ops.adapt_datetimefield_value(value)
 
 

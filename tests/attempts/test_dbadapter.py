@@ -28,6 +28,22 @@ def test_a_renamed_or_reshaped_private_name_is_reported(monkeypatch) -> None:
     assert any("no_such_helper() is gone" in p for p in problems)
 
 
+def test_a_datetime_parameter_is_what_djangos_adaptation_makes_of_it() -> None:
+    """The short path for a UTC datetime (SQLite) gives the same parameter as Django's own."""
+    import datetime as dt
+    import zoneinfo
+
+    db = connections[DEFAULT_DB_ALIAS]
+    berlin = zoneinfo.ZoneInfo("Europe/Berlin")
+    for value in (
+        dt.datetime(2026, 12, 5, 13, 44, 57, 130001, tzinfo=dt.UTC),
+        dt.datetime(2026, 12, 5, 13, 44, 57, tzinfo=dt.UTC),
+        dt.datetime(2026, 3, 29, 2, 30, tzinfo=berlin),
+        dt.datetime(2026, 12, 5, 13, 44, 57, 5, tzinfo=dt.timezone(dt.timedelta(hours=-5))),
+    ):
+        assert dbadapter.datetime_param(db, value) == db.ops.adapt_datetimefield_value(value)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_driver_cursor_raises_djangos_integrity_error() -> None:
     Tenant.objects.create(slug="acme", name="Acme")
