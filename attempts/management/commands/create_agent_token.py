@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from attempts.config_history import acting, operator
+from attempts.config_history import acting
+from attempts.management.options import add_actor_option, command_actor
 from attempts.models import AgentToken, Tenant
 from ledgerweb.cli import command_line
 
@@ -25,11 +26,7 @@ class Command(BaseCommand):
             metavar="SLUG",
             help="a tenant this token may act for (repeat for several)",
         )
-        parser.add_argument(
-            "--actor",
-            default=None,
-            help="who creates it, as recorded in the history (default: the operating-system user)",
-        )
+        add_actor_option(parser, "creates it")
         parser.add_argument(
             "--quiet",
             action="store_true",
@@ -37,10 +34,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, name: str, tenants: list[str], quiet: bool, **options) -> None:
-        try:
-            actor = operator(options.get("actor"))
-        except ValueError as exc:
-            raise CommandError(str(exc)) from None
+        actor = command_actor(options.get("actor"))
         name = name.strip()
         if not name or len(name) > 100:
             raise CommandError("NAME must be 1 to 100 characters")

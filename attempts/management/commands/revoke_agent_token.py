@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from attempts.config_history import acting, operator
+from attempts.config_history import acting
+from attempts.management.options import add_actor_option, command_actor
 from attempts.models import AgentToken
 
 
@@ -13,17 +14,10 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("name", help="the token's agent name")
-        parser.add_argument(
-            "--actor",
-            default=None,
-            help="who revokes it, as recorded in the history (default: the operating-system user)",
-        )
+        add_actor_option(parser, "revokes it")
 
     def handle(self, *args, name: str, **options) -> None:
-        try:
-            actor = operator(options.get("actor"))
-        except ValueError as exc:
-            raise CommandError(str(exc)) from None
+        actor = command_actor(options.get("actor"))
         token = AgentToken.objects.filter(name=name).first()
         if token is None:
             raise CommandError(f"no agent token named {name!r}")

@@ -6,6 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from attempts.management.options import add_actor_option, command_actor
 from attempts.models import Archive
 from attempts.verify_export import LogTrust, NoteError, VerifierKey, check_archive
 from reconciliation.archive import archive, restore
@@ -44,11 +45,7 @@ class Command(BaseCommand):
         run.add_argument(
             "--limit", type=int, default=None, help="archive at most this many attempts this run"
         )
-        run.add_argument(
-            "--actor",
-            default=None,
-            help="who runs it, as the history records (default: the operating-system user)",
-        )
+        add_actor_option(run, "runs it")
         for name, text in (
             ("restore", "Load archives into a scratch database, verifying them."),
             ("load", "(internal) the loading step restore runs on the scratch database."),
@@ -108,15 +105,9 @@ class Command(BaseCommand):
                 )
             self.stdout.write("dry run: nothing written, nothing removed")
             return
-        from attempts.config_history import operator
-
-        try:
-            actor = operator(options["actor"])
-        except ValueError as exc:
-            raise CommandError(str(exc)) from None
         result = archive.run(
             store=store,
-            actor=actor,
+            actor=command_actor(options["actor"]),
             batch_size=options["batch_size"],
             limit=options["limit"],
             say=self.stdout.write,

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from attempts.states import Actor
+from attempts.management.options import add_actor_option, command_actor
 from ledgerweb.cli import command_line
 from reconciliation import config
 
@@ -30,11 +30,7 @@ class Command(BaseCommand):
         plan.add_argument("file", help="the TOML configuration file ('-' for standard input)")
         apply = actions.add_parser("apply", help="Make FILE's changes, all or none.")
         apply.add_argument("file", help="the TOML configuration file ('-' for standard input)")
-        apply.add_argument(
-            "--actor",
-            default=None,
-            help="who applies it, as recorded in the history (default: the operating-system user)",
-        )
+        add_actor_option(apply, "applies it")
         apply.add_argument(
             "--reason", default="", help="why, as recorded in the history (default: the file name)"
         )
@@ -56,7 +52,7 @@ class Command(BaseCommand):
                 result = config.plan(document)
             else:
                 result = config.apply(
-                    document, actor=self._actor(options["actor"]), reason=options["reason"]
+                    document, actor=command_actor(options["actor"]), reason=options["reason"]
                 )
         except config.ConfigError as exc:
             raise CommandError(f"{exc}\nnothing was changed") from None
@@ -81,10 +77,3 @@ class Command(BaseCommand):
             return config.read(path)
         except config.ConfigError as exc:
             raise CommandError(f"{exc}\nnothing was changed") from None
-
-    @staticmethod
-    def _actor(name: str | None) -> Actor:
-        try:
-            return config.applied_by(name)
-        except ValueError as exc:
-            raise CommandError(str(exc)) from None

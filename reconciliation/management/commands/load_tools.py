@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from attempts.management.options import add_actor_option, command_actor
 from attempts.models import EffectClass, Tool
 from reconciliation import config
 from reconciliation.providers.base import ProviderError
@@ -57,11 +58,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--dump", action="store_true", help="Print the current tools as JSON and exit."
         )
-        parser.add_argument(
-            "--actor",
-            default=None,
-            help="who loads them, as recorded in the history (default: the operating-system user)",
-        )
+        add_actor_option(parser, "loads them")
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["dump"]:
@@ -79,10 +76,7 @@ class Command(BaseCommand):
             if options["dry_run"]:
                 result = config.plan(document)
             else:
-                try:
-                    actor = config.applied_by(options["actor"])
-                except ValueError as exc:
-                    raise CommandError(str(exc)) from None
+                actor = command_actor(options["actor"])
                 result = config.apply(document, actor=actor, reason=f"load_tools {options['file']}")
         except config.ConfigError as exc:
             raise CommandError(str(exc)) from None
