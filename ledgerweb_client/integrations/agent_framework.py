@@ -36,14 +36,13 @@ from ..guard import (
     KeySource,
     LedgerContext,
     Receipt,
-    Recorded,
     RequestId,
     ToolCallError,
     ToolSpec,
     current_ledger,
     ledger_decision,
 )
-from .decorator import awaited, bound_arguments, by_keyword, shown_as
+from .decorator import bound_arguments, keyword_call, shown_as
 
 __all__ = ["ledger_approvals", "ledgered_tool"]
 
@@ -69,19 +68,11 @@ def ledgered_tool(
         hints = typing.get_type_hints(fn)
         shown = name or fn.__name__
         spec = ToolSpec(tool_name or shown, key, receipt, request_id)
-        keywords = by_keyword(signature)
-        call = awaited(fn)
+        call = keyword_call(spec, fn, signature)
 
         async def guarded(**kwargs: Any) -> Any:
-            args = bound_arguments(signature, (), kwargs)
             try:
-                return await spec.arun(
-                    ledger or current_ledger(),
-                    args,
-                    lambda: call(kwargs),
-                    Recorded.value_or_text,
-                    send_args=call if keywords else None,
-                )
+                return await call(kwargs, lambda: ledger or current_ledger())
             except ToolCallError as refused:
                 return refused.for_model
 

@@ -26,6 +26,7 @@ from ..guard import (
     KeySource,
     LedgerContext,
     Receipt,
+    Recorded,
     RequestId,
     ToolSpec,
     current_ledger,
@@ -33,7 +34,7 @@ from ..guard import (
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-__all__ = ["awaited", "bound_arguments", "by_keyword", "ledgered", "shown_as"]
+__all__ = ["awaited", "bound_arguments", "by_keyword", "keyword_call", "ledgered", "shown_as"]
 
 
 def by_keyword(signature: inspect.Signature, skip: int = 0) -> bool:
@@ -80,6 +81,30 @@ def awaited(fn: Callable[..., Any]) -> Callable[[dict[str, Any]], Awaitable[Any]
         return await asyncio.to_thread(functools.partial(fn, **kwargs))
 
     return call
+
+
+def keyword_call(
+    spec: ToolSpec, fn: Callable[..., Any], signature: inspect.Signature
+) -> Callable[[dict[str, Any], Callable[[], LedgerContext]], Awaitable[Any]]:
+    """``fn`` (sync or async, with ``signature``) guarded for a framework that calls its tools
+    with keyword arguments and awaits them (Pydantic AI, Agent Framework): the call's bound
+    arguments are recorded under the ledger ``context()`` gives, ``fn(**kwargs)`` is sent (a
+    linked attempt's corrected arguments when ``fn`` takes them as keywords), and a repeated
+    call returns the kept value or its text. Refusals raise ``ToolCallError``."""
+    keywords = by_keyword(signature)
+    call = awaited(fn)
+
+    async def guarded(kwargs: dict[str, Any], context: Callable[[], LedgerContext]) -> Any:
+        args = bound_arguments(signature, (), kwargs)
+        return await spec.arun(
+            context(),
+            args,
+            lambda: call(kwargs),
+            Recorded.value_or_text,
+            send_args=call if keywords else None,
+        )
+
+    return guarded
 
 
 def shown_as(

@@ -36,7 +36,6 @@ from ..guard import (
     KeySource,
     LedgerContext,
     Receipt,
-    Recorded,
     RequestId,
     ToolCallAwaitingApproval,
     ToolCallError,
@@ -44,7 +43,7 @@ from ..guard import (
     current_ledger,
     ledger_in,
 )
-from .decorator import awaited, bound_arguments, by_keyword, shown_as
+from .decorator import keyword_call, shown_as
 
 __all__ = ["ledger_decisions", "ledger_from_run_context", "ledgered_tool"]
 
@@ -79,19 +78,11 @@ def ledgered_tool(
         hints = typing.get_type_hints(fn)
         shown = name or fn.__name__
         spec = ToolSpec(tool_name or shown, key, receipt, request_id, wait_for_approval)
-        keywords = by_keyword(signature)
-        call = awaited(fn)
+        call = keyword_call(spec, fn, signature)
 
         async def guarded(ctx: RunContext[Any], **kwargs: Any) -> Any:
-            args = bound_arguments(signature, (), kwargs)
             try:
-                return await spec.arun(
-                    ledger_from_run_context(ctx),
-                    args,
-                    lambda: call(kwargs),
-                    Recorded.value_or_text,
-                    send_args=call if keywords else None,
-                )
+                return await call(kwargs, lambda: ledger_from_run_context(ctx))
             except ToolCallAwaitingApproval as held:
                 if not ctx.tool_call_approved:
                     raise ApprovalRequired(metadata=held.approval_request) from held
