@@ -667,7 +667,7 @@ class History:
         if what == 0:
             grant.policy_version = "v2" if grant.policy_version == "v1" else "v1"
         elif what == 1:
-            full = [f"{tool}:write", f"{tool}:read"]
+            full = world.full_scopes(tool)
             grant.allowed_scopes = full if len(grant.allowed_scopes) == 1 else full[:1]
         else:
             grant.active = not grant.active

@@ -61,6 +61,12 @@ SETUP = Actor.system("simulation")
 SIM_ADAPTER = "reconciliation.simulate.provider.SimAdapter"
 
 
+def full_scopes(tool: str) -> list[str]:
+    """The scopes every tenant is granted for ``tool`` (write first: an authority change that
+    narrows a grant keeps only it)."""
+    return [f"{tool}:write", f"{tool}:read"]
+
+
 class SimClock:
     """Django's clock (``timezone.now``), moved forward by the history's steps, and the
     bulkheads' monotonic clock with it (their breakers and Retry-After follow the history,
@@ -187,7 +193,7 @@ def build(folder: Path) -> tuple[People, str]:
                     tenant=tenant,
                     tool=tool,
                     policy_version="v1",
-                    allowed_scopes=[f"{tool.name}:write", f"{tool.name}:read"],
+                    allowed_scopes=full_scopes(tool.name),
                 )
         people = {}
         for name, role in PEOPLE.items():
