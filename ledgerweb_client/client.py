@@ -1089,29 +1089,20 @@ class LedgerClient:
         """
         if wait_for_approval < 0:
             raise ValueError("wait_for_approval must not be negative")
+        intent: dict[str, Any] = {
+            "tenant": tenant,
+            "task_id": task_id,
+            "tool_name": tool_name,
+            "idempotency_key": idempotency_key,
+            "args": args,
+            "policy_version": policy_version,
+            "credential_scope": credential_scope,
+        }
         start: Attempt | None = None
         if wait_for_approval:
-            start = self.record_and_wait(
-                tenant=tenant,
-                task_id=task_id,
-                tool_name=tool_name,
-                idempotency_key=idempotency_key,
-                args=args,
-                policy_version=policy_version,
-                credential_scope=credential_scope,
-                wait_for_approval=wait_for_approval,
-            )
+            start = self.record_and_wait(**intent, wait_for_approval=wait_for_approval)
         send_result: SendResult | None = None
-        with self.attempt(
-            tenant=tenant,
-            task_id=task_id,
-            tool_name=tool_name,
-            idempotency_key=idempotency_key,
-            args=args,
-            policy_version=policy_version,
-            credential_scope=credential_scope,
-            start=start,
-        ) as call:
+        with self.attempt(**intent, start=start) as call:
             if call.should_send:
                 send_result = send(call.attempt)
                 if not isinstance(send_result, SendResult):
