@@ -131,6 +131,14 @@ def require_role(user: Any, attempt: Attempt, minimum: str) -> None:
         raise NotAllowed(f"this needs the {minimum} role in tenant {attempt.tenant_id}")
 
 
+def _reload_for(attempt: Attempt | str, user: Any, minimum: str) -> Attempt:
+    """The attempt as it is now, inside the caller's write transaction, for ``user``: refused
+    (``NotAllowed``) unless they hold ``minimum`` in its tenant."""
+    current = _reload(attempt)
+    require_role(user, current, minimum)
+    return current
+
+
 @_refreshes_caller
 def assign(
     attempt: Attempt | str,
@@ -143,8 +151,7 @@ def assign(
     """Give the attempt to ``owner`` (None: unassign). Operators and above; the new owner must
     be an operator or above in the tenant."""
     with write_transaction():
-        current = _reload(attempt)
-        require_role(user, current, Role.OPERATOR)
+        current = _reload_for(attempt, user, Role.OPERATOR)
         new_id = owner.pk if owner is not None else None
         if current.owner_id == new_id:
             return current
@@ -171,8 +178,7 @@ def add_note(attempt: Attempt | str, *, user: Any, text: str) -> AttemptEvent:
     if len(text) > MAX_NOTE:
         raise InvalidIntent(f"a note is at most {MAX_NOTE} characters")
     with write_transaction():
-        current = _reload(attempt)
-        require_role(user, current, Role.OPERATOR)
+        current = _reload_for(attempt, user, Role.OPERATOR)
         states.move(current, None, action="attempt.note", actor=Actor.user(user), reason=text)
         return current.events.order_by("-id").first()
 
@@ -184,8 +190,7 @@ def acknowledge_sla(attempt: Attempt | str, *, user: Any, comment: str = "") -> 
     if len(comment) > MAX_COMMENT:
         raise InvalidIntent(f"a comment is at most {MAX_COMMENT} characters")
     with write_transaction():
-        current = _reload(attempt)
-        require_role(user, current, Role.OPERATOR)
+        current = _reload_for(attempt, user, Role.OPERATOR)
         if current.state not in ATTENTION_STATES:
             raise StateConflict(f"an SLA applies to UNKNOWN and MANUAL_REVIEW, not {current.state}")
         row, _ = SlaEscalation.objects.get_or_create(attempt=current, state=current.state)
@@ -218,8 +223,7 @@ def review_confirm(
     result_ref = _text("result_ref", result_ref)
     evidence = _text("evidence", evidence)
     with write_transaction():
-        current = _reload(attempt)
-        require_role(user, current, Role.REVIEWER)
+        current = _reload_for(attempt, user, Role.REVIEWER)
         if current.state == State.OUTCOME_CONFIRMED and current.result_ref == result_ref:
             return current
         check_seen(current, _seen(expected_version, seen), user=user)
@@ -256,8 +260,7 @@ def review_fail(
     """A reviewer declares the effect not done (or rejects a linked attempt), with a reason."""
     reason = _text("reason", reason)
     with write_transaction():
-        current = _reload(attempt)
-        require_role(user, current, Role.REVIEWER)
+        current = _reload_for(attempt, user, Role.REVIEWER)
         if current.state == State.FAILED and _failed_with(current, reason):
             return current  # the same decision repeated: success, nothing new written
         check_seen(current, _seen(expected_version, seen), user=user)
@@ -347,8 +350,7 @@ def approve_linked_retry(
     None is returned."""
     comment = _comment(comment)
     with write_transaction():
-        current = _reload(attempt)
-        require_role(user, current, Role.REVIEWER)
+        current = _reload_for(attempt, user, Role.REVIEWER)
         check_seen(current, _seen(expected_version, seen), user=user)
         if current.state != State.MANUAL_REVIEW or current.awaiting_approval:
             raise StateConflict(
@@ -428,8 +430,7 @@ def approve_linked_attempt(
     attempt stays put after the first approval)."""
     comment = _comment(comment)
     with write_transaction():
-        current = _reload(attempt)
-        require_role(user, current, Role.REVIEWER)
+        current = _reload_for(attempt, user, Role.REVIEWER)
         check_seen(current, _seen(expected_version, seen), user=user)
         if current.state != State.MANUAL_REVIEW or not current.awaiting_approval:
             raise StateConflict("this attempt is not waiting for approval", attempt=current)
