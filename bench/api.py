@@ -99,17 +99,39 @@ def client_loop(args: tuple) -> dict:
     return {"ok": ok, "errors": errors, "created": created, "failures": failures[:5]}
 
 
-def scratch_postgres(url: str) -> str:
-    """Drop and create ``bench_api`` on the server of ``url``; returns its URL."""
+def scratch_postgres(url: str, name: str = "bench_api") -> str:
+    """Drop and create the database ``name`` on the server of ``url``; returns its URL."""
     from urllib.parse import urlsplit, urlunsplit
 
     import psycopg
 
     parts = urlsplit(url)
     with psycopg.connect(urlunsplit((*parts[:2], "/postgres", *parts[3:])), autocommit=True) as db:
-        db.execute("DROP DATABASE IF EXISTS bench_api WITH (FORCE)")
-        db.execute("CREATE DATABASE bench_api")
-    return urlunsplit((*parts[:2], "/bench_api", *parts[3:]))
+        db.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        db.execute(f'CREATE DATABASE "{name}"')
+    return urlunsplit((*parts[:2], f"/{name}", *parts[3:]))
+
+
+def seeded_ledger(env: dict[str, str]) -> str:
+    """Migrate the ledger of ``env``, seed the demo tenants and tools, and issue an agent token
+    for acme: the token."""
+    manage = [sys.executable, str(REPO / "manage.py")]
+    subprocess.run([*manage, "migrate", "--no-input", "-v", "0"], env=env, check=True, cwd=REPO)
+    subprocess.run(
+        [*manage, "seed_demo", "--provider-url", "http://127.0.0.1:9", "--password", "bench-pw-1"],
+        env=env,
+        check=True,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+    )
+    return subprocess.run(
+        [*manage, "create_agent_token", f"bench-{os.getpid()}", "--tenant", "acme", "--quiet"],
+        env=env,
+        check=True,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
 
 
 def cpu_times() -> tuple[int, int]:
@@ -210,22 +232,7 @@ def main() -> int:
     sys.path.insert(0, str(REPO))
     python = sys.executable
     manage = [python, str(REPO / "manage.py")]
-    subprocess.run([*manage, "migrate", "--no-input", "-v", "0"], env=env, check=True, cwd=REPO)
-    subprocess.run(
-        [*manage, "seed_demo", "--provider-url", "http://127.0.0.1:9", "--password", "bench-pw-1"],
-        env=env,
-        check=True,
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-    )
-    token = subprocess.run(
-        [*manage, "create_agent_token", f"bench-{os.getpid()}", "--tenant", "acme", "--quiet"],
-        env=env,
-        check=True,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
+    token = seeded_ledger(env)
     subprocess.run(
         [*manage, "collectstatic", "--no-input", "-v", "0"], env=env, check=True, cwd=REPO
     )

@@ -27,6 +27,10 @@ import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench.api import scratch_postgres, seeded_ledger  # noqa: E402
+
 PATHS = {"minimal view": "/bench/echo", "intent": "/api/v1/attempts"}
 WARM_UP = 30
 
@@ -73,19 +77,6 @@ def drive(path: str, calls: int, token: str) -> None:
         answer.close()
         if not status[0].startswith("201"):
             raise SystemExit(f"{path} answered {status[0]}: {content[:200]!r}")
-
-
-def scratch_postgres(url: str) -> str:
-    """Drop and create ``bench_api_instructions`` on the server of ``url``; returns its URL."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    import psycopg
-
-    parts = urlsplit(url)
-    with psycopg.connect(urlunsplit((*parts[:2], "/postgres", *parts[3:])), autocommit=True) as db:
-        db.execute("DROP DATABASE IF EXISTS bench_api_instructions WITH (FORCE)")
-        db.execute("CREATE DATABASE bench_api_instructions")
-    return urlunsplit((*parts[:2], "/bench_api_instructions", *parts[3:]))
 
 
 def instructions(path: str, calls: int, token: str, env: dict, out: Path) -> int:
@@ -139,24 +130,8 @@ def main() -> int:
         PYTHONPATH=str(REPO),
     )
     if options.postgres:
-        env["DATABASE_URL"] = scratch_postgres(options.postgres)
-    manage = [sys.executable, str(REPO / "manage.py")]
-    subprocess.run([*manage, "migrate", "--no-input", "-v", "0"], env=env, check=True, cwd=REPO)
-    subprocess.run(
-        [*manage, "seed_demo", "--provider-url", "http://127.0.0.1:9", "--password", "bench-pw-1"],
-        env=env,
-        check=True,
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-    )
-    token = subprocess.run(
-        [*manage, "create_agent_token", f"bench-{os.getpid()}", "--tenant", "acme", "--quiet"],
-        env=env,
-        check=True,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
+        env["DATABASE_URL"] = scratch_postgres(options.postgres, "bench_api_instructions")
+    token = seeded_ledger(env)
 
     fewer, more = options.calls
     per_request = {}
