@@ -19,6 +19,7 @@ from attempts.verify_export import (
     chain_time,
     leaf_hash,
     salted_payload,
+    split_details,
 )
 
 _scan_json = json.JSONDecoder().scan_once
@@ -186,8 +187,7 @@ def common_event_digest(
         if value.keys() <= PUBLIC_DETAILS:
             encoded = jcs.encode_plain_text(value)
         else:  # a creation event's args hash, say: public and private parts
-            public = {name: item for name, item in value.items() if name in PUBLIC_DETAILS}
-            private = {name: item for name, item in value.items() if name not in PUBLIC_DETAILS}
+            public, private = split_details(value)
             encoded = jcs.encode_plain_text(public)
             text = key.hex(jcs.encode_plain({"details": private, "reason": ""}))
     if event[13] != text:
