@@ -418,7 +418,7 @@ def cannot_hash(exc: Exception) -> str:
 
 def salted_digest(salt: str, value: Any, *, dumps: Callable[[Any], bytes] = rfc8785.dumps) -> str:
     """HMAC-SHA256 keyed by the attempt's salt (hex) over the RFC 8785 JSON of ``value``."""
-    return hmac.new(bytes.fromhex(salt), dumps(value), hashlib.sha256).hexdigest()
+    return hmac.digest(bytes.fromhex(salt), dumps(value), "sha256").hex()
 
 
 def text_digest(

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import connection, models
-from django.db.models import Case, Exists, F, OuterRef, Q, Subquery, Value, When
+from django.db.models import Case, Exists, F, OuterRef, Q, Subquery, Value, When, signals
+from django.db.models.base import ModelState
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast, Coalesce, Collate, Upper
 
@@ -87,6 +88,9 @@ PREFIX_FIELDS = ("idempotency_key", "provider_request_id", "task_id", "attempt_i
 
 
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+# Every pair of Crockford letters, by the 10 bits it spells: an id is 13 lookups, not 26.
+_CROCKFORD_PAIRS = [first + second for first in _CROCKFORD for second in _CROCKFORD]
+_PAIR_SHIFTS = range(120, -1, -10)
 
 
 # What an attempt id may look like in a URL or a form (ids are ``att_`` + 26 Crockford letters).
@@ -96,11 +100,7 @@ ATTEMPT_ID = re.compile(r"[A-Za-z0-9_-]{1,32}")
 def new_attempt_id() -> str:
     """A ULID-style id: 48 bits of milliseconds then 80 random bits, so ids sort by creation."""
     value = (int(time.time() * 1000) << 80) | int.from_bytes(os.urandom(10), "big")
-    chars = []
-    for _ in range(26):
-        chars.append(_CROCKFORD[value & 31])
-        value >>= 5
-    return "att_" + "".join(reversed(chars))
+    return "att_" + "".join([_CROCKFORD_PAIRS[value >> shift & 1023] for shift in _PAIR_SHIFTS])
 
 
 class ByteOrderCharField(models.CharField):
@@ -518,19 +518,26 @@ class Attempt(models.Model):
 
     @classmethod
     def new(cls, **values: Any) -> Attempt:
-        """A new, unsaved attempt: ``Attempt(**values)``, built by position when every value is
-        given by its column's attribute name (``tenant_id``, not ``tenant``), as the write path
-        gives them: Django's keyword handling in ``Model.__init__`` was a visible share of an
-        intent (docs/scaling.md). Fields not given get their defaults, as by keyword."""
+        """A new, unsaved attempt: ``Attempt(**values)``, built straight into the instance's
+        ``__dict__`` when every value is given by its column's attribute name (``tenant_id``,
+        not ``tenant``), as the write path gives them, and nothing listens for its
+        ``pre_init``/``post_init``: Django's per-field ``setattr`` in ``Model.__init__`` was a
+        visible share of an intent (docs/scaling.md). What ``Model.__init__`` makes of the same
+        values (its state, each column's value by attribute name) is held equal by
+        tests/attempts/test_attempt_new.py. Fields not given get their defaults, as by keyword."""
         columns = _columns()
-        if not values.keys() <= columns.keys():
+        if (
+            not values.keys() <= columns.keys()
+            or signals.pre_init.has_listeners(cls)
+            or signals.post_init.has_listeners(cls)
+        ):
             return cls(**values)  # a related object (parent=, approval_policy=) goes by keyword
-        return cls(
-            *[
-                values[name] if name in values else default() if made else default
-                for name, (default, made) in columns.items()
-            ]
-        )
+        attempt = cls.__new__(cls)
+        state = attempt.__dict__
+        state["_state"] = ModelState()
+        for name, (default, made) in columns.items():
+            state[name] = values[name] if name in values else default() if made else default
+        return attempt
 
     def identifies_effect(self, provider_id: str) -> bool:
         """Whether this attempt names the provider's effect ``provider_id``: by its provider
