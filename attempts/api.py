@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import json
+import json.encoder
 import logging
 import re
 import sys
@@ -22,6 +23,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth.decorators import login_not_required
 from django.core.exceptions import RequestDataTooBig
+from django.core.serializers.json import DjangoJSONEncoder
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from django.utils.html import escape
@@ -196,8 +198,37 @@ ARCHIVED_UNKNOWN = (
 )
 
 
-def _attempt_response(attempt: Attempt, status: int = 200, **extra: Any) -> JsonResponse:
-    response = JsonResponse({"attempt": attempt_json(attempt), **extra}, status=status)
+# JsonResponse's encoding (DjangoJSONEncoder with json.dumps's defaults) by the C encoder built
+# once: json.dumps builds a new one for every call. Without circular-reference markers: an
+# attempt's JSON is read from the database or parsed from canonical bytes, never a cycle.
+_encode_response = (
+    json.encoder.c_make_encoder(
+        None,
+        DjangoJSONEncoder().default,
+        json.encoder.c_encode_basestring_ascii,
+        None,
+        ": ",
+        ", ",
+        False,
+        False,
+        True,
+    )
+    if json.encoder.c_make_encoder is not None
+    else None
+)
+
+
+def json_response(data: dict[str, Any], status: int = 200) -> HttpResponse:
+    """``JsonResponse(data, status=status)``'s bytes and headers, encoded by the encoder built
+    once (every answer with an attempt comes through here)."""
+    if _encode_response is None:  # pragma: no cover - CPython always has the C encoder
+        return JsonResponse(data, status=status)
+    body = "".join(_encode_response(data, 0))
+    return HttpResponse(body, content_type="application/json", status=status)
+
+
+def _attempt_response(attempt: Attempt, status: int = 200, **extra: Any) -> HttpResponse:
+    response = json_response({"attempt": attempt_json(attempt), **extra}, status=status)
     response["Cache-Control"] = "no-store"
     return response
 
