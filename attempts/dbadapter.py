@@ -41,6 +41,8 @@ import contextlib
 import datetime as dt
 import functools
 import inspect
+import json
+import json.encoder
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -64,6 +66,7 @@ PRIVATE_API: dict[str, tuple[str, tuple[str, ...]]] = {
     "timezone": ("property", ()),
     "ops.quote_name": ("method", ("name",)),
     "ops.adapt_datetimefield_value": ("method", ("value",)),
+    "ops.adapt_json_value": ("method", ("value", "encoder")),
     "introspection.table_names": ("method", ("cursor", "include_views")),
     "introspection.get_table_description": ("method", ("cursor", "table_name")),
     "query.sql_with_params": ("method", ()),
@@ -212,6 +215,47 @@ def datetime_param(db: BaseDatabaseWrapper, value: Any) -> Any:
     ):
         return str(value.replace(tzinfo=None))
     return db.ops.adapt_datetimefield_value(value)
+
+
+# ``json.dumps(value)`` (every default: ASCII, ", " and ": ", no sorting) by the C encoder built
+# once: json.dumps builds a new one for every call. Without circular-reference markers: the
+# ledger's JSON values (normalized args, scopes, event details) were hashed as canonical JSON
+# before they are written, which no cycle survives.
+_json_encode = (
+    json.encoder.c_make_encoder(
+        None,
+        json.JSONEncoder().default,
+        json.encoder.c_encode_basestring_ascii,
+        None,
+        ": ",
+        ", ",
+        False,
+        False,
+        True,
+    )
+    if json.encoder.c_make_encoder is not None
+    else None
+)
+
+
+def _json_dumps(value: Any) -> str:
+    return "".join(_json_encode(value, 0))
+
+
+def json_param(db: BaseDatabaseWrapper, value: Any) -> Any:
+    """A dict or list for a JSON column without its own encoder, as ``db`` takes it as a
+    parameter of hand-written SQL: what ``adapt_json_value(value, None)`` makes of it (the text
+    of ``json.dumps`` on SQLite, psycopg's ``Jsonb`` that writes that text on PostgreSQL),
+    encoded by an encoder built once."""
+    if _json_encode is None:  # pragma: no cover - CPython always has the C encoder
+        return db.ops.adapt_json_value(value, None)
+    if db.vendor == "postgresql":
+        from psycopg.types.json import Jsonb
+
+        return Jsonb(value, dumps=_json_dumps)
+    if db.vendor == "sqlite":
+        return _json_dumps(value)
+    return db.ops.adapt_json_value(value, None)
 
 
 def table_names(db: BaseDatabaseWrapper) -> list[str]:

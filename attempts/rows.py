@@ -79,8 +79,10 @@ class _Column:
     column, an ``int`` or ``bool`` of exactly that type for a number or flag column, ``None``.
     Those go as they are. An aware ``datetime`` goes straight to the backend's adaptation (all
     the field's own preparation adds is a check that it is aware): as it is on PostgreSQL, UTC
-    text on SQLite. Every other value (naive datetimes, dates, JSON, lazy strings, a bool for a
-    number column) still goes through Django."""
+    text on SQLite. A dict or list for a JSON column goes straight to the backend's adaptation
+    too (the field's own preparation adds only a lazy string's check). Every other value (naive
+    datetimes, dates, other JSON, lazy strings, a bool for a number column) still goes through
+    Django."""
 
     # Internal field types (of the field, or of the field a foreign key points at) whose
     # prepared value is the Python value itself.
@@ -101,6 +103,7 @@ class _Column:
         target = field.target_field if field.is_relation else field
         self.plain = self.PLAIN.get(target.get_internal_type())
         self.datetime = target.get_internal_type() == "DateTimeField"
+        self.json = target.get_internal_type() == "JSONField" and target.encoder is None
         # Field.pre_save returns the attribute; a field that overrides it (a date with
         # auto_now) is asked.
         self.attname = field.attname if type(field).pre_save is Field.pre_save else ""
@@ -115,6 +118,8 @@ class _Column:
             return value
         if self.datetime and type(value) is dt.datetime and value.utcoffset() is not None:
             return dbadapter.datetime_param(db, value)
+        if self.json and (type(value) is dict or type(value) is list):
+            return dbadapter.json_param(db, value)
         return self.field.get_db_prep_save(value, db)
 
 
@@ -595,8 +600,13 @@ def _terms_params(
     attempt: Attempt, terms: tuple[str, list[str], bool], db: BaseDatabaseWrapper
 ) -> list[Any]:
     version, scopes, policies = terms
-    scopes_value = Grant._meta.get_field("allowed_scopes").get_db_prep_save(list(scopes), db)
+    scopes_value = _allowed_scopes().prep(list(scopes), db)
     return [attempt.tenant_id, attempt.tool_name, version, scopes_value, bool(policies)]
+
+
+@functools.cache
+def _allowed_scopes() -> _Column:
+    return _Column(Grant._meta.get_field("allowed_scopes"))
 
 
 def grant_terms(
