@@ -4,15 +4,17 @@ bearer tokens and is exempt from the session login and CSRF."""
 from django.contrib import admin
 from django.urls import include, path, re_path
 
+from attempts import api_urls
 from attempts.views import transparency
 from attempts.views.auth import admin_login
 from ledgerweb import ops
 
 urlpatterns = [
+    # The agent API's routes, first and not by include(): each agent call resolved at once.
+    *api_urls.urlpatterns,
     # Before the admin's own URLs: its login answers 429 while locked (one login throttle).
     path("admin/login/", admin_login),
     path("admin/", admin.site.urls),
-    path("api/v1/", include("attempts.api_urls")),
     path("healthz", ops.healthz, name="healthz"),
     path("livez", ops.livez, name="livez"),
     path("readyz", ops.readyz, name="readyz"),
