@@ -405,8 +405,9 @@ def split_details(details: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """(public, private) parts of an event's details (format 3)."""
     if not isinstance(details, dict):
         raise TypeError("an event's details must be a JSON object")
-    public = {k: v for k, v in details.items() if k in PUBLIC_DETAILS}
-    private = {k: v for k, v in details.items() if k not in PUBLIC_DETAILS}
+    public = dict(details)
+    # One pass over the names: what is not public is moved out of the copy.
+    private = {k: public.pop(k) for k in details if k not in PUBLIC_DETAILS}
     return public, private
 
 
