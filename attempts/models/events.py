@@ -74,6 +74,13 @@ class AttemptEvent(models.Model):
                 name="event_approval_idx",
                 condition=Q(action=APPROVAL_ACTION),
             ),
+            # The events written before per-attempt chains, which verify_audit walks in id
+            # order as one chain: empty on a ledger begun since, instead of a scan of them all.
+            models.Index(
+                fields=["id"],
+                name="event_legacy_chain_idx",
+                condition=Q(chain_format=verify_export.LEGACY_FORMAT),
+            ),
         ]
 
     def __str__(self) -> str:
