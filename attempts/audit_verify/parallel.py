@@ -51,8 +51,9 @@ def parallel(
     order one process finds them: format 1, the attempts, the rest."""
     import multiprocessing
 
-    pieces = jobs * 8
-    step = max(chains.BATCH, -(-(hi - lo) // pieces))
+    # One keyset batch per task: the processes take the next as they finish, so the last to
+    # finish waits for at most one batch of another, and no task ends in a short batch.
+    step = chains.BATCH
     tasks = [(start, min(start + step, hi)) for start in range(lo, hi, step)]
     _WORKER.update(
         connect=connect,
