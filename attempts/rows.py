@@ -309,20 +309,36 @@ def insert_attempt(
         attempt.pk = row[0]
     else:
         with nested or _atomic(db, 3), _cursor(db) as cursor:
-            if check is not None:
-                cursor.execute(f"SELECT 1 WHERE {_terms_still()}", check)
-                if cursor.fetchone() is None:
+            if check is None:
+                cursor.execute(_key_insert(), key_values)
+            else:
+                # The key's row is written only while the terms hold: their check and the key
+                # in one statement, as on PostgreSQL; nothing else is written when they do not.
+                cursor.execute(_key_insert_while_terms_hold(), key_values + check)
+                if cursor.rowcount != 1:
                     return False
-            cursor.execute(
-                f"{_index_insert(RecordedKey, _KEY_COLUMNS)} VALUES ({_marks(len(key_values))})",
-                key_values,
-            )
             cursor.execute(_attempt_insert(), values)
             attempt.pk = cursor.fetchone()[0]
             cursor.execute(_event_insert(""), [attempt.pk, *event_values])
     attempt._state.adding = False
     attempt._state.db = db.alias
     return True
+
+
+@functools.cache
+def _key_insert() -> str:
+    """SQLite: the key's row in the permanent key index."""
+    return f"{_index_insert(RecordedKey, _KEY_COLUMNS)} VALUES ({_marks(len(_KEY_COLUMNS))})"
+
+
+@functools.cache
+def _key_insert_while_terms_hold() -> str:
+    """SQLite: the key's row, inserted only while the grant's terms hold (``_terms_still``; its
+    parameters: the key's, then ``_terms_params``)."""
+    return (
+        f"{_index_insert(RecordedKey, _KEY_COLUMNS)} SELECT {_marks(len(_KEY_COLUMNS))} "
+        f"WHERE {_terms_still()}"
+    )
 
 
 @functools.cache
