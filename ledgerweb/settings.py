@@ -88,7 +88,8 @@ MIDDLEWARE = [
     "ledgerweb.browser.TimeZoneMiddleware",
     "ledgerweb.browser.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "django.middleware.csp.ContentSecurityPolicyMiddleware",
+    # Django's, with a policy that uses no nonce built once (ledgerweb/csp.py).
+    "ledgerweb.csp.ContentSecurityPolicyMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
 ]
 
