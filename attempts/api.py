@@ -155,9 +155,15 @@ def attempt_json(attempt: Attempt) -> dict[str, Any]:
         "send_count": attempt.send_count,
         "traceparent": attempt.traceparent or None,
         "trace_id": attempt.trace_id or None,
-        "created_at": _iso(attempt.created_at),
-        "updated_at": _iso(attempt.updated_at),
+        **_times(attempt),
     }
+
+
+def _times(attempt: Attempt) -> dict[str, str | None]:
+    created = _iso(attempt.created_at)
+    # A new attempt was created and updated at the one moment (one object): written once.
+    same = attempt.updated_at is attempt.created_at
+    return {"created_at": created, "updated_at": created if same else _iso(attempt.updated_at)}
 
 
 def archived_attempt_json(attempt: Attempt) -> dict[str, Any]:

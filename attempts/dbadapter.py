@@ -213,8 +213,18 @@ def datetime_param(db: BaseDatabaseWrapper, value: Any) -> Any:
         and db.vendor == "sqlite"
         and db.timezone is dt.UTC
     ):
-        return str(value.replace(tzinfo=None))
+        # An intent writes one moment three times (created, updated, its event): its text is
+        # kept for that same object (which the pair keeps alive, so its id is not reused).
+        last, text = _LAST_SQLITE_DATETIME[0]
+        if last is not value:
+            text = str(value.replace(tzinfo=None))
+            _LAST_SQLITE_DATETIME[0] = (value, text)
+        return text
     return db.ops.adapt_datetimefield_value(value)
+
+
+# The last datetime ``datetime_param`` wrote for SQLite, and its text (one pair, swapped whole).
+_LAST_SQLITE_DATETIME: list[tuple[Any, str]] = [(None, "")]
 
 
 # ``json.dumps(value)`` (every default: ASCII, ", " and ": ", no sorting) by the C encoder built

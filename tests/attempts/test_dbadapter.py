@@ -41,6 +41,11 @@ def test_a_datetime_parameter_is_what_djangos_adaptation_makes_of_it() -> None:
         dt.datetime(2026, 3, 29, 2, 30, tzinfo=berlin),
         dt.datetime(2026, 12, 5, 13, 44, 57, 5, tzinfo=dt.timezone(dt.timedelta(hours=-5))),
     ):
+        for _ in range(2):  # the second time from the text kept for the same datetime
+            assert dbadapter.datetime_param(db, value) == db.ops.adapt_datetimefield_value(value)
+    moment = dt.datetime(2026, 12, 5, 13, 44, 57, 130001, tzinfo=dt.UTC)
+    later = moment + dt.timedelta(microseconds=1)
+    for value in (moment, later, moment, moment.replace(microsecond=0)):
         assert dbadapter.datetime_param(db, value) == db.ops.adapt_datetimefield_value(value)
 
 
