@@ -288,11 +288,13 @@ def _bearer_token(request: HttpRequest) -> AgentIdentity:
 
 
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise ValueError(f"duplicate key {key!r}")
-        result[key] = value
+    result = dict(pairs)  # a key given twice leaves fewer entries than pairs
+    if len(result) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ValueError(f"duplicate key {key!r}")
+            seen.add(key)
     return result
 
 

@@ -113,6 +113,7 @@ BAD_JSON = [
     b"{",
     b'{"tenant": "acme",}',
     b'{"a": 1, "a": 2}',
+    b'{"tenant": "acme", "args": {"x": 1, "y": 2, "x": 1}}',
     b'{"args": {"x": NaN}}',
     b'{"args": {"x": Infinity}}',
     b"\xff\xfe{}",
