@@ -12,7 +12,6 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import json
-import json.encoder
 import logging
 import re
 import sys
@@ -29,7 +28,7 @@ from django.utils import timezone
 from django.utils.html import escape
 from django.views.decorators.csrf import csrf_exempt
 
-from attempts import ledger, locking
+from attempts import dbadapter, ledger, locking
 from attempts import log as tlog
 from attempts.locking import LedgerBusy
 from attempts.models import AgentIdentity, AgentToken, Attempt, State
@@ -204,24 +203,9 @@ ARCHIVED_UNKNOWN = (
 )
 
 
-# JsonResponse's encoding (DjangoJSONEncoder with json.dumps's defaults) by the C encoder built
-# once: json.dumps builds a new one for every call. Without circular-reference markers: an
-# attempt's JSON is read from the database or parsed from canonical bytes, never a cycle.
-_encode_response = (
-    json.encoder.c_make_encoder(
-        None,
-        DjangoJSONEncoder().default,
-        json.encoder.c_encode_basestring_ascii,
-        None,
-        ": ",
-        ", ",
-        False,
-        False,
-        True,
-    )
-    if json.encoder.c_make_encoder is not None
-    else None
-)
+# JsonResponse's encoding (DjangoJSONEncoder with json.dumps's defaults), by an encoder built
+# once. An attempt's JSON is read from the database or parsed from canonical bytes, never a cycle.
+_encode_response = dbadapter.built_json_encoder(DjangoJSONEncoder().default)
 
 
 def json_response(data: dict[str, Any], status: int = 200) -> HttpResponse:
@@ -229,7 +213,7 @@ def json_response(data: dict[str, Any], status: int = 200) -> HttpResponse:
     once (every answer with an attempt comes through here)."""
     if _encode_response is None:  # pragma: no cover - CPython always has the C encoder
         return JsonResponse(data, status=status)
-    body = "".join(_encode_response(data, 0))
+    body = _encode_response(data)
     return HttpResponse(body, content_type="application/json", status=status)
 
 

@@ -227,14 +227,16 @@ def datetime_param(db: BaseDatabaseWrapper, value: Any) -> Any:
 _LAST_SQLITE_DATETIME: list[tuple[Any, str]] = [(None, "")]
 
 
-# ``json.dumps(value)`` (every default: ASCII, ", " and ": ", no sorting) by the C encoder built
-# once: json.dumps builds a new one for every call. Without circular-reference markers: the
-# ledger's JSON values (normalized args, scopes, event details) were hashed as canonical JSON
-# before they are written, which no cycle survives.
-_json_encode = (
-    json.encoder.c_make_encoder(
+def built_json_encoder(default: Callable[[Any], Any]) -> Callable[[Any], str] | None:
+    """``json.dumps`` with its defaults (ASCII, ", " and ": ", no sorting) and ``default`` for
+    what JSON lacks, by the C encoder built once: json.dumps builds a new one for every call.
+    None where CPython has no C encoder. It keeps no circular-reference markers: only for
+    values that cannot hold a cycle."""
+    if json.encoder.c_make_encoder is None:  # pragma: no cover - CPython always has it
+        return None
+    encode = json.encoder.c_make_encoder(
         None,
-        json.JSONEncoder().default,
+        default,
         json.encoder.c_encode_basestring_ascii,
         None,
         ": ",
@@ -243,13 +245,12 @@ _json_encode = (
         False,
         True,
     )
-    if json.encoder.c_make_encoder is not None
-    else None
-)
+    return lambda value: "".join(encode(value, 0))
 
 
-def _json_dumps(value: Any) -> str:
-    return "".join(_json_encode(value, 0))
+# The ledger's JSON values (normalized args, scopes, event details) were hashed as canonical
+# JSON before they are written, which no cycle survives.
+_json_dumps = built_json_encoder(json.JSONEncoder().default)
 
 
 def json_param(db: BaseDatabaseWrapper, value: Any) -> Any:
@@ -257,7 +258,7 @@ def json_param(db: BaseDatabaseWrapper, value: Any) -> Any:
     parameter of hand-written SQL: what ``adapt_json_value(value, None)`` makes of it (the text
     of ``json.dumps`` on SQLite, psycopg's ``Jsonb`` that writes that text on PostgreSQL),
     encoded by an encoder built once."""
-    if _json_encode is None:  # pragma: no cover - CPython always has the C encoder
+    if _json_dumps is None:  # pragma: no cover - CPython always has the C encoder
         return db.ops.adapt_json_value(value, None)
     if db.vendor == "postgresql":
         from psycopg.types.json import Jsonb
