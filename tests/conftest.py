@@ -135,8 +135,8 @@ def world(db) -> World:
 class _WorldRows:
     """The rows the first world of a test database wrote, table by table (its columns, its
     rows), and the World it returned: later tests write the same rows again with a few INSERTs
-    instead of building it through the models and their configuration history (about 165
-    statements, 0.07-0.1 s of processor a world; some 900 worlds a suite run)."""
+    instead of building it through the models and their configuration history, a statement or
+    more for each row."""
 
     rows: dict[str, tuple[list[str], list[tuple]]]
     world: World
@@ -148,8 +148,8 @@ _first_worlds: dict[tuple[str, str], _WorldRows] = {}
 def make_world() -> World:
     """The world, in one transaction: a test that commits (transactional_db, live_server)
     would otherwise commit each of its rows and their history on its own, each commit a wait
-    for the disk (5 ms on PostgreSQL here). Written again from the database's first world when
-    nothing is in its way; built when something is (a test made its own rows first)."""
+    for the disk. Written again from the database's first world when nothing is in its way;
+    built when something is (a test made its own rows first)."""
     from django.db import IntegrityError
 
     from attempts.config_history import acting
@@ -409,11 +409,11 @@ _KEPT_BY_FLUSH = {"django_content_type", "auth_permission"}
 def _flush_by_delete(self, style, tables, *, reset_sequences=False, allow_cascade=False):
     """PostgreSQL's flush for the suite: a DELETE per table instead of Django's one TRUNCATE of
     every table. A test that commits ends with a flush; TRUNCATE gives each of the schema's
-    tables and indexes a new file, 0.26 s a test here, against a few milliseconds for the
-    DELETEs of the few rows such a test writes. Triggers are off for the flush's transaction
-    (``session_replication_role``, as the suite's superuser): the foreign keys' (every table
-    is emptied) and the append-only guards', which stay installed (``_history_guards_allow_
-    flush``). The suite never resets sequences."""
+    tables and indexes a new file, where DELETEs of the few rows such a test writes take a
+    fraction of that. Triggers are off for the flush's transaction (``session_replication_
+    role``, as the suite's superuser): the foreign keys' (every table is emptied) and the
+    append-only guards', which stay installed (``_history_guards_allow_flush``). The suite
+    never resets sequences."""
     if reset_sequences:
         raise NotImplementedError("the suite's flush does not reset sequences")
     return ["SET LOCAL session_replication_role = replica"] + [
