@@ -170,11 +170,12 @@ def verify_django_database(
     if serial:
         # One plan per batch: the verifier already runs a process per core (--jobs), and a
         # parallel plan for a keyset batch of a few thousand rows costs more (starting its
-        # workers, gathering, sorting again) than it saves. For this process's connection and
-        # those its workers open.
-        connection_created.connect(_serial_plans)
+        # workers, gathering, sorting again) than it saves; and every server-side cursor is
+        # read to its end (``_verifier_plans``). For this process's connection and those its
+        # workers open.
+        connection_created.connect(_verifier_plans)
         if dbadapter.is_connected(connection):
-            _serial_plans(connection=connection)
+            _verifier_plans(connection=connection)
     try:
         report = verify_database(
             cursors(),
@@ -195,19 +196,24 @@ def verify_django_database(
         )
     finally:
         if serial:
-            connection_created.disconnect(_serial_plans)
+            connection_created.disconnect(_verifier_plans)
             if dbadapter.is_connected(connection):
                 with connection.cursor() as cursor:
                     cursor.execute("RESET max_parallel_workers_per_gather")
+                    cursor.execute("RESET cursor_tuple_fraction")
     report.notes.extend(notes)
     check_config_drift(report, max_problems=max_problems)
     return report
 
 
-def _serial_plans(connection: Any, **_: Any) -> None:
+def _verifier_plans(connection: Any, **_: Any) -> None:
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute("SET max_parallel_workers_per_gather = 0")
+            # The verifier reads every row of each server-side cursor it opens: planned for
+            # the first tenth of them (the default), the log's entries were joined leaf by
+            # leaf through three indexes rather than by one hash join.
+            cursor.execute("SET cursor_tuple_fraction = 1")
 
 
 def check_config_drift(report: Report, *, max_problems: int = 50) -> None:

@@ -134,16 +134,21 @@ ORDER BY e.id
 OUTSIDE_SQL = f"""
 SELECT e.id FROM {EVENTS} e WHERE e.attempt_id <= {{lo}} OR e.attempt_id > {{hi}} ORDER BY e.id
 """  # noqa: S608 -- constant table names and integers only
+# Sealed attempt ids whose attempt is gone, as anti-joins (NOT EXISTS): PostgreSQL plans them as
+# one hash anti-join over the leaves, where the LEFT JOIN ... IS NULL form with the archives
+# beside it looked up each leaf's attempt through the index.
 MISSING_SQL = f"""
-SELECT DISTINCT l.attempt_id FROM {LEAVES} l LEFT JOIN {ATTEMPTS} a ON a.attempt_id = l.attempt_id
-WHERE a.id IS NULL ORDER BY l.attempt_id
+SELECT DISTINCT l.attempt_id FROM {LEAVES} l
+WHERE NOT EXISTS (SELECT 1 FROM {ATTEMPTS} a WHERE a.attempt_id = l.attempt_id)
+ORDER BY l.attempt_id
 """  # noqa: S608
 # [missing] once archives exist: a sealed attempt that is gone must be listed as archived.
 ARCHIVED = "attempts_archivedattempt"
 UNARCHIVED_SQL = f"""
-SELECT DISTINCT l.attempt_id FROM {LEAVES} l LEFT JOIN {ATTEMPTS} a ON a.attempt_id = l.attempt_id
-LEFT JOIN {ARCHIVED} x ON x.attempt_id = l.attempt_id
-WHERE a.id IS NULL AND x.id IS NULL ORDER BY l.attempt_id
+SELECT DISTINCT l.attempt_id FROM {LEAVES} l
+WHERE NOT EXISTS (SELECT 1 FROM {ATTEMPTS} a WHERE a.attempt_id = l.attempt_id)
+  AND NOT EXISTS (SELECT 1 FROM {ARCHIVED} x WHERE x.attempt_id = l.attempt_id)
+ORDER BY l.attempt_id
 """  # noqa: S608
 
 
