@@ -37,6 +37,19 @@ def _range_worker(task: tuple[int, int]) -> tuple:
     )
 
 
+def ranges(lo: int, hi: int, *, jobs: int, step: int) -> list[tuple[int, int]]:
+    """The tasks that cover attempt ids (lo, hi], in order: one keyset batch of ``step`` ids
+    each, which the processes take as they finish, then the last ``2 * jobs`` batches' ids in
+    quarter batches, so the last process to finish waits for at most a quarter batch of
+    another rather than a whole one."""
+    batches = -(-(hi - lo) // step)
+    edge = lo + max(0, batches - 2 * jobs) * step
+    quarter = max(1, step // 4)
+    return [(start, min(start + step, edge)) for start in range(lo, edge, step)] + [
+        (start, min(start + quarter, hi)) for start in range(edge, hi, quarter)
+    ]
+
+
 def parallel(
     verifier: Verifier,
     lo: int,
@@ -51,10 +64,7 @@ def parallel(
     order one process finds them: format 1, the attempts, the rest."""
     import multiprocessing
 
-    # One keyset batch per task: the processes take the next as they finish, so the last to
-    # finish waits for at most one batch of another, and no task ends in a short batch.
-    step = chains.BATCH
-    tasks = [(start, min(start + step, hi)) for start in range(lo, hi, step)]
+    tasks = ranges(lo, hi, jobs=jobs, step=chains.BATCH)
     _WORKER.update(
         connect=connect,
         max_problems=verifier.checker.max_problems,

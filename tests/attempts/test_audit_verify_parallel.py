@@ -11,6 +11,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from attempts import audit_verify, ledger
+from attempts.audit_verify.parallel import ranges
 from attempts.models import Attempt, AttemptEvent
 from attempts.states import Actor
 from tests.attempts.audit_helpers import (
@@ -140,3 +141,19 @@ def test_events_whose_attempt_is_gone_are_orphans_wherever_the_attempt_was(
     assert sorted(found) == orphans and len(found) == len(set(found))
     assert {p.kind for p in report.problems} == {"orphan"}, report.render()
     assert lines(report) == lines(audit_verify.verify_django_database(jobs=1))
+
+
+@pytest.mark.parametrize(
+    ("lo", "hi", "jobs", "step"), [(-1, 50_000, 2, 5000), (0, 7, 3, 2), (3, 52_001, 4, 5000)]
+)
+def test_the_tasks_cover_every_attempt_id_once_in_order(lo, hi, jobs, step) -> None:
+    tasks = ranges(lo, hi, jobs=jobs, step=step)
+    assert tasks[0][0] == lo and tasks[-1][1] == hi
+    assert all(done == start for (_, done), (start, _) in zip(tasks, tasks[1:], strict=False))
+    assert all(start < end <= start + step for start, end in tasks)
+
+
+def test_the_last_tasks_are_quarter_batches_so_the_processes_finish_together() -> None:
+    sizes = [end - start for start, end in ranges(0, 50_000, jobs=2, step=5000)]
+    assert sizes == [5000] * 6 + [1250] * 16
+    assert ranges(7, 7, jobs=2, step=5000) == []
