@@ -66,11 +66,12 @@ SELECT id, prev_hash, hash FROM {EVENTS} WHERE chain_format = {LEGACY_FORMAT} OR
 # merged by attempt id) their events: read apart, the attempt's columns (its args, a JSON value)
 # are read once, not once per event. ``{since}`` narrows both to the attempts that changed after
 # a checkpoint (``--since``). The parent's id is a subquery: as a join, PostgreSQL hashed every
-# attempt of the ledger for each batch.
+# attempt of the ledger for each batch; most attempts have no parent, and skip it.
 ATTEMPT_SQL = f"""
 SELECT a.id, a.attempt_id, a.state, a.tenant_id, a.task_id, a.tool_name, a.idempotency_key,
        a.args, a.args_hash, a.policy_version, a.credential_scope,
-       (SELECT p.attempt_id FROM {ATTEMPTS} p WHERE p.id = a.parent_id),
+       CASE WHEN a.parent_id IS NOT NULL
+            THEN (SELECT p.attempt_id FROM {ATTEMPTS} p WHERE p.id = a.parent_id) END,
        a.provider_request_id, a.result_ref, a.chain_head, a.chain_length, a.sealed,
        l.length, l.head, l.checkpoint_id, a.args_salt
 FROM {ATTEMPTS} a

@@ -449,6 +449,14 @@ def test_editing_an_attempts_key_fields_is_seen(history, column, value, phrase):
     assert phrase in message
 
 
+def test_pointing_an_attempt_at_a_parent_its_history_never_named_is_seen(history):
+    target, other = history[0], history[1]
+    sql(f"UPDATE {ATTEMPTS} SET parent_id = %s WHERE id = %s", [other.pk, target.pk])
+    message = broken()
+    assert f"attempt {target.attempt_id}" in message
+    assert f"parent_attempt_id is {other.attempt_id!r}" in message
+
+
 def test_an_attempt_without_history_is_seen(history):
     target = history[2]
     drop_triggers()
