@@ -176,10 +176,23 @@ def common_event_digest(
     ``event_digest`` and the reference decide. ``quoted_id``: the attempt id as a JSON string."""
     # The whole row unpacked at once (EVENT_SQL's fourteen columns), the details read and written
     # inline: this runs for nearly every event of a ledger.
-    (_, _, action, actor_kind, actor, from_state, to_state, reason, details, created, prev_hash) = (
-        event[:11]
-    )
-    if event[12] != SALTED_FORMAT or reason or prev_hash != prev:
+    (
+        _,
+        _,
+        action,
+        actor_kind,
+        actor,
+        from_state,
+        to_state,
+        reason,
+        details,
+        created,
+        prev_hash,
+        _,
+        v,
+        text_digest,
+    ) = event
+    if v != SALTED_FORMAT or reason or prev_hash != prev:
         return None
     text = no_text
     if details == "{}":
@@ -195,13 +208,18 @@ def common_event_digest(
         if end != len(details) or type(value) is not dict:
             return None
         if value.keys() <= PUBLIC_DETAILS:
-            encoded = _encode_text(value)
+            if len(value) == 1 and type(only := next(iter(value.values()))) is str:
+                # One text field (a provider request id, a result reference): the C encoder's
+                # bytes for it, written without building and sorting its list of items.
+                encoded = f"{{{_string(next(iter(value)))}:{_string(only)}}}"
+            else:
+                encoded = _encode_text(value)
         else:  # a creation event's args hash, say: public and private parts
             public, private = split_details(value)
             encoded = _encode_text(public)
             # {"details": private, "reason": ""} as JCS writes it (its keys in that order).
             text = key.hex(b'{"details":' + jcs.encode_plain(private) + b',"reason":""}')
-    if event[13] != text:
+    if text_digest != text:
         return None  # the general path says what is wrong with the text
     if not (
         type(created) is str and len(created) == 27 and created[10] == "T" and created[26] == "Z"

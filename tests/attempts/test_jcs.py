@@ -248,3 +248,48 @@ def test_the_verifiers_salted_digest_is_hmac_sha256(key, messages):
     salt_key = SaltKey(key)
     for message in messages:
         assert salt_key.hex(message) == hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(["provider_request_id", "result_ref", "count", "kind", "retryable"]),
+        st.one_of(st.text(alphabet=st.characters(max_codepoint=127)), st.integers(0, 99)),
+        min_size=1,
+        max_size=3,
+    ),
+    st.sampled_from([(",", ":"), (", ", ": ")]),
+)
+def test_the_verifiers_short_path_digest_is_the_references(details, separators):
+    """The short path (``common_event_digest``) writes public details of one text field itself,
+    and any others with the C encoder: the event's hash is the reference's either way."""
+    import hashlib
+    import json
+
+    from attempts.audit_verify.digests import NO_TEXT, Quoted, SaltKey, common_event_digest
+    from attempts.verify_export import salted_payload
+
+    key = SaltKey(b"salt")
+    text = json.dumps(details, separators=separators)  # as the databases give details back
+    event = (1, 1, "attempt.updated", "agent", "a", "DISPATCHED", "DISPATCHED", "", text)
+    event += ("2026-01-01T00:00:00.000000Z", "0" * 64, "", 3, key.hex(NO_TEXT))
+    payload = {
+        "v": 3,
+        "attempt_id": "att_1",
+        "action": event[2],
+        "actor_kind": event[3],
+        "actor": event[4],
+        "from_state": event[5],
+        "to_state": event[6],
+        "reason": "",
+        "details": details,
+        "created_at": event[9],
+        "prev_hash": event[10],
+    }
+    short = common_event_digest(Quoted(), '"att_1"', event, "0" * 64, key, event[13])
+    if "\\u" in text:  # an escaped control character: the general path's to write
+        assert short is None
+        return
+    assert short is not None
+    assert short[1] == details
+    assert short[0] == hashlib.sha256(rfc8785.dumps(salted_payload(payload, event[13]))).hexdigest()
