@@ -5,7 +5,9 @@ found)."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import gc
 import hashlib
 from collections.abc import Callable, Iterable, Iterator
 from itertools import groupby
@@ -203,6 +205,21 @@ def _in_order(events: Iterable[tuple]) -> Iterator[tuple]:
     return iter(batch)
 
 
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """The cycle collector off for one batch: the batch's rows, read at once, set it off several
+    times a batch to walk the rows just read, though rows, details and digests form no cycles
+    and are freed by their reference counts. It is on again after the batch (as it was), and
+    collects anything cyclic made meanwhile as usual."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 class Cursors(NamedTuple):
     """How the verifier opens cursors: ``stream`` for reads of a whole table (a server-side
     cursor where the database has one, so memory stays flat), ``batch`` for the reads of one
@@ -292,29 +309,31 @@ class Verifier:
         stays flat (one attempt's events at a time)."""
         since = SINCE_SQL.format(seq=int(self.since[0])) if self.since else ""
         for start in range(lo, hi, BATCH):
-            bounds = {"lo": int(start), "hi": int(min(start + BATCH, hi))}
-            events_since = EVENT_SINCE_SQL.format(**bounds, since=since) if since else ""
-            # Each attempt's events, grouped by attempt (``groupby``'s (pk, events) pairs).
-            groups = groupby(
-                _in_order(
-                    self.stream(self.event_sql.format(**bounds, since=events_since), batch=True)
-                ),
-                itemgetter(0),
-            )
-            pending = next(groups, None)
-            for row in self.stream(self.attempt_sql.format(**bounds, since=since), batch=True):
-                pk = row[0]
-                while pending is not None and pending[0] < pk:
-                    self.orphans(pending[1])  # their attempt is gone
-                    pending = next(groups, None)
-                if pending is not None and pending[0] == pk:
-                    self.attempt(row, list(pending[1]))
-                    pending = next(groups, None)
-                else:
-                    self.attempt(row, [])
-            while pending is not None:
-                self.orphans(pending[1])
+            with _collector_paused():
+                self.batch({"lo": int(start), "hi": int(min(start + BATCH, hi))}, since)
+
+    def batch(self, bounds: dict[str, int], since: str) -> None:
+        """One keyset batch: its attempts (ids in (lo, hi] of ``bounds``) and their events."""
+        events_since = EVENT_SINCE_SQL.format(**bounds, since=since) if since else ""
+        # Each attempt's events, grouped by attempt (``groupby``'s (pk, events) pairs).
+        groups = groupby(
+            _in_order(self.stream(self.event_sql.format(**bounds, since=events_since), batch=True)),
+            itemgetter(0),
+        )
+        pending = next(groups, None)
+        for row in self.stream(self.attempt_sql.format(**bounds, since=since), batch=True):
+            pk = row[0]
+            while pending is not None and pending[0] < pk:
+                self.orphans(pending[1])  # their attempt is gone
                 pending = next(groups, None)
+            if pending is not None and pending[0] == pk:
+                self.attempt(row, list(pending[1]))
+                pending = next(groups, None)
+            else:
+                self.attempt(row, [])
+        while pending is not None:
+            self.orphans(pending[1])
+            pending = next(groups, None)
 
     def orphans(self, events: Iterable[tuple]) -> None:
         for event in events:

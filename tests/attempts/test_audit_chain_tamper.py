@@ -8,6 +8,8 @@ Each test plays an attacker with write access to the database: it drops the appe
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 from django.core.management import CommandError
 from django.db import connection
@@ -62,6 +64,19 @@ def test_untouched_ledger_verifies_before_and_after_sealing(history):
     out = run_verify()
     newest = Checkpoint.objects.order_by("-seq").first()
     assert newest.hash in out and "unsealed: 0 attempts" in out
+
+
+def test_verifying_leaves_the_cycle_collector_as_it_found_it(history):
+    """The verifier pauses the cycle collector for each batch of attempts, never for longer."""
+    assert gc.isenabled()
+    assert audit_verify.verify_django_database().ok
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        assert audit_verify.verify_django_database().ok
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 def test_empty_ledger_verifies(db):
