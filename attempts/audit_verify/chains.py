@@ -197,12 +197,11 @@ def _rows(cursor: Any, sql: str) -> Iterator[tuple]:
         yield from chunk
 
 
-def _in_order(events: Iterable[tuple]) -> Iterator[tuple]:
-    """One batch's events (EVENT_SQL's rows) by (attempt, id)."""
-    batch = list(events)
+def _in_order(events: list[tuple]) -> list[tuple]:
+    """One batch's events (EVENT_SQL's rows) by (attempt, id), sorted in place."""
     # Rows compare by attempt, then id (unique): the columns after them are never compared.
-    batch.sort()
-    return iter(batch)
+    events.sort()
+    return events
 
 
 @contextlib.contextmanager
@@ -269,10 +268,20 @@ class Verifier:
     def bad(self, kind: str, message: str, event_id: int | None = None, attempt_id=None) -> None:
         self.checker.problem(Problem(kind, message, event_id, attempt_id))
 
-    def stream(self, sql: str, *, batch: bool = False) -> Iterator[tuple]:
-        cursor = self.cursors.batch() if batch else self.cursor_factory()
+    def stream(self, sql: str) -> Iterator[tuple]:
+        cursor = self.cursor_factory()
         try:
             yield from _rows(cursor, sql)
+        finally:
+            cursor.close()
+
+    def batch_rows(self, sql: str) -> list[tuple]:
+        """Every row of a bounded read (one keyset batch) at once, from a plain cursor: no
+        generator step per row, as the batch is held whole anyway."""
+        cursor = self.cursors.batch()
+        try:
+            cursor.execute(sql)
+            return cursor.fetchall()
         finally:
             cursor.close()
 
@@ -317,11 +326,11 @@ class Verifier:
         events_since = EVENT_SINCE_SQL.format(**bounds, since=since) if since else ""
         # Each attempt's events, grouped by attempt (``groupby``'s (pk, events) pairs).
         groups = groupby(
-            _in_order(self.stream(self.event_sql.format(**bounds, since=events_since), batch=True)),
+            _in_order(self.batch_rows(self.event_sql.format(**bounds, since=events_since))),
             itemgetter(0),
         )
         pending = next(groups, None)
-        for row in self.stream(self.attempt_sql.format(**bounds, since=since), batch=True):
+        for row in self.batch_rows(self.attempt_sql.format(**bounds, since=since)):
             pk = row[0]
             while pending is not None and pending[0] < pk:
                 self.orphans(pending[1])  # their attempt is gone
