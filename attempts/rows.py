@@ -356,9 +356,11 @@ def _checked_intent_statement() -> str:
     """``_intent_statement`` whose rows are written only while the grant's terms hold
     (``_terms_still``). Its parameters are named (``_checked_params``), each value sent once:
     psycopg parses a statement of more than 50 parameters anew at every execution."""
-    attempt = {c.field.attname: f"%(a{i})s" for i, c in enumerate(_attempt_fields())}
+    names = _checked_names()
+    count = len(_attempt_fields())
+    attempt = {c.field.attname: f"%({names[i]})s" for i, c in enumerate(_attempt_fields())}
     key = ["%(key)s", *(attempt[name] for name in _KEY_COLUMNS[1:])]
-    event = ", ".join(f"%(e{i})s" for i in range(len(_event_fields())))
+    event = ", ".join(f"%({name})s" for name in names[count:])
     still = _terms_still(
         attempt["tenant_id"], attempt["tool_name"], "%(version)s", "%(scopes)s", "%(policies)s"
     )
@@ -378,11 +380,19 @@ def _checked_params(
     """The named parameters of ``_checked_intent_statement``: the key's digest (the key
     index's other columns are the attempt's own), the terms' (``_terms_params``; tenant and
     tool are the attempt's), the attempt's values and the event's."""
-    params = {"key": key_values[0], "version": check[2], "scopes": check[3]}
-    params["policies"] = check[4]
-    params |= {f"a{i}": value for i, value in enumerate(values)}
-    params |= {f"e{i}": value for i, value in enumerate(event_values)}
+    params = dict(zip(_checked_names(), [*values, *event_values], strict=True))
+    params.update(key=key_values[0], version=check[2], scopes=check[3], policies=check[4])
     return params
+
+
+@functools.cache
+def _checked_names() -> tuple[str, ...]:
+    """The names of ``_checked_intent_statement``'s attempt and event parameters, in the order
+    of their values: each name made once, not formatted again for every intent."""
+    return (
+        *(f"a{i}" for i in range(len(_attempt_fields()))),
+        *(f"e{i}" for i in range(len(_event_fields()))),
+    )
 
 
 def compare_and_set(
