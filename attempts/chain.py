@@ -72,9 +72,10 @@ def new_salt() -> str:
     return secrets.token_hex(32)
 
 
-def args_digest(salt: str, args: Any) -> str:
-    """The salted digest of normalized arguments a format-3 creation event records."""
-    return args_commitment(salt, args, dumps=jcs.dumps)
+def args_digest(salt: str, args: Any, *, canonical: bytes | None = None) -> str:
+    """The salted digest of normalized arguments a format-3 creation event records;
+    ``canonical``: their RFC 8785 bytes, when the caller has them (``normalize_args``'s)."""
+    return args_commitment(salt, args, dumps=jcs.dumps, canonical=canonical)
 
 
 def attempt_event(

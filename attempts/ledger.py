@@ -355,6 +355,7 @@ def _record_intent(
                 policy_version=auth.policy_version,
                 credential_scope=auth.scopes,
                 terms=terms if guessed else None,
+                args_canonical=normalized.canonical,
                 **fields,
                 **held,
             )

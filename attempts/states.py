@@ -224,11 +224,14 @@ def create(
     details: dict[str, Any] | None = None,
     now: dt.datetime | None = None,
     terms: authority.GrantTerms | None = None,
+    args_canonical: bytes | None = None,
     **fields: Any,
 ) -> Attempt:
     """Create a new attempt in an initial state with its first event. ``fields`` are the
     attempt's own (tenant_id, task_id, tool_name, ...). ``terms``: the grant terms the attempt
-    was built with, which its INSERT checks still hold (TermsChanged when not)."""
+    was built with, which its INSERT checks still hold (TermsChanged when not).
+    ``args_canonical``: the RFC 8785 bytes of ``args`` (``canonical.normalize_args``'s), which
+    the first event's salted digest of the arguments is made from when given."""
     if state not in INITIAL_STATES:
         raise TransitionError(f"an attempt cannot be created in {state}")
     if state == S.AWAITING_APPROVAL and fields.get("approval_policy") is None:
@@ -261,7 +264,9 @@ def create(
         # Chain format 3: the history commits to the arguments by a salted digest, so they
         # can be erased (attempts/erasure.py) and the chain still verifies.
         attempt.args_salt = chain.new_salt()
-    record["args_digest"] = chain.args_digest(attempt.args_salt, attempt.args)
+    record["args_digest"] = chain.args_digest(
+        attempt.args_salt, attempt.args, canonical=args_canonical
+    )
     if attempt.owner_id:
         record["owner_id"] = attempt.owner_id
     if attempt.traceparent:

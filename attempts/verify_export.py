@@ -419,7 +419,11 @@ def cannot_hash(exc: Exception) -> str:
 
 def salted_digest(salt: str, value: Any, *, dumps: Callable[[Any], bytes] = rfc8785.dumps) -> str:
     """HMAC-SHA256 keyed by the attempt's salt (hex) over the RFC 8785 JSON of ``value``."""
-    return hmac.digest(bytes.fromhex(salt), dumps(value), "sha256").hex()
+    return _salted(salt, dumps(value))
+
+
+def _salted(salt: str, data: bytes) -> str:
+    return hmac.digest(bytes.fromhex(salt), data, "sha256").hex()
 
 
 def text_digest(
@@ -431,8 +435,20 @@ def text_digest(
     return salted_digest(salt, {"reason": reason, "details": private}, dumps=dumps)
 
 
-def args_commitment(salt: str, args: Any, *, dumps: Callable[[Any], bytes] = rfc8785.dumps) -> str:
-    """The salted digest of the normalized arguments a format-3 creation event records."""
+def args_commitment(
+    salt: str,
+    args: Any,
+    *,
+    dumps: Callable[[Any], bytes] = rfc8785.dumps,
+    canonical: bytes | None = None,
+) -> str:
+    """The salted digest of the normalized arguments a format-3 creation event records.
+    ``canonical``: the RFC 8785 bytes of ``args``, when the caller has them already (the
+    writer, which hashed the arguments it normalized): the committed document ``{"args": ...}``
+    is written around them (an object of one member is its key, a colon and its value's bytes,
+    in braces) instead of encoding the arguments again."""
+    if canonical is not None:
+        return _salted(salt, b'{"args":' + canonical + b"}")
     return salted_digest(salt, {"args": args}, dumps=dumps)
 
 

@@ -104,3 +104,24 @@ def test_deep_nesting_is_refused():
         cursor = cursor["a"]
     with pytest.raises(InvalidArguments):
         normalize_args(value)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        {},
+        {"title": "Printer on fire", "priority": 2},
+        {"z": [1, 2.5, None, True, {"b": "\u20ac", "a": "\U0001f525"}], "\u20ac": 0.1, "e": 1e15},
+        {"nested": {"deeper": {"n": -0.0, "s": 'line\nbreak "quoted"'}}},
+    ],
+)
+def test_the_args_digest_from_canonical_bytes_is_the_reference_digest(args):
+    # The writer commits to the arguments from the bytes it hashed them by (states.create gets
+    # normalize_args' canonical bytes); the verifiers encode {"args": ...} with the reference.
+    from attempts import chain, verify_export
+
+    salt = chain.new_salt()
+    normalized = normalize_args(args)
+    reference = verify_export.args_commitment(salt, normalized.value)
+    assert chain.args_digest(salt, normalized.value, canonical=normalized.canonical) == reference
+    assert chain.args_digest(salt, normalized.value) == reference
