@@ -213,7 +213,10 @@ def json_response(data: dict[str, Any], status: int = 200) -> HttpResponse:
     once (every answer with an attempt comes through here)."""
     if _encode_response is None:  # pragma: no cover - CPython always has the C encoder
         return JsonResponse(data, status=status)
-    body = _encode_response(data)
+    # As bytes (ASCII: the encoder escapes the rest), so the response never looks up the
+    # charset to encode a text body: its Content-Type names none, so that is a settings read
+    # and a search of the header for each answer.
+    body = _encode_response(data).encode("ascii")
     return HttpResponse(body, content_type="application/json", status=status)
 
 
