@@ -79,7 +79,8 @@ class _Column:
     column, an ``int`` or ``bool`` of exactly that type for a number or flag column, ``None``.
     Those go as they are. An aware ``datetime`` goes straight to the backend's adaptation (all
     the field's own preparation adds is a check that it is aware): as it is on PostgreSQL, UTC
-    text on SQLite. A dict or list for a JSON column goes straight to the backend's adaptation
+    text on SQLite; ``None`` for a datetime column goes as it is, as Django's preparation hands
+    it back. A dict or list for a JSON column goes straight to the backend's adaptation
     too (the field's own preparation adds only a lazy string's check). Every other value (naive
     datetimes, dates, other JSON, lazy strings, a bool for a number column) still goes through
     Django."""
@@ -110,7 +111,7 @@ class _Column:
 
     def prep(self, value: Any, db: BaseDatabaseWrapper) -> Any:
         plain = self.plain
-        if value is None and plain is not None:
+        if value is None and (plain is not None or self.datetime):
             return None
         if plain is str and isinstance(value, str):  # Django hands str subclasses back too
             return value
