@@ -75,20 +75,29 @@ def _plain(value: Any, depth: int = 0) -> bool:
     if kind is dict:
         if depth >= _FAST_DEPTH:
             return False
-        for key, item in value.items():
-            if not isinstance(key, str) or (not key.isascii() and _astral(key)):
-                return False
-            if not _plain_leaf(item) and not _plain(item, depth + 1):
-                return False
-        return True
-    if kind is list or kind is tuple:
+        # The keys at once: joined, they are text only if each is a string, and ASCII only if
+        # each is (the common case; else each non-ASCII key is looked at for astral characters).
+        try:
+            keys = "".join(value)
+        except TypeError:
+            return False
+        if not keys.isascii() and any(_astral(key) for key in value):
+            return False
+        items = value.values()
+    elif kind is list or kind is tuple:
         if depth >= _FAST_DEPTH:
             return False
-        for item in value:
-            if not _plain_leaf(item) and not _plain(item, depth + 1):
-                return False
-        return True
-    return _plain_leaf(value)
+        items = value
+    else:
+        return _plain_leaf(value)
+    for item in items:
+        kind = type(item)
+        # The commonest leaves without a call; the rest as _plain_leaf says, containers within.
+        if kind is str or item is None or kind is bool:
+            continue
+        if not _plain_leaf(item) and not _plain(item, depth + 1):
+            return False
+    return True
 
 
 def _plain_leaf(value: Any) -> bool:
