@@ -289,6 +289,21 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+# A request body's decoder, built once: json.loads with hooks builds a new decoder and scanner
+# for every call. Its scanner keeps no state between calls, so threads may share it, as they
+# share json.loads' own default decoder.
+_body_decoder = json.JSONDecoder(
+    object_pairs_hook=_no_duplicate_keys, parse_constant=_refuse_constant
+)
+
+
+def _decode_body(text: str) -> Any:
+    """``json.loads(text, object_pairs_hook=..., parse_constant=...)``, by the decoder built once."""
+    if text.startswith("\ufeff"):  # as json.loads refuses it, in its words
+        raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+    return _body_decoder.decode(text)
+
+
 def _json_body(request: HttpRequest, allowed: set[str]) -> dict[str, Any]:
     """The request body as a JSON object with only ``allowed`` keys, or an ApiError."""
     limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
@@ -307,11 +322,7 @@ def _json_body(request: HttpRequest, allowed: set[str]) -> dict[str, Any]:
     if not raw.strip():
         raise ApiError(400, "malformed_json", "the body is empty; send a JSON object")
     try:
-        body = json.loads(
-            raw.decode("utf-8"),
-            object_pairs_hook=_no_duplicate_keys,
-            parse_constant=_refuse_constant,
-        )
+        body = _decode_body(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ApiError(400, "malformed_json", f"the body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):

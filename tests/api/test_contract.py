@@ -4,11 +4,13 @@ class of bad input answered with a clear JSON 4xx that stores nothing."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 
 import pytest
 from django.test import override_settings
 from django.utils import timezone
 
+from attempts import api as api_module
 from attempts import states
 from attempts.canonical import normalize_args
 from attempts.locking import write_transaction
@@ -117,6 +119,7 @@ BAD_JSON = [
     b'{"args": {"x": NaN}}',
     b'{"args": {"x": Infinity}}',
     b"\xff\xfe{}",
+    "\ufeff{}".encode(),
     b"",
     b"   ",
     b"[" * 100000,
@@ -128,6 +131,28 @@ def test_malformed_json_is_400_and_stores_nothing(api: Api, raw: bytes) -> None:
     before = ledger_snapshot()
     assert_error(api.post("attempts", raw=raw), 400, "malformed_json")
     assert ledger_snapshot() == before
+
+
+@pytest.mark.parametrize(
+    "text", ['{"a": [1, {"b": null}]}', '\ufeff{"a": 1}', *(raw.decode() for raw in BAD_JSON[:6])]
+)
+def test_a_body_is_decoded_as_json_loads_decodes_it(text: str) -> None:
+    # The API's decoder is built once (api._decode_body); the answers and refusals, with their
+    # messages, are json.loads' with the same hooks.
+    def outcome(decode):
+        try:
+            return ("value", decode(text))
+        except ValueError as exc:
+            return ("refused", type(exc), str(exc))
+
+    def reference(body: str):
+        return json.loads(
+            body,
+            object_pairs_hook=api_module._no_duplicate_keys,
+            parse_constant=api_module._refuse_constant,
+        )
+
+    assert outcome(api_module._decode_body) == outcome(reference)
 
 
 WRONG_TYPES = [
