@@ -144,6 +144,10 @@ class DriverCursor:
     def rowcount(self) -> int:
         return self.cursor.rowcount
 
+    @property
+    def lastrowid(self) -> int | None:
+        return self.cursor.lastrowid
+
     def __enter__(self) -> DriverCursor:
         return self
 

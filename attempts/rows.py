@@ -130,11 +130,15 @@ def _attempt_fields() -> tuple[_Column, ...]:
 
 
 @functools.cache
-def _attempt_insert() -> str:
+def _attempt_insert(returning: bool = True) -> str:
+    """The attempt's INSERT, returning its id (PostgreSQL's statement needs it for the event),
+    or not (SQLite's, whose cursor has the new row's id as ``lastrowid``: RETURNING costs
+    SQLite a result to build and the driver a row to fetch)."""
     columns = ", ".join(c.name for c in _attempt_fields())
     return (
         f"INSERT INTO {_q(Attempt._meta.db_table)} ({columns}) "
-        f"VALUES ({_marks(len(_attempt_fields()))}) RETURNING {_q('id')}"
+        f"VALUES ({_marks(len(_attempt_fields()))})"
+        + (f" RETURNING {_q('id')}" if returning else "")
     )
 
 
@@ -318,8 +322,8 @@ def insert_attempt(
                 cursor.execute(_key_insert_while_terms_hold(), key_values + check)
                 if cursor.rowcount != 1:
                     return False
-            cursor.execute(_attempt_insert(), values)
-            attempt.pk = cursor.fetchone()[0]
+            cursor.execute(_attempt_insert(returning=False), values)
+            attempt.pk = cursor.lastrowid
             cursor.execute(_event_insert(""), [attempt.pk, *event_values])
     attempt._state.adding = False
     attempt._state.db = db.alias
