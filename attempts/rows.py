@@ -113,8 +113,11 @@ class _Column:
         plain = self.plain
         if value is None and (plain is not None or self.datetime):
             return None
-        if plain is str and isinstance(value, str):  # Django hands str subclasses back too
-            return value
+        if plain is str and isinstance(value, str):
+            # Django hands a str subclass (a state or actor kind) back as it is; its characters
+            # as a plain str are the same parameter, which the drivers adapt without looking up
+            # the subclass (psycopg walks its classes for every statement).
+            return str.__str__(value)
         if plain is not None and type(value) is plain:
             return value
         if self.datetime and type(value) is dt.datetime and value.utcoffset() is not None:
