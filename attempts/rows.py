@@ -33,7 +33,7 @@ from typing import Any
 from django.core.exceptions import EmptyResultSet
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Field
+from django.db.models import DateField, DateTimeField, Field
 
 from attempts import dbadapter
 from attempts.event_row import EventRow
@@ -71,6 +71,11 @@ def _cursor(db: BaseDatabaseWrapper) -> Any:
 # Statements, built once from the models
 
 
+# The pre_save methods that return the field's attribute (the date ones unless the field sets
+# itself: auto_now, auto_now_add).
+_READING_PRE_SAVES = (Field.pre_save, DateField.pre_save, DateTimeField.pre_save)
+
+
 class _Column:
     """A model field this module writes, and how its values reach the database.
 
@@ -105,9 +110,13 @@ class _Column:
         self.plain = self.PLAIN.get(target.get_internal_type())
         self.datetime = target.get_internal_type() == "DateTimeField"
         self.json = target.get_internal_type() == "JSONField" and target.encoder is None
-        # Field.pre_save returns the attribute; a field that overrides it (a date with
-        # auto_now) is asked.
-        self.attname = field.attname if type(field).pre_save is Field.pre_save else ""
+        # Field.pre_save returns the attribute, and so do Django's date and datetime fields
+        # without auto_now or auto_now_add; a field that does more (those, or one overriding
+        # pre_save) is asked.
+        reads = type(field).pre_save in _READING_PRE_SAVES and not (
+            getattr(field, "auto_now", False) or getattr(field, "auto_now_add", False)
+        )
+        self.attname = field.attname if reads else ""
 
     def prep(self, value: Any, db: BaseDatabaseWrapper) -> Any:
         plain = self.plain

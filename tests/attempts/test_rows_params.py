@@ -48,3 +48,19 @@ def test_every_column_gets_what_djangos_preparation_makes_of_its_value() -> None
             assert _comparable(ours) == _comparable(django), (column.field.name, value)
             checked += 1
     assert checked > len(columns)
+
+
+def test_a_date_field_that_sets_itself_is_asked_for_its_value() -> None:
+    # Read as its attribute only when pre_save would return the attribute: not with auto_now
+    # or auto_now_add, which set the field when it is saved.
+    from django.db import models
+
+    for field, read in (
+        (models.DateTimeField(), True),
+        (models.DateField(), True),
+        (models.DateTimeField(auto_now=True), False),
+        (models.DateField(auto_now_add=True), False),
+        (models.CharField(max_length=5), True),
+    ):
+        field.set_attributes_from_name("when")
+        assert bool(rows._Column(field).attname) is read, field
