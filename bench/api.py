@@ -99,8 +99,9 @@ def client_loop(args: tuple) -> dict:
     return {"ok": ok, "errors": errors, "created": created, "failures": failures[:5]}
 
 
-def scratch_postgres(url: str, name: str = "bench_api") -> str:
-    """Drop and create the database ``name`` on the server of ``url``; returns its URL."""
+def scratch_postgres(url: str, name: str = "bench_api", template: str = "") -> str:
+    """Drop and create the database ``name`` on the server of ``url`` (a copy of the database
+    ``template`` when given); returns its URL."""
     from urllib.parse import urlsplit, urlunsplit
 
     import psycopg
@@ -108,7 +109,7 @@ def scratch_postgres(url: str, name: str = "bench_api") -> str:
     parts = urlsplit(url)
     with psycopg.connect(urlunsplit((*parts[:2], "/postgres", *parts[3:])), autocommit=True) as db:
         db.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        db.execute(f'CREATE DATABASE "{name}"')
+        db.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
     return urlunsplit((*parts[:2], f"/{name}", *parts[3:]))
 
 
