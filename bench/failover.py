@@ -20,7 +20,7 @@ checkpoint it had reached (a checkpoint past it, sealed on the new primary).
 The demo provider is a real process with its own record of effects (reconciliation/demo_provider.py).
 Everything started here is stopped at the end, also on failure. ``tests/test_failover.py`` runs it.
 
-Usage: .venv/bin/python bench/failover.py [--seconds 5] [--rate 20] [--keep]
+Usage: .venv/bin/python bench/failover.py [--seconds 5] [--agents 6] [--keep]
 """
 
 from __future__ import annotations
@@ -212,7 +212,7 @@ class Failover(Soak):
 
     def __init__(self, options: argparse.Namespace, workdir: Path) -> None:
         soak_options = argparse.Namespace(
-            database="sqlite", web_workers=2, seed=1, rate=options.rate, agents=options.agents
+            database="sqlite", web_workers=2, seed=1, agents=options.agents
         )
         super().__init__(soak_options, workdir)
         self.failover_options = options
@@ -487,7 +487,6 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="load before the kill (5)")
     parser.add_argument("--agents", type=int, default=6, help="agent threads (6)")
-    parser.add_argument("--rate", type=float, default=20.0, help="unused pacing hint (20)")
     parser.add_argument(
         "--lag",
         type=float,
