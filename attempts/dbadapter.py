@@ -116,9 +116,10 @@ def private_api_problems(db: BaseDatabaseWrapper) -> list[str]:
 class DriverCursor:
     """A statement straight on the driver's cursor, with what Django's cursor guards kept:
     errors are Django's (``IntegrityError`` for a key already recorded), a broken transaction
-    is refused, and a connection that failed its health check is replaced. On PostgreSQL the
-    connection's one driver cursor is reused (``_kept_cursor``): read a statement's result
-    inside its ``with`` block, before the next statement."""
+    is refused, and a connection that failed its health check is replaced. On PostgreSQL each
+    statement runs on the connection's driver cursor for that statement, reused
+    (``_kept_cursor``): read a statement's result inside its ``with`` block, before the next
+    statement."""
 
     def __init__(self, db: BaseDatabaseWrapper) -> None:
         db.close_if_health_check_failed()
@@ -127,10 +128,12 @@ class DriverCursor:
         # sqlite3 keeps a statement open until its cursor is reset, so there each statement
         # has a cursor of its own, closed after it; psycopg has read the whole result already.
         self.kept = not self.qmark
-        self.db, self.cursor = db, _kept_cursor(db) if self.kept else db.connection.cursor()
+        self.db, self.cursor = db, None if self.kept else db.connection.cursor()
 
     def execute(self, sql: str, params: list[Any]) -> None:
         self.db.validate_no_broken_transaction()
+        if self.kept:
+            self.cursor = _kept_cursor(self.db, sql)
         with self.db.wrap_database_errors:
             self.cursor.execute(_qmark(sql) if self.qmark else sql, params)
 
@@ -156,21 +159,33 @@ class DriverCursor:
             self.cursor.close()
 
 
-def _kept_cursor(db: BaseDatabaseWrapper) -> Any:
-    """One psycopg cursor per driver connection, reused statement after statement (a Django
-    connection belongs to one thread): a cursor opened per statement, with the driver's
-    per-cursor adaptation state built again each time, was a visible share of a tool call.
-    A new driver connection (after a close or a failed health check) gets a new cursor."""
+def _kept_cursor(db: BaseDatabaseWrapper, sql: str) -> Any:
+    """The psycopg cursor of the driver connection for the statement ``sql``, reused each time
+    that statement runs (a Django connection belongs to one thread). A cursor keeps its
+    adaptation state (the transformer that finds each parameter's dumper) only while it runs the
+    same statement again: a cursor opened per statement, or one shared by statements in turn,
+    built it again for every statement, a visible share of a tool call. A new driver connection
+    (after a close or a failed health check) gets new cursors, and so does one that has run
+    ``_KEPT_STATEMENTS`` different statements (one built with varying parts)."""
     raw = db.connection
     kept = db.__dict__.get(_KEPT)
-    if kept is None or kept[0] is not raw:
-        kept = (raw, raw.cursor())
+    if (
+        kept is None
+        or kept[0] is not raw
+        or (len(kept[1]) >= _KEPT_STATEMENTS and sql not in kept[1])
+    ):
+        kept = (raw, {})
         db.__dict__[_KEPT] = kept
-    return kept[1]
+    cursor = kept[1].get(sql)
+    if cursor is None:
+        cursor = kept[1][sql] = raw.cursor()
+    return cursor
 
 
-# Where the kept cursor lives on the connection wrapper (a name of this module's own).
-_KEPT = "_ledger_driver_cursor"
+# Where the kept cursors live on the connection wrapper (a name of this module's own), and how
+# many statements' cursors a connection keeps at most.
+_KEPT = "_ledger_driver_cursors"
+_KEPT_STATEMENTS = 64
 
 
 @functools.cache

@@ -454,9 +454,8 @@ def compare_and_set(
     if effect is not None:
         return _compare_and_set_claiming(db, update, params, event_values, list(effect))
     if db.vendor == "postgresql":
-        sql = f"WITH moved AS ({update} RETURNING {_q('id')}) {_event_insert('moved')}"
         with _atomic(db, 1), _cursor(db) as cursor:
-            cursor.execute(sql, params + event_values)
+            cursor.execute(_move_statement(update), params + event_values)
             return cursor.rowcount == 1
     with _atomic(db, 2), _cursor(db) as cursor:
         cursor.execute(update, params)
@@ -464,6 +463,13 @@ def compare_and_set(
             return False
         cursor.execute(_event_insert(""), [pk, *event_values])
         return True
+
+
+@functools.cache
+def _move_statement(update: str) -> str:
+    """PostgreSQL's one statement of a move: ``update`` and the event's ``INSERT`` (one text
+    object for each ``update``, so the driver's cursor for it keeps its adaptation state)."""
+    return f"WITH moved AS ({update} RETURNING {_q('id')}) {_event_insert('moved')}"
 
 
 def _compare_and_set_claiming(

@@ -96,22 +96,29 @@ def test_sqlite_own_transaction_is_refused_inside_atomic() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_driver_cursor_is_kept_per_connection_on_postgresql() -> None:
-    """On PostgreSQL one driver cursor serves a connection's statements; a new connection (after
-    a close) gets its own. SQLite closes each statement's cursor after it."""
+def test_the_driver_cursor_is_kept_per_statement_and_connection_on_postgresql() -> None:
+    """On PostgreSQL a statement runs on its own driver cursor of the connection each time,
+    another statement on another; a new connection (after a close) gets new cursors. SQLite
+    closes each statement's cursor after it."""
     db = connections[DEFAULT_DB_ALIAS]
-    with dbadapter.DriverCursor(db) as first:
-        first.execute("SELECT 1", [])
-        assert first.fetchone() == (1,)
-    with dbadapter.DriverCursor(db) as second:
-        second.execute("SELECT 2", [])
-        assert second.fetchone() == (2,)
-    assert (first.cursor is second.cursor) is (db.vendor == "postgresql")
+    select = "SELECT %s"
+    cursors = []
+    for value in (1, 2):
+        with dbadapter.DriverCursor(db) as cursor:
+            cursor.execute(select, [value])
+            assert cursor.fetchone() == (value,)
+            cursors.append(cursor.cursor)
+    with dbadapter.DriverCursor(db) as other:
+        other.execute("SELECT 3", [])
+        assert other.fetchone() == (3,)
+    postgresql = db.vendor == "postgresql"
+    assert (cursors[0] is cursors[1]) is postgresql
+    assert other.cursor is not cursors[0]
     db.close()
-    with dbadapter.DriverCursor(db) as third:
-        third.execute("SELECT 3", [])
-        assert third.fetchone() == (3,)
-    assert third.cursor is not first.cursor
+    with dbadapter.DriverCursor(db) as again:
+        again.execute(select, [4])
+        assert again.fetchone() == (4,)
+    assert again.cursor is not cursors[0]
 
 
 # The private names of ``PRIVATE_API`` as code spells them at a use (``dbadapter.x`` aside).
