@@ -22,9 +22,7 @@ def api_views():
             route = prefix + str(entry.pattern)
             if isinstance(entry, URLResolver):
                 walk(entry.url_patterns, route)
-            elif isinstance(entry, URLPattern) and ("/" + route).startswith(
-                api_module.API_PREFIX
-            ):
+            elif isinstance(entry, URLPattern) and ("/" + route).startswith(api_module.API_PREFIX):
                 found.append((route, entry.callback))
 
     walk(get_resolver().url_patterns, "")
