@@ -293,6 +293,30 @@ def table_names(db: BaseDatabaseWrapper) -> list[str]:
     return db.introspection.table_names()
 
 
+def index_state(db: BaseDatabaseWrapper, name: str) -> str:
+    """Whether the index ``name`` is ``valid``, ``missing``, or ``invalid``: a PostgreSQL build
+    with ``CONCURRENTLY`` that was cut short leaves the index in place but unused, to be dropped
+    and built again (SQLite builds an index in its transaction, so never leaves one)."""
+    with db.cursor() as cursor:
+        if db.vendor == "sqlite":
+            cursor.execute("SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = %s", [name])
+            return "valid" if cursor.fetchone() else "missing"
+        cursor.execute(
+            "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+            "WHERE c.relname = %s AND c.relnamespace = current_schema()::regnamespace",
+            [name],
+        )
+        row = cursor.fetchone()
+    return "missing" if row is None else "valid" if row[0] else "invalid"
+
+
+def concurrently(db: BaseDatabaseWrapper) -> dict[str, bool]:
+    """The schema editor's options to build or drop an index without blocking writers: on
+    PostgreSQL ``CONCURRENTLY`` (outside a transaction: the migration is not atomic); SQLite has
+    no such option and needs none."""
+    return {"concurrently": True} if db.vendor == "postgresql" else {}
+
+
 def column_names(db: BaseDatabaseWrapper, table: str) -> set[str]:
     """The columns of ``table`` in ``db`` now."""
     with db.cursor() as cursor:

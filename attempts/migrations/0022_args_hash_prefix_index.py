@@ -14,40 +14,22 @@ writers are not blocked and a search always has an index; plain statements on SQ
 from django.db import migrations, models
 
 import attempts.models.attempts
+from attempts import dbadapter
 
 OLD = models.Index(fields=["args_hash"], name="attempt_args_hash_idx")
 NEW = models.Index(attempts.models.attempts.HashPrefix("args_hash"), name="attempt_args_hash16_idx")
 
 
-def _concurrently(schema_editor) -> dict[str, bool]:
-    return {"concurrently": True} if schema_editor.connection.vendor == "postgresql" else {}
-
-
-def _state(schema_editor, name: str) -> str:
-    """``valid``, ``missing``, or ``invalid`` (a concurrent build that was cut short)."""
-    connection = schema_editor.connection
-    with connection.cursor() as cursor:
-        if connection.vendor == "sqlite":
-            cursor.execute("SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = %s", [name])
-            return "valid" if cursor.fetchone() else "missing"
-        cursor.execute(
-            "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
-            "WHERE c.relname = %s AND c.relnamespace = current_schema()::regnamespace",
-            [name],
-        )
-        row = cursor.fetchone()
-    return "missing" if row is None else "valid" if row[0] else "invalid"
-
-
 def _swap(schema_editor, model, add: models.Index, drop: models.Index) -> None:
     """Build ``add`` (again, if a concurrent build left it invalid), then drop ``drop``: a
     search always has one of them."""
-    state = _state(schema_editor, add.name)
+    db = schema_editor.connection
+    state = dbadapter.index_state(db, add.name)
     if state == "invalid":
-        schema_editor.remove_index(model, add, **_concurrently(schema_editor))
+        schema_editor.remove_index(model, add, **dbadapter.concurrently(db))
     if state != "valid":
-        schema_editor.add_index(model, add, **_concurrently(schema_editor))
-    schema_editor.remove_index(model, drop, **_concurrently(schema_editor))
+        schema_editor.add_index(model, add, **dbadapter.concurrently(db))
+    schema_editor.remove_index(model, drop, **dbadapter.concurrently(db))
 
 
 def forwards(apps, schema_editor):

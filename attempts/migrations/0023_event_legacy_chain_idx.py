@@ -12,46 +12,26 @@ is dropped and built again. A plain statement on SQLite.
 
 from django.db import migrations, models
 
+from attempts import dbadapter
+
 INDEX = models.Index(
     fields=["id"], name="event_legacy_chain_idx", condition=models.Q(chain_format=1)
 )
 
 
-def _options(schema_editor) -> dict[str, bool]:
-    return {"concurrently": True} if schema_editor.connection.vendor == "postgresql" else {}
-
-
-def _invalid(schema_editor) -> bool | None:
-    """None: no such index; True: a concurrent build of it was cut short."""
-    connection = schema_editor.connection
-    with connection.cursor() as cursor:
-        if connection.vendor == "sqlite":
-            cursor.execute(
-                "SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = %s", [INDEX.name]
-            )
-            return False if cursor.fetchone() else None
-        cursor.execute(
-            "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
-            "WHERE c.relname = %s AND c.relnamespace = current_schema()::regnamespace",
-            [INDEX.name],
-        )
-        row = cursor.fetchone()
-    return None if row is None else not row[0]
-
-
 def forwards(apps, schema_editor):
-    model = apps.get_model("attempts", "AttemptEvent")
-    invalid = _invalid(schema_editor)
-    if invalid:
-        schema_editor.remove_index(model, INDEX, **_options(schema_editor))
-    if invalid is not False:
-        schema_editor.add_index(model, INDEX, **_options(schema_editor))
+    model, db = apps.get_model("attempts", "AttemptEvent"), schema_editor.connection
+    state = dbadapter.index_state(db, INDEX.name)
+    if state == "invalid":
+        schema_editor.remove_index(model, INDEX, **dbadapter.concurrently(db))
+    if state != "valid":
+        schema_editor.add_index(model, INDEX, **dbadapter.concurrently(db))
 
 
 def backwards(apps, schema_editor):
-    model = apps.get_model("attempts", "AttemptEvent")
-    if _invalid(schema_editor) is not None:
-        schema_editor.remove_index(model, INDEX, **_options(schema_editor))
+    model, db = apps.get_model("attempts", "AttemptEvent"), schema_editor.connection
+    if dbadapter.index_state(db, INDEX.name) != "missing":
+        schema_editor.remove_index(model, INDEX, **dbadapter.concurrently(db))
 
 
 class Migration(migrations.Migration):
