@@ -62,10 +62,12 @@ def exact_search(term: str) -> Q:
     )
 
 
-def _search_scope(tenants: list[str], states: tuple[str, ...]) -> Q:
-    """The tenant and state limits of a search lane. On SQLite they are written so the planner
+def search_scope(tenants: list[str], states: tuple[str, ...]) -> Q:
+    """The tenant and state limits of a search lane, or of any read led by an identifier's own
+    index (the API's list by key, task or trace). On SQLite they are written so the planner
     cannot read them from an index (``+column``): it must walk the identifier's own index in
-    order, never gather every match of a broad prefix by tenant and sort them."""
+    order, never gather every match of a broad prefix by tenant and sort them. (With no
+    statistics SQLite may otherwise pick the tenant's range and read every attempt in it.)"""
     every_state = set(states) == set(State.values)
     if connection.vendor != "sqlite":
         return Q(tenant_id__in=tenants) & (Q() if every_state else Q(state__in=states))
@@ -110,11 +112,11 @@ def _queue_lanes(
     if not states or not tenants:
         return [], []
     if q and len(q) >= MIN_PREFIX:
-        scope = _search_scope(tenants, states)
+        scope = search_scope(tenants, states)
         lanes = [base.prefix_search(q, field).filter(scope) for field in PREFIX_FIELDS]
         return lanes, lanes
     if q:
-        specs = [exact_search(q) & _search_scope(tenants, states)]
+        specs = [exact_search(q) & search_scope(tenants, states)]
     elif set(states) == set(State.values) and not by_owner:
         specs = [Q(tenant_id=t) for t in tenants]
     else:
@@ -238,7 +240,7 @@ def queue_page(
     )
     scanned, search_cut = None, False
     if lanes and prefix:
-        scanned = _prefix_lanes(filters & cursor & _search_scope(tenants, states), q, want)
+        scanned = _prefix_lanes(filters & cursor & search_scope(tenants, states), q, want)
         search_cut = any(more and len(found) < want for found, more in scanned)
         keys = _first_keys(scanned, want)
     else:

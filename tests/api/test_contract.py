@@ -7,7 +7,9 @@ import datetime as dt
 import json
 
 import pytest
+from django.db import connection
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from attempts import api as api_module
@@ -525,6 +527,37 @@ def test_list_by_idempotency_key_is_scoped_to_the_token(api: Api, tokens: Tokens
     theirs = api.get("attempts?idempotency_key=k:list", token=tokens.globex)
     assert (theirs.status, theirs.body["attempts"]) == (200, [])
     assert api.get("attempts?idempotency_key=missing").body["attempts"] == []
+
+
+@pytest.mark.parametrize(
+    ("query", "index"),
+    [
+        ("task_id=t-plan", "attempt_task_idx"),
+        ("trace_id=4bf92f3577b34da6a3ce929d0e0e4736", "attempt_trace_idx"),
+        ("idempotency_key=k:plan", "sqlite_autoindex_attempts_attempt_2"),
+    ],
+)
+def test_a_list_by_identifier_reads_that_identifiers_index(
+    api: Api, tokens: Tokens, query: str, index: str
+) -> None:
+    """Without statistics SQLite chose the tenant's range of a queue index and read every
+    attempt of the tenant (a trace's partial index could not be chosen at all): the tenants are
+    checked on the identifier's few rows instead, and another tenant still sees none of them."""
+    if connection.vendor != "sqlite":
+        pytest.skip("query plans are checked on SQLite")
+    traceparent = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+    body = intent_body("k:plan", task_id="t-plan")
+    made = api.call("POST", "attempts", body, headers=traceparent).body["attempt"]["attempt_id"]
+    with CaptureQueriesContext(connection) as queries:
+        mine = api.get(f"attempts?{query}")
+    # Read now: the next request's start empties the log the captured queries are read from.
+    (sql,) = [q["sql"] for q in queries.captured_queries if 'FROM "attempts_attempt" ' in q["sql"]]
+    assert [a["attempt_id"] for a in mine.body["attempts"]] == [made]
+    assert api.get(f"attempts?{query}", token=tokens.globex).body["attempts"] == []
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN QUERY PLAN " + sql)
+        plan = " | ".join(str(row[-1]) for row in cursor.fetchall())
+    assert f"USING INDEX {index} " in plan or f"USING COVERING INDEX {index} " in plan, plan
 
 
 def test_list_paginates_with_a_cursor(api: Api, tokens: Tokens) -> None:
