@@ -9,7 +9,9 @@ Starts gunicorn (``ledgerweb/gunicorn.conf.py``) on a free 127.0.0.1 port over a
 server), then alternates phases: the
 baseline POSTs the same JSON body to ``/bench/echo`` (no database), the API phase POSTs
 ``/api/v1/attempts`` with a new idempotency key each time. Client processes each keep one
-keep-alive connection. Afterwards every 201 intent must be in the database (no lost intents)
+keep-alive connection, spread evenly over the workers (a phase whose connections share fewer
+workers is bound by fewer interpreter locks; each round prints the cores each worker used).
+Afterwards every 201 intent must be in the database (no lost intents)
 and no request may have failed. Prints both rates and their ratio. The old 0.5 target is retired
 (issue 12): PostgreSQL is where throughput scales; on SQLite the ratio must not fall below 0.25.
 """
@@ -28,6 +30,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -59,10 +62,30 @@ def durable_commit_ceiling(directory: Path, seconds: float = 3.0) -> float:
     return n / seconds
 
 
+def placed_connection(
+    port: int, placed: Any, lock: Any, workers: int
+) -> http.client.HTTPConnection:
+    """A keep-alive connection to a gunicorn worker chosen so that the phase's connections are
+    spread as evenly as they can be (``placed``: connections by worker pid so far, shared by the
+    clients): no worker serves a second before each serves one. Which worker accepts a
+    connection is chance: four connections over three workers landed on one worker at times,
+    so a phase measured one interpreter lock and not three."""
+    for _ in range(200):
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        connection.request("GET", "/bench/worker")
+        pid = json.loads(connection.getresponse().read())["pid"]
+        with lock:
+            if placed.get(pid, 0) <= sum(placed.values()) // workers:
+                placed[pid] = placed.get(pid, 0) + 1
+                return connection
+        connection.close()
+    return connection  # not placed after that many tries: go on with the last one
+
+
 def client_loop(args: tuple) -> dict:
     """One client process: POST as fast as answers come back, for ``seconds``."""
-    port, path, token, seconds, number, phase = args
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    port, path, token, seconds, number, phase, placed, lock, workers = args
+    connection = placed_connection(port, placed, lock, workers)
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
     ok = errors = 0
     created: list[str] = []
@@ -146,9 +169,9 @@ def cpu_times() -> tuple[int, int]:
     return sum(fields) - idle, sum(fields)
 
 
-def tree_cpu_seconds(root: int) -> float:
-    """CPU seconds (user + system) used so far by ``root`` and its live descendants: the
-    gunicorn master and its workers."""
+def tree_cpu_seconds(root: int) -> dict[int, float]:
+    """CPU seconds (user + system) used so far by ``root`` and each of its live descendants
+    (the gunicorn master and its workers), by process id."""
     children: dict[int, list[int]] = {}
     stats: dict[int, list[str]] = {}
     for entry in os.listdir("/proc"):
@@ -161,26 +184,37 @@ def tree_cpu_seconds(root: int) -> float:
             continue
         stats[int(entry)] = fields
         children.setdefault(int(fields[1]), []).append(int(entry))
-    ticks, todo = 0, [root]
+    seconds, todo = {}, [root]
     while todo:
         pid = todo.pop()
         if pid in stats:
-            ticks += int(stats[pid][11]) + int(stats[pid][12])
+            ticks = int(stats[pid][11]) + int(stats[pid][12])
+            seconds[pid] = ticks / os.sysconf("SC_CLK_TCK")
         todo.extend(children.get(pid, []))
-    return ticks / os.sysconf("SC_CLK_TCK")
+    return seconds
 
 
 def run_phase(
-    port: int, path: str, token: str, seconds: float, clients: int, phase: str, server: int
+    port: int,
+    path: str,
+    token: str,
+    seconds: float,
+    clients: int,
+    phase: str,
+    server: int,
+    workers: int,
 ) -> dict:
-    with multiprocessing.get_context("spawn").Pool(clients) as pool:
+    context = multiprocessing.get_context("spawn")
+    with context.Manager() as manager, context.Pool(clients) as pool:
         # Start the clients, then measure: spawning the pool is not part of either phase.
         pool.map(time.sleep, [0] * clients)
+        placed, lock = manager.dict(), manager.Lock()
         busy_before, total_before = cpu_times()
         server_before = tree_cpu_seconds(server)
         started = time.monotonic()
         results = pool.map(
-            client_loop, [(port, path, token, seconds, n, phase) for n in range(clients)]
+            client_loop,
+            [(port, path, token, seconds, n, phase, placed, lock, workers) for n in range(clients)],
         )
         elapsed = time.monotonic() - started
         busy_after, total_after = cpu_times()
@@ -195,7 +229,12 @@ def run_phase(
     total["elapsed"] = elapsed
     ticks = total_after - total_before
     total["cpu_busy"] = (busy_after - busy_before) / ticks if ticks else float("nan")
-    total["server_ms"] = (server_after - server_before) * 1000 / max(total["ok"], 1)
+    used = {pid: cpu - server_before.get(pid, 0.0) for pid, cpu in server_after.items()}
+    total["server_ms"] = sum(used.values()) * 1000 / max(total["ok"], 1)
+    # How the phase landed on the workers: each client keeps one connection, and a phase whose
+    # connections share fewer workers is bound by fewer interpreter locks.
+    workers = sorted((cpu for pid, cpu in used.items() if pid != server), reverse=True)
+    total["workers"] = "/".join(f"{cpu / elapsed:.2f}" for cpu in workers)
     return total
 
 
@@ -267,9 +306,10 @@ def main() -> int:
                 if time.monotonic() > deadline or gunicorn.poll() is not None:
                     raise SystemExit(f"gunicorn did not start; see {data}/gunicorn.log") from None
                 time.sleep(0.2)
+        serving = (gunicorn.pid, options.workers)
         # Warm up every worker (imports, connections) before measuring.
-        run_phase(port, "/bench/echo", token, 1.0, options.clients, "warm", gunicorn.pid)
-        run_phase(port, "/api/v1/attempts", token, 1.0, options.clients, "warm", gunicorn.pid)
+        run_phase(port, "/bench/echo", token, 1.0, options.clients, "warm", *serving)
+        run_phase(port, "/api/v1/attempts", token, 1.0, options.clients, "warm", *serving)
         warm = Attempt.objects.count()
 
         baseline, api, ceilings = [], [], []
@@ -284,7 +324,7 @@ def main() -> int:
                     options.seconds,
                     options.clients,
                     f"b{round_number}",
-                    gunicorn.pid,
+                    *serving,
                 )
             )
             api.append(
@@ -295,7 +335,7 @@ def main() -> int:
                     options.seconds,
                     options.clients,
                     f"a{round_number}",
-                    gunicorn.pid,
+                    *serving,
                 )
             )
     finally:
@@ -328,6 +368,7 @@ def main() -> int:
             f"  round {n + 1}: minimal JSON view {b['rate']:8.1f} req/s (CPU busy "
             f"{b['cpu_busy']:.0%})   intents {a['rate']:8.1f} /s (CPU busy {a['cpu_busy']:.0%})"
         )
+        print(f"           cores used by each worker: view {b['workers']}, intents {a['workers']}")
     base_ms = sum(p["server_ms"] for p in baseline) / len(baseline)
     api_ms = sum(p["server_ms"] for p in api) / len(api)
     print(

@@ -184,3 +184,13 @@ def test_sync_commit_bench_prints_both_modes_and_their_ratio():
     assert done.returncode == 0, done.stdout + done.stderr
     assert "round 1 synchronous" in done.stdout
     assert re.search(r"ratio: [0-9.]+x", done.stdout), done.stdout
+
+
+def test_api_bench_spreads_its_clients_over_the_workers_and_loses_no_intent():
+    out = _sqlite_bench("bench/api.py", "--seconds", "1", "--rounds", "1")
+    assert re.search(r"ratio intents/baseline: +[0-9.]+", out), out
+    assert re.search(r"lost: 0$", out, re.MULTILINE), out
+    # Four clients over three workers: two, one and one, in both phases.
+    (spread,) = re.findall(r"cores used by each worker: view (.+), intents (.+)", out)
+    for phase in spread:
+        assert len(phase.split("/")) == 3 and "0.00" not in phase.split("/"), out
