@@ -72,7 +72,12 @@ def test_one_misbehaving_provider_holds_up_nobody_else(
     bad_provider.point(BAD_TOOL, TIMEOUT)
     worker = start_manage(
         ["reconcile", "--interval", "0.2", "--worker-id", "bulkhead"],
-        env=child_env(LEDGERWEB_STALE_AFTER="1", LEDGERWEB_PROVIDER_BREAKER_OPEN_SECONDS="60"),
+        env=child_env(
+            LEDGERWEB_STALE_AFTER="1",
+            LEDGERWEB_PROVIDER_BREAKER_OPEN_SECONDS="60",
+            # A worker that does not stop is stopped with SIGABRT: every thread's stack printed.
+            PYTHONFAULTHANDLER="1",
+        ),
     )
     try:
         alone = _settle_time(world, "alone", 15.0, worker)
@@ -96,8 +101,15 @@ def test_one_misbehaving_provider_holds_up_nobody_else(
         try:
             out, err = worker.communicate(timeout=TIMEOUT * 4 + 5)
         except subprocess.TimeoutExpired:
-            worker.kill()
-            raise AssertionError("the worker did not stop within its calls' deadlines") from None
+            worker.send_signal(signal.SIGABRT)
+            try:
+                out, err = worker.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                out, err = worker.communicate()
+            raise AssertionError(
+                f"the worker did not stop within its calls' deadlines; where it was:\n{err[-8000:]}"
+            ) from None
     assert worker.returncode == 0, err
     for attempt in bad:
         attempt.refresh_from_db()
