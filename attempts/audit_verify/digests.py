@@ -214,7 +214,13 @@ def common_event_digest(
                 encoded = f"{{{_string(next(iter(value)))}:{_string(only)}}}"
             else:
                 encoded = _encode_text(value)
-        else:  # a creation event's args hash, say: public and private parts
+        elif value.keys() == _CREATED_KEYS:  # a creation event as ``states.create`` writes it
+            try:
+                encoded, private = _created_details(value)
+            except TypeError:
+                return None  # a field of another type than the writer's: the general path
+            text = key.hex(private)
+        else:  # public and private parts of any other shape
             public, private = split_details(value)
             encoded = _encode_text(public)
             # {"details": private, "reason": ""} as JCS writes it (its keys in that order).
@@ -236,6 +242,45 @@ def common_event_digest(
     except (TypeError, UnicodeEncodeError):
         return None  # a field that is not text, or a lone surrogate
     return _sha256(payload).hexdigest(), value
+
+
+# The details of a creation event with nothing optional (``states.create``): its public fields
+# and the args hash, its one private field.
+_CREATED_KEYS = frozenset(
+    {
+        "tenant",
+        "task_id",
+        "tool_name",
+        "idempotency_key",
+        "args_hash",
+        "policy_version",
+        "credential_scope",
+        "parent_attempt_id",
+        "args_digest",
+    }
+)
+
+
+def _created_details(value: dict[str, Any]) -> tuple[str, bytes]:
+    """A creation event's public details as JCS writes them (their keys in its order), and
+    what its text digest commits to, ``{"details": {"args_hash": ...}, "reason": ""}``; from
+    details ``load_details`` found plain, with the keys ``_CREATED_KEYS``. TypeError for a
+    field that is not the writer's type (text; a list of scopes; a parent's id or null), which
+    ``_encode_text`` then writes."""
+    scope, parent = value["credential_scope"], value["parent_attempt_id"]
+    if type(scope) is not list:
+        raise TypeError("credential_scope is not a list")
+    public = (
+        f'{{"args_digest":{_string(value["args_digest"])},'
+        f'"credential_scope":{_encode_text(scope) if scope else "[]"},'
+        f'"idempotency_key":{_string(value["idempotency_key"])},'
+        f'"parent_attempt_id":{"null" if parent is None else _string(parent)},'
+        f'"policy_version":{_string(value["policy_version"])},'
+        f'"task_id":{_string(value["task_id"])},"tenant":{_string(value["tenant"])},'
+        f'"tool_name":{_string(value["tool_name"])}}}'
+    )
+    private = f'{{"details":{{"args_hash":{_string(value["args_hash"])}}},"reason":""}}'
+    return public, private.encode()
 
 
 def created_text(text: Any) -> Any:

@@ -293,3 +293,61 @@ def test_the_verifiers_short_path_digest_is_the_references(details, separators):
     assert short is not None
     assert short[1] == details
     assert short[0] == hashlib.sha256(rfc8785.dumps(salted_payload(payload, event[13]))).hexdigest()
+
+
+ascii_text = st.text(alphabet=st.characters(max_codepoint=127), max_size=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.fixed_dictionaries(
+        {
+            "tenant": ascii_text,
+            "task_id": ascii_text,
+            "tool_name": ascii_text,
+            "idempotency_key": ascii_text,
+            "args_hash": ascii_text,
+            "policy_version": ascii_text,
+            "credential_scope": st.lists(st.one_of(ascii_text, st.integers(0, 99)), max_size=3),
+            "parent_attempt_id": st.one_of(st.none(), ascii_text),
+            "args_digest": ascii_text,
+        }
+    ),
+    st.sampled_from([(",", ":"), (", ", ": ")]),
+)
+def test_the_verifiers_short_path_digest_of_a_creation_event_is_the_references(details, separators):
+    """The short path writes a creation event's public details (as ``states.create`` records
+    them) and the text its digest commits to itself: the event's hash and its text digest are
+    the reference's."""
+    import hashlib
+    import json
+
+    from attempts.audit_verify.digests import Quoted, SaltKey, common_event_digest
+    from attempts.verify_export import salted_payload, text_digest
+
+    salt = "ab" * 16
+    key = SaltKey(bytes.fromhex(salt))
+    text = json.dumps(details, separators=separators)  # as the databases give details back
+    digest = text_digest(salt, "", details)
+    event = (1, 1, "attempt.created", "agent", "a", "", "INTENT_RECORDED", "", text)
+    event += ("2026-01-01T00:00:00.000000Z", "0" * 64, "", 3, digest)
+    payload = {
+        "v": 3,
+        "attempt_id": "att_1",
+        "action": event[2],
+        "actor_kind": event[3],
+        "actor": event[4],
+        "from_state": event[5],
+        "to_state": event[6],
+        "reason": "",
+        "details": details,
+        "created_at": event[9],
+        "prev_hash": event[10],
+    }
+    short = common_event_digest(Quoted(), '"att_1"', event, "0" * 64, key, "")
+    if "\\u" in text:  # an escaped control character: the general path's to write
+        assert short is None
+        return
+    assert short is not None
+    assert short[1] == details
+    assert short[0] == hashlib.sha256(rfc8785.dumps(salted_payload(payload, digest))).hexdigest()
