@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import re
 from typing import Any
 
 import rfc8785
@@ -154,6 +155,11 @@ def event_digest(
     return hashlib.sha256(jcs.dumps(event_payload(attempt_id, event, details))).hexdigest()
 
 
+# Details of one text field as the databases give them back, ``{"name": "text"}``, where the
+# text is printable ASCII without a quote or a backslash (and so without an escape).
+_one_text = re.compile(r'\{"([a-z_]+)": ?"([ !#-\[\]-~]*)"\}').fullmatch
+
+
 class Quoted(dict):
     """JSON string literals of the texts events repeat (actions, states, actor kinds, actors),
     written once each; bounded, since actors are as many as the people and agents."""
@@ -197,6 +203,10 @@ def common_event_digest(
     text = no_text
     if details == "{}":
         value, encoded = {}, "{}"
+    elif type(details) is str and (one := _one_text(details)) and one[1] in PUBLIC_DETAILS:
+        # One public text field (a provider request id, a result reference) that JSON and JCS
+        # both write without an escape: its bytes need no encoder.
+        value, encoded = {one[1]: one[2]}, f'{{"{one[1]}":"{one[2]}"}}'
     else:
         # ``load_details``' plain case: ASCII without escapes, no float, no long integer.
         if type(details) is not str or not details.isascii() or "\\u" in details:
