@@ -373,6 +373,21 @@ def test_editing_a_checkpoint_or_a_leaf_is_seen(sealed):
     assert kinds & {"checkpoint", "log"}  # format 2: the log's root no longer matches
 
 
+def test_moving_a_logged_leaf_out_of_its_place_is_seen(sealed):
+    """A logged checkpoint's leaves are hashed by the log in the log's order; their places in
+    the checkpoint are checked apart (by the database, which returns only misplaced leaves)."""
+    checkpoint = Checkpoint.objects.order_by("seq").first()
+    assert checkpoint.format >= verify_export.LOG_FORMAT
+    drop_triggers()
+    sql(
+        f"UPDATE {LEAVES} SET position = 1000 WHERE checkpoint_id = %s AND position = 0",
+        [checkpoint.pk],
+    )
+    messages = [p.message for p in problems("checkpoint")]
+    assert f"checkpoint {checkpoint.seq}: leaf 1000 is out of place" in messages
+    assert f"checkpoint {checkpoint.seq}: leaf 1 is out of place" in messages
+
+
 def test_rehashing_a_checkpoint_breaks_the_next_ones_link(sealed, world):
     build_history(world, 1, prefix="more")
     seal_all()
