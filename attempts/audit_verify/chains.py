@@ -22,7 +22,7 @@ from attempts.audit_verify.digests import (
     Args,
     Quoted,
     SaltKey,
-    common_event_digest,
+    common_events,
     event_digest,
     event_payload,
     event_time,
@@ -381,7 +381,6 @@ class Verifier:
         self.events += len(events)
         hashes: list[str] = []
         details_seen: list[Any] = []
-        prev = GENESIS
         salt = row[SALT]
         try:
             key = SaltKey(bytes.fromhex(salt)) if salt else None
@@ -397,16 +396,18 @@ class Verifier:
         if key is not None:
             no_text = key.hex(NO_TEXT)
             self.no_text_digests = {key: no_text}
-        for event in events:
-            stored = event[11]
+        index, count = 0, len(events)
+        while index < count:
             if prev_known and key is not None and no_text is not None and quoted_id is not None:
-                fast = common_event_digest(self.quoted, quoted_id, event, prev, key, no_text)
-                if fast is not None and fast[0] == stored:
-                    prev = stored
-                    hashes.append(stored)
-                    details_seen.append(fast[1])
-                    continue
-            event_id, prev_hash, v = event[1], event[10], event[12]
+                # The short path, as far as it goes; the general one for the event it stops at.
+                index = common_events(
+                    self.quoted, quoted_id, events, index, key, no_text, hashes, details_seen
+                )
+                if index == count:
+                    break
+            event, index = events[index], index + 1
+            prev = hashes[-1] if hashes else GENESIS
+            event_id, prev_hash, stored, v = event[1], event[10], event[11], event[12]
             recomputed, details, unhashable = self.event_hash(
                 attempt_id,
                 event,
@@ -433,7 +434,6 @@ class Verifier:
                     event_id,
                     attempt_id,
                 )
-            prev = stored
             hashes.append(stored)
             details_seen.append(details)
         for event in events:  # most chains erase nothing and waited for no approval

@@ -9,12 +9,14 @@ import datetime as dt
 import hashlib
 import json
 import re
+from itertools import islice
 from typing import Any
 
 import rfc8785
 
 from attempts import jcs
 from attempts.verify_export import (
+    GENESIS,
     PUBLIC_DETAILS,
     SALTED_FORMAT,
     chain_time,
@@ -171,18 +173,29 @@ class Quoted(dict):
         return quoted
 
 
-def common_event_digest(
-    quoted: Quoted, quoted_id: str, event: tuple, prev: str, key: SaltKey, no_text: str
-) -> tuple[str, Any] | None:
-    """The hash and details of the events most of a ledger is made of (format 3, linked to the
-    ``prev`` hash this verifier computed, no reason, details in the plain form ``load_details``
-    recognizes, whose private part, if any, is what the text digest commits to under the
-    attempt's ``key``; ``no_text``: that digest when there is none), written as
-    ``event_digest`` writes them with fewer steps; None for any other event, which
+def common_events(
+    quoted: Quoted,
+    quoted_id: str,
+    events: list[tuple],
+    start: int,
+    key: SaltKey,
+    no_text: str,
+    hashes: list[str],
+    details: list[Any],
+) -> int:
+    """The events most of a ledger is made of, from ``events[start]`` on while each is one
+    (format 3, linked to the hash of the event before it, GENESIS for the first, no reason,
+    details in the plain form ``load_details`` recognizes, whose private part, if any, is what
+    the text digest commits to under the attempt's ``key``; ``no_text``: that digest when there
+    is none) and hashes to its stored hash: written as ``event_digest`` writes them with fewer
+    steps, their hashes and details appended to ``hashes`` and ``details``. Returns the index
+    of the first event that is not such an event (``len(events)`` when all are), which
     ``event_digest`` and the reference decide. ``quoted_id``: the attempt id as a JSON string."""
-    # The whole row unpacked at once (EVENT_SQL's fourteen columns), the details read and written
-    # inline: this runs for nearly every event of a ledger.
-    (
+    prev = hashes[-1] if hashes else GENESIS
+    index = start
+    # Each row unpacked at once (EVENT_SQL's fourteen columns), the commonest details read and
+    # written inline: this runs for nearly every event of a ledger.
+    for (
         _,
         _,
         action,
@@ -191,67 +204,84 @@ def common_event_digest(
         from_state,
         to_state,
         reason,
-        details,
+        text,
         created,
         prev_hash,
-        _,
+        stored,
         v,
         text_digest,
-    ) = event
-    if v != SALTED_FORMAT or reason or prev_hash != prev:
-        return None
-    text = no_text
-    if details == "{}":
-        value, encoded = {}, "{}"
-    elif type(details) is str and (one := _one_text(details)) and one[1] in PUBLIC_DETAILS:
-        # One public text field (a provider request id, a result reference) that JSON and JCS
-        # both write without an escape: its bytes need no encoder.
-        value, encoded = {one[1]: one[2]}, f'{{"{one[1]}":"{one[2]}"}}'
-    else:
-        # ``load_details``' plain case: ASCII without escapes, no float, no long integer.
-        if type(details) is not str or not details.isascii() or "\\u" in details:
-            return None
+    ) in islice(events, start, None):
+        if v != SALTED_FORMAT or reason or prev_hash != prev:
+            break
+        if text == "{}" and text_digest == no_text:
+            value, encoded = {}, "{}"
+        elif (
+            text_digest == no_text
+            and type(text) is str
+            and (one := _one_text(text))
+            and one[1] in PUBLIC_DETAILS
+        ):
+            # One public text field (a provider request id, a result reference) that JSON and
+            # JCS both write without an escape: its bytes need no encoder.
+            value, encoded = {one[1]: one[2]}, f'{{"{one[1]}":"{one[2]}"}}'
+        elif (read := _scanned_details(text, key, no_text, text_digest)) is not None:
+            value, encoded = read  # a creation event's, say
+        else:
+            break  # the general path says what is wrong with the details or the text
+        if not (
+            type(created) is str
+            and len(created) == 27
+            and created[10] == "T"
+            and created[26] == "Z"
+        ):
+            created = chain_time(created)
         try:
-            value, end = _scan_plain(details, 0)
-        except (_NotPlain, StopIteration, ValueError):
-            return None  # not JSON (SQLite stores text) is for the general path to report
-        if end != len(details) or type(value) is not dict:
-            return None
-        if value.keys() <= PUBLIC_DETAILS:
-            if len(value) == 1 and type(only := next(iter(value.values()))) is str:
-                # One text field (a provider request id, a result reference): the C encoder's
-                # bytes for it, written without building and sorting its list of items.
-                encoded = f"{{{_string(next(iter(value)))}:{_string(only)}}}"
-            else:
-                encoded = _encode_text(value)
-        elif value.keys() == _CREATED_KEYS:  # a creation event as ``states.create`` writes it
-            try:
-                encoded, private = _created_details(value)
-            except TypeError:
-                return None  # a field of another type than the writer's: the general path
-            text = key.hex(private)
-        else:  # public and private parts of any other shape
-            public, private = split_details(value)
-            encoded = _encode_text(public)
-            # {"details": private, "reason": ""} as JCS writes it (its keys in that order).
-            text = key.hex(b'{"details":' + jcs.encode_plain(private) + b',"reason":""}')
-    if text_digest != text:
-        return None  # the general path says what is wrong with the text
-    if not (
-        type(created) is str and len(created) == 27 and created[10] == "T" and created[26] == "Z"
-    ):
-        created = chain_time(created)
+            payload = (
+                f'{{"action":{quoted[action]},"actor":{quoted[actor]},'
+                f'"actor_kind":{quoted[actor_kind]},"attempt_id":{quoted_id},'
+                f'"created_at":{_string(created)},"details":{encoded},'
+                f'"from_state":{quoted[from_state]},"prev_hash":"{prev}","text":"{text_digest}",'
+                f'"to_state":{quoted[to_state]},"v":3}}'
+            ).encode()
+        except (TypeError, UnicodeEncodeError):
+            break  # a field that is not text, or a lone surrogate
+        if _sha256(payload).hexdigest() != stored:
+            break
+        hashes.append(stored)
+        details.append(value)
+        prev = stored
+        index += 1
+    return index
+
+
+def _scanned_details(
+    text: Any, key: SaltKey, no_text: str, text_digest: str
+) -> tuple[Any, str] | None:
+    """``common_events``' details other than the commonest: read by the JSON scanner when they
+    are plain (``load_details``' plain case: ASCII without escapes, no float, no long integer),
+    with their public part written as JCS does and their private part, if any, what the text
+    digest commits to; None for anything else."""
+    if type(text) is not str or not text.isascii() or "\\u" in text:
+        return None
     try:
-        payload = (
-            f'{{"action":{quoted[action]},"actor":{quoted[actor]},'
-            f'"actor_kind":{quoted[actor_kind]},"attempt_id":{quoted_id},'
-            f'"created_at":{_string(created)},"details":{encoded},'
-            f'"from_state":{quoted[from_state]},"prev_hash":"{prev}","text":"{text}",'
-            f'"to_state":{quoted[to_state]},"v":3}}'
-        ).encode()
-    except (TypeError, UnicodeEncodeError):
-        return None  # a field that is not text, or a lone surrogate
-    return _sha256(payload).hexdigest(), value
+        value, end = _scan_plain(text, 0)
+    except (_NotPlain, StopIteration, ValueError):
+        return None  # not JSON (SQLite stores text) is for the general path to report
+    if end != len(text) or type(value) is not dict:
+        return None
+    if value.keys() <= PUBLIC_DETAILS:
+        return (value, _encode_text(value)) if text_digest == no_text else None
+    if value.keys() == _CREATED_KEYS:  # a creation event as ``states.create`` writes it
+        try:
+            encoded, private = _created_details(value)
+        except TypeError:
+            return None  # a field of another type than the writer's: the general path
+    else:  # public and private parts of any other shape
+        public, rest = split_details(value)
+        encoded = _encode_text(public)
+        # {"details": private, "reason": ""} as JCS writes it (its keys in that order).
+        private = b'{"details":' + jcs.encode_plain(rest) + b',"reason":""}'
+    return (value, encoded) if key.hex(private) == text_digest else None
 
 
 # The details of a creation event with nothing optional (``states.create``): its public fields

@@ -266,13 +266,13 @@ def test_the_verifiers_short_path_digest_is_the_references(details, separators):
     import hashlib
     import json
 
-    from attempts.audit_verify.digests import NO_TEXT, Quoted, SaltKey, common_event_digest
-    from attempts.verify_export import salted_payload
+    from attempts.audit_verify.digests import NO_TEXT, Quoted, SaltKey, common_events
+    from attempts.verify_export import GENESIS, salted_payload
 
     key = SaltKey(b"salt")
     text = json.dumps(details, separators=separators)  # as the databases give details back
     event = (1, 1, "attempt.updated", "agent", "a", "DISPATCHED", "DISPATCHED", "", text)
-    event += ("2026-01-01T00:00:00.000000Z", "0" * 64, "", 3, key.hex(NO_TEXT))
+    event += ("2026-01-01T00:00:00.000000Z", GENESIS)
     payload = {
         "v": 3,
         "attempt_id": "att_1",
@@ -286,13 +286,18 @@ def test_the_verifiers_short_path_digest_is_the_references(details, separators):
         "created_at": event[9],
         "prev_hash": event[10],
     }
-    short = common_event_digest(Quoted(), '"att_1"', event, "0" * 64, key, event[13])
+    reference = hashlib.sha256(rfc8785.dumps(salted_payload(payload, key.hex(NO_TEXT))))
+    event += (reference.hexdigest(), 3, key.hex(NO_TEXT))
+    hashes: list[str] = []
+    read: list = []
+    short = common_events(Quoted(), '"att_1"', [event], 0, key, key.hex(NO_TEXT), hashes, read)
     if "\\u" in text:  # an escaped control character: the general path's to write
-        assert short is None
+        assert (short, hashes, read) == (0, [], [])
         return
-    assert short is not None
-    assert short[1] == details
-    assert short[0] == hashlib.sha256(rfc8785.dumps(salted_payload(payload, event[13]))).hexdigest()
+    assert (short, hashes, read) == (1, [event[11]], [details])
+    # A hash the short path does not arrive at is left to the general path.
+    forged = [(*event[:11], "0" * 64, *event[12:])]
+    assert common_events(Quoted(), '"att_1"', forged, 0, key, key.hex(NO_TEXT), [], []) == 0
 
 
 ascii_text = st.text(alphabet=st.characters(max_codepoint=127), max_size=12)
@@ -322,15 +327,15 @@ def test_the_verifiers_short_path_digest_of_a_creation_event_is_the_references(d
     import hashlib
     import json
 
-    from attempts.audit_verify.digests import Quoted, SaltKey, common_event_digest
-    from attempts.verify_export import salted_payload, text_digest
+    from attempts.audit_verify.digests import NO_TEXT, Quoted, SaltKey, common_events
+    from attempts.verify_export import GENESIS, salted_payload, text_digest
 
     salt = "ab" * 16
     key = SaltKey(bytes.fromhex(salt))
     text = json.dumps(details, separators=separators)  # as the databases give details back
     digest = text_digest(salt, "", details)
     event = (1, 1, "attempt.created", "agent", "a", "", "INTENT_RECORDED", "", text)
-    event += ("2026-01-01T00:00:00.000000Z", "0" * 64, "", 3, digest)
+    event += ("2026-01-01T00:00:00.000000Z", GENESIS)
     payload = {
         "v": 3,
         "attempt_id": "att_1",
@@ -344,10 +349,12 @@ def test_the_verifiers_short_path_digest_of_a_creation_event_is_the_references(d
         "created_at": event[9],
         "prev_hash": event[10],
     }
-    short = common_event_digest(Quoted(), '"att_1"', event, "0" * 64, key, "")
+    event += (hashlib.sha256(rfc8785.dumps(salted_payload(payload, digest))).hexdigest(), 3)
+    event += (digest,)
+    hashes: list[str] = []
+    read: list = []
+    short = common_events(Quoted(), '"att_1"', [event], 0, key, key.hex(NO_TEXT), hashes, read)
     if "\\u" in text:  # an escaped control character: the general path's to write
-        assert short is None
+        assert (short, hashes, read) == (0, [], [])
         return
-    assert short is not None
-    assert short[1] == details
-    assert short[0] == hashlib.sha256(rfc8785.dumps(salted_payload(payload, digest))).hexdigest()
+    assert (short, hashes, read) == (1, [event[11]], [details])
