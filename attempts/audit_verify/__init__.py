@@ -201,6 +201,7 @@ def verify_django_database(
                 with connection.cursor() as cursor:
                     cursor.execute("RESET max_parallel_workers_per_gather")
                     cursor.execute("RESET cursor_tuple_fraction")
+                    cursor.execute("RESET work_mem")
     report.notes.extend(notes)
     check_config_drift(report, max_problems=max_problems)
     return report
@@ -214,6 +215,12 @@ def _verifier_plans(connection: Any, **_: Any) -> None:
             # the first tenth of them (the default), the log's entries were joined leaf by
             # leaf through three indexes rather than by one hash join.
             cursor.execute("SET cursor_tuple_fraction = 1")
+            # The log's entries are read in order at once, sorted by the server: with the
+            # default work_mem (4MB) that sort went to disk. Raised, never lowered.
+            cursor.execute(
+                "SELECT set_config('work_mem', GREATEST(pg_size_bytes("
+                "current_setting('work_mem')), 64 * 1024 * 1024) / 1024 || 'kB', false)"
+            )
 
 
 def check_config_drift(report: Report, *, max_problems: int = 50) -> None:
