@@ -467,6 +467,7 @@ def test_editing_an_attempt_row_is_seen(history):
         ("idempotency_key", "k:acme:other", "idempotency_key is"),
         ("tenant_id", "globex", "tenant is"),
         ("args", '{"customer": 99}', "args no longer hash"),
+        ("args_salt", "0" * 64, "not the text its hash committed to"),
         ("provider_request_id", "req-forged", "provider_request_id is"),
         ("result_ref", "receipt-forged", "result_ref is"),
     ],
