@@ -18,6 +18,7 @@ import rfc8785
 
 from attempts import jcs
 from attempts.audit_verify.digests import (
+    KEY_FIELDS,
     NO_TEXT,
     Args,
     Quoted,
@@ -167,17 +168,6 @@ WHERE NOT EXISTS (SELECT 1 FROM {EVENTS} e WHERE e.attempt_id = r.attempt_id
 ORDER BY r.id
 """  # noqa: S608 -- constant table names only
 
-# Attempt columns that must equal the creation event's details.
-KEY_FIELDS = (
-    "tenant",
-    "task_id",
-    "tool_name",
-    "idempotency_key",
-    "args_hash",
-    "policy_version",
-    "credential_scope",
-    "parent_attempt_id",
-)
 # Attempt columns whose latest value the history records when they change.
 TRACKED_FIELDS = ("provider_request_id", "result_ref")
 # A chain with none of these has nothing for the erasure and approval checks to read.

@@ -284,21 +284,20 @@ def _scanned_details(
     return (value, encoded) if key.hex(private) == text_digest else None
 
 
+# Attempt columns that must equal the creation event's details.
+KEY_FIELDS = (
+    "tenant",
+    "task_id",
+    "tool_name",
+    "idempotency_key",
+    "args_hash",
+    "policy_version",
+    "credential_scope",
+    "parent_attempt_id",
+)
 # The details of a creation event with nothing optional (``states.create``): its public fields
 # and the args hash, its one private field.
-_CREATED_KEYS = frozenset(
-    {
-        "tenant",
-        "task_id",
-        "tool_name",
-        "idempotency_key",
-        "args_hash",
-        "policy_version",
-        "credential_scope",
-        "parent_attempt_id",
-        "args_digest",
-    }
-)
+_CREATED_KEYS = frozenset({*KEY_FIELDS, "args_digest"})
 
 
 def _created_details(value: dict[str, Any]) -> tuple[str, bytes]:
