@@ -1,6 +1,7 @@
 """attempts.jcs: the fast path writes exactly the reference's (rfc8785) bytes, or defers to it."""
 
 import enum
+from typing import Any
 
 import pytest
 import rfc8785
@@ -250,6 +251,24 @@ def test_the_verifiers_salted_digest_is_hmac_sha256(key, messages):
         assert salt_key.hex(message) == hmac.new(key, message, hashlib.sha256).hexdigest()
 
 
+def _hashed_payload(event: tuple, details: Any) -> dict[str, Any]:
+    """The format-3 payload the reference hashes for a short-path test's ``event`` row of
+    attempt ``att_1`` (its action, actor, states, time and previous hash) with ``details``."""
+    return {
+        "v": 3,
+        "attempt_id": "att_1",
+        "action": event[2],
+        "actor_kind": event[3],
+        "actor": event[4],
+        "from_state": event[5],
+        "to_state": event[6],
+        "reason": "",
+        "details": details,
+        "created_at": event[9],
+        "prev_hash": event[10],
+    }
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     st.dictionaries(
@@ -273,19 +292,7 @@ def test_the_verifiers_short_path_digest_is_the_references(details, separators):
     text = json.dumps(details, separators=separators)  # as the databases give details back
     event = (1, 1, "attempt.updated", "agent", "a", "DISPATCHED", "DISPATCHED", "", text)
     event += ("2026-01-01T00:00:00.000000Z", GENESIS)
-    payload = {
-        "v": 3,
-        "attempt_id": "att_1",
-        "action": event[2],
-        "actor_kind": event[3],
-        "actor": event[4],
-        "from_state": event[5],
-        "to_state": event[6],
-        "reason": "",
-        "details": details,
-        "created_at": event[9],
-        "prev_hash": event[10],
-    }
+    payload = _hashed_payload(event, details)
     reference = hashlib.sha256(rfc8785.dumps(salted_payload(payload, key.hex(NO_TEXT))))
     event += (reference.hexdigest(), 3, key.hex(NO_TEXT))
     hashes: list[str] = []
@@ -336,19 +343,7 @@ def test_the_verifiers_short_path_digest_of_a_creation_event_is_the_references(d
     digest = text_digest(salt, "", details)
     event = (1, 1, "attempt.created", "agent", "a", "", "INTENT_RECORDED", "", text)
     event += ("2026-01-01T00:00:00.000000Z", GENESIS)
-    payload = {
-        "v": 3,
-        "attempt_id": "att_1",
-        "action": event[2],
-        "actor_kind": event[3],
-        "actor": event[4],
-        "from_state": event[5],
-        "to_state": event[6],
-        "reason": "",
-        "details": details,
-        "created_at": event[9],
-        "prev_hash": event[10],
-    }
+    payload = _hashed_payload(event, details)
     event += (hashlib.sha256(rfc8785.dumps(salted_payload(payload, digest))).hexdigest(), 3)
     event += (digest,)
     hashes: list[str] = []
