@@ -251,6 +251,22 @@ def test_the_verifiers_salted_digest_is_hmac_sha256(key, messages):
         assert salt_key.hex(message) == hmac.new(key, message, hashlib.sha256).hexdigest()
 
 
+def _short_path_takes(event: tuple, key: Any, text: str, details: Any) -> bool:
+    """Whether the short path took ``event`` (its details written as ``text``): it must, with
+    the event's stored hash and ``details`` read, unless the text escapes a control character,
+    which is the general path's to write, and then it must take nothing."""
+    from attempts.audit_verify.digests import NO_TEXT, Quoted, common_events
+
+    hashes: list[str] = []
+    read: list = []
+    short = common_events(Quoted(), '"att_1"', [event], 0, key, key.hex(NO_TEXT), hashes, read)
+    if "\\u" in text:
+        assert (short, hashes, read) == (0, [], [])
+        return False
+    assert (short, hashes, read) == (1, [event[11]], [details])
+    return True
+
+
 def _hashed_payload(event: tuple, details: Any) -> dict[str, Any]:
     """The format-3 payload the reference hashes for a short-path test's ``event`` row of
     attempt ``att_1`` (its action, actor, states, time and previous hash) with ``details``."""
@@ -295,13 +311,8 @@ def test_the_verifiers_short_path_digest_is_the_references(details, separators):
     payload = _hashed_payload(event, details)
     reference = hashlib.sha256(rfc8785.dumps(salted_payload(payload, key.hex(NO_TEXT))))
     event += (reference.hexdigest(), 3, key.hex(NO_TEXT))
-    hashes: list[str] = []
-    read: list = []
-    short = common_events(Quoted(), '"att_1"', [event], 0, key, key.hex(NO_TEXT), hashes, read)
-    if "\\u" in text:  # an escaped control character: the general path's to write
-        assert (short, hashes, read) == (0, [], [])
+    if not _short_path_takes(event, key, text, details):
         return
-    assert (short, hashes, read) == (1, [event[11]], [details])
     # A hash the short path does not arrive at is left to the general path.
     forged = [(*event[:11], "0" * 64, *event[12:])]
     assert common_events(Quoted(), '"att_1"', forged, 0, key, key.hex(NO_TEXT), [], []) == 0
@@ -334,7 +345,7 @@ def test_the_verifiers_short_path_digest_of_a_creation_event_is_the_references(d
     import hashlib
     import json
 
-    from attempts.audit_verify.digests import NO_TEXT, Quoted, SaltKey, common_events
+    from attempts.audit_verify.digests import SaltKey
     from attempts.verify_export import GENESIS, salted_payload, text_digest
 
     salt = "ab" * 16
@@ -346,10 +357,5 @@ def test_the_verifiers_short_path_digest_of_a_creation_event_is_the_references(d
     payload = _hashed_payload(event, details)
     event += (hashlib.sha256(rfc8785.dumps(salted_payload(payload, digest))).hexdigest(), 3)
     event += (digest,)
-    hashes: list[str] = []
-    read: list = []
-    short = common_events(Quoted(), '"att_1"', [event], 0, key, key.hex(NO_TEXT), hashes, read)
-    if "\\u" in text:  # an escaped control character: the general path's to write
-        assert (short, hashes, read) == (0, [], [])
+    if not _short_path_takes(event, key, text, details):
         return
-    assert (short, hashes, read) == (1, [event[11]], [details])
